@@ -1,0 +1,9 @@
+//! GPUCache stores behind the `gpucache_dataplane::Store` contract.
+//!
+//! Owns one module per backend: [`memory`] (the in-process reference) now; the FileStore, the
+//! TCP client and the cold tier join it with their issues. Backends share the contract's
+//! admission ledger, region table and lifecycle instead of keeping their own.
+
+pub mod memory;
+
+pub use memory::MemoryStore;

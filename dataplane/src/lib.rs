@@ -1,0 +1,32 @@
+//! The GPUCache data-plane contract.
+//!
+//! Owns what every backend must agree on: the identity of a KV block ([`identity`]), its logical
+//! and physical keys ([`key`]), its lifecycle ([`lifecycle`]), the payload checksum
+//! ([`checksum`]), resource limits and admission ([`limits`]), registered regions with
+//! quarantine and epoch fences ([`registry`]), callers ([`caller`]) and the [`store::Store`]
+//! trait. With the `testing` feature it also exports the conformance suite every backend runs
+//! ([`testing`]). It depends on no backend, transport or device library.
+
+pub mod caller;
+pub mod checksum;
+pub mod clock;
+pub mod identity;
+pub mod key;
+pub mod lifecycle;
+pub mod limits;
+pub mod registry;
+pub mod store;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use caller::{Caller, Right, Rights};
+pub use checksum::Checksum;
+pub use identity::{CacheIdentity, IdentityError, TenantId};
+pub use key::{KeyDecodeError, LogicalKey, PhysicalKey};
+pub use lifecycle::{BlockState, Lifecycle, Transition};
+pub use limits::{Ledger, Refusal, RequestId, ResourceLimits};
+pub use registry::{Epoch, RegionId};
+pub use store::{
+    Get, Lookup, MissReason, Put, Reservation, Reserve, Retirement, Store, StoreError,
+};

@@ -1,0 +1,374 @@
+//! The store trait every backend implements, and the values it answers with.
+//!
+//! Expected outcomes are values: a miss (with its reason), a prefix hit, an idempotent replay, a
+//! busy key and an admission refusal all come back as `Ok`. `Err` is for calls that failed, and
+//! every error states whether the store has stopped touching the caller's buffers
+//! ([`Retirement`]); [`Store::failures_retire`] is the store-wide guarantee behind it.
+//!
+//! A PUT is create-only: [`Store::reserve`], then [`Store::write`] (any number of pieces), then
+//! [`Store::commit`], or [`Store::abort`]. [`Store::put`] does all three.
+
+use crate::caller::{Caller, Right};
+use crate::checksum::Checksum;
+use crate::identity::TenantId;
+use crate::key::PhysicalKey;
+use crate::lifecycle::{BlockState, IllegalTransition};
+use crate::limits::{Refusal, ReplayConflict, RequestId, Usage};
+use crate::registry::{Epoch, RegionCounts, RegionId, RegistryError};
+
+/// Whether a failed call has stopped touching the caller's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retirement {
+    /// Proven: the buffers may be reused or freed.
+    Retired,
+    /// Not proven: the buffers must be quarantined until an attestation or a fence.
+    Unknown,
+}
+
+/// Why a lookup or read found nothing usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissReason {
+    /// No block under this logical key.
+    Absent,
+    /// The logical prefix exists, but only in another physical form (dtype, layout, shard...).
+    Incompatible,
+    /// The block exists but is not readable yet or any more (reserved, writing, evicting).
+    NotReadable(BlockState),
+    /// The stored bytes no longer match their checksum; the block was dropped.
+    Corrupt,
+}
+
+/// Answer to [`Store::lookup`]. Never carries payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The exact physical key is committed.
+    Hit {
+        len: u64,
+    },
+    /// A committed block whose chain is a strict prefix of the request's, with every
+    /// byte-affecting field equal. Read it whole under `key`; it is never sliced.
+    PrefixHit {
+        key: Box<PhysicalKey>,
+        len: u64,
+    },
+    Miss(MissReason),
+}
+
+/// Answer to [`Store::get_into`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Get {
+    /// `len` payload bytes were written to the front of the destination and verified.
+    Hit { len: u64, checksum: Checksum },
+    /// Nothing usable; the destination holds no payload (a corrupt read is zeroed).
+    Miss(MissReason),
+}
+
+/// A writer's handle to a reserved block.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub region: RegionId,
+    pub epoch: Epoch,
+    pub len: u64,
+    pub request: Option<RequestId>,
+}
+
+/// Answer to [`Store::reserve`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reserve {
+    /// Write `len` bytes, then commit or abort.
+    Reserved(Reservation),
+    /// Create-only: a committed block (or this same request, replayed) already holds the key.
+    /// This is success for the caller.
+    AlreadyCommitted,
+    /// Another writer holds the key right now.
+    Busy,
+    /// Admission refused; nothing was charged.
+    Refused(Refusal),
+}
+
+/// Answer to [`Store::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    pub checksum: Checksum,
+}
+
+/// Answer to [`Store::put`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Put {
+    Committed(Checksum),
+    AlreadyCommitted,
+    Busy,
+    Refused(Refusal),
+}
+
+/// Answer to [`Store::abort`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// The reservation is gone and its charges released.
+    Released,
+    /// The outcome was unknown: the region is quarantined and still charged.
+    Quarantined,
+}
+
+/// Answer to [`Store::invalidate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invalidate {
+    Removed,
+    Absent,
+    /// A writer holds the key; it must commit or abort first.
+    Busy,
+}
+
+/// Answer to [`Store::attest_drained`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub region: RegionId,
+    pub bytes: u64,
+}
+
+/// What kind of implementation a store is; simulations say so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implementation {
+    Real,
+    Simulated { seed: u64 },
+}
+
+/// What a store does when a retained-byte quota would be exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FullPolicy {
+    /// Refuse admission (MemoryStore).
+    Refuse,
+    /// Evict the tenant's (or, for the global quota, anyone's) oldest unpinned committed
+    /// blocks first (FileStore).
+    EvictOldest,
+}
+
+/// Static facts about a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreInfo {
+    pub name: &'static str,
+    pub implementation: Implementation,
+    pub failures_retire: bool,
+    pub full_policy: FullPolicy,
+}
+
+/// Counters and gauges a store reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub usage: Usage,
+    pub regions: RegionCounts,
+    pub committed_blocks: u64,
+    pub corrupt_dropped: u64,
+    pub evictions: u64,
+}
+
+/// Why a store call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("tenant {caller} may not use a key of tenant {owner}")]
+    WrongTenant { caller: TenantId, owner: TenantId },
+    #[error("tenant {tenant} lacks the {right} right")]
+    Forbidden { tenant: TenantId, right: Right },
+    #[error("a block must hold at least one byte")]
+    EmptyObject,
+    #[error("reservation {region} is not open (committed, aborted, reclaimed or never made)")]
+    UnknownReservation { region: RegionId },
+    #[error("reservation {region} was quarantined and accepts no more writes")]
+    ReservationQuarantined { region: RegionId },
+    #[error("write of {len} bytes at offset {offset} does not fit a {capacity}-byte reservation")]
+    WriteOutOfBounds { offset: u64, len: u64, capacity: u64 },
+    #[error("commit with {written} of {expected} bytes written")]
+    Incomplete { written: u64, expected: u64 },
+    #[error("destination holds {provided} bytes, the block has {needed}")]
+    BufferTooSmall { needed: u64, provided: u64 },
+    #[error(transparent)]
+    Replay(#[from] ReplayConflict),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Lifecycle(#[from] IllegalTransition),
+    #[error("{operation} failed in the backend: {detail}")]
+    Backend { operation: &'static str, detail: String, retirement: Retirement },
+}
+
+impl StoreError {
+    /// Whether the store has stopped touching the caller's buffers. Everything but a backend
+    /// failure is refused before any buffer is touched.
+    pub fn retirement(&self) -> Retirement {
+        match self {
+            Self::Backend { retirement, .. } => *retirement,
+            _ => Retirement::Retired,
+        }
+    }
+}
+
+/// Checks that `caller` may use `key` with `right`.
+pub fn authorize(caller: &Caller, key: &PhysicalKey, right: Right) -> Result<(), StoreError> {
+    if !caller.rights.has(right) {
+        return Err(StoreError::Forbidden { tenant: caller.tenant.clone(), right });
+    }
+    if key.tenant() != &caller.tenant {
+        return Err(StoreError::WrongTenant {
+            caller: caller.tenant.clone(),
+            owner: key.tenant().clone(),
+        });
+    }
+    Ok(())
+}
+
+/// The data-plane store contract. Implementations are shared across threads.
+pub trait Store: Send + Sync {
+    fn info(&self) -> StoreInfo;
+
+    /// Whether every failed call guarantees it has stopped touching the caller's buffers.
+    fn failures_retire(&self) -> bool {
+        self.info().failures_retire
+    }
+
+    /// The current fencing epoch.
+    fn epoch(&self) -> Epoch;
+
+    /// Says whether `key` (or a strict prefix of its chain) is readable. Never returns payload.
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError>;
+
+    /// Copies the committed block under exactly `key` into the front of `dst` and verifies its
+    /// checksum there.
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError>;
+
+    /// Starts a create-only PUT of `len` bytes.
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError>;
+
+    /// Writes `src` at `offset` of an open reservation.
+    fn write(
+        &self,
+        caller: &Caller,
+        reservation: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError>;
+
+    /// Makes a fully written reservation readable. The handle is dead afterwards.
+    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError>;
+
+    /// Ends a reservation without committing. `Unknown` quarantines its region.
+    fn abort(
+        &self,
+        caller: &Caller,
+        reservation: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError>;
+
+    /// Removes the committed block under `key`.
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError>;
+
+    /// Quarantines every reservation whose write lease has run out (never frees it).
+    fn expire_leases(&self) -> Result<usize, StoreError>;
+
+    /// Reclaims a quarantined region on the word of its owner tenant or an admin.
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError>;
+
+    /// Advances the fencing epoch; open reservations from older epochs stop accepting writes.
+    fn bump_epoch(&self) -> Result<Epoch, StoreError>;
+
+    /// Reclaims every reservation and quarantined region from epochs before `epoch`, which must
+    /// be the current epoch. Returns how many regions came back.
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError>;
+
+    fn stats(&self) -> StoreStats;
+
+    /// Reserve, write and commit in one call; a failed write or commit aborts the reservation
+    /// (quarantining it when the failure did not retire).
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        let reservation = match self.reserve(caller, key, src.len() as u64, request)? {
+            Reserve::Reserved(r) => r,
+            Reserve::AlreadyCommitted => return Ok(Put::AlreadyCommitted),
+            Reserve::Busy => return Ok(Put::Busy),
+            Reserve::Refused(r) => return Ok(Put::Refused(r)),
+        };
+        match self
+            .write(caller, &reservation, 0, src)
+            .and_then(|()| self.commit(caller, &reservation))
+        {
+            Ok(c) => Ok(Put::Committed(c.checksum)),
+            Err(e) => {
+                // The reservation may already be gone (fenced, quarantined); the first error
+                // is the one the caller needs.
+                let _ = self.abort(caller, reservation, e.retirement());
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Which byte ranges of a reservation have been written, merged; bounded so that a writer
+/// cannot grow it without limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WrittenRanges {
+    /// Sorted, disjoint, non-adjacent `[start, end)` ranges.
+    ranges: Vec<(u64, u64)>,
+}
+
+/// Most disjoint written pieces one reservation may have before a write is refused.
+pub const WRITE_PIECES_MAX: usize = 4096;
+
+impl WrittenRanges {
+    /// Records `[start, end)`; refuses (changing nothing) when it would exceed
+    /// [`WRITE_PIECES_MAX`] disjoint pieces.
+    pub fn add(&mut self, start: u64, end: u64) -> Result<(), StoreError> {
+        if start >= end {
+            return Ok(());
+        }
+        let mut merged = Vec::with_capacity(self.ranges.len() + 1);
+        let (mut s, mut e) = (start, end);
+        let mut placed = false;
+        for &(a, b) in &self.ranges {
+            if b < s {
+                merged.push((a, b));
+            } else if e < a {
+                if !placed {
+                    merged.push((s, e));
+                    placed = true;
+                }
+                merged.push((a, b));
+            } else {
+                s = s.min(a);
+                e = e.max(b);
+            }
+        }
+        if !placed {
+            merged.push((s, e));
+        }
+        if merged.len() > WRITE_PIECES_MAX {
+            return Err(StoreError::Backend {
+                operation: "write",
+                detail: format!("more than {WRITE_PIECES_MAX} disjoint pieces"),
+                retirement: Retirement::Retired,
+            });
+        }
+        self.ranges = merged;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn covered(&self) -> u64 {
+        self.ranges.iter().map(|(a, b)| b - a).sum()
+    }
+}

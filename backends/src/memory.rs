@@ -107,11 +107,12 @@ impl MemoryStore {
     #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_for_test(&self, key: &PhysicalKey, at: usize) -> bool {
         let mut inner = self.lock();
-        let Some(id) = inner.exact.get(&key.digest()).copied() else { return false };
+        let Some(id) = inner.find_exact(key) else { return false };
         match inner.blocks.get_mut(&id) {
             Some(b) if b.life.state() == BlockState::Committed && !b.bytes.is_empty() => {
+                // Adding (rather than toggling) keeps repeated damage from undoing itself.
                 let i = at % b.bytes.len();
-                b.bytes[i] ^= 0x01;
+                b.bytes[i] = b.bytes[i].wrapping_add(1);
                 true
             }
             _ => false,
@@ -129,6 +130,12 @@ fn drop_index(index: &mut HashMap<KeyDigest, Vec<RegionId>>, key: KeyDigest, id:
 }
 
 impl Inner {
+    /// The live block under exactly `key`: the digest finds it, the full key must match.
+    fn find_exact(&self, key: &PhysicalKey) -> Option<RegionId> {
+        let id = *self.exact.get(&key.digest())?;
+        (self.blocks.get(&id)?.key == *key).then_some(id)
+    }
+
     fn unindex_committed(&mut self, id: RegionId) {
         let Some(b) = self.blocks.get(&id) else { return };
         let digest = b.key.digest();
@@ -241,9 +248,8 @@ impl Store for MemoryStore {
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         authorize(caller, key, Right::Read)?;
         let inner = self.lock();
-        if let Some(id) = inner.exact.get(&key.digest()) {
-            let b = &inner.blocks[id];
-            debug_assert!(b.key == *key, "digest index points at another key");
+        if let Some(id) = inner.find_exact(key) {
+            let b = &inner.blocks[&id];
             return Ok(match b.life.state() {
                 BlockState::Committed => Lookup::Hit { len: b.len() },
                 s => Lookup::Miss(MissReason::NotReadable(s)),
@@ -280,7 +286,7 @@ impl Store for MemoryStore {
     ) -> Result<Get, StoreError> {
         authorize(caller, key, Right::Read)?;
         let mut inner = self.lock();
-        let Some(id) = inner.exact.get(&key.digest()).copied() else {
+        let Some(id) = inner.find_exact(key) else {
             return Ok(Get::Miss(inner.miss_reason(key)));
         };
         let b = &inner.blocks[&id];
@@ -334,8 +340,10 @@ impl Store for MemoryStore {
             }
         }
         if let Some(id) = inner.exact.get(&key.digest()) {
-            return Ok(match inner.blocks[id].life.state() {
-                BlockState::Committed => Reserve::AlreadyCommitted,
+            let b = &inner.blocks[id];
+            // A different key under the same digest (a BLAKE3 collision) is never overwritten.
+            return Ok(match b.life.state() {
+                BlockState::Committed if b.key == *key => Reserve::AlreadyCommitted,
                 _ => Reserve::Busy,
             });
         }
@@ -484,7 +492,7 @@ impl Store for MemoryStore {
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         authorize(caller, key, Right::Write)?;
         let mut inner = self.lock();
-        let Some(id) = inner.exact.get(&key.digest()).copied() else {
+        let Some(id) = inner.find_exact(key) else {
             return Ok(Invalidate::Absent);
         };
         if inner.blocks[&id].life.state() != BlockState::Committed {

@@ -372,3 +372,74 @@ impl WrittenRanges {
         self.ranges.iter().map(|(a, b)| b - a).sum()
     }
 }
+
+/// A shared store is a store: servers, executors and tests hold stores behind `Arc`.
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn info(&self) -> StoreInfo {
+        (**self).info()
+    }
+    fn failures_retire(&self) -> bool {
+        (**self).failures_retire()
+    }
+    fn epoch(&self) -> Epoch {
+        (**self).epoch()
+    }
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        (**self).lookup(caller, key)
+    }
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        (**self).get_into(caller, key, dst)
+    }
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        (**self).reserve(caller, key, len, request)
+    }
+    fn write(
+        &self,
+        caller: &Caller,
+        r: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        (**self).write(caller, r, offset, src)
+    }
+    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
+        (**self).commit(caller, r)
+    }
+    fn abort(
+        &self,
+        caller: &Caller,
+        r: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        (**self).abort(caller, r, outcome)
+    }
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        (**self).invalidate(caller, key)
+    }
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        (**self).expire_leases()
+    }
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        (**self).attest_drained(caller, region)
+    }
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        (**self).bump_epoch()
+    }
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        (**self).reclaim_fenced(epoch)
+    }
+    fn stats(&self) -> StoreStats {
+        (**self).stats()
+    }
+}

@@ -1,0 +1,82 @@
+//! Identities, keys and payloads the suite reuses.
+
+use crate::caller::{Caller, Rights};
+use crate::identity::{
+    CacheIdentity, Digest32, KvDtype, PositionEncoding, QuantFormat, RopeParams, RopeScaling,
+    Shard, TenantId,
+};
+use crate::key::PhysicalKey;
+
+/// Tenant names used by the suite.
+pub const TENANTS: [&str; 3] = ["tenant-a", "tenant-b", "tenant-c"];
+
+pub fn tenant(i: usize) -> TenantId {
+    TenantId::parse(TENANTS[i % TENANTS.len()]).expect("fixture tenant is valid")
+}
+
+pub fn caller(i: usize) -> Caller {
+    Caller::new(tenant(i), Rights::READ_WRITE)
+}
+
+pub fn admin(i: usize) -> Caller {
+    Caller::new(tenant(i), Rights::ALL)
+}
+
+/// The n-th link of a chain (distinct per n).
+pub fn link(n: u8) -> Digest32 {
+    let mut d = [0u8; 32];
+    d[0] = n;
+    d[31] = 0xA5;
+    Digest32(d)
+}
+
+/// A valid identity for `tenant` with `chain` links, `dtype` and `valid` tokens of 16.
+pub fn identity(tenant: usize, chain: &[u8], dtype: KvDtype, valid: u32) -> CacheIdentity {
+    CacheIdentity::builder()
+        .tenant(TENANTS[tenant % TENANTS.len()])
+        .trust_domain("prod.example")
+        .model_revision("llama-3.1-8b@2024-07")
+        .model_config(Digest32([7; 32]))
+        .tokenizer_revision("tok-v3")
+        .kv_dtype(dtype)
+        .quant(QuantFormat::None)
+        .layout("paged-nhd", 1)
+        .shard(Shard::SOLO)
+        .position(PositionEncoding::Rope)
+        .rope(Some(RopeParams::new(500_000.0, RopeScaling::Llama3, 8.0, 8192).expect("valid")))
+        .chain(chain.iter().map(|n| link(*n)).collect())
+        .block_tokens(16)
+        .valid_tokens(valid)
+        .build()
+        .expect("fixture identity is valid")
+}
+
+pub fn key(tenant: usize, chain: &[u8], dtype: KvDtype, valid: u32) -> PhysicalKey {
+    PhysicalKey::new(identity(tenant, chain, dtype, valid))
+}
+
+/// The per-tenant key pool of the model: prefix chains, an incompatible physical form of the
+/// same logical key, a shorter valid length, and an unrelated chain.
+pub fn key_pool(tenant: usize) -> Vec<PhysicalKey> {
+    vec![
+        key(tenant, &[1], KvDtype::F16, 16),
+        key(tenant, &[1, 2], KvDtype::F16, 16),
+        key(tenant, &[1, 2, 3], KvDtype::F16, 16),
+        key(tenant, &[1, 2], KvDtype::Bf16, 16),
+        key(tenant, &[1, 2, 3], KvDtype::F16, 8),
+        key(tenant, &[9], KvDtype::F16, 16),
+    ]
+}
+
+/// Deterministic payload bytes for `(seed, len)`.
+pub fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}

@@ -43,8 +43,44 @@ impl Block {
     }
 }
 
+/// Most bytes of freed payload buffers kept for reuse (also capped at a quarter of
+/// `retained_bytes_max`).
+pub const SPARE_BYTES_MAX: u64 = 256 << 20;
+
+/// Freed payload buffers kept for reuse, so that a steady PUT stream does not fault fresh pages
+/// in for every block. A reused buffer still holds old bytes; that is safe because a commit
+/// requires every byte to have been written, and only committed blocks are read. Buffers of
+/// quarantined regions never come here before their reclaim proof.
+#[derive(Debug, Default)]
+struct SpareBuffers {
+    by_len: HashMap<usize, Vec<Vec<u8>>>,
+    bytes: u64,
+    bytes_max: u64,
+}
+
+impl SpareBuffers {
+    fn take(&mut self, len: usize) -> Vec<u8> {
+        if let Some(list) = self.by_len.get_mut(&len)
+            && let Some(buf) = list.pop()
+        {
+            self.bytes -= len as u64;
+            return buf;
+        }
+        vec![0; len]
+    }
+
+    fn give(&mut self, buf: Vec<u8>) {
+        let len = buf.len() as u64;
+        if self.bytes + len <= self.bytes_max {
+            self.bytes += len;
+            self.by_len.entry(buf.len()).or_default().push(buf);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
+    spare: SpareBuffers,
     ledger: Ledger,
     idempotency: IdempotencyTable,
     regions: RegionTable,
@@ -82,6 +118,10 @@ impl MemoryStore {
         let regions_max = usize::try_from(limits.registrations_max).unwrap_or(usize::MAX);
         Ok(Self {
             inner: Mutex::new(Inner {
+                spare: SpareBuffers {
+                    bytes_max: SPARE_BYTES_MAX.min(limits.retained_bytes_max / 4),
+                    ..SpareBuffers::default()
+                },
                 idempotency: IdempotencyTable::new(&limits),
                 ledger,
                 regions: RegionTable::new(regions_max, Epoch(1), 1, epochs),
@@ -139,7 +179,7 @@ impl Inner {
     fn unindex_committed(&mut self, id: RegionId) {
         let Some(b) = self.blocks.get(&id) else { return };
         let digest = b.key.digest();
-        let logical = b.key.logical().digest();
+        let logical = b.key.logical_digest();
         let link = b.key.identity().chain().last().copied();
         let shape = b.shape;
         if self.exact.get(&digest) == Some(&id) {
@@ -165,6 +205,7 @@ impl Inner {
         self.regions.release_held(id)?;
         self.ledger.release_block(b.key.tenant(), b.len());
         self.committed_blocks -= 1;
+        self.spare.give(b.bytes);
         Ok(())
     }
 
@@ -196,8 +237,10 @@ impl Inner {
         let id = proof.region();
         let Some(mut b) = self.blocks.remove(&id) else { return Ok(0) };
         b.life.apply(Transition::Reclaim(proof))?;
-        self.ledger.release_block(b.key.tenant(), b.len());
-        Ok(b.len())
+        let len = b.len();
+        self.ledger.release_block(b.key.tenant(), len);
+        self.spare.give(b.bytes);
+        Ok(len)
     }
 
     fn open_block(&mut self, caller: &Caller, r: &Reservation) -> Result<&mut Block, StoreError> {
@@ -223,7 +266,7 @@ impl Inner {
     }
 
     fn miss_reason(&self, key: &PhysicalKey) -> MissReason {
-        if self.logical.contains_key(&key.logical().digest()) {
+        if self.logical.contains_key(&key.logical_digest()) {
             MissReason::Incompatible
         } else {
             MissReason::Absent
@@ -378,12 +421,13 @@ impl Store for MemoryStore {
             return Ok(Reserve::Refused(refusal));
         }
         inner.exact.insert(key.digest(), region);
+        let buffer = inner.spare.take(bytes);
         inner.blocks.insert(
             region,
             Block {
                 key: key.clone(),
                 life,
-                bytes: vec![0; bytes],
+                bytes: buffer,
                 written: WrittenRanges::default(),
                 checksum: None,
                 request,
@@ -430,7 +474,7 @@ impl Store for MemoryStore {
         b.life.apply(Transition::Commit)?;
         b.checksum = Some(checksum);
         let (tenant, len, request) = (b.key.tenant().clone(), b.len(), b.request);
-        let logical = b.key.logical().digest();
+        let logical = b.key.logical_digest();
         let link = b.key.identity().chain().last().copied();
         let shape = b.shape;
         inner.regions.settle(r.region)?;
@@ -484,6 +528,7 @@ impl Store for MemoryStore {
                 if inner.exact.get(&b.key.digest()) == Some(&r.region) {
                     inner.exact.remove(&b.key.digest());
                 }
+                inner.spare.give(b.bytes);
                 Ok(Abort::Released)
             }
         }

@@ -9,7 +9,7 @@
 //! physical forms. Owns no storage state.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::identity::{
     Adapter, CHAIN_HASHES_MAX, CacheIdentity, ChainHash, Digest32, IDENTITY_VERSION, IdentityError,
@@ -102,19 +102,33 @@ pub struct PhysicalKey {
     identity: CacheIdentity,
     encoded: Arc<[u8]>,
     digest: KeyDigest,
+    /// Derived digests, computed on first use and carried by clones: stores index by them on
+    /// every put, lookup and eviction.
+    derived: Arc<Derived>,
+}
+
+#[derive(Default)]
+struct Derived {
+    logical: OnceLock<KeyDigest>,
+    shape: OnceLock<KeyDigest>,
 }
 
 impl PhysicalKey {
     pub fn new(identity: CacheIdentity) -> Self {
         let encoded: Arc<[u8]> = encode_physical(&identity).into();
         let digest = KeyDigest::of(&encoded);
-        Self { identity, encoded, digest }
+        Self { identity, encoded, digest, derived: Arc::default() }
     }
 
     /// Strictly decodes a GPCK key.
     pub fn decode(bytes: &[u8]) -> Result<Self, KeyDecodeError> {
         let identity = decode_physical(bytes)?;
-        Ok(Self { identity, encoded: Arc::from(bytes), digest: KeyDigest::of(bytes) })
+        Ok(Self {
+            identity,
+            encoded: Arc::from(bytes),
+            digest: KeyDigest::of(bytes),
+            derived: Arc::default(),
+        })
     }
 
     pub fn identity(&self) -> &CacheIdentity {
@@ -132,7 +146,14 @@ impl PhysicalKey {
     /// Digest of every field except the chain and the valid length: blocks that may serve each
     /// other as prefixes share it.
     pub fn shape_digest(&self) -> KeyDigest {
-        KeyDigest::of(&encode_physical_fields(&self.identity, true))
+        *self
+            .derived
+            .shape
+            .get_or_init(|| KeyDigest::of(&encode_physical_fields(&self.identity, true)))
+    }
+    /// Digest of [`Self::logical`]'s encoding.
+    pub fn logical_digest(&self) -> KeyDigest {
+        *self.derived.logical.get_or_init(|| self.logical().digest())
     }
     /// The logical prefix key this physical key belongs to.
     pub fn logical(&self) -> LogicalKey {

@@ -137,13 +137,16 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves no half-applied state that matters more than
-        // refusing all further service; keep serving what the maps say.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        // Poisoning means a bug panicked halfway through changing the maps; serving from them
+        // could produce a wrong hit, so the store stops instead.
+        match self.inner.lock() {
+            Ok(guard) => guard,
+            Err(_) => panic!("MemoryStore state is unusable: a thread panicked while changing it"),
+        }
     }
 
-    /// Flips one payload bit of the committed block under `key`, for corruption tests.
-    /// Returns whether a committed block was there.
+    /// Damages one payload byte (at `at` modulo the length) of the committed block under
+    /// `key`, for corruption tests. Returns whether a committed block was there.
     #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_for_test(&self, key: &PhysicalKey, at: usize) -> bool {
         let mut inner = self.lock();
@@ -584,7 +587,7 @@ impl Store for MemoryStore {
             .map(|(id, _)| *id)
             .collect();
         for id in open {
-            inner.regions.quarantine(id, QuarantineCause::PeerLost)?;
+            inner.regions.quarantine(id, QuarantineCause::Fenced)?;
             inner.quarantine_open(id)?;
         }
         Ok(epoch)

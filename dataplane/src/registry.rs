@@ -100,6 +100,8 @@ pub enum QuarantineCause {
     PeerLost,
     /// A reader's transfer out of an evicting block has an unknown outcome.
     EvictionUnknown,
+    /// The epoch moved on while an agent still held the region.
+    Fenced,
 }
 
 /// How a quarantined region was proven idle.

@@ -208,6 +208,49 @@ struct World {
 
 type Step = Result<(), String>;
 
+/// The first answer to a put or a reserve, common to both calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Admission {
+    /// The request id was used for another key.
+    Conflict,
+    Busy,
+    AlreadyCommitted,
+    Refused(Refusal),
+    /// The write goes ahead.
+    Proceeds,
+    /// Anything else, described.
+    Other(String),
+}
+
+impl Admission {
+    fn of_error(e: &StoreError) -> Self {
+        match e {
+            StoreError::Replay(_) if e.retirement() == Retirement::Retired => Admission::Conflict,
+            other => Admission::Other(format!("{other} ({:?})", other.retirement())),
+        }
+    }
+
+    fn of_put(got: &Result<Put, StoreError>) -> Self {
+        match got {
+            Ok(Put::Committed(_)) => Admission::Proceeds,
+            Ok(Put::AlreadyCommitted) => Admission::AlreadyCommitted,
+            Ok(Put::Busy) => Admission::Busy,
+            Ok(Put::Refused(r)) => Admission::Refused(r.clone()),
+            Err(e) => Self::of_error(e),
+        }
+    }
+
+    fn of_reserve(got: &Result<Reserve, StoreError>) -> Self {
+        match got {
+            Ok(Reserve::Reserved(_)) => Admission::Proceeds,
+            Ok(Reserve::AlreadyCommitted) => Admission::AlreadyCommitted,
+            Ok(Reserve::Busy) => Admission::Busy,
+            Ok(Reserve::Refused(r)) => Admission::Refused(r.clone()),
+            Err(e) => Self::of_error(e),
+        }
+    }
+}
+
 fn expect<T: std::fmt::Debug + PartialEq>(what: &str, got: T, want: T) -> Step {
     if got == want {
         Ok(())
@@ -352,34 +395,37 @@ impl World {
         None
     }
 
-    /// What reserve must answer, before admission: `Some` for a replay, a busy key or a
-    /// committed key; `Err` for a conflicting request id.
-    fn predict_precheck(
+    /// What a put or reserve of `len` bytes under `(t, k)` must answer before it writes.
+    fn predict_admission(
         &mut self,
         t: usize,
         k: usize,
+        len: u64,
         request: Option<u64>,
-    ) -> Result<Option<&'static str>, ()> {
+    ) -> Admission {
         if let Some(r) = request {
             let now = self.now_ms;
-            self.idem.retain(|_, (_, s)| !matches!(s, IdemState::Committed { expires_at_ms } if *expires_at_ms <= now));
+            self.idem.retain(|_, (_, s)| {
+                !matches!(s, IdemState::Committed { expires_at_ms } if *expires_at_ms <= now)
+            });
             if let Some((key, state)) = self.idem.get(&(t, r)) {
-                if *key != k {
-                    return Err(());
-                }
-                return Ok(Some(match state {
-                    IdemState::Pending => "busy",
-                    IdemState::Committed { .. } => "already",
-                }));
+                return match (*key == k, state) {
+                    (false, _) => Admission::Conflict,
+                    (true, IdemState::Pending) => Admission::Busy,
+                    (true, IdemState::Committed { .. }) => Admission::AlreadyCommitted,
+                };
             }
         }
         if self.live_open(t, k).is_some() {
-            return Ok(Some("busy"));
+            return Admission::Busy;
         }
         if self.committed.contains_key(&(t, k)) {
-            return Ok(Some("already"));
+            return Admission::AlreadyCommitted;
         }
-        Ok(None)
+        match self.predict_refusal(t, len, request.is_some()) {
+            Some(r) => Admission::Refused(r),
+            None => Admission::Proceeds,
+        }
     }
 
     fn note_region(&mut self, region: RegionId) -> Step {
@@ -442,20 +488,10 @@ impl World {
                     );
                 }
                 let got = store.put(&self.caller(t), &key, &data, request.map(RequestId));
-                match self.predict_precheck(t, k, request) {
-                    Err(()) => {
-                        let e = retired_err("put with reused request id", got)?;
-                        return match e {
-                            StoreError::Replay(_) => Ok(()),
-                            other => Err(format!("put: expected a replay conflict, got {other}")),
-                        };
-                    }
-                    Ok(Some("busy")) => return expect("put", got, Ok(Put::Busy)),
-                    Ok(Some(_)) => return expect("put", got, Ok(Put::AlreadyCommitted)),
-                    Ok(None) => {}
-                }
-                if let Some(r) = self.predict_refusal(t, len, request.is_some()) {
-                    return expect("put", got, Ok(Put::Refused(r)));
+                let want = self.predict_admission(t, k, len, request);
+                expect("put admission", Admission::of_put(&got), want.clone())?;
+                if want != Admission::Proceeds {
+                    return Ok(());
                 }
                 expect("put", got, Ok(Put::Committed(Checksum::of(&data))))?;
                 self.committed.insert((t, k), Block { len, seed, region: None, corrupt: false });
@@ -468,22 +504,10 @@ impl World {
                 let key = self.key(t, k);
                 let request = request.map(u64::from);
                 let got = store.reserve(&self.caller(t), &key, len, request.map(RequestId));
-                match self.predict_precheck(t, k, request) {
-                    Err(()) => {
-                        let e = retired_err("reserve with reused request id", got)?;
-                        return match e {
-                            StoreError::Replay(_) => Ok(()),
-                            other => {
-                                Err(format!("reserve: expected a replay conflict, got {other}"))
-                            }
-                        };
-                    }
-                    Ok(Some("busy")) => return expect("reserve", got, Ok(Reserve::Busy)),
-                    Ok(Some(_)) => return expect("reserve", got, Ok(Reserve::AlreadyCommitted)),
-                    Ok(None) => {}
-                }
-                if let Some(r) = self.predict_refusal(t, len, request.is_some()) {
-                    return expect("reserve", got, Ok(Reserve::Refused(r)));
+                let want = self.predict_admission(t, k, len, request);
+                expect("reserve admission", Admission::of_reserve(&got), want.clone())?;
+                if want != Admission::Proceeds {
+                    return Ok(());
                 }
                 let r = match got {
                     Ok(Reserve::Reserved(r)) => r,

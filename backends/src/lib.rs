@@ -4,6 +4,8 @@
 //! TCP client and the cold tier join it with their issues. Backends share the contract's
 //! admission ledger, region table and lifecycle instead of keeping their own.
 
+mod catalog;
+pub mod file;
 pub mod memory;
 
 pub use memory::MemoryStore;

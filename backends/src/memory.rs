@@ -1,8 +1,9 @@
 //! MemoryStore: the in-process reference implementation of the store contract.
 //!
-//! Host DRAM behind one mutex. It refuses admission instead of evicting, guarantees that every
-//! failed call has stopped touching the caller's buffers, and copies payload only in `write` and
-//! `get_into`. Every other backend is checked against the same conformance suite it passes.
+//! Host DRAM behind one mutex, over the shared [`crate::catalog`]. It refuses admission
+//! instead of evicting, guarantees that every failed call has stopped touching the caller's
+//! buffers, and copies payload only in `write` and `get_into`. Every other backend is checked
+//! against the same conformance suite it passes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,38 +11,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::Clock;
-use gpucache_dataplane::identity::ChainHash;
-use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
-use gpucache_dataplane::lifecycle::{BlockState, Lifecycle, Transition};
-use gpucache_dataplane::limits::{
-    IdempotencyTable, Ledger, LimitsError, Replay, RequestId, ResourceLimits,
-};
-use gpucache_dataplane::registry::{
-    AttestOutcome, Attestation, Completion, Epoch, EpochSource, MemoryKind, QuarantineCause,
-    RegionId, RegionTable,
-};
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
+use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Reclaimed,
-    Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, WrittenRanges,
-    authorize,
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, Reclaimed, Reservation,
+    Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, authorize,
 };
 
-#[derive(Debug)]
-struct Block {
-    key: PhysicalKey,
-    life: Lifecycle,
-    bytes: Vec<u8>,
-    written: WrittenRanges,
-    checksum: Option<Checksum>,
-    request: Option<RequestId>,
-    shape: KeyDigest,
-}
-
-impl Block {
-    fn len(&self) -> u64 {
-        self.bytes.len() as u64
-    }
-}
+use crate::catalog::Catalog;
 
 /// Most bytes of freed payload buffers kept for reuse (also capped at a quarter of
 /// `retained_bytes_max`).
@@ -69,30 +47,21 @@ impl SpareBuffers {
         vec![0; len]
     }
 
-    fn give(&mut self, buf: Vec<u8>) {
-        let len = buf.len() as u64;
-        if self.bytes + len <= self.bytes_max {
-            self.bytes += len;
-            self.by_len.entry(buf.len()).or_default().push(buf);
+    fn give(&mut self, buffers: Vec<Vec<u8>>) {
+        for buf in buffers {
+            let len = buf.len() as u64;
+            if self.bytes + len <= self.bytes_max {
+                self.bytes += len;
+                self.by_len.entry(buf.len()).or_default().push(buf);
+            }
         }
     }
 }
 
 #[derive(Debug)]
 struct Inner {
+    catalog: Catalog<Vec<u8>>,
     spare: SpareBuffers,
-    ledger: Ledger,
-    idempotency: IdempotencyTable,
-    regions: RegionTable,
-    blocks: HashMap<RegionId, Block>,
-    /// Physical key -> the live (not quarantined, not absent) block under it.
-    exact: HashMap<KeyDigest, RegionId>,
-    /// Logical key -> committed blocks under it (for incompatible misses).
-    logical: HashMap<KeyDigest, Vec<RegionId>>,
-    /// (shape, last chain link) -> committed blocks (for prefix hits).
-    prefix: HashMap<(KeyDigest, ChainHash), Vec<RegionId>>,
-    committed_blocks: u64,
-    corrupt_dropped: u64,
 }
 
 /// The in-process reference store.
@@ -105,7 +74,7 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// A store with the given limits and clock, on a local epoch counter.
     pub fn new(limits: ResourceLimits, clock: Arc<dyn Clock>) -> Result<Self, LimitsError> {
-        Self::with_epochs(limits, clock, Box::new(gpucache_dataplane::registry::LocalEpochs))
+        Self::with_epochs(limits, clock, Box::new(LocalEpochs))
     }
 
     /// A store whose epochs come from `epochs`.
@@ -114,26 +83,13 @@ impl MemoryStore {
         clock: Arc<dyn Clock>,
         epochs: Box<dyn EpochSource>,
     ) -> Result<Self, LimitsError> {
-        let ledger = Ledger::new(limits.clone())?;
-        let regions_max = usize::try_from(limits.registrations_max).unwrap_or(usize::MAX);
-        Ok(Self {
-            inner: Mutex::new(Inner {
-                spare: SpareBuffers {
-                    bytes_max: SPARE_BYTES_MAX.min(limits.retained_bytes_max / 4),
-                    ..SpareBuffers::default()
-                },
-                idempotency: IdempotencyTable::new(&limits),
-                ledger,
-                regions: RegionTable::new(regions_max, Epoch(1), 1, epochs),
-                blocks: HashMap::new(),
-                exact: HashMap::new(),
-                logical: HashMap::new(),
-                prefix: HashMap::new(),
-                committed_blocks: 0,
-                corrupt_dropped: 0,
-            }),
-            clock,
-        })
+        let spare = SpareBuffers {
+            bytes_max: SPARE_BYTES_MAX.min(limits.retained_bytes_max / 4),
+            ..SpareBuffers::default()
+        };
+        let catalog =
+            Catalog::new(limits, FullPolicy::Refuse, MemoryKind::Host, Epoch(1), 1, epochs)?;
+        Ok(Self { inner: Mutex::new(Inner { catalog, spare }), clock })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -150,129 +106,14 @@ impl MemoryStore {
     #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_for_test(&self, key: &PhysicalKey, at: usize) -> bool {
         let mut inner = self.lock();
-        let Some(id) = inner.find_exact(key) else { return false };
-        match inner.blocks.get_mut(&id) {
-            Some(b) if b.life.state() == BlockState::Committed && !b.bytes.is_empty() => {
+        match inner.catalog.committed_payload_mut(key) {
+            Some(bytes) if !bytes.is_empty() => {
                 // Adding (rather than toggling) keeps repeated damage from undoing itself.
-                let i = at % b.bytes.len();
-                b.bytes[i] = b.bytes[i].wrapping_add(1);
+                let i = at % bytes.len();
+                bytes[i] = bytes[i].wrapping_add(1);
                 true
             }
             _ => false,
-        }
-    }
-}
-
-fn drop_index(index: &mut HashMap<KeyDigest, Vec<RegionId>>, key: KeyDigest, id: RegionId) {
-    if let Some(v) = index.get_mut(&key) {
-        v.retain(|r| *r != id);
-        if v.is_empty() {
-            index.remove(&key);
-        }
-    }
-}
-
-impl Inner {
-    /// The live block under exactly `key`: the digest finds it, the full key must match.
-    fn find_exact(&self, key: &PhysicalKey) -> Option<RegionId> {
-        let id = *self.exact.get(&key.digest())?;
-        (self.blocks.get(&id)?.key == *key).then_some(id)
-    }
-
-    fn unindex_committed(&mut self, id: RegionId) {
-        let Some(b) = self.blocks.get(&id) else { return };
-        let digest = b.key.digest();
-        let logical = b.key.logical_digest();
-        let link = b.key.identity().chain().last().copied();
-        let shape = b.shape;
-        if self.exact.get(&digest) == Some(&id) {
-            self.exact.remove(&digest);
-        }
-        drop_index(&mut self.logical, logical, id);
-        if let Some(link) = link
-            && let Some(v) = self.prefix.get_mut(&(shape, link))
-        {
-            v.retain(|r| *r != id);
-            if v.is_empty() {
-                self.prefix.remove(&(shape, link));
-            }
-        }
-    }
-
-    /// COMMITTED -> EVICTING -> ABSENT, releasing the region and every charge.
-    fn evict(&mut self, id: RegionId) -> Result<(), StoreError> {
-        self.unindex_committed(id);
-        let Some(mut b) = self.blocks.remove(&id) else { return Ok(()) };
-        b.life.apply(Transition::Evict)?;
-        b.life.apply(Transition::Release)?;
-        self.regions.release_held(id)?;
-        self.ledger.release_block(b.key.tenant(), b.len());
-        self.committed_blocks -= 1;
-        self.spare.give(b.bytes);
-        Ok(())
-    }
-
-    /// An open reservation's outcome is unknown: RESERVED/WRITING -> QUARANTINED. The region
-    /// and its retained bytes stay charged; the key is free for a new writer.
-    fn quarantine_open(&mut self, id: RegionId) -> Result<(), StoreError> {
-        let Some(b) = self.blocks.get_mut(&id) else { return Ok(()) };
-        if !matches!(b.life.state(), BlockState::Reserved | BlockState::Writing) {
-            return Ok(());
-        }
-        b.life.apply(Transition::Quarantine)?;
-        let (tenant, len, request, digest) =
-            (b.key.tenant().clone(), b.len(), b.request, b.key.digest());
-        self.ledger.finish_write(&tenant, len);
-        if let Some(r) = request {
-            self.idempotency.forget(&tenant, r);
-        }
-        if self.exact.get(&digest) == Some(&id) {
-            self.exact.remove(&digest);
-        }
-        Ok(())
-    }
-
-    /// QUARANTINED -> ABSENT with a proof from the registry.
-    fn reclaim(
-        &mut self,
-        proof: gpucache_dataplane::lifecycle::ReclaimProof,
-    ) -> Result<u64, StoreError> {
-        let id = proof.region();
-        let Some(mut b) = self.blocks.remove(&id) else { return Ok(0) };
-        b.life.apply(Transition::Reclaim(proof))?;
-        let len = b.len();
-        self.ledger.release_block(b.key.tenant(), len);
-        self.spare.give(b.bytes);
-        Ok(len)
-    }
-
-    fn open_block(&mut self, caller: &Caller, r: &Reservation) -> Result<&mut Block, StoreError> {
-        let current = self.regions.epoch();
-        let b = self
-            .blocks
-            .get_mut(&r.region)
-            .ok_or(StoreError::UnknownReservation { region: r.region })?;
-        authorize(caller, &b.key, Right::Write)?;
-        match b.life.state() {
-            BlockState::Reserved | BlockState::Writing => {}
-            BlockState::Quarantined => {
-                return Err(StoreError::ReservationQuarantined { region: r.region });
-            }
-            _ => return Err(StoreError::UnknownReservation { region: r.region }),
-        }
-        if r.epoch != current {
-            return Err(StoreError::Registry(
-                gpucache_dataplane::registry::RegistryError::StaleEpoch { given: r.epoch, current },
-            ));
-        }
-        Ok(b)
-    }
-
-    fn miss_reason(&self, key: &PhysicalKey) -> MissReason {
-        if self.logical.contains_key(&key.logical_digest()) {
-            MissReason::Incompatible
-        } else {
-            MissReason::Absent
         }
     }
 }
@@ -288,40 +129,12 @@ impl Store for MemoryStore {
     }
 
     fn epoch(&self) -> Epoch {
-        self.lock().regions.epoch()
+        self.lock().catalog.epoch()
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         authorize(caller, key, Right::Read)?;
-        let inner = self.lock();
-        if let Some(id) = inner.find_exact(key) {
-            let b = &inner.blocks[&id];
-            return Ok(match b.life.state() {
-                BlockState::Committed => Lookup::Hit { len: b.len() },
-                s => Lookup::Miss(MissReason::NotReadable(s)),
-            });
-        }
-        let chain = key.identity().chain();
-        if chain.len() > 1 {
-            let shape = key.shape_digest();
-            for link in chain[..chain.len() - 1].iter().rev() {
-                let Some(candidates) = inner.prefix.get(&(shape, *link)) else { continue };
-                for id in candidates {
-                    let b = &inner.blocks[id];
-                    let stored = b.key.identity();
-                    if b.life.state() == BlockState::Committed
-                        && stored.same_shape(key.identity())
-                        && stored.chain_is_strict_prefix_of(key.identity())
-                    {
-                        return Ok(Lookup::PrefixHit {
-                            key: Box::new(b.key.clone()),
-                            len: b.len(),
-                        });
-                    }
-                }
-            }
-        }
-        Ok(Lookup::Miss(inner.miss_reason(key)))
+        Ok(self.lock().catalog.lookup(key))
     }
 
     fn get_into(
@@ -332,36 +145,26 @@ impl Store for MemoryStore {
     ) -> Result<Get, StoreError> {
         authorize(caller, key, Right::Read)?;
         let mut inner = self.lock();
-        let Some(id) = inner.find_exact(key) else {
-            return Ok(Get::Miss(inner.miss_reason(key)));
+        let pin = match inner.catalog.pin_read(key, dst.len())? {
+            Ok(pin) => pin,
+            Err(miss) => return Ok(Get::Miss(miss)),
         };
-        let b = &inner.blocks[&id];
-        if b.life.state() != BlockState::Committed {
-            return Ok(Get::Miss(MissReason::NotReadable(b.life.state())));
+        let len = usize::try_from(pin.len).unwrap_or(usize::MAX);
+        if let Some(b) = inner.catalog.entry(pin.region) {
+            dst[..len].copy_from_slice(&b.payload);
         }
-        let len = b.bytes.len();
-        if dst.len() < len {
-            return Err(StoreError::BufferTooSmall {
-                needed: len as u64,
-                provided: dst.len() as u64,
-            });
-        }
-        let Some(stored) = b.checksum else {
-            return Err(StoreError::Backend {
-                operation: "get",
-                detail: "committed block without a checksum".into(),
-                retirement: Retirement::Retired,
-            });
-        };
-        dst[..len].copy_from_slice(&b.bytes);
         // Verify what the caller received, not what we hold.
-        if Checksum::of(&dst[..len]) != stored {
+        let corrupt = Checksum::of(&dst[..len]) != pin.checksum;
+        if corrupt {
             dst[..len].fill(0);
-            inner.corrupt_dropped += 1;
-            inner.evict(id)?;
-            return Ok(Get::Miss(MissReason::Corrupt));
         }
-        Ok(Get::Hit { len: len as u64, checksum: stored })
+        let released = inner.catalog.unpin_read(pin.region, corrupt);
+        inner.spare.give(released);
+        Ok(if corrupt {
+            Get::Miss(gpucache_dataplane::store::MissReason::Corrupt)
+        } else {
+            Get::Hit { len: pin.len, checksum: pin.checksum }
+        })
     }
 
     fn reserve(
@@ -371,74 +174,18 @@ impl Store for MemoryStore {
         len: u64,
         request: Option<RequestId>,
     ) -> Result<Reserve, StoreError> {
-        authorize(caller, key, Right::Write)?;
-        if len == 0 {
-            return Err(StoreError::EmptyObject);
-        }
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
-        let tenant = key.tenant().clone();
-        if let Some(r) = request {
-            match inner.idempotency.check(&tenant, r, key.digest(), now)? {
-                Some(Replay::Committed) => return Ok(Reserve::AlreadyCommitted),
-                Some(Replay::InProgress) => return Ok(Reserve::Busy),
-                None => {}
-            }
-        }
-        if let Some(id) = inner.exact.get(&key.digest()) {
-            let b = &inner.blocks[id];
-            // A different key under the same digest (a BLAKE3 collision) is never overwritten.
-            return Ok(match b.life.state() {
-                BlockState::Committed if b.key == *key => Reserve::AlreadyCommitted,
-                _ => Reserve::Busy,
-            });
-        }
-        if let Err(refusal) = inner.ledger.check_block(&tenant, len) {
-            return Ok(Reserve::Refused(refusal));
-        }
-        if request.is_some()
-            && let Err(refusal) = inner.idempotency.check_capacity()
-        {
-            return Ok(Reserve::Refused(refusal));
-        }
-        let bytes = usize::try_from(len).map_err(|_| StoreError::Backend {
-            operation: "reserve",
-            detail: format!("{len} bytes do not fit this address space"),
-            retirement: Retirement::Retired,
+        let mut guard = self.lock();
+        let Inner { catalog, spare } = &mut *guard;
+        let (answer, released) = catalog.reserve(caller, key, len, request, now, |len| {
+            usize::try_from(len).map(|n| spare.take(n)).map_err(|_| StoreError::Backend {
+                operation: "reserve",
+                detail: format!("{len} bytes do not fit this address space"),
+                retirement: Retirement::Retired,
+            })
         })?;
-        let lease = now.saturating_add(inner.ledger.limits().write_lease_ms);
-        let region = inner.regions.lend(&tenant, MemoryKind::Host, len, Some(lease))?;
-        let mut life = Lifecycle::new(region);
-        life.apply(Transition::Reserve)?;
-        if let Err(refusal) = inner.ledger.admit_block(&tenant, len) {
-            // check_block passed under the same lock, so this cannot happen; undo anyway.
-            let _ = inner.regions.complete(region, Completion::Retired);
-            return Ok(Reserve::Refused(refusal));
-        }
-        if let Some(r) = request
-            && let Err(refusal) = inner.idempotency.insert_pending(&tenant, r, key.digest())
-        {
-            inner.ledger.finish_write(&tenant, len);
-            inner.ledger.release_block(&tenant, len);
-            let _ = inner.regions.complete(region, Completion::Retired);
-            return Ok(Reserve::Refused(refusal));
-        }
-        inner.exact.insert(key.digest(), region);
-        let buffer = inner.spare.take(bytes);
-        inner.blocks.insert(
-            region,
-            Block {
-                key: key.clone(),
-                life,
-                bytes: buffer,
-                written: WrittenRanges::default(),
-                checksum: None,
-                request,
-                shape: key.shape_digest(),
-            },
-        );
-        let epoch = inner.regions.epoch();
-        Ok(Reserve::Reserved(Reservation { region, epoch, len, request }))
+        spare.give(released);
+        Ok(answer)
     }
 
     fn write(
@@ -449,48 +196,19 @@ impl Store for MemoryStore {
         src: &[u8],
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        let b = inner.open_block(caller, r)?;
-        let len = src.len() as u64;
-        let end = offset
-            .checked_add(len)
-            .filter(|e| *e <= b.len())
-            .ok_or(StoreError::WriteOutOfBounds { offset, len, capacity: b.len() })?;
-        b.written.add(offset, end)?;
-        if b.life.state() == BlockState::Reserved {
-            b.life.apply(Transition::BeginWrite)?;
-        }
-        // Both bounds were checked against the block length, a usize, above.
+        let b = inner.catalog.write_into(caller, r, offset, src.len() as u64)?;
+        // write_into checked the range against the block length, a usize.
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        b.bytes[start..start + src.len()].copy_from_slice(src);
+        b.payload[start..start + src.len()].copy_from_slice(src);
         Ok(())
     }
 
     fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
         let now = self.clock.now_ms();
         let mut inner = self.lock();
-        let b = inner.open_block(caller, r)?;
-        let written = b.written.covered();
-        if written != b.len() {
-            return Err(StoreError::Incomplete { written, expected: b.len() });
-        }
-        let checksum = Checksum::of(&b.bytes);
-        b.life.apply(Transition::Commit)?;
-        b.checksum = Some(checksum);
-        let (tenant, len, request) = (b.key.tenant().clone(), b.len(), b.request);
-        let logical = b.key.logical_digest();
-        let link = b.key.identity().chain().last().copied();
-        let shape = b.shape;
-        inner.regions.settle(r.region)?;
-        inner.ledger.finish_write(&tenant, len);
-        if let Some(req) = request {
-            inner.idempotency.commit(&tenant, req, now);
-        }
-        inner.logical.entry(logical).or_default().push(r.region);
-        if let Some(link) = link {
-            inner.prefix.entry((shape, link)).or_default().push(r.region);
-        }
-        inner.committed_blocks += 1;
-        Ok(Committed { checksum })
+        let b = inner.catalog.start_commit(caller, r)?;
+        let checksum = Checksum::of(&b.payload);
+        inner.catalog.finish_commit(r.region, checksum, now)
     }
 
     fn abort(
@@ -500,118 +218,42 @@ impl Store for MemoryStore {
         outcome: Retirement,
     ) -> Result<Abort, StoreError> {
         let mut inner = self.lock();
-        let b = inner
-            .blocks
-            .get(&r.region)
-            .ok_or(StoreError::UnknownReservation { region: r.region })?;
-        authorize(caller, &b.key, Right::Write)?;
-        match b.life.state() {
-            BlockState::Quarantined => return Ok(Abort::Quarantined),
-            BlockState::Reserved | BlockState::Writing => {}
-            _ => return Err(StoreError::UnknownReservation { region: r.region }),
-        }
-        match outcome {
-            Retirement::Unknown => {
-                inner.regions.complete(r.region, Completion::Unknown)?;
-                inner.quarantine_open(r.region)?;
-                Ok(Abort::Quarantined)
-            }
-            Retirement::Retired => {
-                let Some(mut b) = inner.blocks.remove(&r.region) else {
-                    return Err(StoreError::UnknownReservation { region: r.region });
-                };
-                b.life.apply(Transition::Abort)?;
-                inner.regions.complete(r.region, Completion::Retired)?;
-                let (tenant, len) = (b.key.tenant().clone(), b.len());
-                inner.ledger.finish_write(&tenant, len);
-                inner.ledger.release_block(&tenant, len);
-                if let Some(req) = b.request {
-                    inner.idempotency.forget(&tenant, req);
-                }
-                if inner.exact.get(&b.key.digest()) == Some(&r.region) {
-                    inner.exact.remove(&b.key.digest());
-                }
-                inner.spare.give(b.bytes);
-                Ok(Abort::Released)
-            }
-        }
+        let (answer, released) = inner.catalog.abort(caller, r, outcome)?;
+        inner.spare.give(released);
+        Ok(answer)
     }
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        authorize(caller, key, Right::Write)?;
         let mut inner = self.lock();
-        let Some(id) = inner.find_exact(key) else {
-            return Ok(Invalidate::Absent);
-        };
-        if inner.blocks[&id].life.state() != BlockState::Committed {
-            return Ok(Invalidate::Busy);
-        }
-        inner.evict(id)?;
-        Ok(Invalidate::Removed)
+        let (answer, released) = inner.catalog.invalidate(caller, key)?;
+        inner.spare.give(released);
+        Ok(answer)
     }
 
     fn expire_leases(&self) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
-        let expired = inner.regions.expire_leases(now);
-        for id in &expired {
-            inner.quarantine_open(*id)?;
-        }
-        Ok(expired.len())
+        self.lock().catalog.expire_leases(now)
     }
 
     fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
         let mut inner = self.lock();
-        match inner.regions.attest(caller, region, Attestation::Drained)? {
-            AttestOutcome::Reclaimed(proof) => {
-                let bytes = inner.reclaim(proof)?;
-                Ok(Reclaimed { region, bytes })
-            }
-            AttestOutcome::StillQuarantined => Err(StoreError::Backend {
-                operation: "attest",
-                detail: "a drained attestation left the region quarantined".into(),
-                retirement: Retirement::Unknown,
-            }),
-        }
+        let (answer, released) = inner.catalog.attest_drained(caller, region)?;
+        inner.spare.give(released);
+        Ok(answer)
     }
 
     fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        let mut inner = self.lock();
-        let epoch = inner.regions.bump_epoch()?;
-        // Writers from older epochs may still be mid-transfer: their reservations are fenced
-        // off and quarantined until reclaim_fenced.
-        let open: Vec<RegionId> = inner
-            .blocks
-            .iter()
-            .filter(|(_, b)| matches!(b.life.state(), BlockState::Reserved | BlockState::Writing))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in open {
-            inner.regions.quarantine(id, QuarantineCause::Fenced)?;
-            inner.quarantine_open(id)?;
-        }
-        Ok(epoch)
+        self.lock().catalog.bump_epoch()
     }
 
     fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
         let mut inner = self.lock();
-        let proofs = inner.regions.reclaim_fenced(epoch)?;
-        let n = proofs.len();
-        for proof in proofs {
-            inner.quarantine_open(proof.region())?;
-            inner.reclaim(proof)?;
-        }
+        let (n, released) = inner.catalog.reclaim_fenced(epoch)?;
+        inner.spare.give(released);
         Ok(n)
     }
 
     fn stats(&self) -> StoreStats {
-        let inner = self.lock();
-        StoreStats {
-            usage: inner.ledger.usage(),
-            regions: inner.regions.counts(),
-            committed_blocks: inner.committed_blocks,
-            corrupt_dropped: inner.corrupt_dropped,
-            evictions: 0,
-        }
+        self.lock().catalog.stats()
     }
 }

@@ -56,7 +56,8 @@ macro_rules! conformance_suite {
             unknown_outcome_quarantines_and_stays_charged, lease_expiry_quarantines_never_frees,
             attestation_needs_owner_or_admin, fence_reclaims_only_older_epochs,
             stale_reservations_refuse_writes_after_bump, region_ids_never_recycled,
-            refusals_carry_numbers, registrations_count_committed_and_quarantined,
+            refusals_carry_numbers, full_store_follows_its_policy,
+            registrations_count_committed_and_quarantined,
             incomplete_commit_is_refused, write_bounds_are_checked, failures_report_retirement
         );
     };

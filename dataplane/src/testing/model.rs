@@ -14,7 +14,8 @@ use crate::key::PhysicalKey;
 use crate::limits::{Refusal, RequestId, ResourceLimits, Usage};
 use crate::registry::{Epoch, RegionId, RegistryError};
 use crate::store::{
-    Abort, Get, Invalidate, Lookup, MissReason, Put, Reservation, Reserve, Retirement, StoreError,
+    Abort, FullPolicy, Get, Invalidate, Lookup, MissReason, Put, Reservation, Reserve, Retirement,
+    StoreError,
 };
 
 use super::fixture::{key_pool, payload, tenant};
@@ -174,6 +175,8 @@ struct Open {
 struct Block {
     len: u64,
     seed: u64,
+    /// Commit order: the eviction age.
+    seq: u64,
     region: Option<RegionId>,
     corrupt: bool,
 }
@@ -204,6 +207,8 @@ struct World {
     quarantined: Vec<Quarantined>,
     idem: HashMap<(usize, u64), (usize, IdemState)>,
     last_region: u64,
+    policy: FullPolicy,
+    next_seq: u64,
 }
 
 type Step = Result<(), String>;
@@ -277,7 +282,6 @@ fn retired_err<T: std::fmt::Debug>(
 impl World {
     fn new(subject: Subject, clock: ManualClock, profile: Profile) -> Self {
         Self {
-            subject,
             clock,
             limits: profile.limits(),
             now_ms: 0,
@@ -288,6 +292,9 @@ impl World {
             quarantined: Vec::new(),
             idem: HashMap::new(),
             last_region: 0,
+            policy: subject.store.info().full_policy,
+            next_seq: 1,
+            subject,
         }
     }
 
@@ -422,10 +429,41 @@ impl World {
         if self.committed.contains_key(&(t, k)) {
             return Admission::AlreadyCommitted;
         }
-        match self.predict_refusal(t, len, request.is_some()) {
-            Some(r) => Admission::Refused(r),
-            None => Admission::Proceeds,
+        // A store that evicts drops the oldest committed block (the tenant's own for a tenant
+        // quota) while only a retained-byte quota stands in the way.
+        loop {
+            let Some(refusal) = self.predict_refusal(t, len, request.is_some()) else {
+                return Admission::Proceeds;
+            };
+            let victim = match (&refusal, self.policy) {
+                (Refusal::RetainedBytes { .. }, FullPolicy::EvictOldest) => self.oldest(None),
+                (Refusal::TenantRetainedBytes { .. }, FullPolicy::EvictOldest) => {
+                    self.oldest(Some(t))
+                }
+                _ => None,
+            };
+            match victim {
+                Some(v) => {
+                    self.committed.remove(&v);
+                }
+                None => return Admission::Refused(refusal),
+            }
         }
+    }
+
+    /// The oldest committed block, of tenant `t` when given.
+    fn oldest(&self, t: Option<usize>) -> Option<(usize, usize)> {
+        self.committed
+            .iter()
+            .filter(|((bt, _), _)| t.is_none_or(|t| *bt == t))
+            .min_by_key(|(_, b)| b.seq)
+            .map(|(k, _)| *k)
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
     }
 
     fn note_region(&mut self, region: RegionId) -> Step {
@@ -494,7 +532,9 @@ impl World {
                     return Ok(());
                 }
                 expect("put", got, Ok(Put::Committed(Checksum::of(&data))))?;
-                self.committed.insert((t, k), Block { len, seed, region: None, corrupt: false });
+                let seq = self.take_seq();
+                self.committed
+                    .insert((t, k), Block { len, seed, seq, region: None, corrupt: false });
                 self.idem_commit(t, k, request);
                 // Put registers a region we do not see; later ids must still be larger.
                 Ok(())
@@ -592,9 +632,10 @@ impl World {
                         let (t, k, len, seed, region, request) =
                             (o.tenant, o.key, o.len, o.seed, o.region, o.request);
                         self.opens[i].state = OpenState::Gone;
+                        let seq = self.take_seq();
                         self.committed.insert(
                             (t, k),
-                            Block { len, seed, region: Some(region), corrupt: false },
+                            Block { len, seed, seq, region: Some(region), corrupt: false },
                         );
                         self.idem_commit(t, k, request);
                         Ok(())

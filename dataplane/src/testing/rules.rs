@@ -9,7 +9,8 @@ use crate::identity::KvDtype;
 use crate::limits::{Refusal, RequestId, ResourceLimits};
 use crate::registry::{Epoch, RegionId, RegistryError};
 use crate::store::{
-    Abort, Get, Invalidate, Lookup, MissReason, Put, Reservation, Reserve, Retirement, StoreError,
+    Abort, FullPolicy, Get, Invalidate, Lookup, MissReason, Put, Reservation, Reserve, Retirement,
+    StoreError,
 };
 
 use super::fixture::{admin, caller, key, payload, tenant};
@@ -69,6 +70,7 @@ pub fn run(name: &str, make: &MakeSubject) {
         }
         "region_ids_never_recycled" => region_ids_never_recycled(make),
         "refusals_carry_numbers" => refusals_carry_numbers(make),
+        "full_store_follows_its_policy" => full_store_follows_its_policy(make),
         "registrations_count_committed_and_quarantined" => {
             registrations_count_committed_and_quarantined(make)
         }
@@ -511,6 +513,7 @@ pub fn refusals_carry_numbers(make: &MakeSubject) {
         ..roomy()
     };
     let (s, _) = fresh(make, limits);
+    let refuses = s.store.info().full_policy == FullPolicy::Refuse;
     let put = |t: usize, link: u8, len: usize| {
         s.store
             .put(&caller(t), &key(t, &[link], KvDtype::F16, 16), &payload(24, len), None)
@@ -532,33 +535,81 @@ pub fn refusals_carry_numbers(make: &MakeSubject) {
     s.store.abort(&caller(1), b, Retirement::Retired).unwrap();
     s.store.write(&caller(0), &a, 0, &payload(24, 800)).unwrap();
     s.store.commit(&caller(0), &a).unwrap();
-    assert_eq!(put(0, 5, 1000).clone(), Put::Committed(Checksum::of(&payload(24, 1000))));
-    assert_eq!(
-        put(0, 6, 300),
-        Put::Refused(Refusal::TenantRetainedBytes {
-            tenant: tenant(0),
-            current: 1800,
-            requested: 300,
-            max: 2000
-        })
-    );
+    assert_eq!(put(0, 5, 1000), Put::Committed(Checksum::of(&payload(24, 1000))));
+    if refuses {
+        assert_eq!(
+            put(0, 6, 300),
+            Put::Refused(Refusal::TenantRetainedBytes {
+                tenant: tenant(0),
+                current: 1800,
+                requested: 300,
+                max: 2000
+            })
+        );
+    }
     assert_eq!(put(2, 1, 500), Put::Committed(Checksum::of(&payload(24, 500))));
     assert_eq!(put(1, 1, 10), Put::Refused(Refusal::Registrations { current: 3, max: 3 }));
     s.store.invalidate(&caller(2), &key(2, &[1], KvDtype::F16, 16)).unwrap();
-    assert_eq!(
-        put(1, 1, 800),
-        Put::Refused(Refusal::RetainedBytes { current: 1800, requested: 800, max: 2500 })
-    );
+    if refuses {
+        assert_eq!(
+            put(1, 1, 800),
+            Put::Refused(Refusal::RetainedBytes { current: 1800, requested: 800, max: 2500 })
+        );
+    }
     s.store.put(&caller(1), &key(1, &[1], KvDtype::F16, 16), &payload(24, 10), None).unwrap();
     s.store.invalidate(&caller(0), &key(0, &[5], KvDtype::F16, 16)).unwrap();
     assert_eq!(put(2, 1, 10), Put::Refused(Refusal::Tenants { current: 2, max: 2 }));
-    for r in [
-        Refusal::ObjectTooLarge { bytes: 1001, max: 1000 },
-        Refusal::Tenants { current: 2, max: 2 },
-    ] {
-        let text = r.to_string();
-        assert!(text.contains("max") || text.contains("limit") || text.contains("_max"), "{text}");
+}
+
+pub fn full_store_follows_its_policy(make: &MakeSubject) {
+    let limits = ResourceLimits {
+        object_bytes_max: 1000,
+        retained_bytes_max: 3300,
+        tenant_retained_bytes_max: 2000,
+        ..roomy()
+    };
+    let (s, _) = fresh(make, limits);
+    let k = |t: usize, link: u8| key(t, &[link], KvDtype::F16, 16);
+    let put = |t: usize, link: u8, len: usize| {
+        s.store.put(&caller(t), &k(t, link), &payload(u64::from(link), len), None).unwrap()
+    };
+    let present = |t: usize, link: u8| {
+        s.store.lookup(&caller(t), &k(t, link)).unwrap() != Lookup::Miss(MissReason::Absent)
+    };
+    assert!(matches!(put(1, 10, 300), Put::Committed(_)));
+    let q = reserved(s.store.reserve(&caller(1), &k(1, 11), 500, None));
+    s.store.abort(&caller(1), q, Retirement::Unknown).unwrap();
+    assert!(matches!(put(0, 1, 1000), Put::Committed(_)));
+    assert!(matches!(put(0, 2, 1000), Put::Committed(_)));
+    // Tenant 0 is at its quota.
+    let tenant_full = put(0, 3, 500);
+    if s.store.info().full_policy == FullPolicy::Refuse {
+        assert_eq!(
+            tenant_full,
+            Put::Refused(Refusal::TenantRetainedBytes {
+                tenant: tenant(0),
+                current: 2000,
+                requested: 500,
+                max: 2000
+            })
+        );
+        assert_eq!(s.store.stats().evictions, 0);
+        return;
     }
+    // Its own oldest block goes; tenant 1's older block does not.
+    assert!(matches!(tenant_full, Put::Committed(_)), "{tenant_full:?}");
+    assert!(!present(0, 1) && present(0, 2) && present(1, 10));
+    assert_eq!(s.store.stats().evictions, 1);
+    assert!(matches!(put(1, 12, 1000), Put::Committed(_)));
+    // The global quota evicts the oldest blocks of anyone (1/10, then 0/2); tenant 1's own
+    // quota then takes its oldest committed block (1/12). The quarantined region stays.
+    assert!(matches!(put(1, 13, 600), Put::Committed(_)));
+    assert!(!present(1, 10) && !present(0, 2) && !present(1, 12));
+    assert!(present(0, 3) && present(1, 13));
+    let st = s.store.stats();
+    assert_eq!(st.evictions, 4);
+    assert_eq!(st.regions.quarantined, 1, "a quarantined region was evicted");
+    assert_eq!(st.usage.retained_bytes, 500 + 500 + 600);
 }
 
 pub fn registrations_count_committed_and_quarantined(make: &MakeSubject) {

@@ -1,0 +1,724 @@
+//! The block catalog every store in this crate keeps: lifecycle, indexes, admission, request
+//! ids, regions, eviction order and read pins, generic over where a block's payload lives.
+//!
+//! It owns no payload I/O. A store takes its lock, asks the catalog what to do, moves bytes
+//! (under the lock for memory, outside it for files), and reports back. Whenever a block leaves
+//! the catalog its payload is handed back to the store to dispose of (reuse a buffer, unlink a
+//! file) — never silently dropped while something might still read it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gpucache_dataplane::caller::{Caller, Right};
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::identity::ChainHash;
+use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
+use gpucache_dataplane::lifecycle::{BlockState, Lifecycle, ReclaimProof, Transition};
+use gpucache_dataplane::limits::{
+    IdempotencyTable, Ledger, LimitsError, Refusal, Replay, RequestId, ResourceLimits,
+};
+use gpucache_dataplane::registry::{
+    AttestOutcome, Attestation, Completion, Epoch, EpochSource, MemoryKind, QuarantineCause,
+    RegionId, RegionTable, RegistryError,
+};
+use gpucache_dataplane::store::{
+    Abort, Committed, FullPolicy, Invalidate, Lookup, MissReason, Reclaimed, Reservation, Reserve,
+    Retirement, StoreError, StoreStats, WrittenRanges, authorize,
+};
+
+/// One block and the payload the store keeps for it.
+#[derive(Debug)]
+pub(crate) struct Entry<P> {
+    pub(crate) key: PhysicalKey,
+    pub(crate) life: Lifecycle,
+    pub(crate) len: u64,
+    pub(crate) written: WrittenRanges,
+    pub(crate) checksum: Option<Checksum>,
+    pub(crate) request: Option<RequestId>,
+    /// Commit order; the eviction age. Zero until committed.
+    pub(crate) seq: u64,
+    /// Readers copying the payload right now; a pinned block is never evicted by quota and its
+    /// payload is released only after the last reader leaves.
+    pub(crate) readers: u32,
+    /// The store is making the commit durable; no other writer call may touch the block.
+    pub(crate) committing: bool,
+    pub(crate) payload: P,
+}
+
+/// What a read found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadPin {
+    pub(crate) region: RegionId,
+    pub(crate) len: u64,
+    pub(crate) checksum: Checksum,
+}
+
+/// A committed block loaded from durable storage at open.
+#[derive(Debug)]
+pub(crate) struct Restored<P> {
+    pub(crate) key: PhysicalKey,
+    pub(crate) len: u64,
+    pub(crate) checksum: Checksum,
+    pub(crate) seq: u64,
+    pub(crate) payload: P,
+}
+
+#[derive(Debug)]
+pub(crate) struct Catalog<P> {
+    policy: FullPolicy,
+    kind: MemoryKind,
+    ledger: Ledger,
+    idempotency: IdempotencyTable,
+    regions: RegionTable,
+    blocks: HashMap<RegionId, Entry<P>>,
+    /// Physical key -> the live (open or committed) block under it.
+    exact: HashMap<KeyDigest, RegionId>,
+    /// Logical key -> committed blocks under it (for incompatible misses).
+    logical: HashMap<KeyDigest, Vec<RegionId>>,
+    /// (shape, last chain link) -> committed blocks (for prefix hits).
+    prefix: HashMap<(KeyDigest, ChainHash), Vec<RegionId>>,
+    /// Committed blocks by commit order, oldest first.
+    age: BTreeMap<u64, RegionId>,
+    next_seq: u64,
+    corrupt_dropped: u64,
+    evictions: u64,
+}
+
+fn drop_from<K: std::hash::Hash + Eq>(index: &mut HashMap<K, Vec<RegionId>>, key: K, id: RegionId) {
+    if let Some(v) = index.get_mut(&key) {
+        v.retain(|r| *r != id);
+        if v.is_empty() {
+            index.remove(&key);
+        }
+    }
+}
+
+impl<P> Catalog<P> {
+    pub(crate) fn new(
+        limits: ResourceLimits,
+        policy: FullPolicy,
+        kind: MemoryKind,
+        epoch: Epoch,
+        first_region: u64,
+        epochs: Box<dyn EpochSource>,
+    ) -> Result<Self, LimitsError> {
+        let ledger = Ledger::new(limits.clone())?;
+        let regions_max = usize::try_from(limits.registrations_max).unwrap_or(usize::MAX);
+        Ok(Self {
+            policy,
+            kind,
+            idempotency: IdempotencyTable::new(&limits),
+            ledger,
+            regions: RegionTable::new(regions_max, epoch, first_region, epochs),
+            blocks: HashMap::new(),
+            exact: HashMap::new(),
+            logical: HashMap::new(),
+            prefix: HashMap::new(),
+            age: BTreeMap::new(),
+            next_seq: 1,
+            corrupt_dropped: 0,
+            evictions: 0,
+        })
+    }
+
+    pub(crate) fn epoch(&self) -> Epoch {
+        self.regions.epoch()
+    }
+
+    pub(crate) fn entry(&self, id: RegionId) -> Option<&Entry<P>> {
+        self.blocks.get(&id)
+    }
+
+    pub(crate) fn entry_mut(&mut self, id: RegionId) -> Option<&mut Entry<P>> {
+        self.blocks.get_mut(&id)
+    }
+
+    pub(crate) fn stats(&self) -> StoreStats {
+        StoreStats {
+            usage: self.ledger.usage(),
+            regions: self.regions.counts(),
+            committed_blocks: self.age.len() as u64,
+            corrupt_dropped: self.corrupt_dropped,
+            evictions: self.evictions,
+        }
+    }
+
+    /// The live block under exactly `key`: the digest finds it, the full key must match.
+    pub(crate) fn find_exact(&self, key: &PhysicalKey) -> Option<RegionId> {
+        let id = *self.exact.get(&key.digest())?;
+        (self.blocks.get(&id)?.key == *key).then_some(id)
+    }
+
+    fn miss_reason(&self, key: &PhysicalKey) -> MissReason {
+        if self.logical.contains_key(&key.logical_digest()) {
+            MissReason::Incompatible
+        } else {
+            MissReason::Absent
+        }
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    pub(crate) fn lookup(&self, key: &PhysicalKey) -> Lookup {
+        if let Some(id) = self.find_exact(key) {
+            let b = &self.blocks[&id];
+            return match b.life.state() {
+                BlockState::Committed => Lookup::Hit { len: b.len },
+                s => Lookup::Miss(MissReason::NotReadable(s)),
+            };
+        }
+        let chain = key.identity().chain();
+        if chain.len() > 1 {
+            let shape = key.shape_digest();
+            for link in chain[..chain.len() - 1].iter().rev() {
+                let Some(candidates) = self.prefix.get(&(shape, *link)) else { continue };
+                for id in candidates {
+                    let b = &self.blocks[id];
+                    let stored = b.key.identity();
+                    if b.life.state() == BlockState::Committed
+                        && stored.same_shape(key.identity())
+                        && stored.chain_is_strict_prefix_of(key.identity())
+                    {
+                        return Lookup::PrefixHit { key: Box::new(b.key.clone()), len: b.len };
+                    }
+                }
+            }
+        }
+        Lookup::Miss(self.miss_reason(key))
+    }
+
+    /// Pins the committed block under `key` for a read into `capacity` bytes.
+    pub(crate) fn pin_read(
+        &mut self,
+        key: &PhysicalKey,
+        capacity: usize,
+    ) -> Result<Result<ReadPin, MissReason>, StoreError> {
+        let Some(id) = self.find_exact(key) else { return Ok(Err(self.miss_reason(key))) };
+        let b = self.blocks.get_mut(&id).ok_or(StoreError::UnknownReservation { region: id })?;
+        if b.life.state() != BlockState::Committed {
+            return Ok(Err(MissReason::NotReadable(b.life.state())));
+        }
+        if (capacity as u64) < b.len {
+            return Err(StoreError::BufferTooSmall { needed: b.len, provided: capacity as u64 });
+        }
+        let Some(checksum) = b.checksum else {
+            return Err(StoreError::Backend {
+                operation: "get",
+                detail: "committed block without a checksum".into(),
+                retirement: Retirement::Retired,
+            });
+        };
+        b.readers += 1;
+        Ok(Ok(ReadPin { region: id, len: b.len, checksum }))
+    }
+
+    /// Ends a read. A read whose bytes failed verification drops the block; the payloads of
+    /// blocks that leave the catalog come back.
+    pub(crate) fn unpin_read(&mut self, id: RegionId, corrupt: bool) -> Vec<P> {
+        let mut released = Vec::new();
+        let Some(b) = self.blocks.get_mut(&id) else { return released };
+        debug_assert!(b.readers > 0, "unpin without pin");
+        b.readers = b.readers.saturating_sub(1);
+        let (state, readers) = (b.life.state(), b.readers);
+        if corrupt && state == BlockState::Committed {
+            self.corrupt_dropped += 1;
+            self.start_evict(id, &mut released);
+        } else if state == BlockState::Evicting && readers == 0 {
+            self.finish_evict(id, &mut released);
+        }
+        released
+    }
+
+    // ------------------------------------------------------------------ eviction
+
+    fn unindex_committed(&mut self, id: RegionId) {
+        let Some(b) = self.blocks.get(&id) else { return };
+        let (digest, logical, shape) =
+            (b.key.digest(), b.key.logical_digest(), b.key.shape_digest());
+        let link = b.key.identity().chain().last().copied();
+        let seq = b.seq;
+        if self.exact.get(&digest) == Some(&id) {
+            self.exact.remove(&digest);
+        }
+        drop_from(&mut self.logical, logical, id);
+        if let Some(link) = link {
+            drop_from(&mut self.prefix, (shape, link), id);
+        }
+        self.age.remove(&seq);
+    }
+
+    /// COMMITTED -> EVICTING, and -> ABSENT at once when nobody is reading.
+    fn start_evict(&mut self, id: RegionId, released: &mut Vec<P>) {
+        self.unindex_committed(id);
+        let Some(b) = self.blocks.get_mut(&id) else { return };
+        if b.life.apply(Transition::Evict).is_err() {
+            return;
+        }
+        if b.readers == 0 {
+            self.finish_evict(id, released);
+        }
+    }
+
+    fn finish_evict(&mut self, id: RegionId, released: &mut Vec<P>) {
+        let Some(mut b) = self.blocks.remove(&id) else { return };
+        let released_ok = b.life.apply(Transition::Release).is_ok();
+        debug_assert!(released_ok, "finish_evict of a block that was not evicting");
+        let _ = self.regions.release_held(id);
+        self.ledger.release_block(b.key.tenant(), b.len);
+        released.push(b.payload);
+    }
+
+    /// The oldest committed block nobody is reading, of `tenant` when given.
+    fn victim(&self, tenant: Option<&gpucache_dataplane::TenantId>) -> Option<RegionId> {
+        self.age.values().copied().find(|id| {
+            let b = &self.blocks[id];
+            b.readers == 0 && tenant.is_none_or(|t| b.key.tenant() == t)
+        })
+    }
+
+    /// Admission for a new block, evicting oldest unpinned committed blocks first when the
+    /// policy says so and only a retained-byte quota stands in the way.
+    fn admit(&mut self, key: &PhysicalKey, len: u64, released: &mut Vec<P>) -> Result<(), Refusal> {
+        let tenant = key.tenant().clone();
+        loop {
+            let refusal = match self.ledger.check_block(&tenant, len) {
+                Ok(()) => return Ok(()),
+                Err(r) => r,
+            };
+            let victim = match (&refusal, self.policy) {
+                (Refusal::RetainedBytes { .. }, FullPolicy::EvictOldest) => self.victim(None),
+                (Refusal::TenantRetainedBytes { .. }, FullPolicy::EvictOldest) => {
+                    self.victim(Some(&tenant))
+                }
+                _ => None,
+            };
+            let Some(victim) = victim else { return Err(refusal) };
+            self.evictions += 1;
+            self.start_evict(victim, released);
+        }
+    }
+
+    // ------------------------------------------------------------------ writes
+
+    /// Starts a create-only PUT. `make` builds the payload holder for a new block.
+    pub(crate) fn reserve(
+        &mut self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+        now_ms: u64,
+        make: impl FnOnce(u64) -> Result<P, StoreError>,
+    ) -> Result<(Reserve, Vec<P>), StoreError> {
+        authorize(caller, key, Right::Write)?;
+        if len == 0 {
+            return Err(StoreError::EmptyObject);
+        }
+        let mut released = Vec::new();
+        let tenant = key.tenant().clone();
+        if let Some(r) = request {
+            match self.idempotency.check(&tenant, r, key.digest(), now_ms)? {
+                Some(Replay::Committed) => return Ok((Reserve::AlreadyCommitted, released)),
+                Some(Replay::InProgress) => return Ok((Reserve::Busy, released)),
+                None => {}
+            }
+        }
+        if let Some(id) = self.exact.get(&key.digest()) {
+            let b = &self.blocks[id];
+            // A different key under the same digest (a BLAKE3 collision) is never overwritten.
+            return Ok((
+                match b.life.state() {
+                    BlockState::Committed if b.key == *key => Reserve::AlreadyCommitted,
+                    _ => Reserve::Busy,
+                },
+                released,
+            ));
+        }
+        if let Err(refusal) = self.admit(key, len, &mut released) {
+            return Ok((Reserve::Refused(refusal), released));
+        }
+        if request.is_some()
+            && let Err(refusal) = self.idempotency.check_capacity()
+        {
+            return Ok((Reserve::Refused(refusal), released));
+        }
+        let payload = make(len)?;
+        let lease = now_ms.saturating_add(self.ledger.limits().write_lease_ms);
+        let region = self.regions.lend(&tenant, self.kind, len, Some(lease))?;
+        let mut life = Lifecycle::new(region);
+        life.apply(Transition::Reserve)?;
+        self.ledger.admit_block(&tenant, len).map_err(|r| StoreError::Backend {
+            operation: "reserve",
+            detail: format!("admission changed under the lock: {r}"),
+            retirement: Retirement::Retired,
+        })?;
+        if let Some(r) = request {
+            // Capacity was checked above under the same lock.
+            let _ = self.idempotency.insert_pending(&tenant, r, key.digest());
+        }
+        self.exact.insert(key.digest(), region);
+        self.blocks.insert(
+            region,
+            Entry {
+                key: key.clone(),
+                life,
+                len,
+                written: WrittenRanges::default(),
+                checksum: None,
+                request,
+                seq: 0,
+                readers: 0,
+                committing: false,
+                payload,
+            },
+        );
+        let epoch = self.regions.epoch();
+        Ok((Reserve::Reserved(Reservation { region, epoch, len, request }), released))
+    }
+
+    /// The open, current-epoch block of a reservation.
+    fn open_entry(
+        &mut self,
+        caller: &Caller,
+        r: &Reservation,
+    ) -> Result<&mut Entry<P>, StoreError> {
+        let current = self.regions.epoch();
+        let b = self
+            .blocks
+            .get_mut(&r.region)
+            .ok_or(StoreError::UnknownReservation { region: r.region })?;
+        authorize(caller, &b.key, Right::Write)?;
+        match b.life.state() {
+            BlockState::Reserved | BlockState::Writing if !b.committing => {}
+            BlockState::Quarantined => {
+                return Err(StoreError::ReservationQuarantined { region: r.region });
+            }
+            _ => return Err(StoreError::UnknownReservation { region: r.region }),
+        }
+        if r.epoch != current {
+            return Err(StoreError::Registry(RegistryError::StaleEpoch {
+                given: r.epoch,
+                current,
+            }));
+        }
+        Ok(b)
+    }
+
+    /// Records a write of `len` bytes at `offset` and returns the block to copy into.
+    pub(crate) fn write_into(
+        &mut self,
+        caller: &Caller,
+        r: &Reservation,
+        offset: u64,
+        len: u64,
+    ) -> Result<&mut Entry<P>, StoreError> {
+        let b = self.open_entry(caller, r)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= b.len)
+            .ok_or(StoreError::WriteOutOfBounds { offset, len, capacity: b.len })?;
+        b.written.add(offset, end)?;
+        if b.life.state() == BlockState::Reserved {
+            b.life.apply(Transition::BeginWrite)?;
+        }
+        Ok(b)
+    }
+
+    /// Checks that a reservation is fully written and marks it committing; the store then makes
+    /// it durable and calls [`Self::finish_commit`] or [`Self::fail_commit`].
+    pub(crate) fn start_commit(
+        &mut self,
+        caller: &Caller,
+        r: &Reservation,
+    ) -> Result<&mut Entry<P>, StoreError> {
+        let b = self.open_entry(caller, r)?;
+        let written = b.written.covered();
+        if written != b.len {
+            return Err(StoreError::Incomplete { written, expected: b.len });
+        }
+        if b.life.state() == BlockState::Reserved {
+            b.life.apply(Transition::BeginWrite)?;
+        }
+        b.committing = true;
+        Ok(b)
+    }
+
+    /// Takes the next commit sequence number (a store that names files by it takes it before
+    /// writing).
+    pub(crate) fn next_seq_reserve(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// The block's bytes are stored with `checksum`; it is the next block in commit order.
+    pub(crate) fn finish_commit(
+        &mut self,
+        id: RegionId,
+        checksum: Checksum,
+        now_ms: u64,
+    ) -> Result<Committed, StoreError> {
+        let seq = self.next_seq_reserve();
+        self.finish_commit_at(id, checksum, seq, now_ms)
+    }
+
+    /// The block's bytes are stored (durably, for a durable store) with `checksum` under the
+    /// commit sequence `seq` taken earlier.
+    pub(crate) fn finish_commit_at(
+        &mut self,
+        id: RegionId,
+        checksum: Checksum,
+        seq: u64,
+        now_ms: u64,
+    ) -> Result<Committed, StoreError> {
+        let b = self.blocks.get_mut(&id).ok_or(StoreError::UnknownReservation { region: id })?;
+        b.life.apply(Transition::Commit)?;
+        b.committing = false;
+        b.checksum = Some(checksum);
+        b.seq = seq;
+        let (tenant, len, request) = (b.key.tenant().clone(), b.len, b.request);
+        let (logical, shape) = (b.key.logical_digest(), b.key.shape_digest());
+        let link = b.key.identity().chain().last().copied();
+        self.regions.settle(id)?;
+        self.ledger.finish_write(&tenant, len);
+        if let Some(req) = request {
+            self.idempotency.commit(&tenant, req, now_ms);
+        }
+        self.logical.entry(logical).or_default().push(id);
+        if let Some(link) = link {
+            self.prefix.entry((shape, link)).or_default().push(id);
+        }
+        self.age.insert(seq, id);
+        Ok(Committed { checksum })
+    }
+
+    /// Making the commit durable failed: the commit is abandoned and its request id forgotten,
+    /// so a replay cannot report success. `Unknown` quarantines the block's region.
+    pub(crate) fn fail_commit(&mut self, id: RegionId, outcome: Retirement) -> Vec<P> {
+        if let Some(b) = self.blocks.get_mut(&id) {
+            b.committing = false;
+        }
+        let mut released = Vec::new();
+        let _ = self.end_open(id, outcome, &mut released);
+        released
+    }
+
+    /// Ends an open reservation without commit.
+    fn end_open(
+        &mut self,
+        id: RegionId,
+        outcome: Retirement,
+        released: &mut Vec<P>,
+    ) -> Result<Abort, StoreError> {
+        match outcome {
+            Retirement::Unknown => {
+                self.regions.complete(id, Completion::Unknown)?;
+                self.quarantine_open(id)?;
+                Ok(Abort::Quarantined)
+            }
+            Retirement::Retired => {
+                let Some(mut b) = self.blocks.remove(&id) else {
+                    return Err(StoreError::UnknownReservation { region: id });
+                };
+                b.life.apply(Transition::Abort)?;
+                self.regions.complete(id, Completion::Retired)?;
+                let tenant = b.key.tenant().clone();
+                self.ledger.finish_write(&tenant, b.len);
+                self.ledger.release_block(&tenant, b.len);
+                if let Some(req) = b.request {
+                    self.idempotency.forget(&tenant, req);
+                }
+                if self.exact.get(&b.key.digest()) == Some(&id) {
+                    self.exact.remove(&b.key.digest());
+                }
+                released.push(b.payload);
+                Ok(Abort::Released)
+            }
+        }
+    }
+
+    pub(crate) fn abort(
+        &mut self,
+        caller: &Caller,
+        r: Reservation,
+        outcome: Retirement,
+    ) -> Result<(Abort, Vec<P>), StoreError> {
+        let b = self
+            .blocks
+            .get(&r.region)
+            .ok_or(StoreError::UnknownReservation { region: r.region })?;
+        authorize(caller, &b.key, Right::Write)?;
+        match b.life.state() {
+            BlockState::Quarantined => return Ok((Abort::Quarantined, Vec::new())),
+            BlockState::Reserved | BlockState::Writing if !b.committing => {}
+            _ => return Err(StoreError::UnknownReservation { region: r.region }),
+        }
+        let mut released = Vec::new();
+        let a = self.end_open(r.region, outcome, &mut released)?;
+        Ok((a, released))
+    }
+
+    /// RESERVED/WRITING -> QUARANTINED. The region and its retained bytes stay charged; the key
+    /// is free for a new writer.
+    fn quarantine_open(&mut self, id: RegionId) -> Result<(), StoreError> {
+        let Some(b) = self.blocks.get_mut(&id) else { return Ok(()) };
+        if !matches!(b.life.state(), BlockState::Reserved | BlockState::Writing) {
+            return Ok(());
+        }
+        b.life.apply(Transition::Quarantine)?;
+        b.committing = false;
+        let (tenant, len, request, digest) =
+            (b.key.tenant().clone(), b.len, b.request, b.key.digest());
+        self.ledger.finish_write(&tenant, len);
+        if let Some(r) = request {
+            self.idempotency.forget(&tenant, r);
+        }
+        if self.exact.get(&digest) == Some(&id) {
+            self.exact.remove(&digest);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn invalidate(
+        &mut self,
+        caller: &Caller,
+        key: &PhysicalKey,
+    ) -> Result<(Invalidate, Vec<P>), StoreError> {
+        authorize(caller, key, Right::Write)?;
+        let mut released = Vec::new();
+        let Some(id) = self.find_exact(key) else { return Ok((Invalidate::Absent, released)) };
+        if self.blocks[&id].life.state() != BlockState::Committed {
+            return Ok((Invalidate::Busy, released));
+        }
+        self.start_evict(id, &mut released);
+        Ok((Invalidate::Removed, released))
+    }
+
+    // ------------------------------------------------------------------ quarantine and fences
+
+    pub(crate) fn expire_leases(&mut self, now_ms: u64) -> Result<usize, StoreError> {
+        let expired = self.regions.expire_leases(now_ms);
+        for id in &expired {
+            self.quarantine_open(*id)?;
+        }
+        Ok(expired.len())
+    }
+
+    fn reclaim(&mut self, proof: ReclaimProof, released: &mut Vec<P>) -> Result<u64, StoreError> {
+        let id = proof.region();
+        self.quarantine_open(id)?;
+        let Some(mut b) = self.blocks.remove(&id) else { return Ok(0) };
+        b.life.apply(Transition::Reclaim(proof))?;
+        self.ledger.release_block(b.key.tenant(), b.len);
+        let len = b.len;
+        released.push(b.payload);
+        Ok(len)
+    }
+
+    pub(crate) fn attest_drained(
+        &mut self,
+        caller: &Caller,
+        region: RegionId,
+    ) -> Result<(Reclaimed, Vec<P>), StoreError> {
+        let mut released = Vec::new();
+        match self.regions.attest(caller, region, Attestation::Drained)? {
+            AttestOutcome::Reclaimed(proof) => {
+                let bytes = self.reclaim(proof, &mut released)?;
+                Ok((Reclaimed { region, bytes }, released))
+            }
+            AttestOutcome::StillQuarantined => Err(StoreError::Backend {
+                operation: "attest",
+                detail: "a drained attestation left the region quarantined".into(),
+                retirement: Retirement::Unknown,
+            }),
+        }
+    }
+
+    /// Advances the epoch and quarantines every open reservation of older epochs: their
+    /// writers may still be mid-transfer.
+    pub(crate) fn bump_epoch(&mut self) -> Result<Epoch, StoreError> {
+        let epoch = self.regions.bump_epoch()?;
+        let open: Vec<RegionId> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| matches!(b.life.state(), BlockState::Reserved | BlockState::Writing))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in open {
+            self.regions.quarantine(id, QuarantineCause::Fenced)?;
+            self.quarantine_open(id)?;
+        }
+        Ok(epoch)
+    }
+
+    pub(crate) fn reclaim_fenced(&mut self, epoch: Epoch) -> Result<(usize, Vec<P>), StoreError> {
+        let proofs = self.regions.reclaim_fenced(epoch)?;
+        let n = proofs.len();
+        let mut released = Vec::new();
+        for proof in proofs {
+            self.reclaim(proof, &mut released)?;
+        }
+        Ok((n, released))
+    }
+
+    // ------------------------------------------------------------------ restart
+
+    /// Loads a block that was committed before a restart. Refused (and left to the caller to
+    /// discard) when the limits cannot hold it.
+    pub(crate) fn restore(&mut self, block: Restored<P>) -> Result<(), (Refusal, P)> {
+        let tenant = block.key.tenant().clone();
+        if self.find_exact(&block.key).is_some() || self.age.contains_key(&block.seq) {
+            let entries = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
+            return Err((Refusal::Registrations { current: entries, max: entries }, block.payload));
+        }
+        if let Err(r) = self.ledger.admit_block(&tenant, block.len) {
+            return Err((r, block.payload));
+        }
+        let region = match self.regions.lend(&tenant, self.kind, block.len, None) {
+            Ok(r) => r,
+            Err(_) => {
+                self.ledger.finish_write(&tenant, block.len);
+                self.ledger.release_block(&tenant, block.len);
+                let current = u32::try_from(self.regions.len()).unwrap_or(u32::MAX);
+                return Err((Refusal::Registrations { current, max: current }, block.payload));
+            }
+        };
+        let mut life = Lifecycle::new(region);
+        for t in [Transition::Reserve, Transition::BeginWrite, Transition::Commit] {
+            let _ = life.apply(t);
+        }
+        let _ = self.regions.settle(region);
+        self.ledger.finish_write(&tenant, block.len);
+        let key = block.key;
+        self.exact.insert(key.digest(), region);
+        self.logical.entry(key.logical_digest()).or_default().push(region);
+        if let Some(link) = key.identity().chain().last().copied() {
+            self.prefix.entry((key.shape_digest(), link)).or_default().push(region);
+        }
+        self.age.insert(block.seq, region);
+        self.next_seq = self.next_seq.max(block.seq + 1);
+        self.blocks.insert(
+            region,
+            Entry {
+                key,
+                life,
+                len: block.len,
+                written: WrittenRanges::default(),
+                checksum: Some(block.checksum),
+                request: None,
+                seq: block.seq,
+                readers: 0,
+                committing: false,
+                payload: block.payload,
+            },
+        );
+        Ok(())
+    }
+
+    /// Damages nothing; finds the committed payload under `key` for fault injection.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn committed_payload_mut(&mut self, key: &PhysicalKey) -> Option<&mut P> {
+        let id = self.find_exact(key)?;
+        let b = self.blocks.get_mut(&id)?;
+        (b.life.state() == BlockState::Committed).then_some(&mut b.payload)
+    }
+}

@@ -1,0 +1,216 @@
+//! Block I/O engines for the FileStore: io_uring ([`uring`]) and portable pread/pwrite
+//! ([`psync`]) behind one trait, plus a seeded faulty-disk layer ([`faulty`]) that wraps either.
+//!
+//! Engines move bytes between memory and an open file; they know nothing about blocks, keys or
+//! durability policy. Every call either completes entirely or returns an error after which the
+//! engine no longer touches the caller's memory (engines are synchronous to their caller, so a
+//! returned call is a retired call).
+
+pub mod faulty;
+pub mod psync;
+pub mod uring;
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
+/// Alignment of offsets, lengths and memory for O_DIRECT I/O.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Which engine a FileStore uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// Probe io_uring once; fall back to psync with one log line.
+    Auto,
+    /// io_uring, or fail to open.
+    Uring,
+    /// pread/pwrite.
+    Psync,
+}
+
+/// Tuning shared by the engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Most I/O requests in flight at once per call (io_uring submission batch).
+    pub queue_depth: u32,
+    /// Bytes per I/O request when a transfer is split.
+    pub chunk_bytes: usize,
+    /// Bytes of aligned staging memory kept for O_DIRECT (registered with io_uring).
+    pub staging_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { queue_depth: 32, chunk_bytes: 256 << 10, staging_bytes: 64 << 20 }
+    }
+}
+
+/// A memory buffer aligned to [`DIRECT_ALIGN`], for O_DIRECT transfers.
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes rounded up to [`DIRECT_ALIGN`].
+    pub fn zeroed(len: usize) -> io::Result<Self> {
+        let len = round_up(len.max(1), DIRECT_ALIGN);
+        let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the layout has a nonzero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(raw)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        Ok(Self { ptr, len, layout })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is a live allocation of len initialized bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+pub fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// Moves bytes between memory and files. Calls are synchronous to the caller: when one returns,
+/// with success or an error, the engine has stopped touching the caller's buffers.
+pub trait IoEngine: Send + Sync + fmt::Debug {
+    /// "uring", "psync", or a wrapper's name.
+    fn name(&self) -> &'static str;
+
+    /// Writes all of `data` at `offset`. For a file opened with O_DIRECT the offset, the length
+    /// and the memory must be aligned to [`DIRECT_ALIGN`]. A write that makes no progress is
+    /// an error (`WriteZero`), never a silent short write.
+    fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()>;
+
+    /// Fills `buf` from `offset`; end of file first is `UnexpectedEof`.
+    fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// Makes a file's data and metadata durable (fsync).
+    fn sync(&self, file: &File) -> io::Result<()>;
+
+    /// An aligned buffer of at least `len` bytes for O_DIRECT transfers. Engines with
+    /// registered memory hand out slices of it (io_uring fixed buffers); the default allocates.
+    fn staging(&self, len: usize) -> io::Result<Staging> {
+        Ok(Staging::Owned(AlignedBuf::zeroed(len)?))
+    }
+}
+
+/// A shared engine is an engine (so test wrappers can wrap what [`build`] returns).
+impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        (**self).write_all_at(file, offset, data)
+    }
+    fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        (**self).read_exact_at(file, offset, buf)
+    }
+    fn sync(&self, file: &File) -> io::Result<()> {
+        (**self).sync(file)
+    }
+    fn staging(&self, len: usize) -> io::Result<Staging> {
+        (**self).staging(len)
+    }
+}
+
+/// Aligned staging memory for one O_DIRECT transfer.
+pub enum Staging {
+    /// Freshly allocated, not registered with any engine.
+    Owned(AlignedBuf),
+    /// A slot of an engine's registered arena; the slot returns to the engine on drop.
+    Registered(Box<dyn RegisteredSlot>),
+}
+
+/// A slot of registered staging memory (see [`uring`]).
+pub trait RegisteredSlot: Send + Sync {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl std::ops::Deref for Staging {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Staging::Owned(b) => b,
+            Staging::Registered(s) => s.bytes(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for Staging {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Staging::Owned(b) => b,
+            Staging::Registered(s) => s.bytes_mut(),
+        }
+    }
+}
+
+impl fmt::Debug for Staging {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Staging::Owned(b) => write!(f, "Staging::Owned({} bytes)", b.len()),
+            Staging::Registered(s) => write!(f, "Staging::Registered({} bytes)", s.bytes().len()),
+        }
+    }
+}
+
+/// Builds the engine `choice` asks for. `Auto` probes io_uring once and falls back to psync,
+/// logging the choice; `Uring` fails when io_uring cannot run.
+pub fn build(choice: EngineChoice, config: EngineConfig) -> io::Result<Arc<dyn IoEngine>> {
+    match choice {
+        EngineChoice::Psync => Ok(Arc::new(psync::PsyncEngine)),
+        EngineChoice::Uring => Ok(Arc::new(uring::UringEngine::new(config)?)),
+        EngineChoice::Auto => match uring::UringEngine::new(config) {
+            Ok(e) => {
+                tracing::info!(engine = "uring", "file I/O engine: io_uring");
+                Ok(Arc::new(e))
+            }
+            Err(err) => {
+                tracing::warn!(engine = "psync", error = %err, "io_uring unavailable; file I/O falls back to pread/pwrite");
+                Ok(Arc::new(psync::PsyncEngine))
+            }
+        },
+    }
+}

@@ -1,0 +1,30 @@
+//! The portable engine: positional read and write system calls, looping over partial
+//! transfers, on the calling thread.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use super::IoEngine;
+
+/// pread/pwrite/fsync on the calling thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PsyncEngine;
+
+impl IoEngine for PsyncEngine {
+    fn name(&self) -> &'static str {
+        "psync"
+    }
+
+    fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        file.write_all_at(data, offset)
+    }
+
+    fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        file.read_exact_at(buf, offset)
+    }
+
+    fn sync(&self, file: &File) -> io::Result<()> {
+        file.sync_all()
+    }
+}

@@ -1,0 +1,823 @@
+//! The io_uring engine: positional reads and writes split into chunks and submitted in batches
+//! on a ring taken from a small per-engine pool, with a registered staging arena for O_DIRECT.
+//!
+//! # Calls and rings
+//!
+//! A call takes a ring from the pool (creating one lazily, up to [`RINGS_MAX`]; waiting at most
+//! [`RING_WAIT`] for one to come back, then `TimedOut`), splits the transfer into chunks of
+//! `chunk_bytes`, keeps at most `queue_depth` of them in flight, and reaps completions until every
+//! chunk is done. A short completion resubmits the rest of its chunk. Each SQE's `user_data` holds
+//! the chunk index in its high 32 bits and the bytes of that chunk already done in its low 32 bits,
+//! so a completion says exactly which range it covered.
+//!
+//! # Retirement
+//!
+//! A call never returns while the kernel may still touch the caller's memory:
+//!
+//! * When a chunk fails, no new SQE is queued, but the call keeps reaping until every SQE it
+//!   submitted has completed, and only then returns the first error. The ring is healthy
+//!   afterwards and goes back to the pool.
+//! * When `io_uring_enter` itself fails with an error that is not transient (not `EINTR`,
+//!   `EAGAIN` or `EBUSY`), the ring is treated as broken. SQEs still sitting in the submission
+//!   queue were never consumed by the kernel; nothing enters this ring again (no SQPOLL), so they
+//!   never run. For the SQEs the kernel did consume, the call waits for their completions (with
+//!   `io_uring_enter(GETEVENTS)` and, should that fail too, by polling the completion queue with
+//!   short sleeps, which lets the kernel run completion task work on the way back to user space),
+//!   logging every [`RETIRE_LOG_EVERY`] while it waits. Only then is the ring dropped (never
+//!   returned to the pool) and the error returned.
+//!
+//! We deliberately rely on nothing from closing a ring: closing the io_uring fd starts an
+//! asynchronous teardown in the kernel (cancel what can be cancelled, wait for the rest from a
+//! workqueue) and returns without waiting for in-flight reads and writes, so dropping a ring with
+//! requests in flight would not make the caller's buffers safe to reuse.
+//!
+//! # Staging arena
+//!
+//! One [`AlignedBuf`] of `staging_bytes` rounded down to whole slots of [`SLOT_BYTES`] (at most
+//! [`ARENA_BYTES_MAX`], the kernel's limit for one registered buffer) is registered with every ring
+//! as fixed buffer 0. [`IoEngine::staging`] hands out one slot at a time, zeroed like an owned
+//! buffer; the slot goes back to the free list when dropped and keeps the arena alive meanwhile.
+//! Transfers whose memory lies inside the arena use `ReadFixed`/`WriteFixed`; others use plain
+//! `Read`/`Write`. If registering the arena with a ring fails (for example `RLIMIT_MEMLOCK`), that
+//! ring uses plain opcodes for everything and the slots are still handed out as aligned memory.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use io_uring::{EnterFlags, IoUring, Probe, opcode, squeue, types};
+
+use super::{AlignedBuf, DIRECT_ALIGN, EngineConfig, IoEngine, RegisteredSlot, Staging, round_up};
+
+/// Most rings one engine keeps; calls beyond this many at once wait for a ring.
+pub const RINGS_MAX: usize = 8;
+
+/// How long a call waits for a ring before failing with `TimedOut`.
+pub const RING_WAIT: Duration = Duration::from_secs(5);
+
+/// Bytes of one staging slot: a 4 MiB block with its header fits with ample room, and so does an
+/// 8 MiB block with a header of up to 64 KiB. A multiple of [`DIRECT_ALIGN`].
+pub const SLOT_BYTES: usize = (8 << 20) + (64 << 10);
+
+/// Largest staging arena: the kernel refuses a single registered buffer over 1 GiB.
+pub const ARENA_BYTES_MAX: usize = 1 << 30;
+
+/// Largest ring (and in-flight depth) an engine asks for.
+const QUEUE_DEPTH_MAX: u32 = 4096;
+
+/// Largest chunk: keeps one SQE's length well inside `u32` and the kernel's per-call cap.
+const CHUNK_BYTES_MAX: usize = 1 << 30;
+
+/// Transient `io_uring_enter` failures (`EAGAIN`, `EBUSY`) tolerated in a row before the ring is
+/// treated as broken.
+const TRANSIENT_RETRIES: u32 = 1000;
+
+/// Pause between retries of a transient `io_uring_enter` failure, and between completion-queue
+/// polls while retiring a broken ring.
+const RETRY_PAUSE: Duration = Duration::from_millis(1);
+
+/// How often a call retiring a broken ring logs that it is still waiting.
+pub const RETIRE_LOG_EVERY: Duration = Duration::from_secs(5);
+
+const _: () = assert!(SLOT_BYTES.is_multiple_of(DIRECT_ALIGN));
+
+/// io_uring engine; see the [module documentation](self).
+pub struct UringEngine {
+    // Field order matters: the rings (registered with the arena) drop before the engine's handle
+    // on the arena. Slots still handed out keep the arena alive on their own.
+    pool: Pool,
+    arena: Option<Arc<Arena>>,
+    depth: u32,
+    chunk: usize,
+    config: EngineConfig,
+}
+
+impl UringEngine {
+    /// Probes io_uring (a ring of `queue_depth` entries that supports `Read`, `Write`,
+    /// `ReadFixed`, `WriteFixed` and `Fsync`) and builds the engine with up to [`RINGS_MAX`] rings.
+    /// Fails with `Unsupported` when io_uring cannot be used here.
+    pub fn new(config: EngineConfig) -> io::Result<Self> {
+        Self::with_limits(config, RINGS_MAX, RING_WAIT)
+    }
+
+    /// As [`new`](Self::new) with at most `rings` rings (clamped to `1..=RINGS_MAX`) and `wait` as
+    /// the deadline for taking one.
+    pub fn with_limits(config: EngineConfig, rings: usize, wait: Duration) -> io::Result<Self> {
+        let depth = config.queue_depth.clamp(1, QUEUE_DEPTH_MAX);
+        let chunk = round_up(config.chunk_bytes.max(1), DIRECT_ALIGN).min(CHUNK_BYTES_MAX);
+
+        let probe_ring =
+            IoUring::new(depth).map_err(|e| unsupported(format!("io_uring unavailable: {e}")))?;
+        let mut probe = Probe::new();
+        probe_ring
+            .submitter()
+            .register_probe(&mut probe)
+            .map_err(|e| unsupported(format!("io_uring opcode probe failed: {e}")))?;
+        let wanted = [
+            ("Read", opcode::Read::CODE),
+            ("Write", opcode::Write::CODE),
+            ("ReadFixed", opcode::ReadFixed::CODE),
+            ("WriteFixed", opcode::WriteFixed::CODE),
+            ("Fsync", opcode::Fsync::CODE),
+        ];
+        let missing: Vec<&str> = wanted
+            .iter()
+            .filter(|(_, code)| !probe.is_supported(*code))
+            .map(|(name, _)| *name)
+            .collect();
+        if !missing.is_empty() {
+            return Err(unsupported(format!("io_uring lacks opcodes: {}", missing.join(", "))));
+        }
+
+        let slots = (config.staging_bytes / SLOT_BYTES).min(ARENA_BYTES_MAX / SLOT_BYTES);
+        let arena = if slots == 0 { None } else { Some(Arc::new(Arena::new(slots)?)) };
+        let first = Ring::adopt(probe_ring, arena.as_deref());
+
+        let rings = rings.clamp(1, RINGS_MAX);
+        Ok(Self { pool: Pool::new(first, rings, wait), arena, depth, chunk, config })
+    }
+
+    /// The configuration the engine was built with (before clamping).
+    pub fn config(&self) -> EngineConfig {
+        self.config
+    }
+
+    /// Rings currently open (idle or in use).
+    pub fn rings_open(&self) -> usize {
+        self.pool.lock().open
+    }
+
+    /// Staging slots: (free now, total).
+    pub fn staging_slots(&self) -> (usize, usize) {
+        match &self.arena {
+            Some(arena) => (lock(&arena.free).len(), arena.slots),
+            None => (0, 0),
+        }
+    }
+
+    fn open_ring(&self) -> io::Result<Ring> {
+        let ring = IoUring::new(self.depth)?;
+        Ok(Ring::adopt(ring, self.arena.as_deref()))
+    }
+
+    fn take(&self) -> io::Result<Lease<'_>> {
+        self.pool.take(|| self.open_ring())
+    }
+
+    /// Moves `len` bytes between `base` and `file` at `offset`. `base..base + len` must stay valid
+    /// (and, for reads, exclusively borrowed) for the whole call.
+    fn transfer(
+        &self,
+        file: &File,
+        offset: u64,
+        base: *mut u8,
+        len: usize,
+        write: bool,
+    ) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let chunks = u32::try_from(len.div_ceil(self.chunk)).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "transfer too large for one call")
+        })?;
+        if offset.checked_add(wide(len)).is_none() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "offset + length overflows"));
+        }
+        let mut lease = self.take()?;
+        let ring = lease.ring_mut()?;
+        let fixed = ring.fixed && self.arena.as_ref().is_some_and(|a| a.contains(base, len));
+        let plan = Plan {
+            fd: types::Fd(file.as_raw_fd()),
+            offset,
+            base,
+            len,
+            chunk: self.chunk,
+            chunks,
+            depth: self.depth,
+            write,
+            fixed,
+        };
+        match plan.run(&mut ring.ring) {
+            Ok(()) => Ok(()),
+            Err(Failure::Io(e)) => Err(e),
+            Err(Failure::Ring(e)) => {
+                lease.discard();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl IoEngine for UringEngine {
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+
+    fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        // The kernel only reads through this pointer (Write/WriteFixed).
+        self.transfer(file, offset, data.as_ptr().cast_mut(), data.len(), true)
+    }
+
+    fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.transfer(file, offset, buf.as_mut_ptr(), buf.len(), false)
+    }
+
+    fn sync(&self, file: &File) -> io::Result<()> {
+        let mut lease = self.take()?;
+        let ring = lease.ring_mut()?;
+        match sync_on(&mut ring.ring, types::Fd(file.as_raw_fd())) {
+            Ok(()) => Ok(()),
+            Err(Failure::Io(e)) => Err(e),
+            Err(Failure::Ring(e)) => {
+                lease.discard();
+                Err(e)
+            }
+        }
+    }
+
+    fn staging(&self, len: usize) -> io::Result<Staging> {
+        let want = round_up(len.max(1), DIRECT_ALIGN);
+        if let Some(arena) = &self.arena
+            && want <= SLOT_BYTES
+            && let Some(index) = lock(&arena.free).pop()
+        {
+            let mut slot = ArenaSlot { arena: Arc::clone(arena), index, len: want };
+            slot.bytes_mut().fill(0);
+            return Ok(Staging::Registered(Box::new(slot)));
+        }
+        Ok(Staging::Owned(AlignedBuf::zeroed(len)?))
+    }
+}
+
+impl fmt::Debug for UringEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UringEngine")
+            .field("queue_depth", &self.depth)
+            .field("chunk_bytes", &self.chunk)
+            .field("rings_open", &self.rings_open())
+            .field("staging_slots", &self.staging_slots())
+            .finish()
+    }
+}
+
+fn unsupported(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, msg)
+}
+
+/// `usize` to `u64` (lossless on every target Rust supports; saturates otherwise).
+fn wide(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded data (free lists, pool counters) stays consistent across a panic.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------------------------
+// One transfer
+
+/// Why a call failed: an I/O error the ring survived, or a ring that must not be reused.
+enum Failure {
+    Io(io::Error),
+    Ring(io::Error),
+}
+
+const LOW_BITS: u64 = 0xffff_ffff;
+
+struct Plan {
+    fd: types::Fd,
+    offset: u64,
+    base: *mut u8,
+    len: usize,
+    chunk: usize,
+    chunks: u32,
+    depth: u32,
+    write: bool,
+    fixed: bool,
+}
+
+impl Plan {
+    /// The bytes `start..end` of the transfer that chunk `index` covers.
+    fn span(&self, index: u32) -> (usize, usize) {
+        let start = usize::try_from(index).unwrap_or(usize::MAX).saturating_mul(self.chunk);
+        (start, start.saturating_add(self.chunk).min(self.len))
+    }
+
+    /// The SQE for what remains of the chunk named by `token` (index << 32 | bytes done).
+    fn entry(&self, token: u64) -> Option<squeue::Entry> {
+        let index = u32::try_from(token >> 32).ok()?;
+        let done = usize::try_from(token & LOW_BITS).ok()?;
+        let (start, end) = self.span(index);
+        let at = start.checked_add(done).filter(|at| *at < end)?;
+        let n = u32::try_from(end - at).ok()?;
+        // `at < len`, so this stays inside the caller's buffer.
+        let ptr = self.base.wrapping_add(at);
+        let file_offset = self.offset + wide(at);
+        let entry = match (self.write, self.fixed) {
+            (true, true) => {
+                opcode::WriteFixed::new(self.fd, ptr.cast_const(), n, 0).offset(file_offset).build()
+            }
+            (true, false) => {
+                opcode::Write::new(self.fd, ptr.cast_const(), n).offset(file_offset).build()
+            }
+            (false, true) => opcode::ReadFixed::new(self.fd, ptr, n, 0).offset(file_offset).build(),
+            (false, false) => opcode::Read::new(self.fd, ptr, n).offset(file_offset).build(),
+        };
+        Some(entry.user_data(token))
+    }
+
+    fn run(&self, ring: &mut IoUring) -> Result<(), Failure> {
+        let mut next: u32 = 0;
+        let mut resubmit: Vec<u64> = Vec::new();
+        let mut in_flight: u32 = 0;
+        let mut first_error: Option<io::Error> = None;
+
+        loop {
+            if first_error.is_none() {
+                let mut sq = ring.submission();
+                while in_flight < self.depth {
+                    let token = match resubmit.pop() {
+                        Some(token) => token,
+                        None if next < self.chunks => {
+                            next += 1;
+                            u64::from(next - 1) << 32
+                        }
+                        None => break,
+                    };
+                    let Some(entry) = self.entry(token) else {
+                        first_error = Some(io::Error::other("io_uring engine: bad chunk token"));
+                        break;
+                    };
+                    // SAFETY: the entry points into the caller's buffer (`base..base + len`, in
+                    // bounds by `entry`), which the caller keeps borrowed for this whole call, and
+                    // the call does not return before this SQE's completion has been reaped (see
+                    // the module documentation on retirement). The fd is borrowed likewise.
+                    if unsafe { sq.push(&entry) }.is_err() {
+                        // Cannot happen: the queue has at least `depth` entries and holds only
+                        // this call's SQEs.
+                        resubmit.push(token);
+                        break;
+                    }
+                    in_flight += 1;
+                }
+            }
+            if in_flight == 0 {
+                break;
+            }
+            if let Err(e) = submit_and_wait_one(ring) {
+                retire(ring, in_flight);
+                return Err(Failure::Ring(e));
+            }
+            for cqe in ring.completion() {
+                in_flight = in_flight.saturating_sub(1);
+                let token = cqe.user_data();
+                let res = cqe.result();
+                if res < 0 {
+                    let errno = res.checked_neg().unwrap_or(libc::EIO);
+                    first_error.get_or_insert_with(|| io::Error::from_raw_os_error(errno));
+                    continue;
+                }
+                let n = usize::try_from(res).unwrap_or(0);
+                if n == 0 {
+                    first_error.get_or_insert_with(|| {
+                        if self.write {
+                            io::Error::new(
+                                io::ErrorKind::WriteZero,
+                                "io_uring write made no progress",
+                            )
+                        } else {
+                            io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "end of file before the buffer was filled",
+                            )
+                        }
+                    });
+                    continue;
+                }
+                let index = u32::try_from(token >> 32).unwrap_or(u32::MAX);
+                let done =
+                    usize::try_from(token & LOW_BITS).unwrap_or(usize::MAX).saturating_add(n);
+                let (start, end) = self.span(index);
+                if start.saturating_add(done) < end {
+                    resubmit.push((u64::from(index) << 32) | wide(done));
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(Failure::Io(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn sync_on(ring: &mut IoUring, fd: types::Fd) -> Result<(), Failure> {
+    let entry = opcode::Fsync::new(fd).build().user_data(0);
+    // SAFETY: an fsync SQE references no memory; the fd is borrowed for the whole call and the
+    // call reaps the completion (or retires the ring) before returning.
+    if unsafe { ring.submission().push(&entry) }.is_err() {
+        return Err(Failure::Ring(io::Error::other("io_uring submission queue unexpectedly full")));
+    }
+    loop {
+        if let Err(e) = submit_and_wait_one(ring) {
+            retire(ring, 1);
+            return Err(Failure::Ring(e));
+        }
+        if let Some(cqe) = ring.completion().next() {
+            let res = cqe.result();
+            return if res < 0 {
+                Err(Failure::Io(io::Error::from_raw_os_error(
+                    res.checked_neg().unwrap_or(libc::EIO),
+                )))
+            } else {
+                Ok(())
+            };
+        }
+    }
+}
+
+/// Submits everything queued and waits for at least one completion, riding out `EINTR` and a
+/// bounded run of `EAGAIN`/`EBUSY`. An error means the ring is broken.
+fn submit_and_wait_one(ring: &mut IoUring) -> io::Result<()> {
+    let mut transient = 0;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+                    && transient < TRANSIENT_RETRIES =>
+            {
+                transient += 1;
+                if !ring.completion().is_empty() {
+                    return Ok(());
+                }
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// After `io_uring_enter` failed: waits until every SQE the kernel consumed has completed, so the
+/// caller's memory is no longer in use. `pushed` counts SQEs pushed and not yet reaped.
+fn retire(ring: &mut IoUring, pushed: u32) {
+    // SQEs still in the submission queue were never consumed; nothing enters this ring again
+    // with anything to submit, so they never run.
+    let unconsumed = u32::try_from(ring.submission().len()).unwrap_or(u32::MAX);
+    let mut waiting = pushed.saturating_sub(unconsumed);
+    let started = Instant::now();
+    let mut next_log = RETIRE_LOG_EVERY;
+    while waiting > 0 {
+        for _ in ring.completion() {
+            waiting = waiting.saturating_sub(1);
+        }
+        if waiting == 0 {
+            break;
+        }
+        // SAFETY: submits nothing (to_submit = 0) and passes no argument; only waits for a
+        // completion on a ring this call owns.
+        let waited = unsafe {
+            ring.submitter().enter::<libc::sigset_t>(0, 1, EnterFlags::GETEVENTS.bits(), None)
+        };
+        if waited.is_err() {
+            std::thread::sleep(RETRY_PAUSE);
+        }
+        if started.elapsed() >= next_log {
+            tracing::error!(
+                in_flight = waiting,
+                waited_s = started.elapsed().as_secs(),
+                "io_uring ring failed; still waiting for in-flight requests before releasing the caller's buffer"
+            );
+            next_log += RETIRE_LOG_EVERY;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rings and the pool
+
+struct Ring {
+    ring: IoUring,
+    /// The staging arena is registered with this ring as fixed buffer 0.
+    fixed: bool,
+}
+
+impl Ring {
+    fn adopt(ring: IoUring, arena: Option<&Arena>) -> Self {
+        let Some(arena) = arena else { return Self { ring, fixed: false } };
+        let iov = libc::iovec { iov_base: arena.base().cast(), iov_len: arena.len() };
+        // SAFETY: the arena's memory stays allocated for as long as this ring exists: the engine
+        // owns its rings (in `pool`) and drops them before its `Arc<Arena>` (field order), and
+        // rings never leave the engine. The kernel pins the pages while registered.
+        let fixed = match unsafe { ring.submitter().register_buffers(&[iov]) } {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "io_uring: cannot register the staging arena; this ring uses unregistered I/O");
+                false
+            }
+        };
+        Self { ring, fixed }
+    }
+}
+
+struct PoolState {
+    idle: Vec<Ring>,
+    /// Rings in existence: idle plus leased.
+    open: usize,
+    /// Most rings this pool will open; lowered when opening one fails while others exist.
+    cap: usize,
+}
+
+struct Pool {
+    state: Mutex<PoolState>,
+    returned: Condvar,
+    wait: Duration,
+}
+
+impl Pool {
+    fn new(first: Ring, cap: usize, wait: Duration) -> Self {
+        Self {
+            state: Mutex::new(PoolState { idle: vec![first], open: 1, cap }),
+            returned: Condvar::new(),
+            wait,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        lock(&self.state)
+    }
+
+    fn take(&self, open: impl Fn() -> io::Result<Ring>) -> io::Result<Lease<'_>> {
+        let deadline = Instant::now() + self.wait;
+        let mut state = self.lock();
+        loop {
+            if let Some(ring) = state.idle.pop() {
+                return Ok(Lease { pool: self, ring: Some(ring), discard: false });
+            }
+            if state.open < state.cap {
+                state.open += 1;
+                drop(state);
+                match open() {
+                    Ok(ring) => return Ok(Lease { pool: self, ring: Some(ring), discard: false }),
+                    Err(e) => {
+                        state = self.lock();
+                        state.open -= 1;
+                        self.returned.notify_one();
+                        if state.open == 0 {
+                            return Err(e);
+                        }
+                        tracing::warn!(error = %e, rings = state.open, "io_uring: cannot open another ring; keeping the rings already open");
+                        state.cap = state.open;
+                        continue;
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no io_uring ring free within {} ms", self.wait.as_millis()),
+                ));
+            }
+            state = self
+                .returned
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A ring on loan from the pool; goes back on drop unless discarded.
+struct Lease<'a> {
+    pool: &'a Pool,
+    ring: Option<Ring>,
+    discard: bool,
+}
+
+impl Lease<'_> {
+    fn ring_mut(&mut self) -> io::Result<&mut Ring> {
+        self.ring.as_mut().ok_or_else(|| io::Error::other("io_uring lease without a ring"))
+    }
+
+    /// The ring failed: close it instead of returning it to the pool.
+    fn discard(&mut self) {
+        self.discard = true;
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let Some(ring) = self.ring.take() else { return };
+        let mut state = self.pool.lock();
+        if self.discard || std::thread::panicking() {
+            state.open -= 1;
+            drop(state);
+            drop(ring);
+        } else {
+            state.idle.push(ring);
+            drop(state);
+        }
+        self.pool.returned.notify_one();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Staging arena
+
+struct Arena {
+    /// Addressed only through raw pointers (`base`): slots hand out disjoint pieces of it, so it
+    /// is never borrowed as one slice.
+    mem: AlignedBuf,
+    slots: usize,
+    free: Mutex<Vec<usize>>,
+}
+
+impl Arena {
+    fn new(slots: usize) -> io::Result<Self> {
+        let mem = AlignedBuf::zeroed(slots * SLOT_BYTES)?;
+        // Hand out low slots first.
+        Ok(Self { mem, slots, free: Mutex::new((0..slots).rev().collect()) })
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.mem.ptr.as_ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.slots * SLOT_BYTES
+    }
+
+    fn contains(&self, ptr: *const u8, len: usize) -> bool {
+        let start = self.base().addr();
+        let p = ptr.addr();
+        p >= start && p.checked_add(len).is_some_and(|end| end <= start + self.len())
+    }
+}
+
+/// One slot of the arena, exclusively owned until dropped.
+struct ArenaSlot {
+    arena: Arc<Arena>,
+    index: usize,
+    len: usize,
+}
+
+impl ArenaSlot {
+    fn ptr(&self) -> *mut u8 {
+        self.arena.base().wrapping_add(self.index * SLOT_BYTES)
+    }
+}
+
+impl RegisteredSlot for ArenaSlot {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: slot `index` spans SLOT_BYTES >= len bytes inside the arena's live, initialized
+        // allocation (kept alive by `arena`); the free list hands each index to one slot at a
+        // time, so no other reference to these bytes exists.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+    }
+}
+
+impl Drop for ArenaSlot {
+    fn drop(&mut self) {
+        lock(&self.arena.free).push(self.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(rings: usize, wait: Duration) -> UringEngine {
+        let config =
+            EngineConfig { queue_depth: 4, chunk_bytes: 64 << 10, staging_bytes: 2 * SLOT_BYTES };
+        UringEngine::with_limits(config, rings, wait).expect("io_uring works on this machine")
+    }
+
+    #[test]
+    fn taking_a_ring_times_out_when_all_are_leased() {
+        let e = engine(1, Duration::from_millis(50));
+        let held = e.take().expect("first ring");
+        let started = Instant::now();
+        let err = e.take().err().expect("second take must time out");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        drop(held);
+        assert!(e.take().is_ok());
+        assert_eq!(e.rings_open(), 1);
+    }
+
+    #[test]
+    fn pool_opens_rings_lazily_up_to_the_cap() {
+        let e = engine(2, Duration::from_millis(50));
+        assert_eq!(e.rings_open(), 1);
+        let a = e.take().expect("ring");
+        let b = e.take().expect("ring");
+        assert_eq!(e.rings_open(), 2);
+        assert!(e.take().is_err());
+        drop((a, b));
+        assert_eq!(e.rings_open(), 2);
+    }
+
+    #[test]
+    fn discarded_ring_frees_its_place() {
+        let e = engine(1, Duration::from_millis(50));
+        let mut a = e.take().expect("ring");
+        a.discard();
+        drop(a);
+        assert_eq!(e.rings_open(), 0);
+        assert!(e.take().is_ok());
+        assert_eq!(e.rings_open(), 1);
+    }
+
+    #[test]
+    fn staging_slots_come_back_on_drop() {
+        let e = engine(1, Duration::from_millis(50));
+        assert_eq!(e.staging_slots(), (2, 2));
+        let a = e.staging(4096).expect("slot");
+        let b = e.staging(SLOT_BYTES).expect("slot");
+        let c = e.staging(10).expect("owned");
+        assert!(matches!(a, Staging::Registered(_)));
+        assert!(matches!(b, Staging::Registered(_)));
+        assert!(matches!(c, Staging::Owned(_)));
+        assert_eq!(e.staging_slots(), (0, 2));
+        drop(a);
+        assert_eq!(e.staging_slots(), (1, 2));
+        drop(e);
+        // The slot outlives the engine and keeps the arena alive.
+        assert_eq!(b.len(), SLOT_BYTES);
+        assert!(b.iter().all(|x| *x == 0));
+    }
+
+    #[test]
+    fn rings_register_the_arena_as_fixed_buffer_zero() {
+        let e = engine(2, Duration::from_millis(50));
+        let mut a = e.take().expect("ring");
+        let mut b = e.take().expect("ring");
+        // Pinning is charged to RLIMIT_MEMLOCK for processes without CAP_IPC_LOCK; where that
+        // limit is below two registrations, rings fall back to unregistered I/O by design.
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes into the rlimit we pass; geteuid has no preconditions.
+        let (got, root) =
+            unsafe { (libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit), libc::geteuid() == 0) };
+        let roomy = limit.rlim_cur == libc::RLIM_INFINITY || limit.rlim_cur >= wide(4 * SLOT_BYTES);
+        if got == 0 && (root || roomy) {
+            assert!(a.ring_mut().expect("ring").fixed, "probe ring registered the arena");
+            assert!(b.ring_mut().expect("ring").fixed, "lazily opened ring registered the arena");
+        }
+        let without = UringEngine::with_limits(
+            EngineConfig { staging_bytes: SLOT_BYTES - 1, ..EngineConfig::default() },
+            1,
+            Duration::from_millis(50),
+        )
+        .expect("io_uring");
+        assert!(!without.take().expect("ring").ring_mut().expect("ring").fixed);
+    }
+
+    #[test]
+    fn retire_waits_only_for_consumed_sqes() {
+        let mut ring = IoUring::new(8).expect("io_uring");
+        let nop = opcode::Nop::new().build().user_data(1);
+        // SAFETY: a NOP references no memory.
+        unsafe { ring.submission().push(&nop) }.expect("push");
+        ring.submit().expect("submit");
+        // Two more never submitted: the kernel never consumes them.
+        for _ in 0..2 {
+            // SAFETY: as above.
+            unsafe { ring.submission().push(&nop) }.expect("push");
+        }
+        let started = Instant::now();
+        retire(&mut ring, 3);
+        assert!(started.elapsed() < RETIRE_LOG_EVERY);
+        assert_eq!(ring.submission().len(), 2, "unsubmitted SQEs stay unconsumed");
+        assert!(ring.completion().next().is_none(), "the one completion was reaped");
+    }
+
+    #[test]
+    fn tokens_round_trip_chunk_spans() {
+        let plan = Plan {
+            fd: types::Fd(-1),
+            offset: 10,
+            base: std::ptr::null_mut(),
+            len: 10_000,
+            chunk: 4096,
+            chunks: 3,
+            depth: 2,
+            write: false,
+            fixed: false,
+        };
+        assert_eq!(plan.span(0), (0, 4096));
+        assert_eq!(plan.span(2), (8192, 10_000));
+        assert!(plan.entry(2 << 32).is_some());
+        assert!(plan.entry((2 << 32) | 1808).is_none(), "a finished chunk has nothing left");
+        assert!(plan.entry((2 << 32) | 1807).is_some());
+    }
+}

@@ -1,0 +1,223 @@
+//! On-disk layout of a FileStore directory and the block file format (ADR 0008).
+//!
+//! ```text
+//! ROOT/STORE                         store record: magic, format, epoch (atomic replace)
+//! ROOT/LOCK                          flock held by the open store
+//! ROOT/tmp/<region>.tmp              blocks being written; removed at open
+//! ROOT/blocks/<d0d1>/<digest>-<seq>.blk   committed blocks
+//! ```
+//!
+//! A block file is a header padded to a multiple of 4 KiB, then the payload padded to a
+//! multiple of 4 KiB, so that both O_DIRECT and buffered engines read it. The header names the
+//! block completely (its GPCK key), carries the payload length and checksum, its commit
+//! sequence and its own checksum. Opening a store reads headers only.
+
+use std::path::{Path, PathBuf};
+
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::key::{KEY_BYTES_MAX, PhysicalKey};
+
+use super::engine::{DIRECT_ALIGN, round_up};
+
+pub(crate) const BLOCK_MAGIC: [u8; 4] = *b"GPCB";
+pub(crate) const BLOCK_FORMAT: u16 = 1;
+pub(crate) const STORE_MAGIC: [u8; 8] = *b"GPCSTOR1";
+/// Bytes of the fixed part of a block header.
+pub(crate) const FIXED_HEADER_BYTES: usize = 56;
+const HEADER_CHECKSUM_AT: usize = 48;
+pub(crate) const BLOCK_SUFFIX: &str = "blk";
+
+/// Why a block file is not a usable committed block.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockFileError {
+    #[error("file name is not <digest>-<seq>.blk")]
+    Name,
+    #[error("header is shorter than its fixed part ({len} bytes)")]
+    Short { len: usize },
+    #[error("not a block file (magic {found:02x?})")]
+    Foreign { found: [u8; 4] },
+    #[error("block format {found} is not supported (this build reads {supported})")]
+    Format { found: u16, supported: u16 },
+    #[error("header length {header_len} is not a sane multiple of 4 KiB for a {key_len}-byte key")]
+    HeaderLength { header_len: u32, key_len: u32 },
+    #[error("header checksum mismatch")]
+    HeaderChecksum,
+    #[error("key does not decode: {0}")]
+    Key(String),
+    #[error("key digest or sequence differs from the file name")]
+    NameMismatch,
+    #[error("file is {actual} bytes, the header says {expected}")]
+    Size { actual: u64, expected: u64 },
+    #[error("payload checksum mismatch")]
+    PayloadChecksum,
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// A parsed block header.
+#[derive(Debug, Clone)]
+pub(crate) struct BlockHeader {
+    pub(crate) header_len: u64,
+    pub(crate) payload_len: u64,
+    pub(crate) checksum: Checksum,
+    pub(crate) seq: u64,
+    pub(crate) epoch: u64,
+    pub(crate) key: PhysicalKey,
+}
+
+impl BlockHeader {
+    /// Total file length: header and payload, each padded to 4 KiB.
+    pub(crate) fn file_len(&self) -> u64 {
+        self.header_len + padded(self.payload_len)
+    }
+}
+
+pub(crate) fn padded(len: u64) -> u64 {
+    len.div_ceil(DIRECT_ALIGN as u64) * DIRECT_ALIGN as u64
+}
+
+pub(crate) fn header_len_for(key_len: usize) -> usize {
+    round_up(FIXED_HEADER_BYTES + key_len, DIRECT_ALIGN)
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+/// Writes the header of a block into `out` (which must hold `header_len_for(key)` bytes).
+pub(crate) fn encode_header(
+    out: &mut [u8],
+    key: &PhysicalKey,
+    payload_len: u64,
+    checksum: Checksum,
+    seq: u64,
+    epoch: u64,
+) {
+    let encoded = key.encoded();
+    let header_len = header_len_for(encoded.len());
+    let out = &mut out[..header_len];
+    out.fill(0);
+    out[0..4].copy_from_slice(&BLOCK_MAGIC);
+    out[4..6].copy_from_slice(&BLOCK_FORMAT.to_le_bytes());
+    // 6..8: flags, zero.
+    out[8..12].copy_from_slice(&u32::try_from(header_len).unwrap_or(u32::MAX).to_le_bytes());
+    out[12..16].copy_from_slice(&u32::try_from(encoded.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out[16..24].copy_from_slice(&payload_len.to_le_bytes());
+    out[24..32].copy_from_slice(&checksum.0.to_le_bytes());
+    out[32..40].copy_from_slice(&seq.to_le_bytes());
+    out[40..48].copy_from_slice(&epoch.to_le_bytes());
+    out[FIXED_HEADER_BYTES..FIXED_HEADER_BYTES + encoded.len()].copy_from_slice(encoded);
+    let sum = Checksum::of(out);
+    out[HEADER_CHECKSUM_AT..HEADER_CHECKSUM_AT + 8].copy_from_slice(&sum.0.to_le_bytes());
+}
+
+/// The header length a file's first bytes declare, for reading the rest of a long header.
+pub(crate) fn declared_header_len(first: &[u8]) -> Result<usize, BlockFileError> {
+    if first.len() < FIXED_HEADER_BYTES {
+        return Err(BlockFileError::Short { len: first.len() });
+    }
+    let magic = [first[0], first[1], first[2], first[3]];
+    if magic != BLOCK_MAGIC {
+        return Err(BlockFileError::Foreign { found: magic });
+    }
+    let format = u16_at(first, 4);
+    if format != BLOCK_FORMAT {
+        return Err(BlockFileError::Format { found: format, supported: BLOCK_FORMAT });
+    }
+    let header_len = u32_at(first, 8);
+    let key_len = u32_at(first, 12);
+    let sane = usize::try_from(key_len)
+        .is_ok_and(|k| k <= KEY_BYTES_MAX && header_len_for(k) == header_len as usize);
+    if !sane {
+        return Err(BlockFileError::HeaderLength { header_len, key_len });
+    }
+    Ok(header_len as usize)
+}
+
+/// Parses and checks a whole header.
+pub(crate) fn decode_header(bytes: &[u8]) -> Result<BlockHeader, BlockFileError> {
+    let header_len = declared_header_len(bytes)?;
+    if bytes.len() < header_len {
+        return Err(BlockFileError::Short { len: bytes.len() });
+    }
+    let header = &bytes[..header_len];
+    let stored = u64_at(header, HEADER_CHECKSUM_AT);
+    let mut copy = header.to_vec();
+    copy[HEADER_CHECKSUM_AT..HEADER_CHECKSUM_AT + 8].fill(0);
+    if Checksum::of(&copy).0 != stored {
+        return Err(BlockFileError::HeaderChecksum);
+    }
+    let key_len = u32_at(header, 12) as usize;
+    let key = PhysicalKey::decode(&header[FIXED_HEADER_BYTES..FIXED_HEADER_BYTES + key_len])
+        .map_err(|e| BlockFileError::Key(e.to_string()))?;
+    Ok(BlockHeader {
+        header_len: header_len as u64,
+        payload_len: u64_at(header, 16),
+        checksum: Checksum(u64_at(header, 24)),
+        seq: u64_at(header, 32),
+        epoch: u64_at(header, 40),
+        key,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `blocks/<first byte>/<digest>-<seq>.blk` under `root`.
+pub(crate) fn block_path(root: &Path, key: &PhysicalKey, seq: u64) -> PathBuf {
+    let digest = hex(&key.digest().0);
+    root.join("blocks").join(&digest[..2]).join(format!("{digest}-{seq}.{BLOCK_SUFFIX}"))
+}
+
+/// The digest (hex) and sequence a block file's name claims.
+pub(crate) fn parse_block_name(path: &Path) -> Result<(String, u64), BlockFileError> {
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or(BlockFileError::Name)?;
+    let stem = name.strip_suffix(&format!(".{BLOCK_SUFFIX}")).ok_or(BlockFileError::Name)?;
+    let (digest, seq) = stem.split_once('-').ok_or(BlockFileError::Name)?;
+    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(BlockFileError::Name);
+    }
+    let seq = seq.parse().map_err(|_| BlockFileError::Name)?;
+    Ok((digest.to_owned(), seq))
+}
+
+/// Checks that a decoded header matches the name its file has.
+pub(crate) fn check_name(path: &Path, header: &BlockHeader) -> Result<(), BlockFileError> {
+    let (digest, seq) = parse_block_name(path)?;
+    if digest != hex(&header.key.digest().0) || seq != header.seq {
+        return Err(BlockFileError::NameMismatch);
+    }
+    Ok(())
+}
+
+pub(crate) fn tmp_path(root: &Path, region: u64) -> PathBuf {
+    root.join("tmp").join(format!("{region}.tmp"))
+}
+
+/// Encodes the store record (epoch) with its checksum.
+pub(crate) fn encode_store_record(epoch: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(24);
+    v.extend_from_slice(&STORE_MAGIC);
+    v.extend_from_slice(&epoch.to_le_bytes());
+    let sum = Checksum::of(&v);
+    v.extend_from_slice(&sum.0.to_le_bytes());
+    v
+}
+
+/// Decodes the store record; `None` when it is damaged or foreign.
+pub(crate) fn decode_store_record(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() != 24 || bytes[..8] != STORE_MAGIC {
+        return None;
+    }
+    (Checksum::of(&bytes[..16]).0 == u64_at(bytes, 16)).then(|| u64_at(bytes, 8))
+}

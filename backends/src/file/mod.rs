@@ -1,0 +1,757 @@
+//! FileStore: committed blocks as ordinary files, written through an I/O engine (io_uring or
+//! pread/pwrite), durable before a PUT is acknowledged, reloaded at restart without reading
+//! payloads, and never served unless the bytes the caller received match their checksum.
+//!
+//! The catalog (lifecycle, indexes, admission, eviction) lives under one mutex; payload I/O
+//! happens outside it. Layout and file format: [`layout`] and ADR 0008. Durability policies:
+//! [`Durability`] and ADR 0009.
+
+pub mod engine;
+pub(crate) mod layout;
+mod sync;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpucache_dataplane::caller::{Caller, Right};
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::clock::Clock;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
+use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
+use gpucache_dataplane::store::{
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
+    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    authorize,
+};
+
+use crate::catalog::{Catalog, Restored};
+use engine::{EngineChoice, EngineConfig, IoEngine};
+pub use layout::BlockFileError;
+
+/// When a PUT's bytes and metadata count as durable, and so when it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync the block file, rename it into place, fsync its directory; then acknowledge.
+    /// Survives power loss. Costs two flushes per block.
+    PerBlock,
+    /// Write and rename, then wait for one shared `syncfs` that covers every commit waiting at
+    /// that moment. Survives power loss; concurrent commits share the flush.
+    GroupCommit,
+    /// Acknowledge after the rename, with no flush. Survives a process crash (the page cache
+    /// holds the bytes) but not power loss or a kernel crash: recently acknowledged blocks can
+    /// vanish (clean misses, never wrong bytes, because every read is checksummed).
+    None,
+}
+
+/// How to open a FileStore. [`FileStoreConfig::open`] validates it and returns a running store.
+#[derive(Debug, Clone)]
+pub struct FileStoreConfig {
+    pub root: PathBuf,
+    pub engine: EngineChoice,
+    pub engine_config: EngineConfig,
+    /// Open block files with O_DIRECT (aligned staging buffers, registered with io_uring).
+    pub direct_io: bool,
+    pub durability: Durability,
+    pub limits: ResourceLimits,
+    /// How long a commit waits for a group flush before it is abandoned.
+    pub group_commit_deadline_ms: u64,
+}
+
+impl FileStoreConfig {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            engine: EngineChoice::Auto,
+            engine_config: EngineConfig::default(),
+            direct_io: false,
+            durability: Durability::PerBlock,
+            limits: ResourceLimits::default(),
+            group_commit_deadline_ms: 10_000,
+        }
+    }
+
+    /// Opens (or creates) the store with the engine this config selects.
+    pub fn open(self, clock: Arc<dyn Clock>) -> Result<FileStore, FileStoreError> {
+        let engine = engine::build(self.engine, self.engine_config)
+            .map_err(|e| FileStoreError::Engine(e.to_string()))?;
+        FileStore::open_with_engine(self, engine, clock)
+    }
+}
+
+/// Why a FileStore could not open.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FileStoreError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path} is in use by another process (lock held)")]
+    Locked { path: PathBuf },
+    #[error("invalid limits: {0}")]
+    Limits(#[from] LimitsError),
+    #[error("I/O engine unavailable: {0}")]
+    Engine(String),
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> FileStoreError + '_ {
+    move |source| FileStoreError::Io { path: path.to_owned(), source }
+}
+
+/// What opening found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    pub epoch: u64,
+    pub loaded: u64,
+    pub loaded_bytes: u64,
+    /// Files skipped (and removed), by reason.
+    pub skipped: BTreeMap<String, u64>,
+    /// Unfinished writes from before the restart, removed.
+    pub tmp_removed: u64,
+    pub elapsed_ms: u64,
+}
+
+/// Where a block's payload is.
+#[derive(Debug)]
+enum FilePayload {
+    /// Being written through `Store::write`: bytes held until commit.
+    Staged(Vec<u8>),
+    /// Committed: the file and the payload's offset in it.
+    Stored { path: PathBuf, header_len: u64 },
+}
+
+/// Persists the epoch in the store record before it takes effect, so that a restart never
+/// reuses one.
+#[derive(Debug)]
+struct PersistedEpochs {
+    root: PathBuf,
+}
+
+impl EpochSource for PersistedEpochs {
+    fn advance(&mut self, current: Epoch) -> Result<Epoch, EpochError> {
+        let next = current.0.checked_add(1).ok_or(EpochError::Exhausted { at: current })?;
+        write_store_record(&self.root, next)
+            .map_err(|e| EpochError::Unavailable { detail: format!("store record: {e}") })?;
+        Ok(Epoch(next))
+    }
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+fn write_store_record(root: &Path, epoch: u64) -> io::Result<()> {
+    let tmp = root.join("STORE.tmp");
+    fs::write(&tmp, layout::encode_store_record(epoch))?;
+    File::open(&tmp)?.sync_all()?;
+    fs::rename(&tmp, root.join("STORE"))?;
+    sync_dir(root)
+}
+
+/// Region ids of one run start at `epoch << 32`, so a restarted store never reuses an id.
+const REGION_ID_EPOCH_SHIFT: u32 = 32;
+
+/// A durable store of block files.
+#[derive(Debug)]
+pub struct FileStore {
+    root: PathBuf,
+    engine: Arc<dyn IoEngine>,
+    direct_io: bool,
+    durability: Durability,
+    catalog: Mutex<Catalog<FilePayload>>,
+    clock: Arc<dyn Clock>,
+    group: sync::GroupSync,
+    report: OpenReport,
+    /// Which `blocks/<xx>` directories are known to exist (created on first use).
+    subdirs: [AtomicBool; 256],
+    _lock: File,
+}
+
+impl FileStore {
+    /// Opens (or creates) the store under `config.root` with a given engine (tests pass a
+    /// faulty one).
+    pub fn open_with_engine(
+        config: FileStoreConfig,
+        engine: Arc<dyn IoEngine>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, FileStoreError> {
+        let started = Instant::now();
+        config.limits.validate()?;
+        let root = config.root.clone();
+        for dir in [root.clone(), root.join("tmp"), root.join("blocks")] {
+            fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        }
+        let lock_path = root.join("LOCK");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_at(&lock_path))?;
+        // SAFETY: flock on an fd we own; no memory is shared with the kernel.
+        if unsafe {
+            libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB)
+        } != 0
+        {
+            return Err(FileStoreError::Locked { path: lock_path });
+        }
+
+        let mut report = OpenReport::default();
+        let tmp_dir = root.join("tmp");
+        for entry in fs::read_dir(&tmp_dir).map_err(io_at(&tmp_dir))? {
+            let path = entry.map_err(io_at(&tmp_dir))?.path();
+            fs::remove_file(&path).map_err(io_at(&path))?;
+            report.tmp_removed += 1;
+        }
+
+        let recorded =
+            fs::read(root.join("STORE")).ok().and_then(|b| layout::decode_store_record(&b));
+        let (found, max_epoch) = scan_blocks(&root, &mut report)?;
+        let epoch = recorded.unwrap_or(0).max(max_epoch) + 1;
+        write_store_record(&root, epoch).map_err(io_at(&root))?;
+        report.epoch = epoch;
+
+        let mut catalog = Catalog::new(
+            config.limits.clone(),
+            FullPolicy::EvictOldest,
+            MemoryKind::Storage,
+            Epoch(epoch),
+            epoch << REGION_ID_EPOCH_SHIFT,
+            Box::new(PersistedEpochs { root: root.clone() }),
+        )?;
+        for (header, path) in found {
+            let len = header.payload_len;
+            let restored = Restored {
+                key: header.key,
+                len,
+                checksum: header.checksum,
+                seq: header.seq,
+                payload: FilePayload::Stored { path, header_len: header.header_len },
+            };
+            match catalog.restore(restored) {
+                Ok(()) => {
+                    report.loaded += 1;
+                    report.loaded_bytes += len;
+                }
+                Err((refusal, payload)) => {
+                    tracing::warn!(%refusal, "block file over the configured limits; removed");
+                    *report.skipped.entry("over limits".into()).or_default() += 1;
+                    dispose(vec![payload]);
+                }
+            }
+        }
+        report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            root = %root.display(), engine = engine.name(), epoch, loaded = report.loaded,
+            skipped = report.skipped.values().sum::<u64>(), "file store opened"
+        );
+        let group =
+            sync::GroupSync::new(&root, Duration::from_millis(config.group_commit_deadline_ms))
+                .map_err(io_at(&root))?;
+        Ok(Self {
+            root,
+            engine,
+            direct_io: config.direct_io,
+            durability: config.durability,
+            catalog: Mutex::new(catalog),
+            clock,
+            group,
+            report,
+            subdirs: std::array::from_fn(|_| AtomicBool::new(false)),
+            _lock: lock,
+        })
+    }
+
+    /// What opening found.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    /// The engine in use ("uring", "psync", or a test wrapper).
+    pub fn engine_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Catalog<FilePayload>> {
+        match self.catalog.lock() {
+            Ok(guard) => guard,
+            Err(_) => panic!("FileStore catalog is unusable: a thread panicked while changing it"),
+        }
+    }
+
+    fn open_file(&self, path: &Path, write: bool) -> io::Result<File> {
+        let mut o = OpenOptions::new();
+        if write {
+            o.write(true).create_new(true);
+        } else {
+            o.read(true);
+        }
+        if self.direct_io {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(path)
+    }
+
+    /// Writes a whole block file at `tmp`: header, payload, padding.
+    fn write_block_file(&self, tmp: &Path, header: &[u8], payload: &[u8]) -> io::Result<File> {
+        let file = self.open_file(tmp, true)?;
+        let header_len = header.len();
+        let total = header_len + engine::round_up(payload.len(), engine::DIRECT_ALIGN);
+        if self.direct_io {
+            let mut staging = self.engine.staging(total)?;
+            staging[..header_len].copy_from_slice(header);
+            staging[header_len..header_len + payload.len()].copy_from_slice(payload);
+            staging[header_len + payload.len()..total].fill(0);
+            self.engine.write_all_at(&file, 0, &staging[..total])?;
+        } else {
+            self.engine.write_all_at(&file, 0, header)?;
+            self.engine.write_all_at(&file, header_len as u64, payload)?;
+            file.set_len(total as u64)?;
+        }
+        Ok(file)
+    }
+
+    /// Makes a block durable under the configured policy and moves it into place.
+    fn persist(
+        &self,
+        key: &PhysicalKey,
+        region: RegionId,
+        seq: u64,
+        payload: &[u8],
+    ) -> io::Result<(PathBuf, u64, Checksum)> {
+        let checksum = Checksum::of(payload);
+        let mut header = vec![0u8; layout::header_len_for(key.encoded().len())];
+        layout::encode_header(
+            &mut header,
+            key,
+            payload.len() as u64,
+            checksum,
+            seq,
+            self.epoch_now(),
+        );
+        let tmp = layout::tmp_path(&self.root, region.0);
+        let final_path = layout::block_path(&self.root, key, seq);
+        let result = (|| {
+            let file = self.write_block_file(&tmp, &header, payload)?;
+            if self.durability == Durability::PerBlock {
+                self.engine.sync(&file)?;
+            }
+            drop(file);
+            self.ensure_subdir(&final_path, key)?;
+            fs::rename(&tmp, &final_path)?;
+            match self.durability {
+                Durability::PerBlock => sync_dir(final_path.parent().unwrap_or(&self.root))?,
+                Durability::GroupCommit => self.group.barrier()?,
+                Durability::None => {}
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok((final_path, header.len() as u64, checksum)),
+            Err(e) => {
+                // Nothing of a failed commit may survive to be found at the next open.
+                let _ = fs::remove_file(&tmp);
+                let _ = fs::remove_file(&final_path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates the block's `blocks/<xx>` directory the first time it is needed (durably under
+    /// `PerBlock`; the group flush covers it under `GroupCommit`).
+    fn ensure_subdir(&self, final_path: &Path, key: &PhysicalKey) -> io::Result<()> {
+        let slot = &self.subdirs[usize::from(key.digest().0[0])];
+        if slot.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let dir = final_path.parent().unwrap_or(&self.root);
+        fs::create_dir_all(dir)?;
+        if self.durability == Durability::PerBlock {
+            sync_dir(&self.root.join("blocks"))?;
+        }
+        slot.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn epoch_now(&self) -> u64 {
+        self.lock().epoch().0
+    }
+
+    /// Commit the reservation whose payload is `payload` (taken out of the catalog, or the
+    /// caller's own buffer for `put`).
+    fn commit_payload(
+        &self,
+        region: RegionId,
+        key: &PhysicalKey,
+        payload: &[u8],
+    ) -> Result<Committed, StoreError> {
+        let seq = self.lock().next_seq_reserve();
+        match self.persist(key, region, seq, payload) {
+            Ok((path, header_len, checksum)) => {
+                let now = self.clock.now_ms();
+                let mut catalog = self.lock();
+                match catalog.finish_commit_at(region, checksum, seq, now) {
+                    Ok(c) => {
+                        if let Some(b) = catalog.entry_mut(region) {
+                            b.payload = FilePayload::Stored { path, header_len };
+                        }
+                        Ok(c)
+                    }
+                    Err(e) => {
+                        drop(catalog);
+                        let _ = fs::remove_file(&path);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => {
+                // The engine call returned, so it no longer touches the payload: retired.
+                let released = self.lock().fail_commit(region, Retirement::Retired);
+                dispose(released);
+                Err(StoreError::Backend {
+                    operation: "commit",
+                    detail: format!("block file not stored: {e}"),
+                    retirement: Retirement::Retired,
+                })
+            }
+        }
+    }
+
+    /// Damages one payload byte of the committed block under `key` on disk, for corruption
+    /// tests. Returns whether a committed block was there.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn corrupt_for_test(&self, key: &PhysicalKey, at: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        let (path, header_len, len) = {
+            let mut catalog = self.lock();
+            let Some(id) = catalog.find_exact(key) else { return false };
+            let len = catalog.entry(id).map(|b| b.len).unwrap_or(0);
+            match catalog.committed_payload_mut(key) {
+                Some(FilePayload::Stored { path, header_len }) => (path.clone(), *header_len, len),
+                _ => return false,
+            }
+        };
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) else { return false };
+        let offset = header_len + at % len.max(1);
+        let mut byte = [0u8];
+        if file.read_exact_at(&mut byte, offset).is_err() {
+            return false;
+        }
+        byte[0] = byte[0].wrapping_add(1);
+        file.write_all_at(&byte, offset).is_ok()
+    }
+}
+
+/// Removes the files of blocks that left the catalog.
+fn dispose(released: Vec<FilePayload>) {
+    for p in released {
+        if let FilePayload::Stored { path, .. } = p
+            && let Err(e) = fs::remove_file(&path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove an evicted block file");
+        }
+    }
+}
+
+/// Reads every block header under `root/blocks`, keeping the newest file per key; damaged
+/// files are removed and counted by reason. Returns the headers with their paths and the
+/// largest epoch any header carries.
+fn scan_blocks(
+    root: &Path,
+    report: &mut OpenReport,
+) -> Result<(Vec<(layout::BlockHeader, PathBuf)>, u64), FileStoreError> {
+    let mut by_digest: BTreeMap<[u8; 32], (layout::BlockHeader, PathBuf)> = BTreeMap::new();
+    let mut max_epoch = 0;
+    let blocks = root.join("blocks");
+    let skip = |path: &Path, reason: &BlockFileError, report: &mut OpenReport| {
+        tracing::warn!(path = %path.display(), %reason, "skipping block file");
+        let label = match reason {
+            BlockFileError::Io(_) => "io error",
+            BlockFileError::Foreign { .. } | BlockFileError::Name => "foreign",
+            BlockFileError::Size { .. } | BlockFileError::Short { .. } => "truncated",
+            _ => "corrupt",
+        };
+        *report.skipped.entry(label.into()).or_default() += 1;
+        let _ = fs::remove_file(path);
+    };
+    for sub in fs::read_dir(&blocks).map_err(io_at(&blocks))? {
+        let sub = sub.map_err(io_at(&blocks))?.path();
+        if !sub.is_dir() {
+            continue;
+        }
+        for entry in fs::read_dir(&sub).map_err(io_at(&sub))? {
+            let path = entry.map_err(io_at(&sub))?.path();
+            match read_header(&path) {
+                Ok(h) => {
+                    max_epoch = max_epoch.max(h.epoch);
+                    let digest = h.key.digest().0;
+                    // An older file of the same key can outlive its eviction by a crash before
+                    // the unlink; the newest commit wins.
+                    let newer = by_digest.get(&digest).is_none_or(|(old, _)| old.seq < h.seq);
+                    if newer {
+                        if let Some((_, old_path)) = by_digest.insert(digest, (h, path)) {
+                            let _ = fs::remove_file(old_path);
+                        }
+                    } else {
+                        let _ = fs::remove_file(&path);
+                    }
+                }
+                Err(reason) => skip(&path, &reason, report),
+            }
+        }
+    }
+    let mut found: Vec<(layout::BlockHeader, PathBuf)> = by_digest.into_values().collect();
+    found.sort_by_key(|(h, _)| h.seq);
+    Ok((found, max_epoch))
+}
+
+/// Reads and checks one file's header and size (not its payload).
+pub(crate) fn read_header(path: &Path) -> Result<layout::BlockHeader, BlockFileError> {
+    use std::os::unix::fs::FileExt;
+    let io = |e: io::Error| BlockFileError::Io(e.to_string());
+    layout::parse_block_name(path)?;
+    let file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.size();
+    let mut first = vec![0u8; engine::DIRECT_ALIGN];
+    let n = read_up_to(&file, &mut first, 0).map_err(io)?;
+    first.truncate(n);
+    let header_len = layout::declared_header_len(&first)?;
+    if header_len > first.len() {
+        let mut whole = vec![0u8; header_len];
+        file.read_exact_at(&mut whole, 0)
+            .map_err(|_| BlockFileError::Short { len: first.len() })?;
+        first = whole;
+    }
+    let header = layout::decode_header(&first)?;
+    layout::check_name(path, &header)?;
+    if size != header.file_len() {
+        return Err(BlockFileError::Size { actual: size, expected: header.file_len() });
+    }
+    Ok(header)
+}
+
+fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+impl Store for FileStore {
+    fn info(&self) -> StoreInfo {
+        StoreInfo {
+            name: "file",
+            implementation: Implementation::Real,
+            failures_retire: true,
+            full_policy: FullPolicy::EvictOldest,
+        }
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.lock().epoch()
+    }
+
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        authorize(caller, key, Right::Read)?;
+        Ok(self.lock().lookup(key))
+    }
+
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        authorize(caller, key, Right::Read)?;
+        let (pin, path, header_len) = {
+            let mut catalog = self.lock();
+            let pin = match catalog.pin_read(key, dst.len())? {
+                Ok(pin) => pin,
+                Err(miss) => return Ok(Get::Miss(miss)),
+            };
+            match catalog.entry(pin.region).map(|b| &b.payload) {
+                Some(FilePayload::Stored { path, header_len }) => (pin, path.clone(), *header_len),
+                _ => {
+                    let released = catalog.unpin_read(pin.region, false);
+                    drop(catalog);
+                    dispose(released);
+                    return Ok(Get::Miss(MissReason::NotReadable(
+                        gpucache_dataplane::BlockState::Evicting,
+                    )));
+                }
+            }
+        };
+        let len = usize::try_from(pin.len).unwrap_or(usize::MAX);
+        let read = self.read_payload(&path, header_len, &mut dst[..len]);
+        // Verify what the caller received, not what the disk claims.
+        let (corrupt, failure) = match read {
+            Ok(()) => (Checksum::of(&dst[..len]) != pin.checksum, None),
+            // A short file is a truncated block: a miss, and the block goes.
+            Err(e)
+                if e.kind() == io::ErrorKind::UnexpectedEof
+                    || e.kind() == io::ErrorKind::NotFound =>
+            {
+                (true, None)
+            }
+            Err(e) => (false, Some(e)),
+        };
+        if corrupt || failure.is_some() {
+            dst[..len].fill(0);
+        }
+        let released = self.lock().unpin_read(pin.region, corrupt);
+        dispose(released);
+        if let Some(e) = failure {
+            return Err(StoreError::Backend {
+                operation: "get",
+                detail: format!("{}: {e}", path.display()),
+                retirement: Retirement::Retired,
+            });
+        }
+        Ok(if corrupt {
+            Get::Miss(MissReason::Corrupt)
+        } else {
+            Get::Hit { len: pin.len, checksum: pin.checksum }
+        })
+    }
+
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        let now = self.clock.now_ms();
+        let (answer, released) = self
+            .lock()
+            .reserve(caller, key, len, request, now, |_| Ok(FilePayload::Staged(Vec::new())))?;
+        dispose(released);
+        Ok(answer)
+    }
+
+    fn write(
+        &self,
+        caller: &Caller,
+        r: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut catalog = self.lock();
+        let b = catalog.write_into(caller, r, offset, src.len() as u64)?;
+        let len = usize::try_from(b.len).unwrap_or(usize::MAX);
+        if let FilePayload::Staged(buf) = &mut b.payload {
+            if buf.len() != len {
+                buf.resize(len, 0);
+            }
+            let start = usize::try_from(offset).unwrap_or(usize::MAX);
+            buf[start..start + src.len()].copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
+        let (key, staged) = {
+            let mut catalog = self.lock();
+            let b = catalog.start_commit(caller, r)?;
+            let staged = match &mut b.payload {
+                FilePayload::Staged(buf) => std::mem::take(buf),
+                FilePayload::Stored { .. } => Vec::new(),
+            };
+            (b.key.clone(), staged)
+        };
+        self.commit_payload(r.region, &key, &staged)
+    }
+
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        let r = match self.reserve(caller, key, src.len() as u64, request)? {
+            Reserve::Reserved(r) => r,
+            Reserve::AlreadyCommitted => return Ok(Put::AlreadyCommitted),
+            Reserve::Busy => return Ok(Put::Busy),
+            Reserve::Refused(r) => return Ok(Put::Refused(r)),
+        };
+        // Record the whole payload as written without staging a copy: the file is written
+        // straight from the caller's buffer.
+        {
+            let mut catalog = self.lock();
+            catalog.write_into(caller, &r, 0, src.len() as u64)?;
+            catalog.start_commit(caller, &r)?;
+        }
+        self.commit_payload(r.region, key, src).map(|c| Put::Committed(c.checksum))
+    }
+
+    fn abort(
+        &self,
+        caller: &Caller,
+        r: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        let (answer, released) = self.lock().abort(caller, r, outcome)?;
+        dispose(released);
+        Ok(answer)
+    }
+
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        let (answer, released) = self.lock().invalidate(caller, key)?;
+        dispose(released);
+        Ok(answer)
+    }
+
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now_ms();
+        self.lock().expire_leases(now)
+    }
+
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        let (answer, released) = self.lock().attest_drained(caller, region)?;
+        dispose(released);
+        Ok(answer)
+    }
+
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        self.lock().bump_epoch()
+    }
+
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        let (n, released) = self.lock().reclaim_fenced(epoch)?;
+        dispose(released);
+        Ok(n)
+    }
+
+    fn stats(&self) -> StoreStats {
+        self.lock().stats()
+    }
+}
+
+impl FileStore {
+    fn read_payload(&self, path: &Path, header_len: u64, dst: &mut [u8]) -> io::Result<()> {
+        let file = self.open_file(path, false)?;
+        if self.direct_io {
+            let padded = engine::round_up(dst.len(), engine::DIRECT_ALIGN);
+            let mut staging = self.engine.staging(padded)?;
+            self.engine.read_exact_at(&file, header_len, &mut staging[..padded])?;
+            dst.copy_from_slice(&staging[..dst.len()]);
+            Ok(())
+        } else {
+            self.engine.read_exact_at(&file, header_len, dst)
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Group commit: concurrent commits share one `syncfs` of the store's filesystem.
+//!
+//! The first committer to arrive while no flush is running leads: it flushes, then wakes every
+//! committer that arrived before its flush began. A committer that arrived during a flush waits
+//! for the next one. Every wait has a deadline; a commit whose flush did not finish in time is
+//! abandoned (never acknowledged).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How many finished flushes are remembered for late waiters.
+const FLUSH_RESULTS_MAX: usize = 256;
+
+#[derive(Debug, Default)]
+struct State {
+    /// Commits registered so far (each gets the next number).
+    requested: u64,
+    /// Every commit numbered up to this one is covered by a finished flush.
+    completed: u64,
+    leading: bool,
+    /// Recent flushes: (first covered, last covered, error).
+    results: VecDeque<(u64, u64, Option<String>)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct GroupSync {
+    dir: File,
+    deadline: Duration,
+    state: Mutex<State>,
+    flushed: Condvar,
+}
+
+impl GroupSync {
+    pub(crate) fn new(root: &Path, deadline: Duration) -> io::Result<Self> {
+        Ok(Self {
+            dir: File::open(root)?,
+            deadline,
+            state: Mutex::default(),
+            flushed: Condvar::new(),
+        })
+    }
+
+    fn syncfs(&self) -> io::Result<()> {
+        // SAFETY: syncfs takes an fd we own and touches no memory of ours.
+        if unsafe { libc::syncfs(self.dir.as_raw_fd()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Returns once everything this thread wrote before the call is durable.
+    pub(crate) fn barrier(&self) -> io::Result<()> {
+        let poisoned = || io::Error::other("group commit state poisoned");
+        let until = Instant::now() + self.deadline;
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        st.requested += 1;
+        let mine = st.requested;
+        loop {
+            if st.completed >= mine {
+                return match st.results.iter().find(|(from, to, _)| (*from..=*to).contains(&mine)) {
+                    Some((_, _, None)) => Ok(()),
+                    Some((_, _, Some(e))) => {
+                        Err(io::Error::other(format!("group flush failed: {e}")))
+                    }
+                    None => Err(io::Error::other("group flush result forgotten; commit abandoned")),
+                };
+            }
+            if !st.leading {
+                st.leading = true;
+                let (from, to) = (st.completed + 1, st.requested);
+                drop(st);
+                let result = self.syncfs();
+                st = self.state.lock().map_err(|_| poisoned())?;
+                st.leading = false;
+                st.completed = to;
+                st.results.push_back((from, to, result.err().map(|e| e.to_string())));
+                while st.results.len() > FLUSH_RESULTS_MAX {
+                    st.results.pop_front();
+                }
+                self.flushed.notify_all();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "group flush did not finish in time",
+                ));
+            }
+            st = self.flushed.wait_timeout(st, until - now).map_err(|_| poisoned())?.0;
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! FileStore runs the whole conformance suite, unchanged, on each I/O engine.
+
+use std::sync::Arc;
+
+use gpucache_backends::file::engine::EngineChoice;
+use gpucache_backends::file::{Durability, FileStoreConfig};
+use gpucache_dataplane::clock::ManualClock;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::testing::Subject;
+
+fn subject(
+    engine: EngineChoice,
+    direct_io: bool,
+    limits: ResourceLimits,
+    clock: ManualClock,
+) -> Subject {
+    // Buffered stores live on tmpfs when there is one (the suite opens thousands of stores);
+    // O_DIRECT needs a real filesystem.
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if !direct_io && shm.is_dir() {
+        tempfile::tempdir_in(shm).expect("temp dir")
+    } else {
+        tempfile::tempdir().expect("temp dir")
+    };
+    let mut config = FileStoreConfig::new(dir.path());
+    config.engine = engine;
+    config.direct_io = direct_io;
+    // The suite opens thousands of stores: one registered staging slot (O_DIRECT) or none.
+    config.engine_config.staging_bytes =
+        if direct_io { gpucache_backends::file::engine::uring::SLOT_BYTES } else { 0 };
+    config.durability = Durability::None;
+    config.limits = limits;
+    let store = Arc::new(config.open(Arc::new(clock)).expect("file store opens"));
+    assert_eq!(
+        store.engine_name(),
+        match engine {
+            EngineChoice::Uring => "uring",
+            _ => "psync",
+        }
+    );
+    let hook = Arc::clone(&store);
+    Subject {
+        store: Box::new(store),
+        // The closure owns the directory: it is removed when the subject goes.
+        corrupt: Box::new(move |key| {
+            let _keep = &dir;
+            hook.corrupt_for_test(key, 17)
+        }),
+    }
+}
+
+mod psync {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        subject(EngineChoice::Psync, false, limits, clock)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod uring {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        subject(EngineChoice::Uring, false, limits, clock)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod uring_direct {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        subject(EngineChoice::Uring, true, limits, clock)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}

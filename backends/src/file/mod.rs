@@ -7,6 +7,7 @@
 //! [`Durability`] and ADR 0009.
 
 pub mod engine;
+mod fsck;
 pub(crate) mod layout;
 mod sync;
 
@@ -33,6 +34,7 @@ use gpucache_dataplane::store::{
 
 use crate::catalog::{Catalog, Restored};
 use engine::{EngineChoice, EngineConfig, IoEngine};
+pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
 
 /// When a PUT's bytes and metadata count as durable, and so when it is acknowledged.

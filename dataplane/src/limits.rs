@@ -141,6 +141,8 @@ pub enum Refusal {
     TenantInflightBytes { tenant: TenantId, current: u64, requested: u64, max: u64 },
     #[error("idempotency table holds {entries} live request ids, idempotency_entries_max is {max}")]
     IdempotencyTable { entries: u32, max: u32 },
+    #[error("the device has {free_bytes} bytes free, {requested} requested")]
+    DiskFull { free_bytes: u64, requested: u64 },
 }
 
 /// One tenant's charged usage.

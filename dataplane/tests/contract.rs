@@ -269,6 +269,10 @@ fn every_error_message_carries_its_facts() {
             Refusal::IdempotencyTable { entries: 5, max: 5 }.to_string(),
             "idempotency_entries_max is 5",
         ),
+        (
+            Refusal::DiskFull { free_bytes: 3, requested: 4 }.to_string(),
+            "3 bytes free, 4 requested",
+        ),
         (LimitsError::Zero { name: "tenants_max" }.to_string(), "tenants_max is zero"),
         (
             LimitsError::Inconsistent {

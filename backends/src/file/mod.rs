@@ -155,6 +155,22 @@ fn write_store_record(root: &Path, epoch: u64) -> io::Result<()> {
     sync_dir(root)
 }
 
+/// Free space kept beyond a block's own bytes when admitting it (directory growth, metadata).
+const DISK_SLACK_BYTES: u64 = 1 << 20;
+
+/// Bytes available to this process on the filesystem holding `root`, when the kernel says.
+fn free_bytes(root: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated and st is a valid, writable statvfs.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(u64::from(st.f_bavail).saturating_mul(st.f_frsize))
+}
+
 /// Region ids of one run start at `epoch << 32`, so a restarted store never reuses an id.
 const REGION_ID_EPOCH_SHIFT: u32 = 32;
 
@@ -641,6 +657,27 @@ impl Store for FileStore {
             .lock()
             .reserve(caller, key, len, request, now, |_| Ok(FilePayload::Staged(Vec::new())))?;
         dispose(released);
+        if let Reserve::Reserved(r) = &answer {
+            // A full device is a refusal before any byte is written, not a failed commit.
+            let needed =
+                len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES;
+            if let Some(free_bytes) = free_bytes(&self.root)
+                && free_bytes < needed
+            {
+                let r = Reservation {
+                    region: r.region,
+                    epoch: r.epoch,
+                    len: r.len,
+                    request: r.request,
+                };
+                let (_, released) = self.lock().abort(caller, r, Retirement::Retired)?;
+                dispose(released);
+                return Ok(Reserve::Refused(gpucache_dataplane::limits::Refusal::DiskFull {
+                    free_bytes,
+                    requested: needed,
+                }));
+            }
+        }
         Ok(answer)
     }
 
@@ -692,10 +729,17 @@ impl Store for FileStore {
         };
         // Record the whole payload as written without staging a copy: the file is written
         // straight from the caller's buffer.
-        {
+        let recorded = {
             let mut catalog = self.lock();
-            catalog.write_into(caller, &r, 0, src.len() as u64)?;
-            catalog.start_commit(caller, &r)?;
+            match catalog.write_into(caller, &r, 0, src.len() as u64) {
+                Ok(_) => catalog.start_commit(caller, &r).map(|_| ()),
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = recorded {
+            // Nothing was written: end the reservation the way the default `put` would.
+            let _ = self.abort(caller, r, e.retirement());
+            return Err(e);
         }
         self.commit_payload(r.region, key, src).map(|c| Put::Committed(c.checksum))
     }

@@ -168,7 +168,7 @@ fn free_bytes(root: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some(u64::from(st.f_bavail).saturating_mul(st.f_frsize))
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Region ids of one run start at `epoch << 32`, so a restarted store never reuses an id.

@@ -722,3 +722,83 @@ impl<P> Catalog<P> {
         (b.life.state() == BlockState::Committed).then_some(&mut b.payload)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpucache_dataplane::identity::KvDtype;
+    use gpucache_dataplane::registry::LocalEpochs;
+    use gpucache_dataplane::testing::fixture::{caller, key};
+
+    fn catalog(retained: u64) -> Catalog<u32> {
+        let limits = ResourceLimits {
+            object_bytes_max: 100,
+            retained_bytes_max: retained,
+            tenant_retained_bytes_max: retained,
+            ..ResourceLimits::default()
+        };
+        Catalog::new(
+            limits,
+            FullPolicy::EvictOldest,
+            MemoryKind::Host,
+            Epoch(1),
+            1,
+            Box::new(LocalEpochs),
+        )
+        .unwrap()
+    }
+
+    fn commit(c: &mut Catalog<u32>, link: u8, tag: u32) -> RegionId {
+        let k = key(0, &[link], KvDtype::F16, 16);
+        let (answer, _) = c.reserve(&caller(0), &k, 100, None, 0, |_| Ok(tag)).unwrap();
+        let Reserve::Reserved(r) = answer else { panic!("not reserved: {answer:?}") };
+        c.write_into(&caller(0), &r, 0, 100).unwrap();
+        c.start_commit(&caller(0), &r).unwrap();
+        c.finish_commit(r.region, Checksum(u64::from(tag)), 0).unwrap();
+        r.region
+    }
+
+    #[test]
+    fn pinned_blocks_are_never_quota_victims() {
+        let mut c = catalog(200);
+        commit(&mut c, 1, 1);
+        commit(&mut c, 2, 2);
+        let oldest = key(0, &[1], KvDtype::F16, 16);
+        let pin = c.pin_read(&oldest, 100).unwrap().unwrap();
+        // The oldest block is being read: the next-oldest goes instead.
+        let third = key(0, &[3], KvDtype::F16, 16);
+        let (answer, released) = c.reserve(&caller(0), &third, 100, None, 0, |_| Ok(3)).unwrap();
+        assert!(matches!(answer, Reserve::Reserved(_)), "{answer:?}");
+        assert_eq!(released, vec![2]);
+        assert_eq!(c.lookup(&oldest), Lookup::Hit { len: 100 });
+        // With every committed block pinned, a full store refuses instead of evicting.
+        let Reserve::Reserved(r) = answer else { unreachable!() };
+        let _ = c.abort(&caller(0), r, Retirement::Retired).unwrap();
+        let mut c2 = catalog(100);
+        commit(&mut c2, 1, 1);
+        let _pin2 = c2.pin_read(&oldest, 100).unwrap().unwrap();
+        let (answer, released) = c2.reserve(&caller(0), &third, 100, None, 0, |_| Ok(3)).unwrap();
+        assert!(matches!(answer, Reserve::Refused(Refusal::RetainedBytes { .. })), "{answer:?}");
+        assert!(released.is_empty());
+        assert!(c.unpin_read(pin.region, false).is_empty());
+    }
+
+    #[test]
+    fn invalidating_a_block_being_read_releases_it_after_the_read() {
+        let mut c = catalog(1000);
+        let region = commit(&mut c, 1, 7);
+        let k = key(0, &[1], KvDtype::F16, 16);
+        let pin = c.pin_read(&k, 100).unwrap().unwrap();
+        let (answer, released) = c.invalidate(&caller(0), &k).unwrap();
+        assert_eq!(answer, Invalidate::Removed);
+        assert!(released.is_empty(), "the payload left while a reader held it");
+        assert_eq!(c.lookup(&k), Lookup::Miss(MissReason::Absent));
+        assert_eq!(c.entry(region).map(|b| b.life.state()), Some(BlockState::Evicting));
+        assert_eq!(c.stats().usage.retained_bytes, 100, "an evicting block stays charged");
+        assert_eq!(c.unpin_read(pin.region, false), vec![7]);
+        assert_eq!(c.stats().usage.retained_bytes, 0);
+        // A new block under the same key can be written while the old one drains.
+        let pin2 = commit(&mut c, 1, 8);
+        assert!(pin2 > region);
+    }
+}

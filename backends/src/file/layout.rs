@@ -26,6 +26,9 @@ pub(crate) const STORE_MAGIC: [u8; 8] = *b"GPCSTOR1";
 pub(crate) const FIXED_HEADER_BYTES: usize = 56;
 const HEADER_CHECKSUM_AT: usize = 48;
 pub(crate) const BLOCK_SUFFIX: &str = "blk";
+/// Largest payload a block file may declare (far above any object limit; keeps size arithmetic
+/// from overflowing on a crafted header).
+pub(crate) const PAYLOAD_BYTES_MAX: u64 = 1 << 40;
 
 /// Why a block file is not a usable committed block.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +54,8 @@ pub enum BlockFileError {
     Size { actual: u64, expected: u64 },
     #[error("payload checksum mismatch")]
     PayloadChecksum,
+    #[error("payload length {len} exceeds the format's limit {max}")]
+    PayloadLength { len: u64, max: u64 },
     #[error("I/O error: {0}")]
     Io(String),
 }
@@ -156,12 +161,16 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<BlockHeader, BlockFileError>
     if Checksum::of(&copy).0 != stored {
         return Err(BlockFileError::HeaderChecksum);
     }
+    let payload_len = u64_at(header, 16);
+    if payload_len > PAYLOAD_BYTES_MAX {
+        return Err(BlockFileError::PayloadLength { len: payload_len, max: PAYLOAD_BYTES_MAX });
+    }
     let key_len = u32_at(header, 12) as usize;
     let key = PhysicalKey::decode(&header[FIXED_HEADER_BYTES..FIXED_HEADER_BYTES + key_len])
         .map_err(|e| BlockFileError::Key(e.to_string()))?;
     Ok(BlockHeader {
         header_len: header_len as u64,
-        payload_len: u64_at(header, 16),
+        payload_len,
         checksum: Checksum(u64_at(header, 24)),
         seq: u64_at(header, 32),
         epoch: u64_at(header, 40),

@@ -147,12 +147,33 @@ fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
+/// The store record is kept in two files, written one after the other, so that damage to one
+/// (or a crash while replacing it) never loses the epoch.
+const STORE_RECORDS: [&str; 2] = ["STORE", "STORE.2"];
+
+/// How far the epoch jumps when both store records are unreadable: far enough that no epoch
+/// (and so no region id) of the lost history is reused.
+const EPOCH_JUMP_AFTER_LOSS: u64 = 1 << 20;
+
 fn write_store_record(root: &Path, epoch: u64) -> io::Result<()> {
-    let tmp = root.join("STORE.tmp");
-    fs::write(&tmp, layout::encode_store_record(epoch))?;
-    File::open(&tmp)?.sync_all()?;
-    fs::rename(&tmp, root.join("STORE"))?;
-    sync_dir(root)
+    for name in STORE_RECORDS {
+        let tmp = root.join(format!("{name}.tmp"));
+        fs::write(&tmp, layout::encode_store_record(epoch))?;
+        File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, root.join(name))?;
+        sync_dir(root)?;
+    }
+    Ok(())
+}
+
+/// The newest epoch either store record holds.
+fn read_store_record(root: &Path) -> Option<u64> {
+    STORE_RECORDS
+        .iter()
+        .filter_map(|name| {
+            fs::read(root.join(name)).ok().and_then(|b| layout::decode_store_record(&b))
+        })
+        .max()
 }
 
 /// Free space kept beyond a block's own bytes when admitting it (directory growth, metadata).
@@ -227,10 +248,19 @@ impl FileStore {
             report.tmp_removed += 1;
         }
 
-        let recorded =
-            fs::read(root.join("STORE")).ok().and_then(|b| layout::decode_store_record(&b));
+        let recorded = read_store_record(&root);
         let (found, max_epoch) = scan_blocks(&root, &mut report)?;
-        let epoch = recorded.unwrap_or(0).max(max_epoch) + 1;
+        let epoch = match recorded {
+            Some(e) => e.max(max_epoch) + 1,
+            None if max_epoch > 0 => {
+                tracing::error!(
+                    root = %root.display(), newest_block_epoch = max_epoch,
+                    "both store records are unreadable; jumping the epoch so no old epoch or region id is reused"
+                );
+                max_epoch + EPOCH_JUMP_AFTER_LOSS
+            }
+            None => 1,
+        };
         write_store_record(&root, epoch).map_err(io_at(&root))?;
         report.epoch = epoch;
 
@@ -242,7 +272,9 @@ impl FileStore {
             epoch << REGION_ID_EPOCH_SHIFT,
             Box::new(PersistedEpochs { root: root.clone() }),
         )?;
-        for (header, path) in found {
+        // Newest first: when the limits are tighter than what is on disk, the oldest blocks are
+        // the ones left out, as eviction would have chosen.
+        for (header, path) in found.into_iter().rev() {
             let len = header.payload_len;
             let restored = Restored {
                 key: header.key,
@@ -257,7 +289,7 @@ impl FileStore {
                     report.loaded_bytes += len;
                 }
                 Err((refusal, payload)) => {
-                    tracing::warn!(%refusal, "block file over the configured limits; removed");
+                    tracing::warn!(%refusal, "oldest block files over the configured limits; removed");
                     *report.skipped.entry("over limits".into()).or_default() += 1;
                     dispose(vec![payload]);
                 }
@@ -505,6 +537,11 @@ fn scan_blocks(
         }
         for entry in fs::read_dir(&sub).map_err(io_at(&sub))? {
             let path = entry.map_err(io_at(&sub))?.path();
+            if !path.is_file() {
+                tracing::warn!(path = %path.display(), "not a regular file in a block directory; left alone");
+                *report.skipped.entry("foreign".into()).or_default() += 1;
+                continue;
+            }
             match read_header(&path) {
                 Ok(h) => {
                     max_epoch = max_epoch.max(h.epoch);

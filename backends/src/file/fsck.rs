@@ -21,7 +21,8 @@ pub struct FsckReport {
     pub files: u64,
     pub ok: u64,
     pub ok_bytes: u64,
-    /// Bad files by reason, with their paths (removed when `repair` was asked for).
+    /// Bad files by kind of damage ([`BlockFileError::kind`]), with their paths (removed when
+    /// `repair` was asked for); the detail of each is logged.
     pub bad: BTreeMap<String, Vec<PathBuf>>,
     /// Leftover unfinished writes in `tmp/`.
     pub tmp_files: u64,
@@ -57,6 +58,12 @@ pub fn fsck(
     repair: bool,
     mut progress: impl FnMut(u64, u64),
 ) -> io::Result<FsckReport> {
+    if !root.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} is not a store directory", root.display()),
+        ));
+    }
     // Hold the store's lock for the whole check: an open store may be writing.
     let lock_path = root.join("LOCK");
     let _lock = match fs::OpenOptions::new().write(true).open(&lock_path) {
@@ -104,10 +111,8 @@ pub fn fsck(
                 report.ok_bytes += len;
             }
             Err(reason) => {
-                let label = match reason {
-                    BlockFileError::Io(_) => "io error".to_owned(),
-                    other => other.to_string(),
-                };
+                tracing::warn!(path = %path.display(), %reason, "fsck: bad block file");
+                let label = reason.kind().to_owned();
                 if repair && fs::remove_file(&path).is_ok() {
                     report.repaired += 1;
                 }

@@ -60,6 +60,27 @@ pub enum BlockFileError {
     Io(String),
 }
 
+impl BlockFileError {
+    /// A stable label for grouping: the same kind of damage gets the same label whatever the
+    /// bytes or sizes involved.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Name => "file name is not <digest>-<seq>.blk",
+            Self::Short { .. } => "header is short",
+            Self::Foreign { .. } => "not a block file",
+            Self::Format { .. } => "unsupported block format",
+            Self::HeaderLength { .. } => "header length is not sane",
+            Self::HeaderChecksum => "header checksum mismatch",
+            Self::Key(_) => "key does not decode",
+            Self::NameMismatch => "key digest or sequence differs from the file name",
+            Self::Size { .. } => "file is truncated or extended",
+            Self::PayloadChecksum => "payload checksum mismatch",
+            Self::PayloadLength { .. } => "payload length over the limit",
+            Self::Io(_) => "io error",
+        }
+    }
+}
+
 /// A parsed block header.
 #[derive(Debug, Clone)]
 pub(crate) struct BlockHeader {

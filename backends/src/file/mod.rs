@@ -81,7 +81,12 @@ impl FileStoreConfig {
 
     /// Opens (or creates) the store with the engine this config selects.
     pub fn open(self, clock: Arc<dyn Clock>) -> Result<FileStore, FileStoreError> {
-        let engine = engine::build(self.engine, self.engine_config)
+        let mut engine_config = self.engine_config;
+        if !self.direct_io {
+            // Staging memory serves O_DIRECT only; a buffered store registers none.
+            engine_config.staging_bytes = 0;
+        }
+        let engine = engine::build(self.engine, engine_config)
             .map_err(|e| FileStoreError::Engine(e.to_string()))?;
         FileStore::open_with_engine(self, engine, clock)
     }

@@ -300,13 +300,29 @@ fn eviction_order_survives_restarts() {
     assert_eq!(lookup(&store, &key(oldest)), Lookup::Hit { len: LEN as u64 });
 }
 
-/// `rchar` of the calling thread: bytes it asked read(2) and friends for.
-fn thread_rchar() -> u64 {
-    let text = std::fs::read_to_string("/proc/thread-self/io").expect("read /proc/thread-self/io");
+/// `rchar` of this process: bytes it asked read(2) and friends for.
+fn process_rchar() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/io").expect("read /proc/self/io");
     text.lines()
         .find_map(|l| l.strip_prefix("rchar:"))
         .and_then(|v| v.trim().parse().ok())
         .expect("rchar line")
+}
+
+const OPEN_CHILD_VAR: &str = "GPUCACHE_OPEN_RCHAR_DIR";
+
+/// Runs only as the child of `open_reads_headers_not_payloads`: opens the store (whose header
+/// scan runs on several threads) alone in its process and prints how many bytes it read.
+#[test]
+fn open_rchar_child() {
+    let Ok(dir) = std::env::var(OPEN_CHILD_VAR) else { return };
+    let before = process_rchar();
+    let store = open(Path::new(&dir), EngineChoice::Psync, false);
+    let read = process_rchar() - before;
+    let loaded = store.open_report().loaded;
+    let mut out = std::io::stdout().lock();
+    std::io::Write::write_all(&mut out, format!("open-rchar {read} loaded {loaded}\n").as_bytes())
+        .expect("stdout");
 }
 
 #[test]
@@ -328,13 +344,22 @@ fn open_reads_headers_not_payloads() {
         }
     }
     let payload_total = u64::from(BLOCKS) * LEN as u64;
-    // The counter is per thread: only this thread's reads count, whatever other tests do.
-    let before = thread_rchar();
-    let store = open(root, EngineChoice::Psync, false);
-    let read = thread_rchar() - before;
-    let report = store.open_report().clone();
-    assert_eq!(report.loaded, u64::from(BLOCKS), "{report:?}");
-    assert_eq!(report.loaded_bytes, payload_total);
+    // The open runs in a child process so that the process-wide counter sees only its reads.
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "open_rchar_child", "--nocapture", "--test-threads=1"])
+        .env(OPEN_CHILD_VAR, root)
+        .output()
+        .expect("run child");
+    assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The harness may print its own "test ... " prefix on the same line.
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once("open-rchar ").map(|(_, rest)| rest))
+        .expect("child's report line");
+    let fields: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let (read, loaded) = (fields[0], fields[1]);
+    assert_eq!(loaded, u64::from(BLOCKS), "{line}");
     // One 4 KiB header page per block, plus the store record and this counter's own reads.
     let headers = u64::from(BLOCKS) * 4096;
     assert!(read >= headers, "rchar {read} < {headers}: the counter missed the header reads");
@@ -343,6 +368,8 @@ fn open_reads_headers_not_payloads() {
         "open read {read} bytes for {BLOCKS} blocks ({payload_total} bytes of payload)"
     );
     assert!(read * 20 < payload_total, "open read {read} of {payload_total} bytes");
+    let store = open(root, EngineChoice::Psync, false);
+    assert_eq!(store.open_report().loaded_bytes, payload_total);
     assert_exact(&store, &common::block_key(0x07, 0, BLOCKS - 1), &data, "last block");
 }
 

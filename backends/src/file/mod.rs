@@ -514,55 +514,112 @@ fn dispose(released: Vec<FilePayload>) {
     }
 }
 
-/// Reads every block header under `root/blocks`, keeping the newest file per key; damaged
-/// files are removed and counted by reason. Returns the headers with their paths and the
-/// largest epoch any header carries.
+/// Threads reading block headers at open. Cold opens wait on the device, so more readers than
+/// cores keep it busy; each thread owns a disjoint set of `blocks/<xx>` directories.
+const SCAN_THREADS: usize = 8;
+
+/// What one scanning thread found.
+#[derive(Default)]
+struct ScanPart {
+    headers: Vec<(layout::BlockHeader, PathBuf)>,
+    skipped: BTreeMap<String, u64>,
+    error: Option<FileStoreError>,
+}
+
+fn skip_label(reason: &BlockFileError) -> &'static str {
+    match reason {
+        BlockFileError::Io(_) => "io error",
+        BlockFileError::Foreign { .. } | BlockFileError::Name => "foreign",
+        BlockFileError::Size { .. } | BlockFileError::Short { .. } => "truncated",
+        _ => "corrupt",
+    }
+}
+
+fn scan_dir(sub: &Path, part: &mut ScanPart) -> Result<(), FileStoreError> {
+    for entry in fs::read_dir(sub).map_err(io_at(sub))? {
+        let path = entry.map_err(io_at(sub))?.path();
+        if !path.is_file() {
+            tracing::warn!(path = %path.display(), "not a regular file in a block directory; left alone");
+            *part.skipped.entry("foreign".into()).or_default() += 1;
+            continue;
+        }
+        match read_header(&path) {
+            Ok(h) => part.headers.push((h, path)),
+            Err(reason) => {
+                tracing::warn!(path = %path.display(), %reason, "skipping block file");
+                *part.skipped.entry(skip_label(&reason).into()).or_default() += 1;
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads every block header under `root/blocks` (in parallel), keeping the newest file per key;
+/// damaged files are removed and counted by reason. Returns the headers with their paths, oldest
+/// commit first, and the largest epoch any header carries.
 fn scan_blocks(
     root: &Path,
     report: &mut OpenReport,
 ) -> Result<(Vec<(layout::BlockHeader, PathBuf)>, u64), FileStoreError> {
-    let mut by_digest: BTreeMap<[u8; 32], (layout::BlockHeader, PathBuf)> = BTreeMap::new();
-    let mut max_epoch = 0;
     let blocks = root.join("blocks");
-    let skip = |path: &Path, reason: &BlockFileError, report: &mut OpenReport| {
-        tracing::warn!(path = %path.display(), %reason, "skipping block file");
-        let label = match reason {
-            BlockFileError::Io(_) => "io error",
-            BlockFileError::Foreign { .. } | BlockFileError::Name => "foreign",
-            BlockFileError::Size { .. } | BlockFileError::Short { .. } => "truncated",
-            _ => "corrupt",
-        };
-        *report.skipped.entry(label.into()).or_default() += 1;
-        let _ = fs::remove_file(path);
-    };
+    let mut subdirs = Vec::new();
     for sub in fs::read_dir(&blocks).map_err(io_at(&blocks))? {
         let sub = sub.map_err(io_at(&blocks))?.path();
-        if !sub.is_dir() {
-            continue;
+        if sub.is_dir() {
+            subdirs.push(sub);
         }
-        for entry in fs::read_dir(&sub).map_err(io_at(&sub))? {
-            let path = entry.map_err(io_at(&sub))?.path();
-            if !path.is_file() {
-                tracing::warn!(path = %path.display(), "not a regular file in a block directory; left alone");
-                *report.skipped.entry("foreign".into()).or_default() += 1;
-                continue;
-            }
-            match read_header(&path) {
-                Ok(h) => {
-                    max_epoch = max_epoch.max(h.epoch);
-                    let digest = h.key.digest().0;
-                    // An older file of the same key can outlive its eviction by a crash before
-                    // the unlink; the newest commit wins.
-                    let newer = by_digest.get(&digest).is_none_or(|(old, _)| old.seq < h.seq);
-                    if newer {
-                        if let Some((_, old_path)) = by_digest.insert(digest, (h, path)) {
-                            let _ = fs::remove_file(old_path);
+    }
+    let parts: Vec<ScanPart> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..SCAN_THREADS.min(subdirs.len().max(1)))
+            .map(|t| {
+                let subdirs = &subdirs;
+                scope.spawn(move || {
+                    let mut part = ScanPart::default();
+                    for sub in subdirs.iter().skip(t).step_by(SCAN_THREADS) {
+                        if let Err(e) = scan_dir(sub, &mut part) {
+                            part.error = Some(e);
+                            break;
                         }
-                    } else {
-                        let _ = fs::remove_file(&path);
                     }
+                    part
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| ScanPart {
+                    error: Some(FileStoreError::Io {
+                        path: blocks.clone(),
+                        source: io::Error::other("a header-scanning thread panicked"),
+                    }),
+                    ..ScanPart::default()
+                })
+            })
+            .collect()
+    });
+    let mut by_digest: BTreeMap<[u8; 32], (layout::BlockHeader, PathBuf)> = BTreeMap::new();
+    let mut max_epoch = 0;
+    for part in parts {
+        if let Some(e) = part.error {
+            return Err(e);
+        }
+        for (label, n) in part.skipped {
+            *report.skipped.entry(label).or_default() += n;
+        }
+        for (h, path) in part.headers {
+            max_epoch = max_epoch.max(h.epoch);
+            let digest = h.key.digest().0;
+            // An older file of the same key can outlive its eviction by a crash before the
+            // unlink; the newest commit wins.
+            let newer = by_digest.get(&digest).is_none_or(|(old, _)| old.seq < h.seq);
+            if newer {
+                if let Some((_, old_path)) = by_digest.insert(digest, (h, path)) {
+                    let _ = fs::remove_file(old_path);
                 }
-                Err(reason) => skip(&path, &reason, report),
+            } else {
+                let _ = fs::remove_file(&path);
             }
         }
     }

@@ -160,6 +160,71 @@ pub enum Staging {
     Owned(AlignedBuf),
     /// A slot of an engine's registered arena; the slot returns to the engine on drop.
     Registered(Box<dyn RegisteredSlot>),
+    /// A recycled unregistered buffer; it returns to its pool on drop.
+    Pooled(PooledBuf),
+}
+
+/// Most bytes of aligned buffers a [`BufferPool`] keeps for reuse.
+pub const POOLED_STAGING_BYTES_MAX: usize = 64 << 20;
+
+/// A bounded pool of aligned buffers, so that O_DIRECT transfers on engines without registered
+/// memory do not allocate and fault in a fresh buffer every time.
+#[derive(Debug, Default)]
+pub struct BufferPool {
+    free: std::sync::Mutex<Vec<AlignedBuf>>,
+}
+
+impl BufferPool {
+    /// A buffer of at least `len` bytes: a kept one no more than twice that size, or a new one.
+    pub fn take(self: &Arc<Self>, len: usize) -> io::Result<PooledBuf> {
+        let kept = self.free.lock().ok().and_then(|mut free| {
+            let i =
+                free.iter().position(|b| b.len() >= len && b.len() <= len.max(DIRECT_ALIGN) * 2)?;
+            Some(free.swap_remove(i))
+        });
+        let buf = match kept {
+            Some(b) => b,
+            None => AlignedBuf::zeroed(len)?,
+        };
+        Ok(PooledBuf { buf: Some(buf), pool: Arc::clone(self) })
+    }
+
+    /// Bytes of buffers kept for reuse right now.
+    pub fn kept_bytes(&self) -> usize {
+        self.free.lock().map(|free| free.iter().map(|b| b.len()).sum()).unwrap_or(0)
+    }
+
+    fn give(&self, buf: AlignedBuf) {
+        if let Ok(mut free) = self.free.lock() {
+            let kept: usize = free.iter().map(|b| b.len()).sum();
+            if kept + buf.len() <= POOLED_STAGING_BYTES_MAX {
+                free.push(buf);
+            }
+        }
+    }
+}
+
+/// A buffer lent by a [`BufferPool`]. Its bytes are whatever the last user left; staging users
+/// write every byte they later read.
+#[derive(Debug)]
+pub struct PooledBuf {
+    buf: Option<AlignedBuf>,
+    pool: Arc<BufferPool>,
+}
+
+impl PooledBuf {
+    /// Address of the lent buffer (tests check reuse).
+    pub fn buf_addr(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.as_ptr().addr())
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool.give(buf);
+        }
+    }
 }
 
 /// A slot of registered staging memory (see [`uring`]).
@@ -174,6 +239,7 @@ impl std::ops::Deref for Staging {
         match self {
             Staging::Owned(b) => b,
             Staging::Registered(s) => s.bytes(),
+            Staging::Pooled(p) => p.buf.as_deref().unwrap_or(&[]),
         }
     }
 }
@@ -183,6 +249,7 @@ impl std::ops::DerefMut for Staging {
         match self {
             Staging::Owned(b) => b,
             Staging::Registered(s) => s.bytes_mut(),
+            Staging::Pooled(p) => p.buf.as_deref_mut().unwrap_or(&mut []),
         }
     }
 }
@@ -192,6 +259,9 @@ impl fmt::Debug for Staging {
         match self {
             Staging::Owned(b) => write!(f, "Staging::Owned({} bytes)", b.len()),
             Staging::Registered(s) => write!(f, "Staging::Registered({} bytes)", s.bytes().len()),
+            Staging::Pooled(p) => {
+                write!(f, "Staging::Pooled({} bytes)", p.buf.as_ref().map_or(0, |b| b.len()))
+            }
         }
     }
 }

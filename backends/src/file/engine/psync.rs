@@ -5,7 +5,15 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::IoEngine;
+use std::sync::{Arc, OnceLock};
+
+use super::{BufferPool, IoEngine, Staging};
+
+/// Aligned staging buffers shared by every psync engine in the process.
+fn staging_pool() -> &'static Arc<BufferPool> {
+    static POOL: OnceLock<Arc<BufferPool>> = OnceLock::new();
+    POOL.get_or_init(Arc::default)
+}
 
 /// pread/pwrite/fsync on the calling thread.
 #[derive(Debug, Clone, Copy, Default)]
@@ -26,5 +34,9 @@ impl IoEngine for PsyncEngine {
 
     fn sync(&self, file: &File) -> io::Result<()> {
         file.sync_all()
+    }
+
+    fn staging(&self, len: usize) -> io::Result<Staging> {
+        Ok(Staging::Pooled(staging_pool().take(len)?))
     }
 }

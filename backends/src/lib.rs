@@ -7,5 +7,7 @@
 mod catalog;
 pub mod file;
 pub mod memory;
+pub mod metered;
+pub mod tcp;
 
 pub use memory::MemoryStore;

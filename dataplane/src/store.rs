@@ -442,4 +442,13 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn stats(&self) -> StoreStats {
         (**self).stats()
     }
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        (**self).put(caller, key, src, request)
+    }
 }

@@ -1,0 +1,405 @@
+//! The client of the native GPCW service, as a [`Store`]: every call is one request frame and
+//! its answer, over pooled connections (one pool per tenant and rights), each with a deadline.
+//!
+//! The remote store never touches the caller's memory: a GET's bytes arrive in a frame and are
+//! copied into the caller's buffer only after their checksum verifies, and a PUT's bytes are
+//! sent before the call returns. So every failure, transport failures included, is retired
+//! (`failures_retire` is true). A transport failure is never a hit: the caller recomputes.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use gpucache_dataplane::caller::{Caller, Right};
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::store::{
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
+    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+};
+
+use super::proto::{Fetched, FrameDecoder, GetItem, PutItem, RemoteInfo, Request, Response};
+
+/// Idle connections kept per (tenant, rights).
+const POOL_CONNECTIONS_MAX: usize = 8;
+const READ_CHUNK_BYTES: usize = 256 << 10;
+
+/// How to reach a server.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub addr: SocketAddr,
+    /// Connecting, sending a request and receiving its answer each must finish within this.
+    pub deadline: Duration,
+    /// The identity used for calls the store trait makes without a caller (epoch, stats,
+    /// leases, fences).
+    pub control: Caller,
+    pub client_name: String,
+}
+
+impl ClientConfig {
+    pub fn new(addr: SocketAddr, control: Caller) -> Self {
+        Self {
+            addr,
+            deadline: Duration::from_secs(30),
+            control,
+            client_name: "gpucache-client".into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
+}
+
+type PoolKey = (TenantId, bool, bool, bool);
+
+/// A [`Store`] served by a remote `gpucache serve`.
+#[derive(Debug)]
+pub struct TcpStore {
+    config: ClientConfig,
+    pools: Mutex<HashMap<PoolKey, Vec<Conn>>>,
+    next_id: AtomicU64,
+    info: OnceLock<RemoteInfo>,
+}
+
+fn transport(operation: &'static str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend {
+        operation,
+        detail: format!("transport: {detail}"),
+        retirement: Retirement::Retired,
+    }
+}
+
+fn unexpected(operation: &'static str, response: &Response) -> StoreError {
+    match response {
+        Response::Error(e) => StoreError::Backend {
+            operation,
+            detail: format!("server: {e}"),
+            retirement: Retirement::Retired,
+        },
+        other => transport(operation, format!("unexpected answer {:?}", other.op())),
+    }
+}
+
+fn check_right(caller: &Caller, right: Right) -> Result<(), StoreError> {
+    if caller.rights.has(right) {
+        Ok(())
+    } else {
+        Err(StoreError::Forbidden { tenant: caller.tenant.clone(), right })
+    }
+}
+
+impl TcpStore {
+    pub fn new(config: ClientConfig) -> Self {
+        Self { config, pools: Mutex::default(), next_id: AtomicU64::new(1), info: OnceLock::new() }
+    }
+
+    fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
+        let d = self.config.deadline;
+        let stream = TcpStream::connect_timeout(&self.config.addr, d)
+            .map_err(|e| transport(operation, e))?;
+        let _ = stream.set_nodelay(true);
+        let mut conn =
+            Conn { stream, decoder: FrameDecoder::new(), buf: vec![0; READ_CHUNK_BYTES] };
+        let hello = Request::Hello {
+            tenant: caller.tenant.clone(),
+            client_name: self.config.client_name.clone(),
+            rights: caller.rights,
+        };
+        match self.exchange(&mut conn, &hello, operation)? {
+            Response::Hello { .. } => Ok(conn),
+            other => Err(unexpected(operation, &other)),
+        }
+    }
+
+    /// Sends one request and waits for its answer on `conn`.
+    fn exchange(
+        &self,
+        conn: &mut Conn,
+        request: &Request,
+        operation: &'static str,
+    ) -> Result<Response, StoreError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let bytes = request.to_frame_bytes(id).map_err(|e| StoreError::Backend {
+            operation,
+            detail: format!("request not encodable: {e}"),
+            retirement: Retirement::Retired,
+        })?;
+        let until = Instant::now() + self.config.deadline;
+        conn.stream
+            .set_write_timeout(Some(self.config.deadline))
+            .map_err(|e| transport(operation, e))?;
+        conn.stream.write_all(&bytes).map_err(|e| transport(operation, e))?;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(transport(operation, "deadline passed waiting for the answer"));
+            }
+            conn.stream.set_read_timeout(Some(left)).map_err(|e| transport(operation, e))?;
+            let n = match conn.stream.read(&mut conn.buf) {
+                Ok(0) => return Err(transport(operation, "server closed the connection")),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(transport(operation, e)),
+            };
+            let mut input = &conn.buf[..n];
+            match conn.decoder.feed(&mut input) {
+                Ok(None) => continue,
+                Err(e) => return Err(transport(operation, e.error)),
+                Ok(Some(frame)) => {
+                    // One request, one answer: anything else breaks the connection.
+                    if !input.is_empty() {
+                        return Err(transport(operation, "server sent bytes past the answer"));
+                    }
+                    let response =
+                        Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
+                    if frame.request_id != id {
+                        return Err(unexpected(operation, &response));
+                    }
+                    return Ok(response);
+                }
+            }
+        }
+    }
+
+    /// One request as `caller`: a pooled connection, or a new one.
+    fn call(
+        &self,
+        caller: &Caller,
+        request: Request,
+        operation: &'static str,
+    ) -> Result<Response, StoreError> {
+        let key: PoolKey =
+            (caller.tenant.clone(), caller.rights.read, caller.rights.write, caller.rights.admin);
+        let pooled = self.pools.lock().ok().and_then(|mut p| p.get_mut(&key).and_then(Vec::pop));
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => self.connect(caller, operation)?,
+        };
+        let response = self.exchange(&mut conn, &request, operation)?;
+        if conn.decoder.is_idle()
+            && let Ok(mut pools) = self.pools.lock()
+        {
+            let pool = pools.entry(key).or_default();
+            if pool.len() < POOL_CONNECTIONS_MAX {
+                pool.push(conn);
+            }
+        }
+        Ok(response)
+    }
+
+    fn control(&self, request: Request, operation: &'static str) -> Result<Response, StoreError> {
+        let control = self.config.control.clone();
+        self.call(&control, request, operation)
+    }
+
+    fn remote_info(&self) -> Option<&RemoteInfo> {
+        if let Some(i) = self.info.get() {
+            return Some(i);
+        }
+        match self.control(Request::Info, "info") {
+            Ok(Response::Info(i)) => Some(self.info.get_or_init(|| i)),
+            _ => None,
+        }
+    }
+}
+
+fn single<T>(
+    mut items: Vec<Result<T, StoreError>>,
+    operation: &'static str,
+) -> Result<T, StoreError> {
+    if items.len() != 1 {
+        return Err(transport(operation, format!("{} answers for one item", items.len())));
+    }
+    items.pop().unwrap_or_else(|| Err(transport(operation, "no answer")))
+}
+
+impl Store for TcpStore {
+    fn info(&self) -> StoreInfo {
+        let remote = self.remote_info();
+        StoreInfo {
+            name: "tcp",
+            implementation: remote.map_or(Implementation::Real, |i| i.implementation),
+            // The remote never holds the caller's memory: every failure here is retired.
+            failures_retire: true,
+            full_policy: remote.map_or(FullPolicy::Refuse, |i| i.full_policy),
+        }
+    }
+
+    fn epoch(&self) -> Epoch {
+        match self.control(Request::Epoch, "epoch") {
+            Ok(Response::Epoch(e)) => e,
+            _ => Epoch(0),
+        }
+    }
+
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        check_right(caller, Right::Read)?;
+        match self.call(caller, Request::Lookup { keys: vec![key.clone()] }, "lookup")? {
+            Response::Lookup(items) => single(items, "lookup"),
+            other => Err(unexpected("lookup", &other)),
+        }
+    }
+
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        check_right(caller, Right::Read)?;
+        let item = GetItem { key: key.clone(), capacity: dst.len() as u64 };
+        let fetched = match self.call(caller, Request::Get { items: vec![item] }, "get")? {
+            Response::Get(items) => single(items, "get")?,
+            other => return Err(unexpected("get", &other)),
+        };
+        match fetched {
+            Fetched::Hit { checksum, data } => {
+                if data.len() > dst.len() || Checksum::of(&data) != checksum {
+                    return Ok(Get::Miss(MissReason::Corrupt));
+                }
+                dst[..data.len()].copy_from_slice(&data);
+                Ok(Get::Hit { len: data.len() as u64, checksum })
+            }
+            Fetched::Miss(MissReason::Corrupt) => {
+                // The store zeroes a corrupt read's destination; so does its remote form.
+                dst.fill(0);
+                Ok(Get::Miss(MissReason::Corrupt))
+            }
+            Fetched::Miss(reason) => Ok(Get::Miss(reason)),
+        }
+    }
+
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        check_right(caller, Right::Write)?;
+        match self.call(
+            caller,
+            Request::Reserve { key: Box::new(key.clone()), len, request },
+            "reserve",
+        )? {
+            Response::Reserve(r) => r,
+            other => Err(unexpected("reserve", &other)),
+        }
+    }
+
+    fn write(
+        &self,
+        caller: &Caller,
+        reservation: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        check_right(caller, Right::Write)?;
+        let request = Request::Write {
+            reservation: copy_reservation(reservation),
+            offset,
+            data: src.to_vec(),
+        };
+        match self.call(caller, request, "write")? {
+            Response::Write(r) => r,
+            other => Err(unexpected("write", &other)),
+        }
+    }
+
+    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
+        check_right(caller, Right::Write)?;
+        match self.call(
+            caller,
+            Request::Commit { reservation: copy_reservation(reservation) },
+            "commit",
+        )? {
+            Response::Commit(r) => r,
+            other => Err(unexpected("commit", &other)),
+        }
+    }
+
+    fn abort(
+        &self,
+        caller: &Caller,
+        reservation: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        check_right(caller, Right::Write)?;
+        match self.call(caller, Request::Abort { reservation, outcome }, "abort")? {
+            Response::Abort(r) => r,
+            other => Err(unexpected("abort", &other)),
+        }
+    }
+
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        check_right(caller, Right::Write)?;
+        let item = PutItem { key: key.clone(), request, data: src.to_vec() };
+        match self.call(caller, Request::Put { items: vec![item] }, "put")? {
+            Response::Put(items) => single(items, "put"),
+            other => Err(unexpected("put", &other)),
+        }
+    }
+
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        check_right(caller, Right::Write)?;
+        match self.call(caller, Request::Invalidate { keys: vec![key.clone()] }, "invalidate")? {
+            Response::Invalidate(items) => single(items, "invalidate"),
+            other => Err(unexpected("invalidate", &other)),
+        }
+    }
+
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        match self.control(Request::ExpireLeases, "expire_leases")? {
+            Response::ExpireLeases(r) => r.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            other => Err(unexpected("expire_leases", &other)),
+        }
+    }
+
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        match self.call(caller, Request::Attest { region }, "attest")? {
+            Response::Attest(r) => r,
+            other => Err(unexpected("attest", &other)),
+        }
+    }
+
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        match self.control(Request::BumpEpoch, "bump_epoch")? {
+            Response::BumpEpoch(r) => r,
+            other => Err(unexpected("bump_epoch", &other)),
+        }
+    }
+
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        match self.control(Request::ReclaimFenced { epoch }, "reclaim_fenced")? {
+            Response::ReclaimFenced(r) => r.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            other => Err(unexpected("reclaim_fenced", &other)),
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        match self.control(Request::Stats, "stats") {
+            Ok(Response::Stats(s)) => s,
+            _ => StoreStats::default(),
+        }
+    }
+}
+
+fn copy_reservation(r: &Reservation) -> Reservation {
+    Reservation { region: r.region, epoch: r.epoch, len: r.len, request: r.request }
+}

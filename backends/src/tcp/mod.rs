@@ -1,0 +1,13 @@
+//! The GPUCache native TCP service and its client.
+//!
+//! - [`proto`]: the GPCW wire codec (frames, typed requests and responses, the incremental frame
+//!   decoder), as specified in `docs/PROTOCOL.md`.
+//! - [`server`]: the service, one thread per connection (ADR 0011), over any shared `Store`.
+//! - [`client`]: [`TcpStore`], a `Store` that is served by a remote `gpucache serve`.
+
+pub mod client;
+pub mod proto;
+pub mod server;
+
+pub use client::{ClientConfig, TcpStore};
+pub use server::{Server, ServerConfig};

@@ -1,0 +1,423 @@
+//! Frames: the fixed header, frame encoding, and the incremental decoder.
+
+use gpucache_dataplane::checksum::Checksum;
+
+use super::codec::{Writer, wide};
+use super::{
+    BODY_BYTES_MAX, FLAGS_ACCEPTED, HEADER_BYTES, Kind, MAGIC, Op, SEAL_BYTES, VERSION, WireError,
+    offset, text,
+};
+
+/// The header checksum: the low 32 bits of XXH3-64 of `bytes` (the header up to its checksum
+/// field).
+pub fn header_checksum(bytes: &[u8]) -> u32 {
+    let [a, b, c, d, ..] = Checksum::of(bytes).0.to_le_bytes();
+    u32::from_le_bytes([a, b, c, d])
+}
+
+fn field<const N: usize>(bytes: &[u8; HEADER_BYTES], at: usize) -> [u8; N] {
+    let mut out = [0; N];
+    if let Some(src) = bytes.get(at..at + N) {
+        out.copy_from_slice(src);
+    }
+    out
+}
+
+fn set(bytes: &mut [u8; HEADER_BYTES], at: usize, value: &[u8]) {
+    if let Some(dst) = bytes.get_mut(at..at + value.len()) {
+        dst.copy_from_slice(value);
+    }
+}
+
+/// Every header field as raw numbers, unvalidated. [`FrameHeader::to_bytes`] computes the
+/// header checksum; everything else is written as given, so tests (and a later sealing layer)
+/// can build any header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub magic: [u8; 4],
+    pub version: u8,
+    pub kind: u8,
+    pub op: u8,
+    pub flags: u8,
+    pub request_id: u64,
+    pub body_len: u32,
+    pub body_checksum: u64,
+    pub seal: [u8; SEAL_BYTES],
+}
+
+impl FrameHeader {
+    /// A valid version-1 header for `body` (which must fit a `u32` length; longer bodies get
+    /// `u32::MAX`, which no decoder accepts).
+    pub fn new(kind: Kind, op: Op, request_id: u64, body: &[u8]) -> Self {
+        Self {
+            magic: MAGIC,
+            version: VERSION,
+            kind: kind.code(),
+            op: op.code(),
+            flags: 0,
+            request_id,
+            body_len: u32::try_from(body.len()).unwrap_or(u32::MAX),
+            body_checksum: Checksum::of(body).0,
+            seal: [0; SEAL_BYTES],
+        }
+    }
+
+    /// The header bytes, ending with the header checksum.
+    pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        set(&mut b, offset::MAGIC, &self.magic);
+        set(&mut b, offset::VERSION, &[self.version]);
+        set(&mut b, offset::KIND, &[self.kind]);
+        set(&mut b, offset::OP, &[self.op]);
+        set(&mut b, offset::FLAGS, &[self.flags]);
+        set(&mut b, offset::REQUEST_ID, &self.request_id.to_le_bytes());
+        set(&mut b, offset::BODY_LEN, &self.body_len.to_le_bytes());
+        set(&mut b, offset::BODY_CHECKSUM, &self.body_checksum.to_le_bytes());
+        set(&mut b, offset::SEAL, &self.seal);
+        let sum = header_checksum(b.get(..offset::HEADER_CHECKSUM).unwrap_or_default());
+        set(&mut b, offset::HEADER_CHECKSUM, &sum.to_le_bytes());
+        b
+    }
+
+    /// Reads every field (but not the header checksum) without checking anything.
+    pub fn from_bytes(b: &[u8; HEADER_BYTES]) -> Self {
+        Self {
+            magic: field(b, offset::MAGIC),
+            version: field::<1>(b, offset::VERSION)[0],
+            kind: field::<1>(b, offset::KIND)[0],
+            op: field::<1>(b, offset::OP)[0],
+            flags: field::<1>(b, offset::FLAGS)[0],
+            request_id: u64::from_le_bytes(field(b, offset::REQUEST_ID)),
+            body_len: u32::from_le_bytes(field(b, offset::BODY_LEN)),
+            body_checksum: u64::from_le_bytes(field(b, offset::BODY_CHECKSUM)),
+            seal: field(b, offset::SEAL),
+        }
+    }
+}
+
+/// A whole frame whose header and body checksums verified, with a known kind and op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub op: Op,
+    pub request_id: u64,
+    pub body: Vec<u8>,
+}
+
+impl Frame {
+    /// Appends the frame's bytes. Refuses a body over [`BODY_BYTES_MAX`].
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        if self.body.len() > BODY_BYTES_MAX {
+            return Err(too_large(self.body.len()));
+        }
+        let header = FrameHeader::new(self.kind, self.op, self.request_id, &self.body);
+        out.extend_from_slice(&header.to_bytes());
+        out.extend_from_slice(&self.body);
+        Ok(())
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::with_capacity(HEADER_BYTES + self.body.len());
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+}
+
+fn too_large(len: usize) -> WireError {
+    WireError::TooLarge { len: wide(len), max: wide(BODY_BYTES_MAX) }
+}
+
+/// Appends a frame whose body `body` writes straight into `out` after room for the header, so
+/// a payload is copied once. On error `out` is left as it was.
+pub(super) fn write_frame(
+    kind: Kind,
+    op: Op,
+    request_id: u64,
+    out: &mut Vec<u8>,
+    body: impl FnOnce(&mut Writer<'_>),
+) -> Result<(), WireError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER_BYTES]);
+    let mut w = Writer::new(out);
+    body(&mut w);
+    let result = w.finish().and_then(|()| {
+        let len = out.len().saturating_sub(start + HEADER_BYTES);
+        if len > BODY_BYTES_MAX { Err(too_large(len)) } else { Ok(()) }
+    });
+    if let Err(e) = result {
+        out.truncate(start);
+        return Err(e);
+    }
+    let (_, rest) = out.split_at_mut(start);
+    let (head, body) = rest.split_at_mut(HEADER_BYTES);
+    head.copy_from_slice(&FrameHeader::new(kind, op, request_id, body).to_bytes());
+    Ok(())
+}
+
+/// A frame the decoder could not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct FrameError {
+    pub error: WireError,
+    /// The request id of the offending frame when its header checksum verified (answer with
+    /// it); `None` when the header could not be trusted (answer with 0).
+    pub request_id: Option<u64>,
+}
+
+impl FrameError {
+    /// Whether the stream has lost frame sync: bad magic, bad header checksum, an oversize body
+    /// length or an unknown version. The decoder stays failed; the connection must be closed
+    /// (after a best-effort [`super::Response::Error`]). Otherwise the bad frame was consumed
+    /// whole and decoding continues with the next one.
+    pub fn resync_impossible(&self) -> bool {
+        self.error.closes_connection()
+    }
+}
+
+/// The first body allocation; later growth doubles, never past the announced length.
+const BODY_CHUNK_BYTES: usize = 64 << 10;
+
+#[derive(Debug)]
+enum State {
+    /// Filling the header array.
+    Header,
+    /// Filling the body of a frame whose header verified.
+    Body { kind: Kind, op: Op, request_id: u64, checksum: u64, len: usize, body: Vec<u8> },
+    /// Discarding the body of a frame refused for a per-frame reason.
+    Skip { request_id: u64, remaining: usize, error: WireError },
+    /// A frame (or a per-frame error) waits for [`FrameDecoder::next_frame`].
+    Ready(Result<Frame, FrameError>),
+    /// The stream lost sync; every later call reports this error.
+    Failed(FrameError),
+}
+
+/// Incremental frame decoder: [`Self::push`] bytes as they arrive, then take frames with
+/// [`Self::next_frame`] (or do both with [`Self::feed`]).
+///
+/// It holds at most one frame: `push` stops at the end of each frame until it is taken. The
+/// body buffer grows with the bytes actually received (doubling from 64 KiB) and never beyond
+/// the body length the verified header announced, which is refused over [`BODY_BYTES_MAX`]
+/// before anything is allocated. The header sits in a fixed array.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    header: [u8; HEADER_BYTES],
+    filled: usize,
+    state: State,
+}
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FrameDecoder {
+    pub fn new() -> Self {
+        Self { header: [0; HEADER_BYTES], filled: 0, state: State::Header }
+    }
+
+    /// Consumes bytes from the front of `input` up to the end of the frame in progress and
+    /// returns how many it took: fewer than `input.len()` when a frame (or an error) is ready,
+    /// 0 while one waits to be taken or after the stream failed. Feed the rest after
+    /// [`Self::next_frame`].
+    #[must_use = "the bytes after the returned count were not consumed"]
+    pub fn push(&mut self, input: &[u8]) -> usize {
+        let mut used = 0;
+        while let Some(rest) = input.get(used..).filter(|r| !r.is_empty()) {
+            let taken = match &mut self.state {
+                State::Header => self.fill_header(rest),
+                State::Body { len, body, .. } => {
+                    let n = len.saturating_sub(body.len()).min(rest.len());
+                    let chunk = rest.get(..n).unwrap_or_default();
+                    grow(body, *len, n);
+                    body.extend_from_slice(chunk);
+                    if body.len() == *len {
+                        self.finish_body();
+                    }
+                    n
+                }
+                State::Skip { request_id, remaining, error } => {
+                    let n = (*remaining).min(rest.len());
+                    *remaining -= n;
+                    if *remaining == 0 {
+                        let e = FrameError { error: error.clone(), request_id: Some(*request_id) };
+                        self.state = State::Ready(Err(e));
+                    }
+                    n
+                }
+                State::Ready(_) | State::Failed(_) => break,
+            };
+            used += taken;
+        }
+        used
+    }
+
+    /// The next whole frame, `Ok(None)` if more bytes are needed, or the error of the next
+    /// frame. After an error with [`FrameError::resync_impossible`] every call returns it
+    /// again.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        match std::mem::replace(&mut self.state, State::Header) {
+            State::Ready(result) => result.map(Some),
+            State::Failed(e) => {
+                self.state = State::Failed(e.clone());
+                Err(e)
+            }
+            other => {
+                self.state = other;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Pushes from `input` (advancing it past what was consumed) until a frame or an error is
+    /// ready; `Ok(None)` means `input` is used up and more bytes are needed.
+    pub fn feed(&mut self, input: &mut &[u8]) -> Result<Option<Frame>, FrameError> {
+        loop {
+            if let Some(frame) = self.next_frame()? {
+                return Ok(Some(frame));
+            }
+            if input.is_empty() {
+                return Ok(None);
+            }
+            let n = self.push(input);
+            *input = input.get(n..).unwrap_or_default();
+            if n == 0 {
+                // Nothing ready and nothing taken cannot happen; refuse to spin if it does.
+                return self.next_frame();
+            }
+        }
+    }
+
+    /// Whether the stream lost sync (the connection must close).
+    pub fn is_failed(&self) -> bool {
+        matches!(self.state, State::Failed(_))
+    }
+
+    /// Whether the decoder is between frames (no partial frame buffered).
+    pub fn is_idle(&self) -> bool {
+        matches!(self.state, State::Header) && self.filled == 0
+    }
+
+    /// Heap bytes the decoder holds for the frame in progress or waiting (the header array
+    /// is not counted).
+    pub fn buffer_capacity(&self) -> usize {
+        match &self.state {
+            State::Body { body, .. } => body.capacity(),
+            State::Ready(Ok(frame)) => frame.body.capacity(),
+            _ => 0,
+        }
+    }
+
+    fn fill_header(&mut self, rest: &[u8]) -> usize {
+        let start = self.filled;
+        let n = (HEADER_BYTES - start).min(rest.len());
+        if let (Some(dst), Some(src)) = (self.header.get_mut(start..start + n), rest.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        self.filled += n;
+        if let Some(error) = self.check_prefix(start) {
+            self.state = State::Failed(FrameError { error, request_id: None });
+        } else if self.filled == HEADER_BYTES {
+            self.filled = 0;
+            self.state = self.on_header();
+        }
+        n
+    }
+
+    /// Checks the magic and the version as soon as their bytes arrive, so garbage and foreign
+    /// versions are refused without waiting for a whole header. `start` is how much had been
+    /// checked before.
+    fn check_prefix(&self, start: usize) -> Option<WireError> {
+        let magic_seen = self.filled.min(MAGIC.len());
+        if start < MAGIC.len() && self.header.get(..magic_seen) != MAGIC.get(..magic_seen) {
+            let mut found = [0; 4];
+            if let (Some(dst), Some(src)) =
+                (found.get_mut(..magic_seen), self.header.get(..magic_seen))
+            {
+                dst.copy_from_slice(src);
+            }
+            return Some(WireError::BadMagic { found });
+        }
+        if start <= offset::VERSION && self.filled > offset::VERSION {
+            let version = self.header[offset::VERSION];
+            if version != VERSION {
+                return Some(WireError::UnsupportedVersion { found: version, supported: VERSION });
+            }
+        }
+        None
+    }
+
+    /// Validates a complete header and picks what follows it.
+    fn on_header(&self) -> State {
+        let h = FrameHeader::from_bytes(&self.header);
+        let found = u32::from_le_bytes(field(&self.header, offset::HEADER_CHECKSUM));
+        let computed = header_checksum(self.header.get(..offset::HEADER_CHECKSUM).unwrap_or(&[]));
+        if found != computed {
+            let error = WireError::HeaderChecksum { found, computed };
+            return State::Failed(FrameError { error, request_id: None });
+        }
+        let request_id = h.request_id;
+        let len = usize::try_from(h.body_len).unwrap_or(usize::MAX);
+        if len > BODY_BYTES_MAX {
+            let error =
+                WireError::TooLarge { len: u64::from(h.body_len), max: wide(BODY_BYTES_MAX) };
+            return State::Failed(FrameError { error, request_id: Some(request_id) });
+        }
+        let accepted = Kind::from_code(h.kind)
+            .ok_or(WireError::UnknownKind { kind: h.kind })
+            .and_then(|kind| {
+                if h.flags & !FLAGS_ACCEPTED != 0 {
+                    return Err(WireError::UnsupportedFlags { flags: h.flags });
+                }
+                if h.seal != [0; SEAL_BYTES] {
+                    return Err(WireError::Malformed { what: text::SEAL });
+                }
+                Op::from_code(h.op)
+                    .filter(|op| op.valid_for(kind))
+                    .map(|op| (kind, op))
+                    .ok_or(WireError::UnknownOp { op: h.op })
+            });
+        match accepted {
+            Err(error) if len == 0 => {
+                State::Ready(Err(FrameError { error, request_id: Some(request_id) }))
+            }
+            Err(error) => State::Skip { request_id, remaining: len, error },
+            Ok((kind, op)) => {
+                let body = Vec::with_capacity(len.min(BODY_CHUNK_BYTES));
+                let mut state =
+                    State::Body { kind, op, request_id, checksum: h.body_checksum, len, body };
+                if len == 0 {
+                    state = verify(state);
+                }
+                state
+            }
+        }
+    }
+
+    fn finish_body(&mut self) {
+        let state = std::mem::replace(&mut self.state, State::Header);
+        self.state = verify(state);
+    }
+}
+
+/// Turns a complete [`State::Body`] into a ready frame or a body checksum error.
+fn verify(state: State) -> State {
+    let State::Body { kind, op, request_id, checksum, body, .. } = state else { return state };
+    let computed = Checksum::of(&body).0;
+    if computed == checksum {
+        State::Ready(Ok(Frame { kind, op, request_id, body }))
+    } else {
+        let error = WireError::BodyChecksum { found: checksum, computed };
+        State::Ready(Err(FrameError { error, request_id: Some(request_id) }))
+    }
+}
+
+/// Makes room for `n` more bytes in a body of announced length `len`: at least doubling (so
+/// growth is amortised), never past `len`.
+fn grow(body: &mut Vec<u8>, len: usize, n: usize) {
+    let needed = body.len() + n;
+    if needed > body.capacity() {
+        let target = needed.max(body.capacity().saturating_mul(2)).min(len);
+        body.reserve_exact(target.saturating_sub(body.len()));
+    }
+}

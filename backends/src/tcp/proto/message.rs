@@ -1,0 +1,542 @@
+//! Typed requests and responses, and their bodies.
+
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::store::{
+    Abort, Committed, FullPolicy, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed,
+    Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
+};
+
+use super::codec::{Reader, Writer};
+use super::frame::{Frame, write_frame};
+use super::values::{
+    get_abort, get_full_policy, get_implementation, get_invalidate, get_lookup, get_miss, get_put,
+    get_reclaimed, get_request_id, get_reservation, get_reserve, get_result, get_retirement,
+    get_stats, get_wire_error, put_abort, put_full_policy, put_implementation, put_invalidate,
+    put_lookup, put_miss, put_put, put_reclaimed, put_request_id, put_reservation, put_reserve,
+    put_result, put_retirement, put_stats, put_wire_error,
+};
+use gpucache_dataplane::caller::Rights;
+
+use super::{Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
+
+/// One key of a batch GET and the most bytes the caller will take for it (the size of its
+/// destination buffer). The capacities of one batch add up to at most [`PAYLOAD_BYTES_MAX`], so
+/// the answer always fits a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetItem {
+    pub key: PhysicalKey,
+    pub capacity: u64,
+}
+
+/// One block of a batch PUT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutItem {
+    pub key: PhysicalKey,
+    pub request: Option<RequestId>,
+    pub data: Vec<u8>,
+}
+
+/// The answer to one GET item: the block's bytes on a hit. The client checks
+/// `Checksum::of(&data) == checksum` before using them (the frame checksum only covers the
+/// transfer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    Hit { checksum: Checksum, data: Vec<u8> },
+    Miss(MissReason),
+}
+
+/// [`StoreInfo`] as it crosses the wire: the name is owned text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteInfo {
+    pub name: String,
+    pub implementation: Implementation,
+    pub failures_retire: bool,
+    pub full_policy: FullPolicy,
+}
+
+impl From<StoreInfo> for RemoteInfo {
+    fn from(info: StoreInfo) -> Self {
+        Self {
+            name: info.name.to_owned(),
+            implementation: info.implementation,
+            failures_retire: info.failures_retire,
+            full_policy: info.full_policy,
+        }
+    }
+}
+
+/// What a client asks. Each variant is one op; the batch variants answer per item, in order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Opens a session as `tenant` (claimed, not yet proven: see `docs/PROTOCOL.md`).
+    Hello {
+        tenant: TenantId,
+        client_name: String,
+        /// The rights this connection asks for; the server grants those its configuration
+        /// allows the tenant.
+        rights: Rights,
+    },
+    Info,
+    Epoch,
+    Stats,
+    /// Batch QUERY: [`gpucache_dataplane::store::Store::lookup`] per key.
+    Lookup {
+        keys: Vec<PhysicalKey>,
+    },
+    /// Batch GET: `get_into` per item, into a buffer of `capacity` bytes.
+    Get {
+        items: Vec<GetItem>,
+    },
+    /// Batch PUT: `put` per item.
+    Put {
+        items: Vec<PutItem>,
+    },
+    /// Batch INVALIDATE.
+    Invalidate {
+        keys: Vec<PhysicalKey>,
+    },
+    /// The key is boxed as in `Lookup::PrefixHit`: a key is large and this enum is not.
+    Reserve {
+        key: Box<PhysicalKey>,
+        len: u64,
+        request: Option<RequestId>,
+    },
+    Write {
+        reservation: Reservation,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Commit {
+        reservation: Reservation,
+    },
+    Abort {
+        reservation: Reservation,
+        outcome: Retirement,
+    },
+    ExpireLeases,
+    /// `attest_drained` of a region.
+    Attest {
+        region: RegionId,
+    },
+    BumpEpoch,
+    ReclaimFenced {
+        epoch: Epoch,
+    },
+}
+
+/// What a server answers, with the op of the request (or [`Op::Error`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Response {
+    /// The server's protocol version and name.
+    Hello {
+        version: u8,
+        server: String,
+    },
+    Info(RemoteInfo),
+    Epoch(Epoch),
+    Stats(StoreStats),
+    Lookup(Vec<Result<Lookup, StoreError>>),
+    Get(Vec<Result<Fetched, StoreError>>),
+    Put(Vec<Result<Put, StoreError>>),
+    Invalidate(Vec<Result<Invalidate, StoreError>>),
+    Reserve(Result<Reserve, StoreError>),
+    Write(Result<(), StoreError>),
+    Commit(Result<Committed, StoreError>),
+    Abort(Result<Abort, StoreError>),
+    ExpireLeases(Result<u64, StoreError>),
+    Attest(Result<Reclaimed, StoreError>),
+    BumpEpoch(Result<Epoch, StoreError>),
+    ReclaimFenced(Result<u64, StoreError>),
+    /// The request could not be served at the protocol level.
+    Error(WireError),
+}
+
+/// Rights on the wire: bit 0 read, bit 1 write, bit 2 admin; other bits are malformed.
+fn rights_bits(r: Rights) -> u8 {
+    u8::from(r.read) | u8::from(r.write) << 1 | u8::from(r.admin) << 2
+}
+
+fn rights_from_bits(bits: u8) -> Result<Rights, WireError> {
+    if bits & !0b111 != 0 {
+        return Err(WireError::Malformed { what: text::RIGHTS });
+    }
+    Ok(Rights { read: bits & 1 != 0, write: bits & 2 != 0, admin: bits & 4 != 0 })
+}
+
+fn get_capacity_error(total: u64) -> WireError {
+    WireError::TooMany { what: text::GET_CAPACITY, count: total, max: PAYLOAD_BYTES_MAX }
+}
+
+impl Request {
+    pub fn op(&self) -> Op {
+        match self {
+            Self::Hello { .. } => Op::Hello,
+            Self::Info => Op::Info,
+            Self::Epoch => Op::Epoch,
+            Self::Stats => Op::Stats,
+            Self::Lookup { .. } => Op::Lookup,
+            Self::Get { .. } => Op::Get,
+            Self::Put { .. } => Op::Put,
+            Self::Invalidate { .. } => Op::Invalidate,
+            Self::Reserve { .. } => Op::Reserve,
+            Self::Write { .. } => Op::Write,
+            Self::Commit { .. } => Op::Commit,
+            Self::Abort { .. } => Op::Abort,
+            Self::ExpireLeases => Op::ExpireLeases,
+            Self::Attest { .. } => Op::Attest,
+            Self::BumpEpoch => Op::BumpEpoch,
+            Self::ReclaimFenced { .. } => Op::ReclaimFenced,
+        }
+    }
+
+    /// Appends the body. Refuses (appending nothing) what a decoder would refuse: a batch over
+    /// [`super::BATCH_ITEMS_MAX`], GET capacities over [`PAYLOAD_BYTES_MAX`].
+    pub fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let start = out.len();
+        let mut w = Writer::new(out);
+        self.write_body(&mut w);
+        let result = w.finish();
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    fn write_body(&self, w: &mut Writer<'_>) {
+        match self {
+            Self::Hello { tenant, client_name, rights } => {
+                w.tenant(tenant);
+                w.text(client_name);
+                w.u8(rights_bits(*rights));
+            }
+            Self::Info | Self::Epoch | Self::Stats | Self::ExpireLeases | Self::BumpEpoch => {}
+            Self::Lookup { keys } | Self::Invalidate { keys } => {
+                w.count(keys.len());
+                for key in keys {
+                    w.key(key);
+                }
+            }
+            Self::Get { items } => {
+                w.count(items.len());
+                let total = items.iter().fold(0u64, |t, i| t.saturating_add(i.capacity));
+                if total > PAYLOAD_BYTES_MAX {
+                    w.fail(get_capacity_error(total));
+                }
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.capacity);
+                }
+            }
+            Self::Put { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    put_request_id(w, item.request);
+                    w.bytes(&item.data);
+                }
+            }
+            Self::Reserve { key, len, request } => {
+                w.key(key);
+                w.u64(*len);
+                put_request_id(w, *request);
+            }
+            Self::Write { reservation, offset, data } => {
+                put_reservation(w, reservation);
+                w.u64(*offset);
+                w.bytes(data);
+            }
+            Self::Commit { reservation } => put_reservation(w, reservation),
+            Self::Abort { reservation, outcome } => {
+                put_reservation(w, reservation);
+                put_retirement(w, *outcome);
+            }
+            Self::Attest { region } => w.u64(region.0),
+            Self::ReclaimFenced { epoch } => w.u64(epoch.0),
+        }
+    }
+
+    /// Strictly decodes the body of a request frame of `op`.
+    pub fn decode_body(op: Op, body: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(body);
+        let request = Self::read_body(op, &mut r)?;
+        r.finish()?;
+        Ok(request)
+    }
+
+    fn read_body(op: Op, r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(match op {
+            Op::Hello => Self::Hello {
+                tenant: r.tenant()?,
+                client_name: r.text(text::TEXT)?,
+                rights: rights_from_bits(r.u8(text::RIGHTS)?)?,
+            },
+            Op::Info => Self::Info,
+            Op::Epoch => Self::Epoch,
+            Op::Stats => Self::Stats,
+            Op::ExpireLeases => Self::ExpireLeases,
+            Op::BumpEpoch => Self::BumpEpoch,
+            Op::Lookup => Self::Lookup { keys: read_keys(r)? },
+            Op::Invalidate => Self::Invalidate { keys: read_keys(r)? },
+            Op::Get => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                let mut total = 0u64;
+                for index in 0..n {
+                    let key = r.key(index)?;
+                    let capacity = r.u64(text::INTEGER)?;
+                    total = total.saturating_add(capacity);
+                    if total > PAYLOAD_BYTES_MAX {
+                        return Err(get_capacity_error(total));
+                    }
+                    items.push(GetItem { key, capacity });
+                }
+                Self::Get { items }
+            }
+            Op::Put => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(PutItem {
+                        key: r.key(index)?,
+                        request: get_request_id(r)?,
+                        data: r.bytes()?,
+                    });
+                }
+                Self::Put { items }
+            }
+            Op::Reserve => Self::Reserve {
+                key: Box::new(r.key(0)?),
+                len: r.u64(text::INTEGER)?,
+                request: get_request_id(r)?,
+            },
+            Op::Write => Self::Write {
+                reservation: get_reservation(r)?,
+                offset: r.u64(text::INTEGER)?,
+                data: r.bytes()?,
+            },
+            Op::Commit => Self::Commit { reservation: get_reservation(r)? },
+            Op::Abort => {
+                Self::Abort { reservation: get_reservation(r)?, outcome: get_retirement(r)? }
+            }
+            Op::Attest => Self::Attest { region: RegionId(r.u64(text::INTEGER)?) },
+            Op::ReclaimFenced => Self::ReclaimFenced { epoch: Epoch(r.u64(text::INTEGER)?) },
+            Op::Error => return Err(WireError::UnknownOp { op: op.code() }),
+        })
+    }
+
+    /// Appends a whole request frame (header and body) for `request_id`; appends nothing on
+    /// error.
+    pub fn encode_frame(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), WireError> {
+        write_frame(Kind::Request, self.op(), request_id, out, |w| self.write_body(w))
+    }
+
+    /// A whole request frame for `request_id`.
+    pub fn to_frame_bytes(&self, request_id: u64) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::new();
+        self.encode_frame(request_id, &mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes a frame the [`super::FrameDecoder`] produced.
+    pub fn from_frame(frame: &Frame) -> Result<Self, WireError> {
+        if frame.kind != Kind::Request {
+            return Err(WireError::WrongKind { expected: Kind::Request, found: frame.kind });
+        }
+        Self::decode_body(frame.op, &frame.body)
+    }
+}
+
+fn read_keys(r: &mut Reader<'_>) -> Result<Vec<PhysicalKey>, WireError> {
+    let n = r.count()?;
+    let mut keys = r.batch(n);
+    for index in 0..n {
+        keys.push(r.key(index)?);
+    }
+    Ok(keys)
+}
+
+fn write_batch<T>(
+    w: &mut Writer<'_>,
+    items: &[Result<T, StoreError>],
+    ok: impl Fn(&mut Writer<'_>, &T) -> Result<(), super::values::Unrepresentable>,
+) {
+    w.count(items.len());
+    for item in items {
+        put_result(w, item, &ok);
+    }
+}
+
+fn read_batch<T>(
+    r: &mut Reader<'_>,
+    ok: impl Fn(&mut Reader<'_>, usize) -> Result<T, WireError>,
+) -> Result<Vec<Result<T, StoreError>>, WireError> {
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for index in 0..n {
+        items.push(get_result(r, |r| ok(r, index))?);
+    }
+    Ok(items)
+}
+
+fn put_fetched(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values::Unrepresentable> {
+    match f {
+        Fetched::Hit { checksum, data } => {
+            w.u8(0);
+            w.u64(checksum.0);
+            w.bytes(data);
+        }
+        Fetched::Miss(m) => {
+            w.u8(1);
+            put_miss(w, *m);
+        }
+    }
+    Ok(())
+}
+
+fn get_fetched(r: &mut Reader<'_>) -> Result<Fetched, WireError> {
+    match r.u8(text::FETCHED)? {
+        0 => Ok(Fetched::Hit { checksum: Checksum(r.u64(text::INTEGER)?), data: r.bytes()? }),
+        1 => Ok(Fetched::Miss(get_miss(r)?)),
+        tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
+    }
+}
+
+impl Response {
+    pub fn op(&self) -> Op {
+        match self {
+            Self::Hello { .. } => Op::Hello,
+            Self::Info(_) => Op::Info,
+            Self::Epoch(_) => Op::Epoch,
+            Self::Stats(_) => Op::Stats,
+            Self::Lookup(_) => Op::Lookup,
+            Self::Get(_) => Op::Get,
+            Self::Put(_) => Op::Put,
+            Self::Invalidate(_) => Op::Invalidate,
+            Self::Reserve(_) => Op::Reserve,
+            Self::Write(_) => Op::Write,
+            Self::Commit(_) => Op::Commit,
+            Self::Abort(_) => Op::Abort,
+            Self::ExpireLeases(_) => Op::ExpireLeases,
+            Self::Attest(_) => Op::Attest,
+            Self::BumpEpoch(_) => Op::BumpEpoch,
+            Self::ReclaimFenced(_) => Op::ReclaimFenced,
+            Self::Error(_) => Op::Error,
+        }
+    }
+
+    /// Appends the body. Refuses (appending nothing) a batch over [`super::BATCH_ITEMS_MAX`].
+    pub fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let start = out.len();
+        let mut w = Writer::new(out);
+        self.write_body(&mut w);
+        let result = w.finish();
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    fn write_body(&self, w: &mut Writer<'_>) {
+        match self {
+            Self::Hello { version, server } => {
+                w.u8(*version);
+                w.text(server);
+            }
+            Self::Info(info) => {
+                w.text(&info.name);
+                put_implementation(w, info.implementation);
+                w.bool(info.failures_retire);
+                put_full_policy(w, info.full_policy);
+            }
+            Self::Epoch(epoch) => w.u64(epoch.0),
+            Self::Stats(stats) => put_stats(w, stats),
+            Self::Lookup(items) => write_batch(w, items, put_lookup),
+            Self::Get(items) => write_batch(w, items, put_fetched),
+            Self::Put(items) => write_batch(w, items, put_put),
+            Self::Invalidate(items) => write_batch(w, items, put_invalidate),
+            Self::Reserve(result) => put_result(w, result, put_reserve),
+            Self::Write(result) => put_result(w, result, |_, ()| Ok(())),
+            Self::Commit(result) => put_result(w, result, |w, c| {
+                w.u64(c.checksum.0);
+                Ok(())
+            }),
+            Self::Abort(result) => put_result(w, result, put_abort),
+            Self::ExpireLeases(result) | Self::ReclaimFenced(result) => {
+                put_result(w, result, |w, n| {
+                    w.u64(*n);
+                    Ok(())
+                });
+            }
+            Self::Attest(result) => put_result(w, result, put_reclaimed),
+            Self::BumpEpoch(result) => put_result(w, result, |w, e| {
+                w.u64(e.0);
+                Ok(())
+            }),
+            Self::Error(e) => put_wire_error(w, e),
+        }
+    }
+
+    /// Strictly decodes the body of a response frame of `op`.
+    pub fn decode_body(op: Op, body: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(body);
+        let response = Self::read_body(op, &mut r)?;
+        r.finish()?;
+        Ok(response)
+    }
+
+    fn read_body(op: Op, r: &mut Reader<'_>) -> Result<Self, WireError> {
+        const N: &str = text::INTEGER;
+        Ok(match op {
+            Op::Hello => Self::Hello { version: r.u8(N)?, server: r.text(text::TEXT)? },
+            Op::Info => Self::Info(RemoteInfo {
+                name: r.text(text::TEXT)?,
+                implementation: get_implementation(r)?,
+                failures_retire: r.bool(text::BOOL)?,
+                full_policy: get_full_policy(r)?,
+            }),
+            Op::Epoch => Self::Epoch(Epoch(r.u64(N)?)),
+            Op::Stats => Self::Stats(get_stats(r)?),
+            Op::Lookup => Self::Lookup(read_batch(r, get_lookup)?),
+            Op::Get => Self::Get(read_batch(r, |r, _| get_fetched(r))?),
+            Op::Put => Self::Put(read_batch(r, |r, _| get_put(r))?),
+            Op::Invalidate => Self::Invalidate(read_batch(r, |r, _| get_invalidate(r))?),
+            Op::Reserve => Self::Reserve(get_result(r, get_reserve)?),
+            Op::Write => Self::Write(get_result(r, |_| Ok(()))?),
+            Op::Commit => {
+                Self::Commit(get_result(r, |r| Ok(Committed { checksum: Checksum(r.u64(N)?) }))?)
+            }
+            Op::Abort => Self::Abort(get_result(r, get_abort)?),
+            Op::ExpireLeases => Self::ExpireLeases(get_result(r, |r| r.u64(N))?),
+            Op::Attest => Self::Attest(get_result(r, get_reclaimed)?),
+            Op::BumpEpoch => Self::BumpEpoch(get_result(r, |r| Ok(Epoch(r.u64(N)?)))?),
+            Op::ReclaimFenced => Self::ReclaimFenced(get_result(r, |r| r.u64(N))?),
+            Op::Error => Self::Error(get_wire_error(r)?),
+        })
+    }
+
+    /// Appends a whole response frame answering `request_id`; appends nothing on error. A
+    /// server whose answer does not fit ([`WireError::TooLarge`]) sends
+    /// [`WireError::ResponseTooLarge`] instead.
+    pub fn encode_frame(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), WireError> {
+        write_frame(Kind::Response, self.op(), request_id, out, |w| self.write_body(w))
+    }
+
+    /// A whole response frame answering `request_id`.
+    pub fn to_frame_bytes(&self, request_id: u64) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::new();
+        self.encode_frame(request_id, &mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes a frame the [`super::FrameDecoder`] produced.
+    pub fn from_frame(frame: &Frame) -> Result<Self, WireError> {
+        if frame.kind != Kind::Response {
+            return Err(WireError::WrongKind { expected: Kind::Response, found: frame.kind });
+        }
+        Self::decode_body(frame.op, &frame.body)
+    }
+}

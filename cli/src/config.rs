@@ -1,0 +1,658 @@
+//! The `gpucache serve` configuration: a TOML file, checked in full before anything starts.
+//!
+//! Owns the file's shape (every section and key, with defaults), its validation, and turning it
+//! into a running store ([`ServeConfig::open_store`]). Every table refuses keys it does not know,
+//! and every error names the key path it is about (`listen.native: ...`), so a typo is an error
+//! that says where it is rather than a silently ignored setting. The reference for operators is
+//! `docs/OPERATIONS.md`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use gpucache_backends::MemoryStore;
+use gpucache_backends::file::engine::{EngineChoice, EngineConfig};
+use gpucache_backends::file::{Durability, FileStoreConfig, FileStoreError};
+use gpucache_dataplane::caller::{Caller, Right, Rights};
+use gpucache_dataplane::clock::Clock;
+use gpucache_dataplane::identity::{IdentityError, TenantId};
+use gpucache_dataplane::limits::{LimitsError, ResourceLimits};
+use gpucache_dataplane::store::Store;
+
+/// Largest configuration file read; a bigger one is surely not a configuration file.
+pub const CONFIG_BYTES_MAX: u64 = 1 << 20;
+/// Deepest io_uring queue accepted (the engine clamps to the same bound).
+pub const QUEUE_DEPTH_MAX: u32 = 4096;
+/// Most client connections: each one is a thread (ADR 0011).
+pub const CONNECTIONS_MAX_LIMIT: u32 = 16_384;
+/// Most decoded requests one connection may hold.
+pub const INFLIGHT_PER_CONNECTION_LIMIT: u32 = 4096;
+
+/// Why a configuration was refused. Display starts with the key path it is about.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: larger than {bytes_max} bytes; not a configuration file")]
+    TooLarge { path: PathBuf, bytes_max: u64 },
+    /// The TOML is malformed, a key is unknown, or a value has the wrong type or spelling.
+    #[error("{}", parse_display(.key, .message, *.line, *.column))]
+    Parse { key: String, message: String, line: usize, column: usize },
+    #[error("{key}: {source}")]
+    Limits { key: String, source: LimitsError },
+    #[error("{key}: {value} is outside {min}..={max}")]
+    OutOfRange { key: &'static str, value: u64, min: u64, max: u64 },
+    #[error(
+        "{key}: {addr} is not a loopback address; set listen.allow_remote = true to accept \
+         connections from other hosts"
+    )]
+    NotLoopback { key: &'static str, addr: SocketAddr },
+    #[error("{key}: {addr} is already used by {other}")]
+    AddressReused { key: &'static str, other: &'static str, addr: SocketAddr },
+    #[error("tenants: at least one tenant is required")]
+    NoTenants,
+    #[error("tenants: {configured} tenants configured, limits.tenants_max is {max}")]
+    TooManyTenants { configured: usize, max: u32 },
+    #[error("{key}: {source}")]
+    TenantName { key: String, source: IdentityError },
+    #[error("{key}: tenant {name} is already defined by tenants[{first}]")]
+    DuplicateTenant { key: String, name: String, first: usize },
+    #[error("{key}: a tenant needs at least one right (read, write or admin)")]
+    NoRights { key: String },
+    #[error("{key}: {path}: {source}")]
+    SecretFile { key: String, path: PathBuf, source: io::Error },
+    #[error("{key}: {path} is not a regular file")]
+    SecretNotAFile { key: String, path: PathBuf },
+    #[error("store.root: cannot open the file store at {root}: {source}")]
+    OpenFileStore { root: PathBuf, source: FileStoreError },
+}
+
+fn parse_display(key: &str, message: &str, line: usize, column: usize) -> String {
+    if key.is_empty() {
+        format!("line {line}, column {column}: {message}")
+    } else {
+        format!("{key}: {message} (line {line}, column {column})")
+    }
+}
+
+impl ConfigError {
+    /// The key path the error is about (`listen.native`, `tenants[1].name`), when it is about
+    /// one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Read { .. } | Self::TooLarge { .. } => None,
+            Self::Parse { key, .. } => Some(key).filter(|k| !k.is_empty()).map(String::as_str),
+            Self::Limits { key, .. }
+            | Self::TenantName { key, .. }
+            | Self::DuplicateTenant { key, .. }
+            | Self::NoRights { key }
+            | Self::SecretFile { key, .. }
+            | Self::SecretNotAFile { key, .. } => Some(key),
+            Self::OutOfRange { key, .. }
+            | Self::NotLoopback { key, .. }
+            | Self::AddressReused { key, .. } => Some(key),
+            Self::NoTenants | Self::TooManyTenants { .. } => Some("tenants"),
+            Self::OpenFileStore { .. } => Some("store.root"),
+        }
+    }
+}
+
+/// The whole `gpucache serve` configuration. Every section may be left out (its defaults
+/// apply); every key inside a section may be left out except a tenant's `name` and `rights`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    pub store: StoreSection,
+    pub limits: LimitsSection,
+    pub listen: ListenSection,
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl Default for ServeConfig {
+    /// A FileStore under `./gpucache-data`, loopback listeners on 7470-7472, and one tenant
+    /// `default` that may read and write.
+    fn default() -> Self {
+        Self {
+            store: StoreSection::default(),
+            limits: LimitsSection::default(),
+            listen: ListenSection::default(),
+            tenants: vec![TenantConfig {
+                name: "default".to_owned(),
+                rights: vec![RightName::Read, RightName::Write],
+                secret_file: None,
+            }],
+        }
+    }
+}
+
+/// Which store backs the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreKind {
+    /// Block files under `root`; survives restarts.
+    File,
+    /// Host memory; empty at every start.
+    Memory,
+}
+
+/// `store.engine`: the FileStore's I/O engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineName {
+    Auto,
+    Uring,
+    Psync,
+}
+
+impl From<EngineName> for EngineChoice {
+    fn from(e: EngineName) -> Self {
+        match e {
+            EngineName::Auto => EngineChoice::Auto,
+            EngineName::Uring => EngineChoice::Uring,
+            EngineName::Psync => EngineChoice::Psync,
+        }
+    }
+}
+
+/// `store.durability`: when a PUT is acknowledged (ADR 0009).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DurabilityName {
+    PerBlock,
+    GroupCommit,
+    None,
+}
+
+impl From<DurabilityName> for Durability {
+    fn from(d: DurabilityName) -> Self {
+        match d {
+            DurabilityName::PerBlock => Durability::PerBlock,
+            DurabilityName::GroupCommit => Durability::GroupCommit,
+            DurabilityName::None => Durability::None,
+        }
+    }
+}
+
+/// `[store]`. The keys after `kind` apply to the file store only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    pub kind: StoreKind,
+    pub root: PathBuf,
+    pub engine: EngineName,
+    pub direct_io: bool,
+    pub durability: DurabilityName,
+    pub queue_depth: u32,
+    pub group_commit_deadline_ms: u64,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        let file = FileStoreConfig::new("./gpucache-data");
+        Self {
+            kind: StoreKind::File,
+            root: file.root,
+            engine: EngineName::Auto,
+            direct_io: file.direct_io,
+            durability: DurabilityName::PerBlock,
+            queue_depth: file.engine_config.queue_depth,
+            group_commit_deadline_ms: file.group_commit_deadline_ms,
+        }
+    }
+}
+
+/// `[limits]`: every [`ResourceLimits`] field, with its defaults. Byte limits take an integer
+/// or a string with a binary unit (`"64MiB"`, `"4G"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    #[serde(deserialize_with = "byte_count")]
+    pub object_bytes_max: u64,
+    pub inflight_requests_max: u32,
+    pub registrations_max: u32,
+    #[serde(deserialize_with = "byte_count")]
+    pub tenant_inflight_bytes_max: u64,
+    #[serde(deserialize_with = "byte_count")]
+    pub retained_bytes_max: u64,
+    #[serde(deserialize_with = "byte_count")]
+    pub tenant_retained_bytes_max: u64,
+    pub tenants_max: u32,
+    pub idempotency_entries_max: u32,
+    pub idempotency_ttl_ms: u64,
+    pub write_lease_ms: u64,
+}
+
+impl From<ResourceLimits> for LimitsSection {
+    fn from(l: ResourceLimits) -> Self {
+        // Destructured so that a new limit fails to compile here until the file can set it.
+        let ResourceLimits {
+            object_bytes_max,
+            inflight_requests_max,
+            registrations_max,
+            tenant_inflight_bytes_max,
+            retained_bytes_max,
+            tenant_retained_bytes_max,
+            tenants_max,
+            idempotency_entries_max,
+            idempotency_ttl_ms,
+            write_lease_ms,
+        } = l;
+        Self {
+            object_bytes_max,
+            inflight_requests_max,
+            registrations_max,
+            tenant_inflight_bytes_max,
+            retained_bytes_max,
+            tenant_retained_bytes_max,
+            tenants_max,
+            idempotency_entries_max,
+            idempotency_ttl_ms,
+            write_lease_ms,
+        }
+    }
+}
+
+impl From<&LimitsSection> for ResourceLimits {
+    fn from(l: &LimitsSection) -> Self {
+        ResourceLimits {
+            object_bytes_max: l.object_bytes_max,
+            inflight_requests_max: l.inflight_requests_max,
+            registrations_max: l.registrations_max,
+            tenant_inflight_bytes_max: l.tenant_inflight_bytes_max,
+            retained_bytes_max: l.retained_bytes_max,
+            tenant_retained_bytes_max: l.tenant_retained_bytes_max,
+            tenants_max: l.tenants_max,
+            idempotency_entries_max: l.idempotency_entries_max,
+            idempotency_ttl_ms: l.idempotency_ttl_ms,
+            write_lease_ms: l.write_lease_ms,
+        }
+    }
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        ResourceLimits::default().into()
+    }
+}
+
+/// `[listen]`: where the service accepts connections, and how many.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenSection {
+    /// The native binary protocol.
+    #[serde(deserialize_with = "socket_addr")]
+    pub native: SocketAddr,
+    /// The RESP (Redis protocol) subset.
+    #[serde(deserialize_with = "socket_addr")]
+    pub resp: SocketAddr,
+    /// HTTP `/metrics` and `/healthz`.
+    #[serde(deserialize_with = "socket_addr")]
+    pub metrics: SocketAddr,
+    /// Whether addresses other than loopback are allowed.
+    pub allow_remote: bool,
+    /// Client connections open at once, over both protocols.
+    pub connections_max: u32,
+    /// Decoded requests one connection may hold before it stops reading.
+    pub inflight_per_connection_max: u32,
+}
+
+impl Default for ListenSection {
+    fn default() -> Self {
+        let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Self {
+            native: loopback(7470),
+            resp: loopback(7471),
+            metrics: loopback(7472),
+            allow_remote: false,
+            connections_max: 256,
+            inflight_per_connection_max: 32,
+        }
+    }
+}
+
+/// A right as spelt in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RightName {
+    Read,
+    Write,
+    Admin,
+}
+
+impl From<RightName> for Right {
+    fn from(r: RightName) -> Self {
+        match r {
+            RightName::Read => Right::Read,
+            RightName::Write => Right::Write,
+            RightName::Admin => Right::Admin,
+        }
+    }
+}
+
+/// One `[[tenants]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    pub rights: Vec<RightName>,
+    /// Where the tenant's shared secret will be read from once connections authenticate. Today
+    /// only its existence is checked; the file is not read.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+}
+
+impl TenantConfig {
+    pub fn rights(&self) -> Rights {
+        let has = |r| self.rights.contains(&r);
+        Rights {
+            read: has(RightName::Read),
+            write: has(RightName::Write),
+            admin: has(RightName::Admin),
+        }
+    }
+
+    /// The caller this tenant's connections act as.
+    pub fn caller(&self) -> Result<Caller, IdentityError> {
+        Ok(Caller::new(TenantId::parse(&self.name)?, self.rights()))
+    }
+}
+
+impl ServeConfig {
+    /// Parses and validates a configuration.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates the file at `path`. Relative paths inside it (the store root,
+    /// secret files) are taken relative to the working directory, not to the file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let read_err = |source| ConfigError::Read { path: path.to_owned(), source };
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        let mut text = String::new();
+        file.take(CONFIG_BYTES_MAX + 1).read_to_string(&mut text).map_err(read_err)?;
+        if text.len() as u64 > CONFIG_BYTES_MAX {
+            return Err(ConfigError::TooLarge {
+                path: path.to_owned(),
+                bytes_max: CONFIG_BYTES_MAX,
+            });
+        }
+        Self::from_toml_str(&text)
+    }
+
+    /// Checks everything that can be checked without starting the service: limits, ranges,
+    /// addresses, tenants, and that secret files exist.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.limits().validate().map_err(|source| {
+            let name = match &source {
+                LimitsError::Zero { name } => *name,
+                LimitsError::Inconsistent { smaller, .. } => *smaller,
+                _ => "",
+            };
+            ConfigError::Limits { key: join("limits", name), source }
+        })?;
+        let s = &self.store;
+        in_range("store.queue_depth", s.queue_depth.into(), 1, QUEUE_DEPTH_MAX.into())?;
+        in_range("store.group_commit_deadline_ms", s.group_commit_deadline_ms, 1, u64::MAX)?;
+        let l = &self.listen;
+        in_range(
+            "listen.connections_max",
+            l.connections_max.into(),
+            1,
+            CONNECTIONS_MAX_LIMIT.into(),
+        )?;
+        in_range(
+            "listen.inflight_per_connection_max",
+            l.inflight_per_connection_max.into(),
+            1,
+            INFLIGHT_PER_CONNECTION_LIMIT.into(),
+        )?;
+        self.validate_listen()?;
+        self.validate_tenants()
+    }
+
+    fn validate_listen(&self) -> Result<(), ConfigError> {
+        let l = &self.listen;
+        let addrs =
+            [("listen.native", l.native), ("listen.resp", l.resp), ("listen.metrics", l.metrics)];
+        for (i, &(key, addr)) in addrs.iter().enumerate() {
+            if !l.allow_remote && !addr.ip().to_canonical().is_loopback() {
+                return Err(ConfigError::NotLoopback { key, addr });
+            }
+            // Port 0 asks the kernel for a fresh port each time, so it never collides.
+            if addr.port() != 0
+                && let Some(&(other, _)) = addrs[..i].iter().find(|(_, a)| *a == addr)
+            {
+                return Err(ConfigError::AddressReused { key, other, addr });
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_tenants(&self) -> Result<(), ConfigError> {
+        if self.tenants.is_empty() {
+            return Err(ConfigError::NoTenants);
+        }
+        let max = self.limits.tenants_max;
+        if self.tenants.len() > usize::try_from(max).unwrap_or(usize::MAX) {
+            return Err(ConfigError::TooManyTenants { configured: self.tenants.len(), max });
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let key = |leaf: &str| format!("tenants[{i}].{leaf}");
+            TenantId::parse(&t.name)
+                .map_err(|source| ConfigError::TenantName { key: key("name"), source })?;
+            if let Some(&first) = seen.get(t.name.as_str()) {
+                return Err(ConfigError::DuplicateTenant {
+                    key: key("name"),
+                    name: t.name.clone(),
+                    first,
+                });
+            }
+            seen.insert(&t.name, i);
+            if t.rights.is_empty() {
+                return Err(ConfigError::NoRights { key: key("rights") });
+            }
+            if let Some(path) = &t.secret_file {
+                let meta = std::fs::metadata(path).map_err(|source| ConfigError::SecretFile {
+                    key: key("secret_file"),
+                    path: path.clone(),
+                    source,
+                })?;
+                if !meta.is_file() {
+                    return Err(ConfigError::SecretNotAFile {
+                        key: key("secret_file"),
+                        path: path.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The store's resource limits.
+    pub fn limits(&self) -> ResourceLimits {
+        (&self.limits).into()
+    }
+
+    /// The FileStore this configuration describes (used when `store.kind = "file"`).
+    pub fn file_store_config(&self) -> FileStoreConfig {
+        let s = &self.store;
+        let mut config = FileStoreConfig::new(s.root.clone());
+        config.engine = s.engine.into();
+        config.engine_config =
+            EngineConfig { queue_depth: s.queue_depth, ..EngineConfig::default() };
+        config.direct_io = s.direct_io;
+        config.durability = s.durability.into();
+        config.limits = self.limits();
+        config.group_commit_deadline_ms = s.group_commit_deadline_ms;
+        config
+    }
+
+    /// The callers the configured tenants act as, in file order.
+    pub fn callers(&self) -> Result<Vec<Caller>, ConfigError> {
+        self.tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.caller().map_err(|source| ConfigError::TenantName {
+                    key: format!("tenants[{i}].name"),
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// Validates, then opens the configured store.
+    pub fn open_store(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, ConfigError> {
+        self.validate()?;
+        match self.store.kind {
+            StoreKind::Memory => {
+                let store = MemoryStore::new(self.limits(), clock)
+                    .map_err(|source| ConfigError::Limits { key: "limits".to_owned(), source })?;
+                Ok(Arc::new(store))
+            }
+            StoreKind::File => {
+                let store = self.file_store_config().open(clock).map_err(|source| {
+                    ConfigError::OpenFileStore { root: self.store.root.clone(), source }
+                })?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+}
+
+fn in_range(key: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange { key, value, min, max })
+    }
+}
+
+fn join(section: &str, leaf: &str) -> String {
+    match (section.is_empty(), leaf.is_empty()) {
+        (true, _) => leaf.to_owned(),
+        (_, true) => section.to_owned(),
+        _ => format!("{section}.{leaf}"),
+    }
+}
+
+/// A TOML error with the key path it is about. The toml crate knows the path but does not
+/// expose it, so it is recovered from the error's position: the last table header above it
+/// (counting `[[tenants]]` entries) and the key on its line, or the field the message names.
+fn parse_error(text: &str, error: &toml::de::Error) -> ConfigError {
+    let message = error.message().trim_end().to_owned();
+    let start = error.span().map_or(0, |s| s.start).min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_index = text[..line_start].matches('\n').count();
+    let column = text[line_start..start].chars().count() + 1;
+
+    let mut section = String::new();
+    let mut arrays: HashMap<String, usize> = HashMap::new();
+    let mut error_line_is_header = false;
+    for (i, raw) in text.lines().take(line_index + 1).enumerate() {
+        let line = raw.trim_start();
+        let header = if let Some(rest) = line.strip_prefix("[[") {
+            rest.split("]]").next().map(|name| {
+                let name = name.trim().to_owned();
+                let n = arrays.entry(name.clone()).or_default();
+                *n += 1;
+                format!("{name}[{}]", *n - 1)
+            })
+        } else if let Some(rest) = line.strip_prefix('[') {
+            rest.split(']').next().map(|name| name.trim().to_owned())
+        } else {
+            None
+        };
+        if let Some(h) = header {
+            section = h;
+            error_line_is_header = i == line_index;
+        } else if i == line_index {
+            error_line_is_header = false;
+        }
+    }
+
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))
+        .and_then(|rest| rest.split('`').next());
+    let leaf = if error_line_is_header {
+        // An unknown section is named by its own header; a missing field by the message.
+        match named {
+            Some(field) if message.starts_with("missing") => field.to_owned(),
+            _ => {
+                let key = section.rsplit('.').next().unwrap_or_default().to_owned();
+                section = section[..section.len() - key.len()].trim_end_matches('.').to_owned();
+                key
+            }
+        }
+    } else {
+        let line = &text[line_start..];
+        let line = line.split('\n').next().unwrap_or_default();
+        match (named, line.find('=')) {
+            (Some(field), _) => field.to_owned(),
+            (None, Some(eq)) => line[..eq].trim().trim_matches('"').to_owned(),
+            (None, None) => String::new(),
+        }
+    };
+    ConfigError::Parse { key: join(&section, &leaf), message, line: line_index + 1, column }
+}
+
+/// Deserializes a byte count from an integer or a string with a binary unit.
+fn byte_count<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    struct ByteCount;
+    impl Visitor<'_> for ByteCount {
+        type Value = u64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a byte count: an integer, or a string such as \"64MiB\" or \"4G\"")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::custom(format!("{v} is negative")))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
+            parse_bytes(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(ByteCount)
+}
+
+/// Deserializes `IP:port`. Host names are refused rather than resolved: what the service binds
+/// must not depend on a resolver at start time.
+fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|_| {
+        de::Error::custom(format!(
+            "{text:?} is not IP:port (such as \"127.0.0.1:7470\" or \"[::1]:7470\"); \
+             host names are not resolved"
+        ))
+    })
+}
+
+/// `4096`, `"64K"`, `"64KiB"`, `"1M"`, `"4GiB"`, `"1T"`: binary units, as fio reads them.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => return Err(format!("{text:?}: unknown unit {other:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} does not fit in 64 bits"))
+}

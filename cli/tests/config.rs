@@ -1,0 +1,298 @@
+//! The `serve` configuration: the embedded default and a full example validate, and each kind of
+//! mistake is refused with an error that names the key it is about.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use gpucache_backends::file::Durability;
+use gpucache_backends::file::engine::EngineChoice;
+use gpucache_cli::config::{
+    ConfigError, DurabilityName, EngineName, RightName, ServeConfig, StoreKind,
+};
+use gpucache_dataplane::caller::Rights;
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::limits::ResourceLimits;
+
+/// Parses `text` and returns the error, failing the test if it was accepted.
+fn refused(text: &str) -> ConfigError {
+    match ServeConfig::from_toml_str(text) {
+        Ok(c) => panic!("accepted:\n{text}\nas {c:#?}"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts that `text` is refused, naming `key` both in `key()` and at the start of Display.
+fn refused_at(text: &str, key: &str) -> ConfigError {
+    let e = refused(text);
+    assert_eq!(e.key(), Some(key), "wrong key for {e}");
+    let shown = e.to_string();
+    assert!(shown.starts_with(&format!("{key}: ")), "Display does not start with {key}: {shown}");
+    e
+}
+
+#[test]
+fn default_validates_and_is_what_an_empty_file_means() {
+    let d = ServeConfig::default();
+    d.validate().expect("the embedded default is valid");
+    assert_eq!(ServeConfig::from_toml_str("").expect("empty file"), d);
+    assert_eq!(d.store.kind, StoreKind::File);
+    assert_eq!(d.store.root.to_str(), Some("./gpucache-data"));
+    assert_eq!(d.listen.native, "127.0.0.1:7470".parse::<SocketAddr>().unwrap());
+    assert_eq!(d.listen.resp, "127.0.0.1:7471".parse::<SocketAddr>().unwrap());
+    assert_eq!(d.listen.metrics, "127.0.0.1:7472".parse::<SocketAddr>().unwrap());
+    assert!(!d.listen.allow_remote);
+    assert_eq!(d.limits(), ResourceLimits::default());
+    let callers = d.callers().unwrap();
+    assert_eq!(callers.len(), 1);
+    assert_eq!(callers[0].tenant.as_str(), "default");
+    assert_eq!(callers[0].rights, Rights::READ_WRITE);
+}
+
+#[test]
+fn the_repository_example_parses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../gpucache.example.toml");
+    let c = ServeConfig::load(std::path::Path::new(path)).expect("example config");
+    assert_eq!(c, ServeConfig::default(), "the example spells out the defaults");
+}
+
+#[test]
+fn full_example_parses() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("team-b.secret");
+    std::fs::write(&secret, "not read yet").unwrap();
+    let text = format!(
+        r#"
+[store]
+kind = "file"
+root = "/var/lib/gpucache"
+engine = "psync"
+direct_io = true
+durability = "group-commit"
+queue_depth = 64
+group_commit_deadline_ms = 2000
+
+[limits]
+object_bytes_max = "16MiB"
+inflight_requests_max = 512
+registrations_max = 100000
+tenant_inflight_bytes_max = "256M"
+retained_bytes_max = "8GiB"
+tenant_retained_bytes_max = 1073741824
+tenants_max = 8
+idempotency_entries_max = 1000
+idempotency_ttl_ms = 60000
+write_lease_ms = 5000
+
+[listen]
+native = "0.0.0.0:9000"
+resp = "[::]:9001"
+metrics = "127.0.0.1:9002"
+allow_remote = true
+connections_max = 64
+inflight_per_connection_max = 8
+
+[[tenants]]
+name = "team-a"
+rights = ["read", "write"]
+
+[[tenants]]
+name = "team-b"
+rights = ["read", "write", "admin"]
+secret_file = "{}"
+"#,
+        secret.display()
+    );
+    let c = ServeConfig::from_toml_str(&text).expect("full example");
+    assert_eq!(c.store.engine, EngineName::Psync);
+    assert_eq!(c.store.durability, DurabilityName::GroupCommit);
+    assert_eq!(c.limits.object_bytes_max, 16 << 20);
+    assert_eq!(c.limits.tenant_inflight_bytes_max, 256 << 20);
+    assert_eq!(c.limits.retained_bytes_max, 8 << 30);
+    assert_eq!(c.limits.tenant_retained_bytes_max, 1 << 30);
+    assert_eq!(c.tenants[1].rights, [RightName::Read, RightName::Write, RightName::Admin]);
+    assert_eq!(c.tenants[1].secret_file.as_deref(), Some(secret.as_path()));
+    assert_eq!(c.callers().unwrap()[1].rights, Rights::ALL);
+    let f = c.file_store_config();
+    assert_eq!(f.engine, EngineChoice::Psync);
+    assert_eq!(f.durability, Durability::GroupCommit);
+    assert_eq!(f.engine_config.queue_depth, 64);
+    assert!(f.direct_io);
+    assert_eq!(f.group_commit_deadline_ms, 2000);
+    assert_eq!(f.limits, c.limits());
+}
+
+#[test]
+fn unknown_keys_are_refused_by_name() {
+    let e = refused_at("[limits]\nretained_bytes_mx = 5\n", "limits.retained_bytes_mx");
+    assert!(e.to_string().contains("unknown field"), "{e}");
+    refused_at("[store]\nkind = \"memory\"\nrooot = \"/x\"\n", "store.rooot");
+    refused_at("[listen]\nnative = \"127.0.0.1:1\"\n\n[lisen]\n", "lisen");
+    refused_at("verbose = true\n", "verbose");
+    refused_at(
+        "[[tenants]]\nname = \"a\"\nrights = [\"read\"]\n\n[[tenants]]\nname = \"b\"\nrights = [\"read\"]\nsecret = \"x\"\n",
+        "tenants[1].secret",
+    );
+}
+
+#[test]
+fn malformed_values_name_their_key() {
+    refused_at("[store]\nkind = \"disk\"\n", "store.kind");
+    refused_at("[store]\nengine = \"aio\"\n", "store.engine");
+    refused_at("[store]\ndurability = \"always\"\n", "store.durability");
+    refused_at("[store]\nqueue_depth = \"deep\"\n", "store.queue_depth");
+    refused_at("[limits]\nretained_bytes_max = \"4 parsecs\"\n", "limits.retained_bytes_max");
+    refused_at("[limits]\nobject_bytes_max = -1\n", "limits.object_bytes_max");
+    refused_at("[listen]\nnative = \"localhost:7470\"\n", "listen.native");
+    refused_at("[[tenants]]\nname = \"a\"\nrights = [\"read\", \"wrte\"]\n", "tenants[0].rights");
+    refused_at("[[tenants]]\nname = \"a\"\n", "tenants[0].rights");
+    let e = refused("[store\nkind = 1\n");
+    assert!(e.to_string().contains("line 1"), "{e}");
+}
+
+#[test]
+fn limits_are_checked_by_name() {
+    let e = refused_at("[limits]\nretained_bytes_max = 0\n", "limits.retained_bytes_max");
+    assert!(matches!(e, ConfigError::Limits { .. }), "{e:?}");
+    refused_at(
+        "[limits]\nretained_bytes_max = \"1G\"\ntenant_retained_bytes_max = \"2G\"\n",
+        "limits.tenant_retained_bytes_max",
+    );
+    refused_at("[store]\nqueue_depth = 0\n", "store.queue_depth");
+    refused_at("[store]\nqueue_depth = 5000\n", "store.queue_depth");
+    refused_at("[listen]\nconnections_max = 0\n", "listen.connections_max");
+    refused_at("[listen]\ninflight_per_connection_max = 0\n", "listen.inflight_per_connection_max");
+}
+
+#[test]
+fn listen_addresses_are_loopback_unless_allowed() {
+    let e = refused_at("[listen]\nnative = \"0.0.0.0:7470\"\n", "listen.native");
+    assert!(e.to_string().contains("allow_remote"), "{e}");
+    refused_at("[listen]\nresp = \"10.1.2.3:7471\"\n", "listen.resp");
+    refused_at("[listen]\nmetrics = \"[::]:7472\"\n", "listen.metrics");
+    let ok = "[listen]\nnative = \"[::1]:7470\"\nresp = \"127.0.0.2:7471\"\n";
+    ServeConfig::from_toml_str(ok).expect("loopback addresses");
+    let remote = "[listen]\nallow_remote = true\nnative = \"0.0.0.0:7470\"\n";
+    ServeConfig::from_toml_str(remote).expect("remote when allowed");
+    refused_at("[listen]\nresp = \"127.0.0.1:7470\"\n", "listen.resp");
+    let ephemeral =
+        "[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n";
+    ServeConfig::from_toml_str(ephemeral).expect("port 0 never collides");
+}
+
+#[test]
+fn tenants_are_checked_by_index() {
+    let two = |a: &str, b: &str| {
+        format!(
+            "[[tenants]]\nname = \"{a}\"\nrights = [\"read\"]\n\n[[tenants]]\nname = \"{b}\"\nrights = [\"read\"]\n"
+        )
+    };
+    refused_at(&two("a", "bad name"), "tenants[1].name");
+    refused_at(&two("a", ""), "tenants[1].name");
+    let e = refused_at(&two("same", "same"), "tenants[1].name");
+    assert!(matches!(e, ConfigError::DuplicateTenant { first: 0, .. }), "{e:?}");
+    refused_at("[[tenants]]\nname = \"a\"\nrights = []\n", "tenants[0].rights");
+    refused_at("tenants = []\n", "tenants");
+    refused_at(&format!("[limits]\ntenants_max = 1\n\n{}", two("a", "b")), "tenants");
+    refused_at(
+        "[[tenants]]\nname = \"a\"\nrights = [\"read\"]\nsecret_file = \"/nonexistent/gpucache.secret\"\n",
+        "tenants[0].secret_file",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[[tenants]]\nname = \"a\"\nrights = [\"read\"]\nsecret_file = \"{}\"\n",
+        dir.path().display()
+    );
+    let e = refused_at(&text, "tenants[0].secret_file");
+    assert!(matches!(e, ConfigError::SecretNotAFile { .. }), "{e:?}");
+}
+
+#[test]
+fn load_reports_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("absent.toml");
+    let e = ServeConfig::load(&missing).unwrap_err();
+    assert!(e.to_string().starts_with(&missing.display().to_string()), "{e}");
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; 2 << 20]).unwrap();
+    assert!(matches!(ServeConfig::load(&big), Err(ConfigError::TooLarge { .. })));
+}
+
+#[test]
+fn open_store_builds_either_kind() {
+    let clock = Arc::new(MonotonicClock::default());
+    let memory = ServeConfig::from_toml_str("[store]\nkind = \"memory\"\n").unwrap();
+    assert_eq!(memory.open_store(clock.clone()).unwrap().info().name, "memory");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[store]\nroot = \"{}\"\nengine = \"psync\"\ndurability = \"none\"\n",
+        dir.path().join("data").display()
+    );
+    let file = ServeConfig::from_toml_str(&text).unwrap();
+    let store = file.open_store(clock.clone()).unwrap();
+    assert_eq!(store.info().name, "file");
+    // A second open of the same root is refused by its lock, naming store.root.
+    let Err(e) = file.open_store(clock) else { panic!("a locked root opened twice") };
+    assert_eq!(e.key(), Some("store.root"));
+    assert!(e.to_string().starts_with("store.root: "), "{e}");
+}
+
+#[test]
+fn every_error_display_names_its_key() {
+    let text = |e: ConfigError| e.to_string();
+    let addr: SocketAddr = "10.0.0.1:1".parse().unwrap();
+    assert_eq!(
+        text(ConfigError::OutOfRange { key: "store.queue_depth", value: 0, min: 1, max: 4096 }),
+        "store.queue_depth: 0 is outside 1..=4096"
+    );
+    assert_eq!(
+        text(ConfigError::NotLoopback { key: "listen.native", addr }),
+        "listen.native: 10.0.0.1:1 is not a loopback address; set listen.allow_remote = true to \
+         accept connections from other hosts"
+    );
+    assert_eq!(
+        text(ConfigError::AddressReused { key: "listen.resp", other: "listen.native", addr }),
+        "listen.resp: 10.0.0.1:1 is already used by listen.native"
+    );
+    assert_eq!(text(ConfigError::NoTenants), "tenants: at least one tenant is required");
+    assert_eq!(
+        text(ConfigError::TooManyTenants { configured: 3, max: 2 }),
+        "tenants: 3 tenants configured, limits.tenants_max is 2"
+    );
+    assert_eq!(
+        text(ConfigError::DuplicateTenant {
+            key: "tenants[2].name".into(),
+            name: "a".into(),
+            first: 0
+        }),
+        "tenants[2].name: tenant a is already defined by tenants[0]"
+    );
+    assert_eq!(
+        text(ConfigError::NoRights { key: "tenants[0].rights".into() }),
+        "tenants[0].rights: a tenant needs at least one right (read, write or admin)"
+    );
+    assert_eq!(
+        text(ConfigError::Parse {
+            key: "store.kind".into(),
+            message: "bad".into(),
+            line: 2,
+            column: 8
+        }),
+        "store.kind: bad (line 2, column 8)"
+    );
+    assert_eq!(
+        text(ConfigError::Parse { key: String::new(), message: "bad".into(), line: 1, column: 1 }),
+        "line 1, column 1: bad"
+    );
+    assert_eq!(
+        text(ConfigError::SecretNotAFile {
+            key: "tenants[0].secret_file".into(),
+            path: "/tmp".into()
+        }),
+        "tenants[0].secret_file: /tmp is not a regular file"
+    );
+    assert_eq!(
+        text(ConfigError::TooLarge { path: "/x.toml".into(), bytes_max: 1 }),
+        "/x.toml: larger than 1 bytes; not a configuration file"
+    );
+}

@@ -1,13 +1,14 @@
 //! The `gpucache` command-line tool.
 //!
 //! Owns argument parsing and wiring backends together from validated configuration; no data
-//! path logic lives here. Today it inspects keys (`key`), checks a FileStore directory
-//! (`fsck`) and measures the FileStore against fio (`bench file`); `serve`, `put`, `get` and
-//! `stat` arrive with the service.
+//! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
+//! directory (`fsck`) and measures the FileStore against fio (`bench file`); `put`, `get` and
+//! `stat` arrive with the rest of the service.
 
 mod bench_file;
 mod fio;
 mod fsck;
+mod serve;
 mod units;
 
 use std::path::PathBuf;
@@ -40,6 +41,14 @@ enum Command {
         /// Remove bad block files and leftover temporaries.
         #[arg(long)]
         repair: bool,
+    },
+    /// Run the service: the configured store behind the native listener and the metrics and
+    /// health endpoint, until SIGINT or SIGTERM. Without --config it uses the embedded default:
+    /// a FileStore under ./gpucache-data, native 127.0.0.1:7470, metrics 127.0.0.1:7472.
+    Serve {
+        /// A TOML configuration (see gpucache.example.toml and docs/OPERATIONS.md).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Measure a backend.
     #[command(subcommand)]
@@ -96,6 +105,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Key { hex } => key_command(&hex),
         Command::Fsck { dir, repair } => fsck::run(&dir, repair),
+        Command::Serve { config } => serve::run(config.as_deref()),
         Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
     }
 }

@@ -81,6 +81,8 @@ fn transport(operation: &'static str, detail: impl std::fmt::Display) -> StoreEr
 
 fn unexpected(operation: &'static str, response: &Response) -> StoreError {
     match response {
+        // The server turned the connection away (stopping, full): a transport failure.
+        Response::Error(e) if e.closes_connection() => transport(operation, format!("server: {e}")),
         Response::Error(e) => StoreError::Backend {
             operation,
             detail: format!("server: {e}"),
@@ -171,7 +173,10 @@ impl TcpStore {
         }
     }
 
-    /// One request as `caller`: a pooled connection, or a new one.
+    /// One request as `caller`: a pooled connection, or a new one. A request that only reads
+    /// (or whose repetition is harmless) is retried once on a fresh connection when a pooled
+    /// one turns out dead; writes are never retried here (their request ids make a caller's own
+    /// retry safe).
     fn call(
         &self,
         caller: &Caller,
@@ -181,11 +186,19 @@ impl TcpStore {
         let key: PoolKey =
             (caller.tenant.clone(), caller.rights.read, caller.rights.write, caller.rights.admin);
         let pooled = self.pools.lock().ok().and_then(|mut p| p.get_mut(&key).and_then(Vec::pop));
+        let was_pooled = pooled.is_some();
         let mut conn = match pooled {
             Some(c) => c,
             None => self.connect(caller, operation)?,
         };
-        let response = self.exchange(&mut conn, &request, operation)?;
+        let response = match self.exchange(&mut conn, &request, operation) {
+            Ok(r) => r,
+            Err(e) if was_pooled && retryable(&request) => {
+                conn = self.connect(caller, operation)?;
+                self.exchange(&mut conn, &request, operation).map_err(|_| e)?
+            }
+            Err(e) => return Err(e),
+        };
         if conn.decoder.is_idle()
             && let Ok(mut pools) = self.pools.lock()
         {
@@ -211,6 +224,18 @@ impl TcpStore {
             _ => None,
         }
     }
+}
+
+/// Requests whose repetition cannot change what the store holds.
+fn retryable(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Info
+            | Request::Epoch
+            | Request::Stats
+            | Request::Lookup { .. }
+            | Request::Get { .. }
+    )
 }
 
 fn single<T>(

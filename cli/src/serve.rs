@@ -1,0 +1,100 @@
+//! `gpucache serve`: the store a validated configuration names, behind the native GPCW listener
+//! and the metrics/health endpoint, until SIGINT or SIGTERM.
+//!
+//! Startup order: block the stop signals (so every thread inherits the mask and only the main
+//! thread receives them), open the store (a FileStore restart bumps the epoch and drops
+//! unfinished writes), wrap it in the metrics recorder, start the listeners, then wait. Shutdown
+//! stops the native listener first (connections finish the request in hand), then the HTTP
+//! endpoint, then closes the store.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use gpucache_backends::metered::{MeteredStore, Metrics};
+use gpucache_backends::tcp::{Server, ServerConfig};
+use gpucache_cli::config::ServeConfig;
+use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::store::Store;
+
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("gpucache serve: {what}: {e}");
+    ExitCode::from(2)
+}
+
+pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
+    let config = match config_path {
+        Some(p) => ServeConfig::load(p),
+        None => Ok(ServeConfig::default()),
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => return fail("invalid configuration", e),
+    };
+    let signals = stop_signals();
+    // SAFETY: blocks two signals for this thread (and the threads it starts); no memory shared.
+    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) } != 0 {
+        return fail("signals", std::io::Error::last_os_error());
+    }
+    let store = match config.open_store(Arc::new(MonotonicClock::default())) {
+        Ok(s) => s,
+        Err(e) => return fail("store", e),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let metered = MeteredStore::shared(store, Arc::clone(&metrics));
+    let tenants = match config.callers() {
+        Ok(t) => t,
+        Err(e) => return fail("tenants", e),
+    };
+    let mut server_config = ServerConfig::new(config.listen.native, tenants);
+    server_config.connections_max = config.listen.connections_max;
+    let shared: Arc<dyn Store> = metered.clone();
+    let server = match Server::start(server_config, Arc::clone(&shared)) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("native listener {}", config.listen.native), e),
+    };
+    let health_store = Arc::clone(&shared);
+    let health: HealthCheck = Arc::new(move || Health::of_store(&*health_store));
+    let http = match MetricsServer::start(config.listen.metrics, metrics, health) {
+        Ok(h) => h,
+        Err(e) => return fail(&format!("metrics listener {}", config.listen.metrics), e),
+    };
+    let info = shared.info();
+    eprintln!(
+        "gpucache serve: listening native={} metrics={} store={} epoch={} (the RESP listener {} is not built yet)",
+        server.local_addr(),
+        http.local_addr(),
+        info.name,
+        shared.epoch().0,
+        config.listen.resp,
+    );
+    let mut signal: libc::c_int = 0;
+    // SAFETY: waits for one of the blocked signals; `signal` is a valid out pointer.
+    let waited = unsafe { libc::sigwait(&signals, &mut signal) };
+    if waited != 0 {
+        return fail("waiting for a stop signal", std::io::Error::from_raw_os_error(waited));
+    }
+    eprintln!("gpucache serve: signal {signal}, shutting down");
+    let left = server.shutdown();
+    let http_left = http.shutdown();
+    drop(shared);
+    drop(metered);
+    if left + http_left > 0 {
+        eprintln!("gpucache serve: {} connection threads did not stop in time", left + http_left);
+        return ExitCode::from(1);
+    }
+    eprintln!("gpucache serve: stopped");
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,138 @@
+//! `gpucache serve` end to end: it starts from a config, serves the client, answers /healthz,
+//! stops cleanly on SIGTERM, and a restart keeps committed blocks under a new epoch while a
+//! client of the stopped server gets a transport error, never a stale hit.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::identity::{KvDtype, TenantId};
+use gpucache_dataplane::store::{Get, Put, Store, StoreError};
+use gpucache_dataplane::testing::fixture::{key, payload};
+
+struct Running {
+    child: Child,
+    native: SocketAddr,
+    metrics: SocketAddr,
+    epoch: u64,
+}
+
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name))
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
+fn start(config: &std::path::Path) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpucache serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    // The first line says where it listens (or why it could not start: then the test fails).
+    let line = lines.next().expect("serve said nothing").expect("read stderr");
+    assert!(line.contains("listening"), "serve did not start: {line}");
+    // Keep draining stderr in the background so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    Running {
+        native: field(&line, "native=").parse().expect("native addr"),
+        metrics: field(&line, "metrics=").parse().expect("metrics addr"),
+        epoch: field(&line, "epoch=").parse().expect("epoch"),
+        child,
+    }
+}
+
+fn stop(mut r: Running) {
+    // SAFETY: sends SIGTERM to our own child process.
+    assert_eq!(unsafe { libc::kill(i32::try_from(r.child.id()).unwrap_or(0), libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = r.child.try_wait().expect("wait") {
+            assert!(status.success(), "serve exited with {status}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop within 20 s of SIGTERM");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
+}
+
+#[test]
+fn serve_round_trip_restart_and_stale_client() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("data");
+    let config = dir.path().join("gpucache.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nkind = \"file\"\nroot = \"{}\"\nengine = \"psync\"\ndurability = \"per-block\"\n\n\
+             [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nname = \"tenant-a\"\nrights = [\"read\", \"write\"]\n",
+            root.display()
+        ),
+    )
+    .expect("write config");
+
+    let first = start(&config);
+    let caller = Caller::new(TenantId::parse("tenant-a").expect("tenant"), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(first.native, caller.clone()));
+    let k = key(0, &[7, 7], KvDtype::Bf16, 16);
+    let data = payload(77, 300_000);
+    assert!(matches!(client.put(&caller, &k, &data, None).expect("put"), Put::Committed(_)));
+    let mut buf = vec![0u8; data.len()];
+    assert!(matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Hit { .. }));
+    assert_eq!(buf, data);
+    let health = http_get(first.metrics, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let metrics = http_get(first.metrics, "/metrics");
+    assert!(metrics.contains("gpucache_ops_total"), "metrics lack op counters");
+    let first_epoch = first.epoch;
+    stop(first);
+
+    // The client of the stopped server: a transport error, never a stale hit.
+    buf.fill(0);
+    match client.get_into(&caller, &k, &mut buf) {
+        Err(StoreError::Backend { detail, .. }) => {
+            assert!(detail.contains("transport"), "{detail}")
+        }
+        other => panic!("a stopped server answered {other:?}"),
+    }
+    assert!(buf.iter().all(|b| *b == 0), "a failed get wrote the destination");
+
+    let second = start(&config);
+    assert!(second.epoch > first_epoch, "restart did not bump the epoch");
+    let client = Arc::new(TcpStore::new(ClientConfig::new(second.native, caller.clone())));
+    assert!(matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Hit { .. }));
+    assert_eq!(buf, data, "a committed block changed across the restart");
+    stop(second);
+}
+
+#[test]
+fn serve_refuses_a_bad_config_naming_the_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[listen]\nnative = \"127.0.0.1:0\"\nnativ = \"x\"\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nativ"), "the error does not name the bad key: {err}");
+}

@@ -1,0 +1,178 @@
+//! The native server under hostile input: garbage, truncated and oversize frames, unknown
+//! versions and requests before HELLO are refused with typed errors while well-behaved clients
+//! on other connections keep being served correctly; the connection limit answers Busy.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gpucache_backends::MemoryStore;
+use gpucache_backends::tcp::proto::{
+    FrameDecoder, HEADER_BYTES, Request, Response, WireError, header_checksum, offset,
+};
+use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::store::{Get, Put, Store};
+use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+
+fn server(connections_max: u32) -> Server {
+    let store = Arc::new(
+        MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default()))
+            .expect("store"),
+    );
+    let mut config = ServerConfig::new(
+        "127.0.0.1:0".parse().expect("addr"),
+        vec![Caller::new(tenant(0), Rights::READ_WRITE)],
+    );
+    config.connections_max = connections_max;
+    Server::start(config, store).expect("server")
+}
+
+/// Sends `bytes` on a fresh connection and returns every response frame until the server
+/// closes it or 2 s pass.
+fn send_raw(addr: SocketAddr, bytes: &[u8]) -> Vec<Response> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    let _ = s.write_all(bytes);
+    let mut decoder = FrameDecoder::new();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let mut input = &buf[..n];
+        while let Ok(Some(frame)) = decoder.feed(&mut input) {
+            out.push(Response::from_frame(&frame).expect("server frames decode"));
+        }
+    }
+    out
+}
+
+fn hello() -> Vec<u8> {
+    Request::Hello { tenant: tenant(0), client_name: "t".into(), rights: Rights::READ_WRITE }
+        .to_frame_bytes(1)
+        .expect("hello")
+}
+
+#[test]
+fn hostile_connections_do_not_disturb_good_clients() {
+    let server = server(64);
+    let addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let good = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+            let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
+            let mut rounds = 0u32;
+            let mut buf = vec![0u8; 70_000];
+            while !stop.load(Ordering::Acquire) || rounds < 50 {
+                let k = key(0, &[9, u8::try_from(rounds % 200).unwrap_or(0)], KvDtype::F16, 16);
+                let data = payload(u64::from(rounds % 200), 1 + (rounds as usize % 200) * 300);
+                match client.put(&caller, &k, &data, None).expect("good put") {
+                    Put::Committed(_) | Put::AlreadyCommitted => {}
+                    other => panic!("good put: {other:?}"),
+                }
+                match client.get_into(&caller, &k, &mut buf).expect("good get") {
+                    Get::Hit { len, .. } => {
+                        assert_eq!(&buf[..usize::try_from(len).unwrap_or(0)], &data[..])
+                    }
+                    other => panic!("good get after put: {other:?}"),
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+
+    // Garbage: the stream cannot be resynchronised; one typed error, then the connection closes.
+    let got = send_raw(
+        addr,
+        b"this is not a frame at all, not even close....................................",
+    );
+    assert!(matches!(got.as_slice(), [Response::Error(WireError::BadMagic { .. })]), "{got:?}");
+
+    // A request before HELLO: a per-frame error, the connection stays usable.
+    let mut bytes = Request::Epoch.to_frame_bytes(5).expect("epoch");
+    bytes.extend(hello());
+    bytes.extend(Request::Epoch.to_frame_bytes(6).expect("epoch"));
+    let got = send_raw(addr, &bytes);
+    assert!(matches!(got.first(), Some(Response::Error(WireError::NotAuthenticated))), "{got:?}");
+    assert!(matches!(got.get(1), Some(Response::Hello { .. })), "{got:?}");
+    assert!(matches!(got.get(2), Some(Response::Epoch(_))), "{got:?}");
+
+    // An unknown version: answered, then closed.
+    let mut v2 = hello();
+    v2[offset::VERSION] = 2;
+    let got = send_raw(addr, &v2);
+    assert!(
+        matches!(got.as_slice(), [Response::Error(WireError::UnsupportedVersion { found: 2, .. })]),
+        "{got:?}"
+    );
+
+    // An oversize body length with a valid header checksum: refused before any allocation.
+    let mut big = hello();
+    big[offset::BODY_LEN..offset::BODY_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let sum = header_checksum(&big[..HEADER_BYTES - 4]);
+    big[HEADER_BYTES - 4..HEADER_BYTES].copy_from_slice(&sum.to_le_bytes());
+    let got = send_raw(addr, &big[..HEADER_BYTES]);
+    assert!(matches!(got.as_slice(), [Response::Error(WireError::TooLarge { .. })]), "{got:?}");
+
+    // A corrupted body: a per-frame error, and the next frame is served.
+    let mut bad_body = hello();
+    let last = bad_body.len() - 1;
+    bad_body[last] ^= 0x40;
+    bad_body.extend(hello());
+    let got = send_raw(addr, &bad_body);
+    assert!(
+        matches!(got.first(), Some(Response::Error(WireError::BodyChecksum { .. }))),
+        "{got:?}"
+    );
+    assert!(matches!(got.get(1), Some(Response::Hello { .. })), "{got:?}");
+
+    // Truncated frames and random bytes on many connections, then hang up.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in 0..40usize {
+        let mut bytes = hello();
+        bytes.extend(Request::Stats.to_frame_bytes(2).expect("stats"));
+        let cut = i * 7 % bytes.len();
+        bytes.truncate(cut);
+        for _ in 0..(i % 5) * 13 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bytes.push(x.to_le_bytes()[0]);
+        }
+        let mut s = TcpStream::connect(addr).expect("connect");
+        let _ = s.write_all(&bytes);
+    }
+    stop.store(true, Ordering::Release);
+    let rounds = good.join().expect("good client panicked");
+    assert!(rounds >= 50);
+    assert_eq!(server.shutdown(), 0, "connection threads outlived the shutdown deadline");
+}
+
+#[test]
+fn connections_over_the_limit_are_answered_busy() {
+    let server = server(2);
+    let addr = server.local_addr();
+    let a = TcpStream::connect(addr).expect("a");
+    let b = TcpStream::connect(addr).expect("b");
+    // Make sure both are accepted before the third arrives.
+    for s in [&a, &b] {
+        let mut s = s.try_clone().expect("clone");
+        s.write_all(&hello()).expect("hello");
+        let mut header = [0u8; HEADER_BYTES];
+        s.read_exact(&mut header).expect("hello answer");
+    }
+    let got = send_raw(addr, &hello());
+    assert!(matches!(got.as_slice(), [Response::Error(WireError::Busy { max: 2, .. })]), "{got:?}");
+    drop((a, b));
+    assert_eq!(server.shutdown(), 0);
+}

@@ -13,6 +13,26 @@ if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
+# Real peers the integration tests drive: Prometheus scrapes /metrics, redis-cli and
+# redis-benchmark talk to the RESP listener. Installed from Debian's packages when missing.
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+            || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+    else
+        echo "scripts/test.sh: ${missing[*]} missing and cannot be installed here; their tests will skip" >&2
+    fi
+fi
+# In CI the peers must be there: their tests fail instead of skipping.
+if [ "${CI:-}" = "true" ]; then
+    export GPUCACHE_REQUIRE_PROMETHEUS=1 GPUCACHE_REQUIRE_REDIS_CLI=1
+fi
+
 export GPUCACHE_CONFORMANCE_CASES="${GPUCACHE_CONFORMANCE_CASES:-1000}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 

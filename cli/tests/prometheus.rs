@@ -51,10 +51,8 @@ fn prometheus_scrapes_the_metrics_endpoint() {
     let config = dir.path().join("gpucache.toml");
     std::fs::write(
         &config,
-        format!(
-            "[store]\nkind = \"memory\"\n\n[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
-             [[tenants]]\nname = \"default\"\nrights = [\"read\", \"write\"]\n"
-        ),
+        "[store]\nkind = \"memory\"\n\n[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
+         [[tenants]]\nname = \"default\"\nrights = [\"read\", \"write\"]\n",
     )
     .expect("config");
     let mut serve = Command::new(env!("CARGO_BIN_EXE_gpucache"))

@@ -74,7 +74,7 @@ fn thirty_two_clients_two_tenants_mixed_operations() {
                 let me = c % 2;
                 let caller = Caller::new(tenant(me), Rights::READ_WRITE);
                 let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
-                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (c as u64 + 1) * 0x1000_0000_01B3;
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((c as u64 + 1) * 0x1000_0000_01B3);
                 let mut buf = vec![0u8; 192 << 10];
                 while Instant::now() < until {
                     x ^= x << 13;
@@ -82,7 +82,7 @@ fn thirty_two_clients_two_tenants_mixed_operations() {
                     x ^= x << 17;
                     let k = u8::try_from(x % u64::from(KEYS_PER_TENANT)).unwrap_or(0);
                     // One operation in sixteen deliberately names the other tenant's key.
-                    let owner = if (x >> 20) % 16 == 0 { 1 - me } else { me };
+                    let owner = if (x >> 20).is_multiple_of(16) { 1 - me } else { me };
                     let pk = key(owner, &[k], KvDtype::F16, 16);
                     let result: Result<(), StoreError> = match (x >> 8) % 8 {
                         0..=2 => client.put(&caller, &pk, &value(owner, k), None).map(|p| {

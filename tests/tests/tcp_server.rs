@@ -176,3 +176,54 @@ fn connections_over_the_limit_are_answered_busy() {
     drop((a, b));
     assert_eq!(server.shutdown(), 0);
 }
+
+#[test]
+fn batches_answer_per_item_in_order_across_frames() {
+    let server = server(8);
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller.clone()));
+    // More items than one frame may carry, so the client splits them.
+    let n = gpucache_backends::tcp::proto::BATCH_ITEMS_MAX + 37;
+    let keys: Vec<_> = (0..n)
+        .map(|i| {
+            key(
+                0,
+                &[3, u8::try_from(i % 251).unwrap_or(0), u8::try_from(i / 251).unwrap_or(0)],
+                KvDtype::F16,
+                16,
+            )
+        })
+        .collect();
+    let data: Vec<Vec<u8>> = (0..n).map(|i| payload(i as u64, 1 + i % 97)).collect();
+    // Every other key is written.
+    let puts: Vec<_> =
+        keys.iter().zip(&data).step_by(2).map(|(k, d)| (k.clone(), d.as_slice(), None)).collect();
+    let answers = client.put_many(&caller, &puts).expect("put_many");
+    assert_eq!(answers.len(), puts.len());
+    assert!(answers.iter().all(|a| matches!(a, Ok(Put::Committed(_)))));
+    let looked = client.lookup_many(&caller, &keys).expect("lookup_many");
+    for (i, l) in looked.iter().enumerate() {
+        let hit = matches!(l, Ok(gpucache_dataplane::store::Lookup::Hit { .. }));
+        assert_eq!(hit, i % 2 == 0, "lookup {i}: {l:?}");
+    }
+    let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 128]).collect();
+    let mut items: Vec<_> =
+        keys.iter().cloned().zip(bufs.iter_mut().map(|b| b.as_mut_slice())).collect();
+    let got = client.get_many(&caller, &mut items).expect("get_many");
+    drop(items);
+    for (i, g) in got.iter().enumerate() {
+        match g {
+            Ok(Get::Hit { len, .. }) => {
+                assert_eq!(i % 2, 0, "get {i} hit a key never written");
+                assert_eq!(
+                    &bufs[i][..usize::try_from(*len).unwrap_or(0)],
+                    &data[i][..],
+                    "get {i}: wrong bytes"
+                );
+            }
+            Ok(Get::Miss(_)) => assert_eq!(i % 2, 1, "get {i} missed a written key"),
+            Err(e) => panic!("get {i}: {e}"),
+        }
+    }
+    assert_eq!(server.shutdown(), 0);
+}

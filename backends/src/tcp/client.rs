@@ -24,7 +24,10 @@ use gpucache_dataplane::store::{
     Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
 };
 
-use super::proto::{Fetched, FrameDecoder, GetItem, PutItem, RemoteInfo, Request, Response};
+use super::proto::{
+    BATCH_ITEMS_MAX, Fetched, FrameDecoder, GetItem, PAYLOAD_BYTES_MAX, PutItem, RemoteInfo,
+    Request, Response,
+};
 
 /// Idle connections kept per (tenant, rights).
 const POOL_CONNECTIONS_MAX: usize = 8;
@@ -226,6 +229,122 @@ impl TcpStore {
     }
 }
 
+impl TcpStore {
+    /// Batch QUERY: one answer per key, in order, in as few frames as the limits allow.
+    pub fn lookup_many(
+        &self,
+        caller: &Caller,
+        keys: &[PhysicalKey],
+    ) -> Result<Vec<Result<Lookup, StoreError>>, StoreError> {
+        check_right(caller, Right::Read)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(BATCH_ITEMS_MAX) {
+            match self.call(caller, Request::Lookup { keys: chunk.to_vec() }, "lookup")? {
+                Response::Lookup(items) if items.len() == chunk.len() => out.extend(items),
+                other => return Err(unexpected("lookup", &other)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Batch GET into caller buffers: one answer per item, in order. Items are grouped so that
+    /// each frame's capacities stay within the protocol's payload limit.
+    pub fn get_many(
+        &self,
+        caller: &Caller,
+        items: &mut [(PhysicalKey, &mut [u8])],
+    ) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
+        check_right(caller, Right::Read)?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut start = 0;
+        while start < items.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < items.len() && end - start < BATCH_ITEMS_MAX {
+                let cap = items[end].1.len() as u64;
+                if end > start && bytes + cap > PAYLOAD_BYTES_MAX {
+                    break;
+                }
+                bytes += cap;
+                end += 1;
+            }
+            let request = Request::Get {
+                items: items[start..end]
+                    .iter()
+                    .map(|(key, dst)| GetItem { key: key.clone(), capacity: dst.len() as u64 })
+                    .collect(),
+            };
+            let answers = match self.call(caller, request, "get")? {
+                Response::Get(a) if a.len() == end - start => a,
+                other => return Err(unexpected("get", &other)),
+            };
+            for ((_, dst), answer) in items[start..end].iter_mut().zip(answers) {
+                out.push(answer.map(|f| land(f, dst)));
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// Batch PUT: one answer per item, in order.
+    pub fn put_many(
+        &self,
+        caller: &Caller,
+        items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    ) -> Result<Vec<Result<Put, StoreError>>, StoreError> {
+        check_right(caller, Right::Write)?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut start = 0;
+        while start < items.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < items.len() && end - start < BATCH_ITEMS_MAX {
+                let len = items[end].1.len() as u64;
+                if end > start && bytes + len > PAYLOAD_BYTES_MAX {
+                    break;
+                }
+                bytes += len;
+                end += 1;
+            }
+            let request = Request::Put {
+                items: items[start..end]
+                    .iter()
+                    .map(|(key, data, request)| PutItem {
+                        key: key.clone(),
+                        request: *request,
+                        data: data.to_vec(),
+                    })
+                    .collect(),
+            };
+            match self.call(caller, request, "put")? {
+                Response::Put(a) if a.len() == end - start => out.extend(a),
+                other => return Err(unexpected("put", &other)),
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+}
+
+/// Lands a fetched block in the caller's buffer after checking its checksum.
+fn land(fetched: Fetched, dst: &mut [u8]) -> Get {
+    match fetched {
+        Fetched::Hit { checksum, data } => {
+            if data.len() > dst.len() || Checksum::of(&data) != checksum {
+                return Get::Miss(MissReason::Corrupt);
+            }
+            dst[..data.len()].copy_from_slice(&data);
+            Get::Hit { len: data.len() as u64, checksum }
+        }
+        Fetched::Miss(MissReason::Corrupt) => {
+            // The store zeroes a corrupt read's destination; so does its remote form.
+            dst.fill(0);
+            Get::Miss(MissReason::Corrupt)
+        }
+        Fetched::Miss(reason) => Get::Miss(reason),
+    }
+}
+
 /// Requests whose repetition cannot change what the store holds.
 fn retryable(request: &Request) -> bool {
     matches!(
@@ -287,21 +406,7 @@ impl Store for TcpStore {
             Response::Get(items) => single(items, "get")?,
             other => return Err(unexpected("get", &other)),
         };
-        match fetched {
-            Fetched::Hit { checksum, data } => {
-                if data.len() > dst.len() || Checksum::of(&data) != checksum {
-                    return Ok(Get::Miss(MissReason::Corrupt));
-                }
-                dst[..data.len()].copy_from_slice(&data);
-                Ok(Get::Hit { len: data.len() as u64, checksum })
-            }
-            Fetched::Miss(MissReason::Corrupt) => {
-                // The store zeroes a corrupt read's destination; so does its remote form.
-                dst.fill(0);
-                Ok(Get::Miss(MissReason::Corrupt))
-            }
-            Fetched::Miss(reason) => Ok(Get::Miss(reason)),
-        }
+        Ok(land(fetched, dst))
     }
 
     fn reserve(

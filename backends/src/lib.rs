@@ -2,12 +2,14 @@
 //!
 //! Owns one module per backend: [`memory`] (the in-process reference) now; the FileStore, the
 //! TCP client and the cold tier join it with their issues. Backends share the contract's
-//! admission ledger, region table and lifecycle instead of keeping their own.
+//! admission ledger, region table and lifecycle instead of keeping their own. [`resp`] is the
+//! Redis-protocol (RESP2) front over any store.
 
 mod catalog;
 pub mod file;
 pub mod memory;
 pub mod metered;
+pub mod resp;
 pub mod tcp;
 
 pub use memory::MemoryStore;

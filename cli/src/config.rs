@@ -66,6 +66,8 @@ pub enum ConfigError {
     DuplicateTenant { key: String, name: String, first: usize },
     #[error("{key}: a tenant needs at least one right (read, write or admin)")]
     NoRights { key: String },
+    #[error("listen.resp_tenant: {name} is not one of the configured tenants ({known})")]
+    UnknownRespTenant { name: String, known: String },
     #[error("{key}: {path}: {source}")]
     SecretFile { key: String, path: PathBuf, source: io::Error },
     #[error("{key}: {path} is not a regular file")]
@@ -99,6 +101,7 @@ impl ConfigError {
             | Self::NotLoopback { key, .. }
             | Self::AddressReused { key, .. } => Some(key),
             Self::NoTenants | Self::TooManyTenants { .. } => Some("tenants"),
+            Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::OpenFileStore { .. } => Some("store.root"),
         }
     }
@@ -292,6 +295,9 @@ pub struct ListenSection {
     /// The RESP (Redis protocol) subset.
     #[serde(deserialize_with = "socket_addr")]
     pub resp: SocketAddr,
+    /// The tenant every RESP connection acts as (RESP clients do not name one); the first
+    /// `[[tenants]]` entry when unset.
+    pub resp_tenant: Option<String>,
     /// HTTP `/metrics` and `/healthz`.
     #[serde(deserialize_with = "socket_addr")]
     pub metrics: SocketAddr,
@@ -309,6 +315,7 @@ impl Default for ListenSection {
         Self {
             native: loopback(7470),
             resp: loopback(7471),
+            resp_tenant: None,
             metrics: loopback(7472),
             allow_remote: false,
             connections_max: 256,
@@ -416,7 +423,8 @@ impl ServeConfig {
             INFLIGHT_PER_CONNECTION_LIMIT.into(),
         )?;
         self.validate_listen()?;
-        self.validate_tenants()
+        self.validate_tenants()?;
+        self.resp_tenant().map(|_| ())
     }
 
     fn validate_listen(&self) -> Result<(), ConfigError> {
@@ -495,6 +503,29 @@ impl ServeConfig {
         config.limits = self.limits();
         config.group_commit_deadline_ms = s.group_commit_deadline_ms;
         config
+    }
+
+    /// The `[[tenants]]` entry RESP connections act as: `listen.resp_tenant`, or the first entry.
+    fn resp_tenant(&self) -> Result<(usize, &TenantConfig), ConfigError> {
+        let found = match &self.listen.resp_tenant {
+            None => self.tenants.first().map(|t| (0, t)),
+            Some(name) => self.tenants.iter().enumerate().find(|(_, t)| &t.name == name),
+        };
+        found.ok_or_else(|| match &self.listen.resp_tenant {
+            Some(name) => ConfigError::UnknownRespTenant {
+                name: name.clone(),
+                known: self.tenants.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", "),
+            },
+            None => ConfigError::NoTenants,
+        })
+    }
+
+    /// The caller every RESP connection acts as, with that tenant's configured rights.
+    pub fn resp_caller(&self) -> Result<Caller, ConfigError> {
+        let (i, tenant) = self.resp_tenant()?;
+        tenant
+            .caller()
+            .map_err(|source| ConfigError::TenantName { key: format!("tenants[{i}].name"), source })
     }
 
     /// The callers the configured tenants act as, in file order.

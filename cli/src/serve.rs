@@ -1,17 +1,18 @@
-//! `gpucache serve`: the store a validated configuration names, behind the native GPCW listener
-//! and the metrics/health endpoint, until SIGINT or SIGTERM.
+//! `gpucache serve`: the store a validated configuration names, behind the native GPCW listener,
+//! the RESP (Redis protocol) listener and the metrics/health endpoint, until SIGINT or SIGTERM.
 //!
 //! Startup order: block the stop signals (so every thread inherits the mask and only the main
 //! thread receives them), open the store (a FileStore restart bumps the epoch and drops
-//! unfinished writes), wrap it in the metrics recorder, start the listeners, then wait. Shutdown
-//! stops the native listener first (connections finish the request in hand), then the HTTP
-//! endpoint, then closes the store.
+//! unfinished writes), wrap it in the metrics recorder, start the listeners (native, RESP, HTTP),
+//! then wait. Shutdown stops the native listener first (connections finish the request in hand),
+//! then the RESP listener, then the HTTP endpoint, then closes the store.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use gpucache_backends::metered::{MeteredStore, Metrics};
+use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
 use gpucache_backends::tcp::{Server, ServerConfig};
 use gpucache_cli::config::ServeConfig;
 use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
@@ -65,6 +66,21 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(&format!("native listener {}", config.listen.native), e),
     };
+    let resp_caller = match config.resp_caller() {
+        Ok(c) => c,
+        Err(e) => return fail("tenants", e),
+    };
+    let resp_tenant = resp_caller.tenant.clone();
+    let mut resp_config = match RespConfig::new(config.listen.resp, resp_caller) {
+        Ok(c) => c,
+        Err(e) => return fail("RESP key namespace", e),
+    };
+    resp_config.connections_max = config.listen.connections_max;
+    resp_config.limits = RespLimits::for_object_bytes_max(config.limits.object_bytes_max);
+    let resp = match RespServer::start(resp_config, Arc::clone(&shared)) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("RESP listener {}", config.listen.resp), e),
+    };
     let health_store = Arc::clone(&shared);
     let health: HealthCheck = Arc::new(move || Health::of_store(&*health_store));
     let http = match MetricsServer::start(config.listen.metrics, metrics, health) {
@@ -73,12 +89,13 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     };
     let info = shared.info();
     eprintln!(
-        "gpucache serve: listening native={} metrics={} store={} epoch={} (the RESP listener {} is not built yet)",
+        "gpucache serve: listening native={} resp={} metrics={} store={} epoch={} resp_tenant={}",
         server.local_addr(),
+        resp.local_addr(),
         http.local_addr(),
         info.name,
         shared.epoch().0,
-        config.listen.resp,
+        resp_tenant,
     );
     let mut signal: libc::c_int = 0;
     // SAFETY: waits for one of the blocked signals; `signal` is a valid out pointer.
@@ -87,7 +104,7 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         return fail("waiting for a stop signal", std::io::Error::from_raw_os_error(waited));
     }
     eprintln!("gpucache serve: signal {signal}, shutting down");
-    let left = server.shutdown();
+    let left = server.shutdown() + resp.shutdown();
     let http_left = http.shutdown();
     drop(shared);
     drop(metered);

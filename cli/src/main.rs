@@ -2,10 +2,11 @@
 //!
 //! Owns argument parsing and wiring backends together from validated configuration; no data
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
-//! directory (`fsck`) and measures the FileStore against fio (`bench file`); `put`, `get` and
-//! `stat` arrive with the rest of the service.
+//! directory (`fsck`), measures the FileStore against fio (`bench file`), and talks to a running
+//! service (`put`, `get`, `stat`).
 
 mod bench_file;
+mod client_cmd;
 mod fio;
 mod fsck;
 mod serve;
@@ -49,6 +50,24 @@ enum Command {
         /// A TOML configuration (see gpucache.example.toml and docs/OPERATIONS.md).
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Store a value under a plain NAME in a running service (from FILE, or standard input).
+    Put {
+        name: String,
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        target: client_cmd::Target,
+    },
+    /// Write the value under a plain NAME to standard output (exit status 3 on a miss).
+    Get {
+        name: String,
+        #[command(flatten)]
+        target: client_cmd::Target,
+    },
+    /// Print a running service's store counters.
+    Stat {
+        #[command(flatten)]
+        target: client_cmd::Target,
     },
     /// Measure a backend.
     #[command(subcommand)]
@@ -106,6 +125,9 @@ fn main() -> ExitCode {
         Command::Key { hex } => key_command(&hex),
         Command::Fsck { dir, repair } => fsck::run(&dir, repair),
         Command::Serve { config } => serve::run(config.as_deref()),
+        Command::Put { name, file, target } => client_cmd::put(&target, &name, file.as_ref()),
+        Command::Get { name, target } => client_cmd::get(&target, &name),
+        Command::Stat { target } => client_cmd::stat(&target),
         Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
     }
 }

@@ -136,3 +136,96 @@ fn serve_refuses_a_bad_config_naming_the_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nativ"), "the error does not name the bad key: {err}");
 }
+
+fn gpucache(args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpucache");
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("wait")
+}
+
+#[test]
+fn put_get_stat_and_redis_cli_round_trip() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("gpucache.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nkind = \"file\"\nroot = \"{}\"\nengine = \"psync\"\n\n\
+             [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nname = \"default\"\nrights = [\"read\", \"write\"]\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let line = lines.next().expect("serve said nothing").expect("read");
+    std::thread::spawn(move || for _ in lines {});
+    let native = field(&line, "native=").to_owned();
+    let resp: SocketAddr = field(&line, "resp=").parse().expect("resp addr");
+    let running = Running {
+        native: native.parse().expect("native"),
+        metrics: field(&line, "metrics=").parse().expect("metrics"),
+        epoch: 0,
+        child,
+    };
+
+    let value = b"prefix KV bytes \r\n with a CRLF inside".to_vec();
+    let out = gpucache(&["put", "layer0/block7", "--addr", &native], Some(&value));
+    assert!(out.status.success(), "put: {}", String::from_utf8_lossy(&out.stderr));
+    let out = gpucache(&["get", "layer0/block7", "--addr", &native], None);
+    assert!(out.status.success(), "get: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, value);
+    let out = gpucache(&["get", "never-stored", "--addr", &native], None);
+    assert_eq!(out.status.code(), Some(3), "a miss exits 3");
+    let out = gpucache(&["stat", "--addr", &native], None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("committed blocks: 1"), "stat: {out:?}");
+
+    // The same plain name through the Redis protocol.
+    let have_redis_cli = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("redis-cli").is_file()));
+    if have_redis_cli {
+        let out = Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &resp.port().to_string(),
+                "--no-raw",
+                "GET",
+                "layer0/block7",
+            ])
+            .output()
+            .expect("redis-cli");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("prefix KV bytes"), "redis-cli GET: {text}");
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &resp.port().to_string(), "SET", "from-redis", "hello"])
+            .output()
+            .expect("redis-cli");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+        let out = gpucache(&["get", "from-redis", "--addr", &native], None);
+        assert_eq!(out.stdout, b"hello");
+    } else {
+        assert!(
+            std::env::var("GPUCACHE_REQUIRE_REDIS_CLI").ok().as_deref() != Some("1"),
+            "redis-cli is required but not installed"
+        );
+        eprintln!("SKIPPED redis-cli part: redis-cli is not installed");
+    }
+    stop(running);
+}

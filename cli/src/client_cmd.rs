@@ -1,0 +1,140 @@
+//! `gpucache put`, `get` and `stat`: an operator's round trip against a running service over the
+//! native protocol. A plain NAME maps into the tenant's identity namespace exactly as the RESP
+//! listener maps its keys, so `gpucache put NAME` and `redis-cli GET NAME` see the same block.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use gpucache_backends::resp::IdentityTemplate;
+use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::store::{Get, Put, Store};
+
+/// Largest value `gpucache get` will receive.
+const GET_BYTES_MAX: usize = 64 << 20;
+
+/// Where and as whom to connect.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Target {
+    /// The native listener of a running `gpucache serve`.
+    #[arg(long, default_value = "127.0.0.1:7470")]
+    addr: SocketAddr,
+    /// The tenant to act as.
+    #[arg(long, default_value = "default")]
+    tenant: String,
+    /// Seconds each request may take.
+    #[arg(long, default_value_t = 30)]
+    deadline_s: u64,
+}
+
+fn connect(
+    target: &Target,
+    rights: Rights,
+) -> Result<(TcpStore, Caller, IdentityTemplate), String> {
+    let tenant = TenantId::parse(&target.tenant).map_err(|e| format!("--tenant: {e}"))?;
+    let caller = Caller::new(tenant.clone(), rights);
+    let mut config = ClientConfig::new(target.addr, caller.clone());
+    config.deadline = Duration::from_secs(target.deadline_s.max(1));
+    config.client_name = "gpucache-cli".into();
+    let namespace = IdentityTemplate::for_tenant(&tenant).map_err(|e| e.to_string())?;
+    Ok((TcpStore::new(config), caller, namespace))
+}
+
+fn done(result: Result<String, String>, command: &str) -> ExitCode {
+    match result {
+        Ok(text) => {
+            if !text.is_empty() {
+                eprintln!("{text}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpucache {command}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Stores FILE (or standard input) under NAME.
+pub(crate) fn put(target: &Target, name: &str, file: Option<&PathBuf>) -> ExitCode {
+    let result = (|| -> Result<String, String> {
+        let mut data = Vec::new();
+        match file {
+            Some(p) => data = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?,
+            None => {
+                std::io::stdin().read_to_end(&mut data).map_err(|e| format!("stdin: {e}"))?;
+            }
+        }
+        let (store, caller, ns) = connect(target, Rights::READ_WRITE)?;
+        let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
+        match store.put(&caller, &key, &data, None).map_err(|e| e.to_string())? {
+            Put::Committed(sum) => {
+                Ok(format!("stored {} bytes (checksum {:016x})", data.len(), sum.0))
+            }
+            Put::AlreadyCommitted => Ok("already stored (values are create-only)".into()),
+            Put::Busy => Err("another writer holds the key; try again".into()),
+            Put::Refused(r) => Err(format!("refused: {r}")),
+        }
+    })();
+    done(result, "put")
+}
+
+/// Writes the value under NAME to standard output; exit code 3 on a miss.
+pub(crate) fn get(target: &Target, name: &str) -> ExitCode {
+    let result = (|| -> Result<Option<String>, String> {
+        let (store, caller, ns) = connect(target, Rights::READ_ONLY)?;
+        let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; GET_BYTES_MAX];
+        match store.get_into(&caller, &key, &mut buf).map_err(|e| e.to_string())? {
+            Get::Hit { len, .. } => {
+                let len = usize::try_from(len).unwrap_or(0);
+                std::io::stdout().write_all(&buf[..len]).map_err(|e| e.to_string())?;
+                Ok(None)
+            }
+            Get::Miss(reason) => Ok(Some(format!("miss: {reason:?}"))),
+        }
+    })();
+    match result {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(miss)) => {
+            eprintln!("gpucache get: {miss}");
+            ExitCode::from(3)
+        }
+        Err(e) => {
+            eprintln!("gpucache get: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Prints the store's counters.
+pub(crate) fn stat(target: &Target) -> ExitCode {
+    let result = (|| -> Result<String, String> {
+        let (store, _, _) = connect(target, Rights::READ_ONLY)?;
+        let info = store.info();
+        let epoch = store.epoch();
+        if epoch.0 == 0 {
+            return Err(format!("no answer from {}", target.addr));
+        }
+        let s = store.stats();
+        Ok(format!(
+            "store: {:?} {:?}\nepoch: {}\ncommitted blocks: {}\nretained bytes: {}\nin-flight requests: {}\nregistrations: {}\nquarantined regions: {} ({} bytes)\nevictions: {}\ncorrupt dropped: {}",
+            info.implementation,
+            info.full_policy,
+            epoch.0,
+            s.committed_blocks,
+            s.usage.retained_bytes,
+            s.usage.inflight_requests,
+            s.usage.registrations,
+            s.regions.quarantined,
+            s.regions.quarantined_bytes,
+            s.evictions,
+            s.corrupt_dropped
+        ))
+    })();
+    done(result, "stat")
+}

@@ -7,6 +7,7 @@
 
 mod catalog;
 pub mod file;
+mod listener;
 pub mod memory;
 pub mod metered;
 pub mod resp;

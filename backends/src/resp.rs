@@ -39,10 +39,11 @@
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use crate::listener::{Acceptor, AcceptorConfig, Gate};
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::identity::{
@@ -544,8 +545,7 @@ impl RespConfig {
 struct Shared {
     config: RespConfig,
     store: Arc<dyn Store>,
-    stopping: AtomicBool,
-    open: AtomicU32,
+    gate: Arc<Gate>,
     started: Instant,
     port: u16,
 }
@@ -555,7 +555,7 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("config", &self.config)
             .field("store", &self.store.info())
-            .field("open", &self.open)
+            .field("open", &self.gate.open)
             .finish()
     }
 }
@@ -563,10 +563,7 @@ impl std::fmt::Debug for Shared {
 /// A running RESP listener.
 #[derive(Debug)]
 pub struct RespServer {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept: Option<JoinHandle<()>>,
-    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    acceptor: Acceptor,
 }
 
 impl RespServer {
@@ -585,110 +582,47 @@ impl RespServer {
         }
         let listener = TcpListener::bind(config.addr)?;
         let addr = listener.local_addr()?;
+        let gate = Arc::new(Gate::default());
+        let (connections_max, shutdown_deadline) =
+            (config.connections_max, config.shutdown_deadline);
+        let tenant = config.tenant.tenant.clone();
         let shared = Arc::new(Shared {
             config,
             store,
-            stopping: AtomicBool::new(false),
-            open: AtomicU32::new(0),
+            gate: Arc::clone(&gate),
             started: Instant::now(),
             port: addr.port(),
         });
-        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accept = {
-            let shared = Arc::clone(&shared);
-            let connections = Arc::clone(&connections);
-            std::thread::Builder::new()
-                .name("gpucache-resp-accept".into())
-                .spawn(move || accept_loop(&listener, &shared, &connections))?
-        };
-        tracing::info!(%addr, tenant = %shared.config.tenant.tenant, "gpucache RESP listener up");
-        Ok(Self { addr, shared, accept: Some(accept), connections })
+        let acceptor = Acceptor::start(
+            listener,
+            gate,
+            AcceptorConfig {
+                name: "gpucache-resp",
+                connections_max,
+                shutdown_deadline,
+                refuse: |stream: &mut TcpStream, _open: u32, _max: u32| {
+                    let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+                },
+                serve: move |stream: TcpStream| serve_connection(stream, &shared),
+            },
+        )?;
+        tracing::info!(%addr, %tenant, "gpucache RESP listener up");
+        Ok(Self { acceptor })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.acceptor.local_addr()
     }
 
     /// Connections open right now.
     pub fn open_connections(&self) -> u32 {
-        self.shared.open.load(Ordering::Acquire)
+        self.acceptor.open_connections()
     }
 
     /// Stops accepting, lets connections finish the request in hand, and joins every thread
     /// within the configured deadline. Returns how many threads were still running then.
     pub fn shutdown(mut self) -> usize {
-        self.stop()
-    }
-
-    fn stop(&mut self) -> usize {
-        self.shared.stopping.store(true, Ordering::Release);
-        // Wake the accept call.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(a) = self.accept.take() {
-            let _ = a.join();
-        }
-        let deadline = Instant::now() + self.shared.config.shutdown_deadline;
-        let handles: Vec<JoinHandle<()>> =
-            self.connections.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
-        let mut left = 0;
-        for h in handles {
-            while !h.is_finished() && Instant::now() < deadline {
-                std::thread::park_timeout(Duration::from_millis(5));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            } else {
-                left += 1;
-            }
-        }
-        left
-    }
-}
-
-impl Drop for RespServer {
-    fn drop(&mut self) {
-        if self.accept.is_some() {
-            self.stop();
-        }
-    }
-}
-
-fn accept_loop(
-    listener: &TcpListener,
-    shared: &Arc<Shared>,
-    connections: &Mutex<Vec<JoinHandle<()>>>,
-) {
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::Acquire) {
-            break;
-        }
-        let Ok(mut stream) = stream else { continue };
-        let max = shared.config.connections_max;
-        let open = shared.open.fetch_add(1, Ordering::AcqRel);
-        if open >= max {
-            shared.open.fetch_sub(1, Ordering::AcqRel);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
-            continue;
-        }
-        let conn_shared = Arc::clone(shared);
-        let spawned =
-            std::thread::Builder::new().name("gpucache-resp-conn".into()).spawn(move || {
-                serve_connection(stream, &conn_shared);
-                conn_shared.open.fetch_sub(1, Ordering::AcqRel);
-            });
-        match spawned {
-            Ok(h) => {
-                if let Ok(mut v) = connections.lock() {
-                    v.retain(|h| !h.is_finished());
-                    v.push(h);
-                }
-            }
-            Err(e) => {
-                shared.open.fetch_sub(1, Ordering::AcqRel);
-                tracing::warn!(error = %e, "could not start a RESP connection thread");
-            }
-        }
+        self.acceptor.stop()
     }
 }
 
@@ -741,7 +675,7 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
         shared,
     };
     loop {
-        if shared.stopping.load(Ordering::Acquire) && decoder.is_idle() {
+        if shared.gate.stopping() && decoder.is_idle() {
             return;
         }
         let n = match stream.read(&mut buf) {
@@ -1105,7 +1039,7 @@ impl Session<'_> {
             let _ = write!(
                 text,
                 "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
-                self.shared.open.load(Ordering::Acquire),
+                self.shared.gate.open.load(Ordering::Acquire),
                 self.shared.config.connections_max,
             );
         }

@@ -10,13 +10,13 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::store::{Get, Store, StoreError};
+
+use crate::listener::{Acceptor, AcceptorConfig, Gate};
 
 use super::proto::{Fetched, FrameDecoder, GetItem, Request, Response, VERSION, WireError};
 
@@ -60,8 +60,7 @@ impl ServerConfig {
 struct Shared {
     config: ServerConfig,
     store: Arc<dyn Store>,
-    stopping: AtomicBool,
-    open: AtomicU32,
+    gate: Arc<Gate>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -69,7 +68,7 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("config", &self.config)
             .field("store", &self.store.info())
-            .field("open", &self.open)
+            .field("gate", &self.gate)
             .finish()
     }
 }
@@ -77,10 +76,7 @@ impl std::fmt::Debug for Shared {
 /// A running server.
 #[derive(Debug)]
 pub struct Server {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept: Option<JoinHandle<()>>,
-    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    acceptor: Acceptor,
 }
 
 impl Server {
@@ -88,111 +84,43 @@ impl Server {
     pub fn start(config: ServerConfig, store: Arc<dyn Store>) -> io::Result<Self> {
         let listener = TcpListener::bind(config.addr)?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            config,
-            store,
-            stopping: AtomicBool::new(false),
-            open: AtomicU32::new(0),
-        });
-        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accept = {
-            let shared = Arc::clone(&shared);
-            let connections = Arc::clone(&connections);
-            std::thread::Builder::new()
-                .name("gpucache-accept".into())
-                .spawn(move || accept_loop(&listener, &shared, &connections))?
-        };
+        let gate = Arc::new(Gate::default());
+        let (connections_max, shutdown_deadline) =
+            (config.connections_max, config.shutdown_deadline);
+        let shared = Arc::new(Shared { config, store, gate: Arc::clone(&gate) });
+        let acceptor = Acceptor::start(
+            listener,
+            gate,
+            AcceptorConfig {
+                name: "gpucache-native",
+                connections_max,
+                shutdown_deadline,
+                refuse: |stream: &mut TcpStream, open: u32, max: u32| {
+                    let busy = Response::Error(WireError::Busy { connections: open, max });
+                    if let Ok(bytes) = busy.to_frame_bytes(0) {
+                        let _ = stream.write_all(&bytes);
+                    }
+                },
+                serve: move |stream: TcpStream| serve_connection(stream, &shared),
+            },
+        )?;
         tracing::info!(%addr, "gpucache native listener up");
-        Ok(Self { addr, shared, accept: Some(accept), connections })
+        Ok(Self { acceptor })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.acceptor.local_addr()
     }
 
     /// Connections open right now.
     pub fn open_connections(&self) -> u32 {
-        self.shared.open.load(Ordering::Acquire)
+        self.acceptor.open_connections()
     }
 
     /// Stops accepting, lets connections finish the request in hand, and joins every thread
     /// within the configured deadline. Returns how many threads were still running then.
     pub fn shutdown(mut self) -> usize {
-        self.stop()
-    }
-
-    fn stop(&mut self) -> usize {
-        self.shared.stopping.store(true, Ordering::Release);
-        // Wake the accept call.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(a) = self.accept.take() {
-            let _ = a.join();
-        }
-        let deadline = Instant::now() + self.shared.config.shutdown_deadline;
-        let handles: Vec<JoinHandle<()>> =
-            self.connections.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
-        let mut left = 0;
-        for h in handles {
-            while !h.is_finished() && Instant::now() < deadline {
-                std::thread::park_timeout(Duration::from_millis(5));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            } else {
-                left += 1;
-            }
-        }
-        left
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.accept.is_some() {
-            self.stop();
-        }
-    }
-}
-
-fn accept_loop(
-    listener: &TcpListener,
-    shared: &Arc<Shared>,
-    connections: &Mutex<Vec<JoinHandle<()>>>,
-) {
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::Acquire) {
-            break;
-        }
-        let Ok(mut stream) = stream else { continue };
-        let max = shared.config.connections_max;
-        let open = shared.open.fetch_add(1, Ordering::AcqRel);
-        if open >= max {
-            shared.open.fetch_sub(1, Ordering::AcqRel);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            if let Ok(bytes) =
-                Response::Error(WireError::Busy { connections: open, max }).to_frame_bytes(0)
-            {
-                let _ = stream.write_all(&bytes);
-            }
-            continue;
-        }
-        let conn_shared = Arc::clone(shared);
-        let spawned = std::thread::Builder::new().name("gpucache-conn".into()).spawn(move || {
-            serve_connection(stream, &conn_shared);
-            conn_shared.open.fetch_sub(1, Ordering::AcqRel);
-        });
-        match spawned {
-            Ok(h) => {
-                if let Ok(mut v) = connections.lock() {
-                    v.retain(|h| !h.is_finished());
-                    v.push(h);
-                }
-            }
-            Err(e) => {
-                shared.open.fetch_sub(1, Ordering::AcqRel);
-                tracing::warn!(error = %e, "could not start a connection thread");
-            }
-        }
+        self.acceptor.stop()
     }
 }
 
@@ -214,7 +142,7 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
     let mut caller: Option<Caller> = None;
     let mut last_request = Instant::now();
     loop {
-        if shared.stopping.load(Ordering::Acquire) && decoder.is_idle() {
+        if shared.gate.stopping() && decoder.is_idle() {
             let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0);
             return;
         }

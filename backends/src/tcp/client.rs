@@ -256,18 +256,8 @@ impl TcpStore {
     ) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
         check_right(caller, Right::Read)?;
         let mut out = Vec::with_capacity(items.len());
-        let mut start = 0;
-        while start < items.len() {
-            let mut end = start;
-            let mut bytes = 0u64;
-            while end < items.len() && end - start < BATCH_ITEMS_MAX {
-                let cap = items[end].1.len() as u64;
-                if end > start && bytes + cap > PAYLOAD_BYTES_MAX {
-                    break;
-                }
-                bytes += cap;
-                end += 1;
-            }
+        let sizes: Vec<u64> = items.iter().map(|(_, dst)| dst.len() as u64).collect();
+        for (start, end) in frame_ranges(&sizes) {
             let request = Request::Get {
                 items: items[start..end]
                     .iter()
@@ -281,7 +271,6 @@ impl TcpStore {
             for ((_, dst), answer) in items[start..end].iter_mut().zip(answers) {
                 out.push(answer.map(|f| land(f, dst)));
             }
-            start = end;
         }
         Ok(out)
     }
@@ -294,18 +283,8 @@ impl TcpStore {
     ) -> Result<Vec<Result<Put, StoreError>>, StoreError> {
         check_right(caller, Right::Write)?;
         let mut out = Vec::with_capacity(items.len());
-        let mut start = 0;
-        while start < items.len() {
-            let mut end = start;
-            let mut bytes = 0u64;
-            while end < items.len() && end - start < BATCH_ITEMS_MAX {
-                let len = items[end].1.len() as u64;
-                if end > start && bytes + len > PAYLOAD_BYTES_MAX {
-                    break;
-                }
-                bytes += len;
-                end += 1;
-            }
+        let sizes: Vec<u64> = items.iter().map(|(_, data, _)| data.len() as u64).collect();
+        for (start, end) in frame_ranges(&sizes) {
             let request = Request::Put {
                 items: items[start..end]
                     .iter()
@@ -320,10 +299,31 @@ impl TcpStore {
                 Response::Put(a) if a.len() == end - start => out.extend(a),
                 other => return Err(unexpected("put", &other)),
             }
-            start = end;
         }
         Ok(out)
     }
+}
+
+/// Splits items of the given payload sizes into consecutive `[start, end)` ranges that each fit
+/// one frame: at most [`BATCH_ITEMS_MAX`] items and [`PAYLOAD_BYTES_MAX`] payload bytes (a single
+/// item is always sent on its own, and the server judges its size).
+fn frame_ranges(sizes: &[u64]) -> Vec<(usize, usize)> {
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    while start < sizes.len() {
+        let mut end = start;
+        let mut bytes = 0u64;
+        while end < sizes.len() && end - start < BATCH_ITEMS_MAX {
+            if end > start && bytes + sizes[end] > PAYLOAD_BYTES_MAX {
+                break;
+            }
+            bytes += sizes[end];
+            end += 1;
+        }
+        ranges.push((start, end));
+        start = end;
+    }
+    ranges
 }
 
 /// Lands a fetched block in the caller's buffer after checking its checksum.

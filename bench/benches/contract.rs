@@ -12,74 +12,25 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use gpucache_backends::MemoryStore;
-use gpucache_dataplane::caller::{Caller, Rights};
-use gpucache_dataplane::clock::MonotonicClock;
-use gpucache_dataplane::identity::{
-    CacheIdentity, Digest32, KvDtype, PositionEncoding, QuantFormat, RopeParams, RopeScaling,
-    Shard, TenantId,
+use gpucache_bench::fixtures::{
+    KIB, MIB, caller, identity, payload, size_label, timed_puts, to_u64,
 };
+use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::key::{KeyDigest, LogicalKey, PhysicalKey};
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
 
-const TENANT: &str = "tenant-0042";
 const CHAIN_LENGTHS: [usize; 3] = [1, 16, 256];
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
 const PAYLOAD_SIZES: [usize; 5] = [4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB];
 /// Payload bytes one timed batch of puts may hold before it is invalidated (untimed).
 const PUT_BATCH_BYTES: usize = 64 * MIB;
 /// Most keys in one timed batch of puts.
 const PUT_BATCH_KEYS: usize = 256;
-
-/// A digest whose 32 bytes are derived from `seed` (a splitmix-style walk), so that distinct
-/// seeds give distinct, unremarkable-looking digests.
-fn digest(seed: u64) -> Digest32 {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(0x2545_f491_4f6c_dd1d);
-    let mut out = [0u8; 32];
-    for chunk in out.chunks_exact_mut(8) {
-        state ^= state >> 31;
-        state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        state ^= state >> 29;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
-    Digest32(out)
-}
-
-/// A production-looking identity: a 70B-class model on an 8-way tensor-parallel shard, bf16 KV,
-/// paged layout, Llama-3 RoPE scaling, 16-token blocks, and a chain of `links` hashes whose
-/// values start from `chain_seed`.
-fn identity(links: usize, chain_seed: u64) -> CacheIdentity {
-    let rope = match RopeParams::new(500_000.0, RopeScaling::Llama3, 8.0, 8192) {
-        Ok(r) => r,
-        Err(e) => panic!("bench RoPE parameters are invalid: {e}"),
-    };
-    let chain = (0u64..).take(links).map(|i| digest(chain_seed.wrapping_add(i))).collect();
-    let built = CacheIdentity::builder()
-        .tenant(TENANT)
-        .trust_domain("prod-us-east-1")
-        .model_revision("meta-llama/Llama-3.1-70B-Instruct@945c8663")
-        .model_config(digest(1))
-        .tokenizer_revision("meta-llama/Llama-3.1-70B-Instruct@945c8663:tokenizer")
-        .kv_dtype(KvDtype::Bf16)
-        .quant(QuantFormat::None)
-        .layout("paged-nhd", 2)
-        .shard(Shard { tp_rank: 3, tp_size: 8, pp_rank: 0, pp_size: 1 })
-        .position(PositionEncoding::Rope)
-        .rope(Some(rope))
-        .chain(chain)
-        .block_tokens(16)
-        .valid_tokens(16)
-        .build();
-    match built {
-        Ok(id) => id,
-        Err(e) => panic!("bench identity is invalid: {e}"),
-    }
-}
 
 fn key_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("key");
@@ -124,72 +75,11 @@ fn digest_benches(c: &mut Criterion) {
     g.finish();
 }
 
-fn size_label(bytes: usize) -> String {
-    if bytes >= MIB { format!("{}MiB", bytes / MIB) } else { format!("{}KiB", bytes / KIB) }
-}
-
-fn to_u64(n: usize) -> u64 {
-    u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// A payload with every byte set (not zero pages), the same for every size.
-fn payload(bytes: usize) -> Vec<u8> {
-    let mut state = 0x1234_5678_u32;
-    (0..bytes)
-        .map(|_| {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            state.to_le_bytes()[3]
-        })
-        .collect()
-}
-
 fn store_and_caller() -> (MemoryStore, Caller) {
-    let store =
-        match MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default())) {
-            Ok(s) => s,
-            Err(e) => panic!("default limits are refused: {e}"),
-        };
-    let tenant = match TenantId::parse(TENANT) {
-        Ok(t) => t,
-        Err(e) => panic!("bench tenant is invalid: {e}"),
-    };
-    (store, Caller::new(tenant, Rights::READ_WRITE))
-}
-
-/// Times `iters` puts of `src`, each into a key with no block under it. Keys come from `pool`
-/// in batches; after each batch its blocks are invalidated outside the timing, so usage stays
-/// bounded and the next batch finds its keys free again.
-fn timed_puts(
-    store: &MemoryStore,
-    caller: &Caller,
-    pool: &[PhysicalKey],
-    src: &[u8],
-    iters: u64,
-) -> Duration {
-    let mut total = Duration::ZERO;
-    let mut left = iters;
-    while left > 0 {
-        let n = usize::try_from(left).unwrap_or(usize::MAX).min(pool.len());
-        let batch = &pool[..n];
-        let start = Instant::now();
-        for key in batch {
-            match store.put(caller, key, black_box(src), None) {
-                Ok(Put::Committed(sum)) => {
-                    black_box(sum);
-                }
-                other => panic!("put was not committed: {other:?}"),
-            }
-        }
-        total += start.elapsed();
-        for key in batch {
-            match store.invalidate(caller, key) {
-                Ok(Invalidate::Removed) => {}
-                other => panic!("invalidate did not remove the block: {other:?}"),
-            }
-        }
-        left -= to_u64(n);
+    match MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default())) {
+        Ok(s) => (s, caller()),
+        Err(e) => panic!("default limits are refused: {e}"),
     }
-    total
 }
 
 fn memory_store_benches(c: &mut Criterion) {

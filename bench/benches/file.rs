@@ -14,99 +14,22 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::file::{Durability, FileStore, FileStoreConfig};
-use gpucache_dataplane::caller::{Caller, Rights};
-use gpucache_dataplane::clock::MonotonicClock;
-use gpucache_dataplane::identity::{
-    CacheIdentity, Digest32, KvDtype, PositionEncoding, QuantFormat, RopeParams, RopeScaling,
-    Shard, TenantId,
+use gpucache_bench::fixtures::{
+    KIB, MIB, caller, keys, payload, put, size_label, timed_puts, to_u64,
 };
-use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::store::{Get, Invalidate, Store};
 
-const TENANT: &str = "tenant-0042";
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
 const PAYLOAD_SIZES: [usize; 4] = [64 * KIB, 256 * KIB, MIB, 4 * MIB];
 /// Payload bytes one batch of puts, or the set of blocks a get cycles over, may hold.
 const SET_BYTES: usize = 64 * MIB;
 /// Most keys in one batch or get set.
 const SET_KEYS: usize = 256;
-
-/// A digest derived from `seed` (a splitmix-style walk).
-fn digest(seed: u64) -> Digest32 {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(0x2545_f491_4f6c_dd1d);
-    let mut out = [0u8; 32];
-    for chunk in out.chunks_exact_mut(8) {
-        state ^= state >> 31;
-        state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        state ^= state >> 29;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
-    Digest32(out)
-}
-
-/// A production-looking key with a 16-link chain starting at `seed`.
-fn key(seed: u64) -> PhysicalKey {
-    let rope = match RopeParams::new(500_000.0, RopeScaling::Llama3, 8.0, 8192) {
-        Ok(r) => r,
-        Err(e) => panic!("bench RoPE parameters are invalid: {e}"),
-    };
-    let built = CacheIdentity::builder()
-        .tenant(TENANT)
-        .trust_domain("prod-us-east-1")
-        .model_revision("meta-llama/Llama-3.1-70B-Instruct@945c8663")
-        .model_config(digest(1))
-        .tokenizer_revision("meta-llama/Llama-3.1-70B-Instruct@945c8663:tokenizer")
-        .kv_dtype(KvDtype::Bf16)
-        .quant(QuantFormat::None)
-        .layout("paged-nhd", 2)
-        .shard(Shard { tp_rank: 3, tp_size: 8, pp_rank: 0, pp_size: 1 })
-        .position(PositionEncoding::Rope)
-        .rope(Some(rope))
-        .chain((0..16).map(|i| digest(seed.wrapping_add(i))).collect())
-        .block_tokens(16)
-        .valid_tokens(16)
-        .build();
-    match built {
-        Ok(id) => PhysicalKey::new(id),
-        Err(e) => panic!("bench identity is invalid: {e}"),
-    }
-}
-
-fn keys(first_seed: u64, n: usize) -> Vec<PhysicalKey> {
-    (0..to_u64(n)).map(|i| key(first_seed + i * 16)).collect()
-}
-
-fn size_label(bytes: usize) -> String {
-    if bytes >= MIB { format!("{}MiB", bytes / MIB) } else { format!("{}KiB", bytes / KIB) }
-}
-
-fn to_u64(n: usize) -> u64 {
-    u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// A payload with every byte set (no zero pages).
-fn payload(bytes: usize) -> Vec<u8> {
-    let mut state = 0x1234_5678_u32;
-    (0..bytes)
-        .map(|_| {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            state.to_le_bytes()[3]
-        })
-        .collect()
-}
-
-fn caller() -> Caller {
-    match TenantId::parse(TENANT) {
-        Ok(t) => Caller::new(t, Rights::READ_WRITE),
-        Err(e) => panic!("bench tenant is invalid: {e}"),
-    }
-}
 
 /// A buffered store with no flushes, on `engine`, under `dir`.
 fn open(dir: &std::path::Path, engine: EngineChoice) -> FileStore {
@@ -118,45 +41,6 @@ fn open(dir: &std::path::Path, engine: EngineChoice) -> FileStore {
         Ok(s) => s,
         Err(e) => panic!("the bench store does not open: {e}"),
     }
-}
-
-fn put(store: &FileStore, caller: &Caller, key: &PhysicalKey, src: &[u8]) {
-    match store.put(caller, key, black_box(src), None) {
-        Ok(Put::Committed(sum)) => {
-            black_box(sum);
-        }
-        other => panic!("put was not committed: {other:?}"),
-    }
-}
-
-/// Times `iters` puts of `src`, each into a key with no block; each batch of `pool` is
-/// invalidated after its timed part.
-fn timed_puts(
-    store: &FileStore,
-    caller: &Caller,
-    pool: &[PhysicalKey],
-    src: &[u8],
-    iters: u64,
-) -> Duration {
-    let mut total = Duration::ZERO;
-    let mut left = iters;
-    while left > 0 {
-        let n = usize::try_from(left).unwrap_or(usize::MAX).min(pool.len());
-        let batch = &pool[..n];
-        let start = Instant::now();
-        for key in batch {
-            put(store, caller, key, src);
-        }
-        total += start.elapsed();
-        for key in batch {
-            match store.invalidate(caller, key) {
-                Ok(Invalidate::Removed) => {}
-                other => panic!("invalidate did not remove the block: {other:?}"),
-            }
-        }
-        left -= to_u64(n);
-    }
-    total
 }
 
 fn file_store_benches(c: &mut Criterion) {

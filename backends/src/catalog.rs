@@ -21,8 +21,8 @@ use gpucache_dataplane::registry::{
     RegionId, RegionTable, RegistryError,
 };
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Invalidate, Lookup, MissReason, Reclaimed, Reservation, Reserve,
-    Retirement, StoreError, StoreStats, WrittenRanges, authorize,
+    Abort, Committed, FullPolicy, Get, Invalidate, Lookup, MissReason, Reclaimed, Reservation,
+    Reserve, Retirement, StoreError, StoreStats, WrittenRanges, authorize,
 };
 
 /// One block and the payload the store keeps for it.
@@ -50,6 +50,28 @@ pub(crate) struct ReadPin {
     pub(crate) region: RegionId,
     pub(crate) len: u64,
     pub(crate) checksum: Checksum,
+}
+
+impl ReadPin {
+    /// Bytes of the caller's buffer the read fills.
+    pub(crate) fn len_bytes(&self) -> usize {
+        usize::try_from(self.len).unwrap_or(usize::MAX)
+    }
+
+    /// Whether the bytes the caller received are the committed ones: the read side of the
+    /// checksum recorded at commit, computed over the caller's buffer, not the store's copy.
+    pub(crate) fn delivered_intact(&self, delivered: &[u8]) -> bool {
+        Checksum::of(delivered) == self.checksum
+    }
+
+    /// The answer to the read once [`Catalog::unpin_read`] has settled it.
+    pub(crate) fn answer(&self, corrupt: bool) -> Get {
+        if corrupt {
+            Get::Miss(MissReason::Corrupt)
+        } else {
+            Get::Hit { len: self.len, checksum: self.checksum }
+        }
+    }
 }
 
 /// A committed block loaded from durable storage at open.

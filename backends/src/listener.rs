@@ -22,6 +22,45 @@ impl Gate {
     }
 }
 
+/// What one read of a connection gave.
+pub(crate) enum ReadTick {
+    /// This many bytes arrived.
+    Data(usize),
+    /// Nothing arrived within the read timeout, and the connection is not idle yet.
+    Quiet,
+    /// The peer closed, the read failed, or nothing complete arrived for `idle_timeout`.
+    Closed,
+}
+
+/// Reads once from a connection whose read timeout is a short tick, so the caller's loop can
+/// check for shutdown between ticks; a connection with no complete request since
+/// `last_request` for longer than `idle_timeout` is reported closed.
+pub(crate) fn read_tick(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    last_request: Instant,
+    idle_timeout: Duration,
+) -> ReadTick {
+    match io::Read::read(stream, buf) {
+        Ok(0) => ReadTick::Closed,
+        Ok(n) => ReadTick::Data(n),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+            ) =>
+        {
+            if last_request.elapsed() > idle_timeout {
+                tracing::debug!(peer = ?stream.peer_addr().ok(), "closing an idle connection");
+                ReadTick::Closed
+            } else {
+                ReadTick::Quiet
+            }
+        }
+        Err(_) => ReadTick::Closed,
+    }
+}
+
 /// A running accept loop.
 #[derive(Debug)]
 pub(crate) struct Acceptor {

@@ -149,22 +149,17 @@ impl Store for MemoryStore {
             Ok(pin) => pin,
             Err(miss) => return Ok(Get::Miss(miss)),
         };
-        let len = usize::try_from(pin.len).unwrap_or(usize::MAX);
+        let len = pin.len_bytes();
         if let Some(b) = inner.catalog.entry(pin.region) {
             dst[..len].copy_from_slice(&b.payload);
         }
-        // Verify what the caller received, not what we hold.
-        let corrupt = Checksum::of(&dst[..len]) != pin.checksum;
+        let corrupt = !pin.delivered_intact(&dst[..len]);
         if corrupt {
             dst[..len].fill(0);
         }
         let released = inner.catalog.unpin_read(pin.region, corrupt);
         inner.spare.give(released);
-        Ok(if corrupt {
-            Get::Miss(gpucache_dataplane::store::MissReason::Corrupt)
-        } else {
-            Get::Hit { len: pin.len, checksum: pin.checksum }
-        })
+        Ok(pin.answer(corrupt))
     }
 
     fn reserve(

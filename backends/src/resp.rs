@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::listener::{Acceptor, AcceptorConfig, Gate};
+use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::identity::{
@@ -678,24 +678,10 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
         if shared.gate.stopping() && decoder.is_idle() {
             return;
         }
-        let n = match stream.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                if last_request.elapsed() > shared.config.idle_timeout {
-                    tracing::debug!(?peer, "closing an idle RESP connection");
-                    return;
-                }
-                continue;
-            }
-            Err(_) => return,
+        let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
+            ReadTick::Data(n) => n,
+            ReadTick::Quiet => continue,
+            ReadTick::Closed => return,
         };
         decoder.feed(&buf[..n]);
         loop {

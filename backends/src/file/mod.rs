@@ -376,19 +376,12 @@ impl FileStore {
         &self,
         key: &PhysicalKey,
         region: RegionId,
-        seq: u64,
+        (seq, epoch): (u64, u64),
         payload: &[u8],
     ) -> io::Result<(PathBuf, u64, Checksum)> {
         let checksum = Checksum::of(payload);
         let mut header = vec![0u8; layout::header_len_for(key.encoded().len())];
-        layout::encode_header(
-            &mut header,
-            key,
-            payload.len() as u64,
-            checksum,
-            seq,
-            self.epoch_now(),
-        );
+        layout::encode_header(&mut header, key, payload.len() as u64, checksum, seq, epoch);
         let tmp = layout::tmp_path(&self.root, region.0);
         let final_path = layout::block_path(&self.root, key, seq);
         let result = (|| {
@@ -433,10 +426,6 @@ impl FileStore {
         Ok(())
     }
 
-    fn epoch_now(&self) -> u64 {
-        self.lock().epoch().0
-    }
-
     /// Commit the reservation whose payload is `payload` (taken out of the catalog, or the
     /// caller's own buffer for `put`).
     fn commit_payload(
@@ -445,8 +434,12 @@ impl FileStore {
         key: &PhysicalKey,
         payload: &[u8],
     ) -> Result<Committed, StoreError> {
-        let seq = self.lock().next_seq_reserve();
-        match self.persist(key, region, seq, payload) {
+        // The commit sequence names the file; the epoch goes into its header. One lock for both.
+        let (seq, epoch) = {
+            let mut catalog = self.lock();
+            (catalog.next_seq_reserve(), catalog.epoch().0)
+        };
+        match self.persist(key, region, (seq, epoch), payload) {
             Ok((path, header_len, checksum)) => {
                 let now = self.clock.now_ms();
                 let mut catalog = self.lock();
@@ -711,11 +704,10 @@ impl Store for FileStore {
                 }
             }
         };
-        let len = usize::try_from(pin.len).unwrap_or(usize::MAX);
+        let len = pin.len_bytes();
         let read = self.read_payload(&path, header_len, &mut dst[..len]);
-        // Verify what the caller received, not what the disk claims.
         let (corrupt, failure) = match read {
-            Ok(()) => (Checksum::of(&dst[..len]) != pin.checksum, None),
+            Ok(()) => (!pin.delivered_intact(&dst[..len]), None),
             // A short file is a truncated block: a miss, and the block goes.
             Err(e)
                 if e.kind() == io::ErrorKind::UnexpectedEof
@@ -737,11 +729,7 @@ impl Store for FileStore {
                 retirement: Retirement::Retired,
             });
         }
-        Ok(if corrupt {
-            Get::Miss(MissReason::Corrupt)
-        } else {
-            Get::Hit { len: pin.len, checksum: pin.checksum }
-        })
+        Ok(pin.answer(corrupt))
     }
 
     fn reserve(

@@ -8,7 +8,7 @@
 //! oversize, unknown version) is answered once and the connection closes. Nothing a client
 //! sends can stop the accept loop or another connection.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::store::{Get, Store, StoreError};
 
-use crate::listener::{Acceptor, AcceptorConfig, Gate};
+use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
 
 use super::proto::{Fetched, FrameDecoder, GetItem, Request, Response, VERSION, WireError};
 
@@ -133,7 +133,6 @@ fn send(stream: &mut TcpStream, response: &Response, request_id: u64) -> io::Res
 }
 
 fn serve_connection(mut stream: TcpStream, shared: &Shared) {
-    let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(READ_TICK));
     let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
@@ -146,24 +145,10 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
             let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0);
             return;
         }
-        let n = match stream.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                if last_request.elapsed() > shared.config.idle_timeout {
-                    tracing::debug!(?peer, "closing an idle connection");
-                    return;
-                }
-                continue;
-            }
-            Err(_) => return,
+        let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
+            ReadTick::Data(n) => n,
+            ReadTick::Quiet => continue,
+            ReadTick::Closed => return,
         };
         let mut input = &buf[..n];
         loop {

@@ -9,6 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How long a refused connection gets to take its refusal.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long shutdown tries to connect to its own listener to wake the accept call.
+const WAKE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often shutdown looks at connection threads that have not finished yet.
+const JOIN_POLL: Duration = Duration::from_millis(5);
+
 /// What connection threads watch: whether the listener is stopping, and how many are open.
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
@@ -109,7 +116,7 @@ impl Acceptor {
                     let open = gate.open.fetch_add(1, Ordering::AcqRel);
                     if open >= connections_max {
                         gate.open.fetch_sub(1, Ordering::AcqRel);
-                        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                        let _ = stream.set_write_timeout(Some(REFUSAL_WRITE_TIMEOUT));
                         refuse(&mut stream, open, connections_max);
                         continue;
                     }
@@ -156,7 +163,7 @@ impl Acceptor {
     pub(crate) fn stop(&mut self) -> usize {
         self.gate.stopping.store(true, Ordering::Release);
         // Wake the accept call.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        let _ = TcpStream::connect_timeout(&self.addr, WAKE_CONNECT_TIMEOUT);
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
@@ -166,7 +173,7 @@ impl Acceptor {
         let mut left = 0;
         for h in handles {
             while !h.is_finished() && Instant::now() < deadline {
-                std::thread::park_timeout(Duration::from_millis(5));
+                std::thread::park_timeout(JOIN_POLL);
             }
             if h.is_finished() {
                 let _ = h.join();

@@ -86,6 +86,18 @@ pub enum Reserve {
     Refused(Refusal),
 }
 
+impl Reserve {
+    /// The reservation to write into, or the final answer of a PUT that writes nothing.
+    pub fn into_reservation(self) -> Result<Reservation, Put> {
+        match self {
+            Reserve::Reserved(r) => Ok(r),
+            Reserve::AlreadyCommitted => Err(Put::AlreadyCommitted),
+            Reserve::Busy => Err(Put::Busy),
+            Reserve::Refused(r) => Err(Put::Refused(r)),
+        }
+    }
+}
+
 /// Answer to [`Store::commit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Committed {
@@ -297,12 +309,11 @@ pub trait Store: Send + Sync {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        let reservation = match self.reserve(caller, key, src.len() as u64, request)? {
-            Reserve::Reserved(r) => r,
-            Reserve::AlreadyCommitted => return Ok(Put::AlreadyCommitted),
-            Reserve::Busy => return Ok(Put::Busy),
-            Reserve::Refused(r) => return Ok(Put::Refused(r)),
-        };
+        let reservation =
+            match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
+                Ok(r) => r,
+                Err(answer) => return Ok(answer),
+            };
         match self
             .write(caller, &reservation, 0, src)
             .and_then(|()| self.commit(caller, &reservation))

@@ -808,11 +808,9 @@ impl Store for FileStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        let r = match self.reserve(caller, key, src.len() as u64, request)? {
-            Reserve::Reserved(r) => r,
-            Reserve::AlreadyCommitted => return Ok(Put::AlreadyCommitted),
-            Reserve::Busy => return Ok(Put::Busy),
-            Reserve::Refused(r) => return Ok(Put::Refused(r)),
+        let r = match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
+            Ok(r) => r,
+            Err(answer) => return Ok(answer),
         };
         // Record the whole payload as written without staging a copy: the file is written
         // straight from the caller's buffer.

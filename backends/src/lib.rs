@@ -11,6 +11,7 @@ mod listener;
 pub mod memory;
 pub mod metered;
 pub mod resp;
+pub mod shm;
 pub mod tcp;
 
 pub use memory::MemoryStore;

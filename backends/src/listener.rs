@@ -3,7 +3,10 @@
 //! connection thread within a deadline. What a connection does is the caller's.
 
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -29,10 +32,123 @@ impl Gate {
     }
 }
 
+/// A connected stream a listener serves: TCP, or a Unix socket (which can also carry a
+/// descriptor, the shared-memory segment of the same-host fast path).
+pub(crate) trait Connection: io::Read + io::Write + Send + 'static {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Turns off write coalescing where there is any.
+    fn set_nodelay(&self);
+    /// The peer, for logs.
+    fn peer(&self) -> String;
+    /// Reads like `read`, and also returns a descriptor that arrived with the bytes.
+    fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+        Ok((io::Read::read(self, buf)?, None))
+    }
+}
+
+impl Connection for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, timeout)
+    }
+    fn set_nodelay(&self) {
+        let _ = TcpStream::set_nodelay(self, true);
+    }
+    fn peer(&self) -> String {
+        self.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string())
+    }
+}
+
+impl Connection for UnixStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, timeout)
+    }
+    fn set_nodelay(&self) {}
+    fn peer(&self) -> String {
+        "unix socket peer".into()
+    }
+    fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+        crate::shm::recv_with_fd(self, buf)
+    }
+}
+
+/// A bound listener the accept loop takes connections from.
+pub(crate) trait Listen: Send + 'static {
+    type Stream: Connection;
+    fn accept(&self) -> io::Result<Self::Stream>;
+    /// Wakes a blocked `accept` (by connecting to it), during shutdown.
+    fn wake(&self);
+}
+
+impl Listen for TcpListener {
+    type Stream = TcpStream;
+    fn accept(&self) -> io::Result<TcpStream> {
+        TcpListener::accept(self).map(|(s, _)| s)
+    }
+    fn wake(&self) {
+        if let Ok(addr) = self.local_addr() {
+            let _ = TcpStream::connect_timeout(&addr, WAKE_CONNECT_TIMEOUT);
+        }
+    }
+}
+
+/// A Unix listener and the path it is bound to.
+#[derive(Debug)]
+pub(crate) struct LocalListener {
+    pub(crate) listener: UnixListener,
+    pub(crate) path: PathBuf,
+}
+
+impl LocalListener {
+    /// Binds `path`, replacing a stale socket left by an earlier run (but nothing else).
+    pub(crate) fn bind(path: PathBuf) -> io::Result<Self> {
+        use std::os::unix::fs::FileTypeExt;
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            if !meta.file_type().is_socket() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            if UnixStream::connect(&path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is served by another process", path.display()),
+                ));
+            }
+            std::fs::remove_file(&path)?;
+        }
+        let listener = UnixListener::bind(&path)?;
+        Ok(Self { listener, path })
+    }
+}
+
+impl Listen for LocalListener {
+    type Stream = UnixStream;
+    fn accept(&self) -> io::Result<UnixStream> {
+        self.listener.accept().map(|(s, _)| s)
+    }
+    fn wake(&self) {
+        let _ = UnixStream::connect(&self.path);
+    }
+}
+
+impl Drop for LocalListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// What one read of a connection gave.
 pub(crate) enum ReadTick {
-    /// This many bytes arrived.
-    Data(usize),
+    /// This many bytes arrived (and a descriptor with them, on a Unix socket).
+    Data(usize, Option<OwnedFd>),
     /// Nothing arrived within the read timeout, and the connection is not idle yet.
     Quiet,
     /// The peer closed, the read failed, or nothing complete arrived for `idle_timeout`.
@@ -42,15 +158,15 @@ pub(crate) enum ReadTick {
 /// Reads once from a connection whose read timeout is a short tick, so the caller's loop can
 /// check for shutdown between ticks; a connection with no complete request since
 /// `last_request` for longer than `idle_timeout` is reported closed.
-pub(crate) fn read_tick(
-    stream: &mut TcpStream,
+pub(crate) fn read_tick<C: Connection>(
+    stream: &mut C,
     buf: &mut [u8],
     last_request: Instant,
     idle_timeout: Duration,
 ) -> ReadTick {
-    match io::Read::read(stream, buf) {
-        Ok(0) => ReadTick::Closed,
-        Ok(n) => ReadTick::Data(n),
+    match stream.read_with_fd(buf) {
+        Ok((0, _)) => ReadTick::Closed,
+        Ok((n, fd)) => ReadTick::Data(n, fd),
         Err(e)
             if matches!(
                 e.kind(),
@@ -58,7 +174,7 @@ pub(crate) fn read_tick(
             ) =>
         {
             if last_request.elapsed() > idle_timeout {
-                tracing::debug!(peer = ?stream.peer_addr().ok(), "closing an idle connection");
+                tracing::debug!(peer = %stream.peer(), "closing an idle connection");
                 ReadTick::Closed
             } else {
                 ReadTick::Quiet
@@ -69,13 +185,21 @@ pub(crate) fn read_tick(
 }
 
 /// A running accept loop.
-#[derive(Debug)]
 pub(crate) struct Acceptor {
-    addr: SocketAddr,
+    wake: Box<dyn Fn() + Send + Sync>,
     gate: Arc<Gate>,
     accept: Option<JoinHandle<()>>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     shutdown_deadline: Duration,
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acceptor")
+            .field("gate", &self.gate)
+            .field("shutdown_deadline", &self.shutdown_deadline)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How an accept loop runs.
@@ -91,16 +215,19 @@ pub(crate) struct AcceptorConfig<R, S> {
 }
 
 impl Acceptor {
-    pub(crate) fn start<R, S>(
-        listener: TcpListener,
+    pub(crate) fn start<L, R, S>(
+        listener: L,
         gate: Arc<Gate>,
         config: AcceptorConfig<R, S>,
     ) -> io::Result<Self>
     where
-        R: Fn(&mut TcpStream, u32, u32) + Send + 'static,
-        S: Fn(TcpStream) + Send + Sync + 'static,
+        L: Listen + Sync,
+        R: Fn(&mut L::Stream, u32, u32) + Send + 'static,
+        S: Fn(L::Stream) + Send + Sync + 'static,
     {
-        let addr = listener.local_addr()?;
+        let listener = Arc::new(listener);
+        let waker = Arc::clone(&listener);
+        let wake = Box::new(move || waker.wake());
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let accept = {
             let gate = Arc::clone(&gate);
@@ -108,7 +235,8 @@ impl Acceptor {
             let AcceptorConfig { name, connections_max, refuse, serve, .. } = config;
             let serve = Arc::new(serve);
             std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
-                for stream in listener.incoming() {
+                loop {
+                    let stream = listener.accept();
                     if gate.stopping() {
                         break;
                     }
@@ -116,7 +244,7 @@ impl Acceptor {
                     let open = gate.open.fetch_add(1, Ordering::AcqRel);
                     if open >= connections_max {
                         gate.open.fetch_sub(1, Ordering::AcqRel);
-                        let _ = stream.set_write_timeout(Some(REFUSAL_WRITE_TIMEOUT));
+                        let _ = Connection::set_write_timeout(&stream, Some(REFUSAL_WRITE_TIMEOUT));
                         refuse(&mut stream, open, connections_max);
                         continue;
                     }
@@ -142,16 +270,12 @@ impl Acceptor {
             })?
         };
         Ok(Self {
-            addr,
+            wake,
             gate,
             accept: Some(accept),
             connections,
             shutdown_deadline: config.shutdown_deadline,
         })
-    }
-
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.addr
     }
 
     pub(crate) fn open_connections(&self) -> u32 {
@@ -163,7 +287,7 @@ impl Acceptor {
     pub(crate) fn stop(&mut self) -> usize {
         self.gate.stopping.store(true, Ordering::Release);
         // Wake the accept call.
-        let _ = TcpStream::connect_timeout(&self.addr, WAKE_CONNECT_TIMEOUT);
+        (self.wake)();
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }

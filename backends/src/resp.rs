@@ -564,6 +564,7 @@ impl std::fmt::Debug for Shared {
 #[derive(Debug)]
 pub struct RespServer {
     acceptor: Acceptor,
+    addr: SocketAddr,
 }
 
 impl RespServer {
@@ -607,11 +608,11 @@ impl RespServer {
             },
         )?;
         tracing::info!(%addr, %tenant, "gpucache RESP listener up");
-        Ok(Self { acceptor })
+        Ok(Self { acceptor, addr })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.acceptor.local_addr()
+        self.addr
     }
 
     /// Connections open right now.
@@ -679,7 +680,8 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
             return;
         }
         let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
-            ReadTick::Data(n) => n,
+            // RESP clients cannot send descriptors over TCP; nothing to keep.
+            ReadTick::Data(n, _) => n,
             ReadTick::Quiet => continue,
             ReadTick::Closed => return,
         };

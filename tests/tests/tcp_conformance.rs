@@ -1,5 +1,6 @@
 //! The conformance suite, unchanged, through the TCP client against a running server (over a
-//! MemoryStore and over a FileStore). Each subject runs its own server on a loopback port.
+//! MemoryStore and over a FileStore), and through the same-host path (Unix socket and shared
+//! segment). Each subject runs its own server on a loopback port.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_backends::tcp::{ClientConfig, LocalConfig, Server, ServerConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -21,15 +22,41 @@ fn served(
     store: Arc<dyn Store>,
     corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
 ) -> Subject {
+    serve(store, corrupt, false)
+}
+
+/// [`served`], with the client on the same-host path: every GET and PUT goes through a segment
+/// shared with the server (bounce buffers: the suite's buffers are ordinary vectors).
+fn served_shared(
+    store: Arc<dyn Store>,
+    corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
+) -> Subject {
+    serve(store, corrupt, true)
+}
+
+fn serve(
+    store: Arc<dyn Store>,
+    corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
+    shared: bool,
+) -> Subject {
     let tenants = (0..3).map(|t| Caller::new(tenant(t), Rights::ALL)).collect();
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let server = Server::start(ServerConfig::new(addr, tenants), store).expect("server starts");
-    let client =
-        TcpStore::new(ClientConfig::new(server.local_addr(), Caller::new(tenant(0), Rights::ALL)));
+    let dir = tempfile::tempdir().expect("socket dir");
+    let mut config = ServerConfig::new(addr, tenants);
+    if shared {
+        config.local = Some(dir.path().join("gpucache.sock"));
+    }
+    let server = Server::start(config, store).expect("server starts");
+    let mut client = ClientConfig::new(server.local_addr(), Caller::new(tenant(0), Rights::ALL));
+    if let Some(path) = server.local_path() {
+        let mut local = LocalConfig::new(path);
+        local.segment_bytes = gpucache_backends::shm::SEGMENT_BYTES_MIN;
+        client.local = Some(local);
+    }
     Subject {
-        store: Box::new(client),
+        store: Box::new(TcpStore::new(client)),
         corrupt: Box::new(move |key| {
-            let _serving = &server;
+            let _serving = (&server, &dir);
             corrupt(key)
         }),
     }
@@ -41,6 +68,16 @@ mod memory {
         let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
         let hook = Arc::clone(&store);
         served(store, Box::new(move |key| hook.corrupt_for_test(key, 17)))
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod memory_shared {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+        let hook = Arc::clone(&store);
+        served_shared(store, Box::new(move |key| hook.corrupt_for_test(key, 17)))
     }
     gpucache_dataplane::conformance_suite!(make);
 }

@@ -1,14 +1,25 @@
 //! The client of the native GPCW service, as a [`Store`]: every call is one request frame and
 //! its answer, over pooled connections (one pool per tenant and rights), each with a deadline.
 //!
-//! The remote store never touches the caller's memory: a GET's bytes arrive in a frame and are
-//! copied into the caller's buffer only after their checksum verifies, and a PUT's bytes are
-//! sent before the call returns. So every failure, transport failures included, is retired
+//! Over TCP the remote store never touches the caller's memory: a GET's bytes arrive in a frame
+//! and are copied into the caller's buffer only after their checksum verifies, and a PUT's bytes
+//! are sent before the call returns. So every failure, transport failures included, is retired
 //! (`failures_retire` is true). A transport failure is never a hit: the caller recomputes.
+//!
+//! On the same host ([`LocalConfig`]) the client talks to the server's Unix socket instead and
+//! hands it a sealed shared segment at connect; payloads then move through the segment, with
+//! the same answers. A buffer from [`TcpStore::shared_buffer`] lives in the segment, so a GET
+//! into it is written there by the server directly (no copy here) and a PUT from it is read from
+//! there; any other buffer goes through a bounce buffer of the segment (one copy here, none
+//! through the socket). The client checks every block's checksum in the segment before it
+//! reports a hit. A failed call whose server side may still be writing a caller's shared buffer
+//! reports [`Retirement::Unknown`]; a bounce buffer in that state is quarantined for good.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -24,9 +35,11 @@ use gpucache_dataplane::store::{
     Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
 };
 
+use crate::shm::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
+
 use super::proto::{
     BATCH_ITEMS_MAX, Fetched, FrameDecoder, GetItem, PAYLOAD_BYTES_MAX, PutItem, RemoteInfo,
-    Request, Response,
+    Request, Response, SharedGetItem, SharedPutItem,
 };
 
 /// Idle connections kept per (tenant, rights).
@@ -43,6 +56,25 @@ pub struct ClientConfig {
     /// leases, fences).
     pub control: Caller,
     pub client_name: String,
+    /// The same-host fast path: talk to the server's Unix socket and share a segment with it.
+    pub local: Option<LocalConfig>,
+}
+
+/// The same-host fast path of a client.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// The server's Unix socket (`listen.local` in its configuration).
+    pub path: PathBuf,
+    /// Size of the one segment this client shares with the server over all its connections;
+    /// it bounds the shared buffers and bounce space in use at once.
+    pub segment_bytes: u64,
+    pub pages: Pages,
+}
+
+impl LocalConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into(), segment_bytes: 256 << 20, pages: Pages::Normal }
+    }
 }
 
 impl ClientConfig {
@@ -52,13 +84,62 @@ impl ClientConfig {
             deadline: Duration::from_secs(30),
             control,
             client_name: "gpucache-client".into(),
+            local: None,
+        }
+    }
+}
+
+/// A connection's socket: TCP, or the server's Unix socket on the same host.
+#[derive(Debug)]
+enum Stream {
+    Tcp(TcpStream),
+    Local(UnixStream),
+}
+
+impl Stream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(t),
+            Self::Local(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_write_timeout(t),
+            Self::Local(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read(buf),
+            Self::Local(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write(buf),
+            Self::Local(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.flush(),
+            Self::Local(s) => s.flush(),
         }
     }
 }
 
 #[derive(Debug)]
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     decoder: FrameDecoder,
     buf: Vec<u8>,
 }
@@ -72,6 +153,8 @@ pub struct TcpStore {
     pools: Mutex<HashMap<PoolKey, Vec<Conn>>>,
     next_id: AtomicU64,
     info: OnceLock<RemoteInfo>,
+    /// The shared segment of the same-host path, made at the first connection.
+    arena: OnceLock<SharedArena>,
 }
 
 fn transport(operation: &'static str, detail: impl std::fmt::Display) -> StoreError {
@@ -105,14 +188,49 @@ fn check_right(caller: &Caller, right: Right) -> Result<(), StoreError> {
 
 impl TcpStore {
     pub fn new(config: ClientConfig) -> Self {
-        Self { config, pools: Mutex::default(), next_id: AtomicU64::new(1), info: OnceLock::new() }
+        Self {
+            config,
+            pools: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            info: OnceLock::new(),
+            arena: OnceLock::new(),
+        }
+    }
+
+    /// The shared segment of the same-host path (made on first use); `None` over TCP.
+    fn arena(&self, operation: &'static str) -> Result<Option<&SharedArena>, StoreError> {
+        let Some(local) = &self.config.local else { return Ok(None) };
+        if let Some(a) = self.arena.get() {
+            return Ok(Some(a));
+        }
+        let segment = Segment::create(local.segment_bytes, local.pages)
+            .map_err(|e| transport(operation, format!("shared segment: {e}")))?;
+        Ok(Some(self.arena.get_or_init(|| SharedArena::new(segment))))
+    }
+
+    /// A buffer of `len` bytes inside the segment shared with the server: a GET into it or a PUT
+    /// from it moves no payload through the socket and copies nothing on this side. `None` when
+    /// the client is not on the same-host path or the segment has no free range that large.
+    pub fn shared_buffer(&self, len: usize) -> Option<SharedBuf> {
+        self.arena("shared_buffer").ok().flatten()?.alloc(len)
+    }
+
+    fn open_stream(&self, operation: &'static str) -> Result<Stream, StoreError> {
+        match &self.config.local {
+            None => {
+                let stream = TcpStream::connect_timeout(&self.config.addr, self.config.deadline)
+                    .map_err(|e| transport(operation, e))?;
+                let _ = stream.set_nodelay(true);
+                Ok(Stream::Tcp(stream))
+            }
+            Some(local) => UnixStream::connect(&local.path).map(Stream::Local).map_err(|e| {
+                transport(operation, format!("local socket {}: {e}", local.path.display()))
+            }),
+        }
     }
 
     fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
-        let d = self.config.deadline;
-        let stream = TcpStream::connect_timeout(&self.config.addr, d)
-            .map_err(|e| transport(operation, e))?;
-        let _ = stream.set_nodelay(true);
+        let stream = self.open_stream(operation)?;
         let mut conn =
             Conn { stream, decoder: FrameDecoder::new(), buf: vec![0; READ_CHUNK_BYTES] };
         let hello = Request::Hello {
@@ -121,9 +239,18 @@ impl TcpStore {
             rights: caller.rights,
         };
         match self.exchange(&mut conn, &hello, operation)? {
-            Response::Hello { .. } => Ok(conn),
-            other => Err(unexpected(operation, &other)),
+            Response::Hello { .. } => {}
+            other => return Err(unexpected(operation, &other)),
         }
+        if let Some(arena) = self.arena(operation)? {
+            let segment = arena.segment();
+            let attach = Request::ShmAttach { len: segment.len() };
+            match self.exchange_with(&mut conn, &attach, operation, Some(segment))? {
+                Response::ShmAttach(len) if len == segment.len() => {}
+                other => return Err(unexpected(operation, &other)),
+            }
+        }
+        Ok(conn)
     }
 
     /// Sends one request and waits for its answer on `conn`.
@@ -132,6 +259,18 @@ impl TcpStore {
         conn: &mut Conn,
         request: &Request,
         operation: &'static str,
+    ) -> Result<Response, StoreError> {
+        self.exchange_with(conn, request, operation, None)
+    }
+
+    /// [`Self::exchange`], handing over `segment`'s descriptor with the request (a Unix socket
+    /// only).
+    fn exchange_with(
+        &self,
+        conn: &mut Conn,
+        request: &Request,
+        operation: &'static str,
+        segment: Option<&Segment>,
     ) -> Result<Response, StoreError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let bytes = request.to_frame_bytes(id).map_err(|e| StoreError::Backend {
@@ -143,7 +282,12 @@ impl TcpStore {
         conn.stream
             .set_write_timeout(Some(self.config.deadline))
             .map_err(|e| transport(operation, e))?;
-        conn.stream.write_all(&bytes).map_err(|e| transport(operation, e))?;
+        match (&conn.stream, segment) {
+            (Stream::Local(s), Some(seg)) => send_with_fd(s, &bytes, seg.fd()),
+            (Stream::Tcp(_), Some(_)) => Err(io::Error::other("a descriptor needs a Unix socket")),
+            (_, None) => conn.stream.write_all(&bytes),
+        }
+        .map_err(|e| transport(operation, e))?;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -247,14 +391,32 @@ impl TcpStore {
         Ok(out)
     }
 
-    /// Batch GET into caller buffers: one answer per item, in order. Items are grouped so that
-    /// each frame's capacities stay within the protocol's payload limit.
+    /// Batch GET into caller buffers: one answer per item, in order. Over TCP items are grouped
+    /// so that each frame's capacities stay within the protocol's payload limit; on the
+    /// same-host path they go through the shared segment (falling back to frames when the
+    /// segment has no room for a bounce buffer).
     pub fn get_many(
         &self,
         caller: &Caller,
         items: &mut [(PhysicalKey, &mut [u8])],
     ) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
         check_right(caller, Right::Read)?;
+        let Some(arena) = self.arena("get")? else { return self.get_framed(caller, items) };
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks_mut(BATCH_ITEMS_MAX) {
+            match self.get_shared(caller, arena, chunk)? {
+                Some(answers) => out.extend(answers),
+                None => out.extend(self.get_framed(caller, chunk)?),
+            }
+        }
+        Ok(out)
+    }
+
+    fn get_framed(
+        &self,
+        caller: &Caller,
+        items: &mut [(PhysicalKey, &mut [u8])],
+    ) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
         let sizes: Vec<u64> = items.iter().map(|(_, dst)| dst.len() as u64).collect();
         for (start, end) in frame_ranges(&sizes) {
@@ -275,13 +437,77 @@ impl TcpStore {
         Ok(out)
     }
 
-    /// Batch PUT: one answer per item, in order.
+    /// One GET_SHARED frame for at most [`BATCH_ITEMS_MAX`] items; `None` when a bounce
+    /// buffer does not fit the segment.
+    fn get_shared(
+        &self,
+        caller: &Caller,
+        arena: &SharedArena,
+        items: &mut [(PhysicalKey, &mut [u8])],
+    ) -> Result<Option<Vec<Result<Get, StoreError>>>, StoreError> {
+        let mut places = Vec::with_capacity(items.len());
+        for (_, dst) in items.iter() {
+            match Place::of(arena, dst) {
+                Some(p) => places.push(p),
+                None => return Ok(None),
+            }
+        }
+        let request = Request::GetShared {
+            items: items
+                .iter()
+                .zip(&places)
+                .map(|((key, dst), place)| SharedGetItem {
+                    key: key.clone(),
+                    offset: place.offset(),
+                    capacity: dst.len() as u64,
+                })
+                .collect(),
+        };
+        let answers = match self.call(caller, request, "get") {
+            Ok(Response::GetShared(a)) if a.len() == items.len() => a,
+            // Refused at the protocol level: the server wrote nothing.
+            Ok(other) => return Err(unexpected("get", &other)),
+            Err(e) => {
+                // The server may still be writing the ranges it was given.
+                let callers = places.iter().any(|p| matches!(p, Place::Caller(_)));
+                places.into_iter().for_each(Place::quarantine);
+                return Err(if callers { unknown_retirement(e) } else { e });
+            }
+        };
+        Ok(Some(
+            items
+                .iter_mut()
+                .zip(places)
+                .zip(answers)
+                .map(|(((_, dst), place), answer)| answer.map(|g| land_shared(g, &place, dst)))
+                .collect(),
+        ))
+    }
+
+    /// Batch PUT: one answer per item, in order. On the same-host path the bytes go through the
+    /// shared segment (falling back to frames when it has no room for a bounce buffer).
     pub fn put_many(
         &self,
         caller: &Caller,
         items: &[(PhysicalKey, &[u8], Option<RequestId>)],
     ) -> Result<Vec<Result<Put, StoreError>>, StoreError> {
         check_right(caller, Right::Write)?;
+        let Some(arena) = self.arena("put")? else { return self.put_framed(caller, items) };
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(BATCH_ITEMS_MAX) {
+            match self.put_shared(caller, arena, chunk)? {
+                Some(answers) => out.extend(answers),
+                None => out.extend(self.put_framed(caller, chunk)?),
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_framed(
+        &self,
+        caller: &Caller,
+        items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    ) -> Result<Vec<Result<Put, StoreError>>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
         let sizes: Vec<u64> = items.iter().map(|(_, data, _)| data.len() as u64).collect();
         for (start, end) in frame_ranges(&sizes) {
@@ -301,6 +527,124 @@ impl TcpStore {
             }
         }
         Ok(out)
+    }
+
+    /// One PUT_SHARED frame for at most [`BATCH_ITEMS_MAX`] items; `None` when a bounce
+    /// buffer does not fit the segment.
+    fn put_shared(
+        &self,
+        caller: &Caller,
+        arena: &SharedArena,
+        items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    ) -> Result<Option<Vec<Result<Put, StoreError>>>, StoreError> {
+        let mut places = Vec::with_capacity(items.len());
+        for (_, src, _) in items {
+            match Place::of(arena, src) {
+                Some(Place::Bounce(mut b)) => {
+                    b.copy_from_slice(src);
+                    places.push(Place::Bounce(b));
+                }
+                Some(p) => places.push(p),
+                None => return Ok(None),
+            }
+        }
+        let request = Request::PutShared {
+            items: items
+                .iter()
+                .zip(&places)
+                .map(|((key, src, request), place)| SharedPutItem {
+                    key: key.clone(),
+                    request: *request,
+                    offset: place.offset(),
+                    len: src.len() as u64,
+                    checksum: Checksum::of(src),
+                })
+                .collect(),
+        };
+        match self.call(caller, request, "put") {
+            Ok(Response::PutShared(a)) if a.len() == items.len() => Ok(Some(a)),
+            Ok(other) => Err(unexpected("put", &other)),
+            Err(e) => {
+                // The server only reads these ranges, and refuses bytes that no longer match
+                // their checksum; bounce buffers are still kept out of reuse.
+                places.into_iter().for_each(Place::quarantine);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Where one item's bytes sit in the shared segment.
+enum Place {
+    /// The caller's own buffer, a [`SharedBuf`], at this offset.
+    Caller(u64),
+    /// A bounce buffer taken for a buffer outside the segment.
+    Bounce(SharedBuf),
+}
+
+impl Place {
+    fn of(arena: &SharedArena, bytes: &[u8]) -> Option<Self> {
+        match arena.segment().offset_of(bytes) {
+            Some(offset) => Some(Self::Caller(offset)),
+            None => arena.alloc(bytes.len()).map(Self::Bounce),
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        match self {
+            Self::Caller(offset) => *offset,
+            Self::Bounce(b) => b.offset(),
+        }
+    }
+
+    fn quarantine(self) {
+        if let Self::Bounce(b) = self {
+            b.quarantine();
+        }
+    }
+}
+
+/// Checks a block the server wrote into the segment and, from a bounce buffer, copies it into
+/// the caller's buffer.
+fn land_shared(got: Get, place: &Place, dst: &mut [u8]) -> Get {
+    match got {
+        Get::Hit { len, checksum } => {
+            let n = match usize::try_from(len) {
+                Ok(n) if n <= dst.len() => n,
+                _ => {
+                    dst.fill(0);
+                    return Get::Miss(MissReason::Corrupt);
+                }
+            };
+            let sound = match place {
+                Place::Caller(_) => Checksum::of(&dst[..n]) == checksum,
+                Place::Bounce(b) => {
+                    dst[..n].copy_from_slice(&b[..n]);
+                    Checksum::of(&dst[..n]) == checksum
+                }
+            };
+            if sound {
+                Get::Hit { len, checksum }
+            } else {
+                dst.fill(0);
+                Get::Miss(MissReason::Corrupt)
+            }
+        }
+        Get::Miss(MissReason::Corrupt) => {
+            dst.fill(0);
+            Get::Miss(MissReason::Corrupt)
+        }
+        miss => miss,
+    }
+}
+
+/// The same failure, without the promise that the caller's buffers are no longer touched.
+fn unknown_retirement(e: StoreError) -> StoreError {
+    match e {
+        StoreError::Backend { operation, detail, .. } => {
+            StoreError::Backend { operation, detail, retirement: Retirement::Unknown }
+        }
+        other => other,
     }
 }
 
@@ -354,6 +698,7 @@ fn retryable(request: &Request) -> bool {
             | Request::Stats
             | Request::Lookup { .. }
             | Request::Get { .. }
+            | Request::GetShared { .. }
     )
 }
 
@@ -373,8 +718,9 @@ impl Store for TcpStore {
         StoreInfo {
             name: "tcp",
             implementation: remote.map_or(Implementation::Real, |i| i.implementation),
-            // The remote never holds the caller's memory: every failure here is retired.
-            failures_retire: true,
+            // Over TCP the remote never holds the caller's memory: every failure is retired.
+            // On the shared segment a failed GET may still be written by the server.
+            failures_retire: self.config.local.is_none(),
             full_policy: remote.map_or(FullPolicy::Refuse, |i| i.full_policy),
         }
     }
@@ -400,13 +746,7 @@ impl Store for TcpStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        check_right(caller, Right::Read)?;
-        let item = GetItem { key: key.clone(), capacity: dst.len() as u64 };
-        let fetched = match self.call(caller, Request::Get { items: vec![item] }, "get")? {
-            Response::Get(items) => single(items, "get")?,
-            other => return Err(unexpected("get", &other)),
-        };
-        Ok(land(fetched, dst))
+        single(self.get_many(caller, &mut [(key.clone(), dst)])?, "get")
     }
 
     fn reserve(
@@ -478,12 +818,7 @@ impl Store for TcpStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        check_right(caller, Right::Write)?;
-        let item = PutItem { key: key.clone(), request, data: src.to_vec() };
-        match self.call(caller, Request::Put { items: vec![item] }, "put")? {
-            Response::Put(items) => single(items, "put"),
-            other => Err(unexpected("put", &other)),
-        }
+        single(self.put_many(caller, &[(key.clone(), src, request)])?, "put")
     }
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {

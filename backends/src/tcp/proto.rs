@@ -29,7 +29,9 @@ use std::fmt;
 
 pub use error::WireError;
 pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, header_checksum};
-pub use message::{Fetched, GetItem, PutItem, RemoteInfo, Request, Response};
+pub use message::{
+    Fetched, GetItem, PutItem, RemoteInfo, Request, Response, SharedGetItem, SharedPutItem,
+};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};
 
 /// The first four bytes of every frame.
@@ -132,13 +134,19 @@ pub enum Op {
     Attest,
     BumpEpoch,
     ReclaimFenced,
+    /// Hands the server a shared-memory segment (the descriptor rides with the frame).
+    ShmAttach,
+    /// Batch GET into the connection's shared segment.
+    GetShared,
+    /// Batch PUT from the connection's shared segment.
+    PutShared,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 20] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -155,6 +163,9 @@ impl Op {
         Self::Attest,
         Self::BumpEpoch,
         Self::ReclaimFenced,
+        Self::ShmAttach,
+        Self::GetShared,
+        Self::PutShared,
         Self::Error,
     ];
 
@@ -176,6 +187,9 @@ impl Op {
             Self::Attest => 14,
             Self::BumpEpoch => 15,
             Self::ReclaimFenced => 16,
+            Self::ShmAttach => 17,
+            Self::GetShared => 18,
+            Self::PutShared => 19,
             Self::Error => 255,
         }
     }
@@ -207,6 +221,9 @@ impl Op {
             Self::Attest => "ATTEST",
             Self::BumpEpoch => "BUMP_EPOCH",
             Self::ReclaimFenced => "RECLAIM_FENCED",
+            Self::ShmAttach => "SHM_ATTACH",
+            Self::GetShared => "GET_SHARED",
+            Self::PutShared => "PUT_SHARED",
             Self::Error => "ERROR",
         }
     }

@@ -67,6 +67,10 @@ pub enum WireError {
     ShuttingDown,
     #[error("internal server error: {detail}")]
     Internal { detail: String },
+    /// A shared-memory request the connection cannot serve: no segment attached, a segment
+    /// that cannot be mapped (unsealed, too large, no descriptor), or a range outside it.
+    #[error("shared memory: {detail}")]
+    SharedMemory { detail: String },
 }
 
 impl WireError {

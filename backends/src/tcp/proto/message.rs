@@ -6,8 +6,8 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed,
-    Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
+    Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer};
@@ -38,6 +38,27 @@ pub struct PutItem {
     pub key: PhysicalKey,
     pub request: Option<RequestId>,
     pub data: Vec<u8>,
+}
+
+/// One key of a batch GET through the connection's shared segment: the server writes the block
+/// at `offset`, at most `capacity` bytes, and answers with its length and checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedGetItem {
+    pub key: PhysicalKey,
+    pub offset: u64,
+    pub capacity: u64,
+}
+
+/// One block of a batch PUT whose `len` bytes lie at `offset` of the connection's shared
+/// segment. `checksum` is the client's checksum of them: a block the server stored under
+/// another checksum (the bytes changed while it copied them) is invalidated and refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPutItem {
+    pub key: PhysicalKey,
+    pub request: Option<RequestId>,
+    pub offset: u64,
+    pub len: u64,
+    pub checksum: Checksum,
 }
 
 /// The answer to one GET item: the block's bytes on a hit. The client checks
@@ -126,6 +147,17 @@ pub enum Request {
     ReclaimFenced {
         epoch: Epoch,
     },
+    /// Hands over the shared segment whose descriptor arrives with this frame (`SCM_RIGHTS`
+    /// on a Unix socket); `len` is its size as the client mapped it.
+    ShmAttach {
+        len: u64,
+    },
+    GetShared {
+        items: Vec<SharedGetItem>,
+    },
+    PutShared {
+        items: Vec<SharedPutItem>,
+    },
 }
 
 /// What a server answers, with the op of the request (or [`Op::Error`]).
@@ -151,6 +183,10 @@ pub enum Response {
     Attest(Result<Reclaimed, StoreError>),
     BumpEpoch(Result<Epoch, StoreError>),
     ReclaimFenced(Result<u64, StoreError>),
+    /// The segment is mapped; its length as the server sees it.
+    ShmAttach(u64),
+    GetShared(Vec<Result<Get, StoreError>>),
+    PutShared(Vec<Result<Put, StoreError>>),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -190,6 +226,9 @@ impl Request {
             Self::Attest { .. } => Op::Attest,
             Self::BumpEpoch => Op::BumpEpoch,
             Self::ReclaimFenced { .. } => Op::ReclaimFenced,
+            Self::ShmAttach { .. } => Op::ShmAttach,
+            Self::GetShared { .. } => Op::GetShared,
+            Self::PutShared { .. } => Op::PutShared,
         }
     }
 
@@ -256,6 +295,25 @@ impl Request {
             }
             Self::Attest { region } => w.u64(region.0),
             Self::ReclaimFenced { epoch } => w.u64(epoch.0),
+            Self::ShmAttach { len } => w.u64(*len),
+            Self::GetShared { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.offset);
+                    w.u64(item.capacity);
+                }
+            }
+            Self::PutShared { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    put_request_id(w, item.request);
+                    w.u64(item.offset);
+                    w.u64(item.len);
+                    w.u64(item.checksum.0);
+                }
+            }
         }
     }
 
@@ -324,6 +382,33 @@ impl Request {
             }
             Op::Attest => Self::Attest { region: RegionId(r.u64(text::INTEGER)?) },
             Op::ReclaimFenced => Self::ReclaimFenced { epoch: Epoch(r.u64(text::INTEGER)?) },
+            Op::ShmAttach => Self::ShmAttach { len: r.u64(text::INTEGER)? },
+            Op::GetShared => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(SharedGetItem {
+                        key: r.key(index)?,
+                        offset: r.u64(text::INTEGER)?,
+                        capacity: r.u64(text::INTEGER)?,
+                    });
+                }
+                Self::GetShared { items }
+            }
+            Op::PutShared => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(SharedPutItem {
+                        key: r.key(index)?,
+                        request: get_request_id(r)?,
+                        offset: r.u64(text::INTEGER)?,
+                        len: r.u64(text::INTEGER)?,
+                        checksum: Checksum(r.u64(text::INTEGER)?),
+                    });
+                }
+                Self::PutShared { items }
+            }
             Op::Error => return Err(WireError::UnknownOp { op: op.code() }),
         })
     }
@@ -405,6 +490,29 @@ fn get_fetched(r: &mut Reader<'_>) -> Result<Fetched, WireError> {
     }
 }
 
+fn put_get(w: &mut Writer<'_>, g: &Get) -> Result<(), super::values::Unrepresentable> {
+    match g {
+        Get::Hit { len, checksum } => {
+            w.u8(0);
+            w.u64(*len);
+            w.u64(checksum.0);
+        }
+        Get::Miss(m) => {
+            w.u8(1);
+            put_miss(w, *m);
+        }
+    }
+    Ok(())
+}
+
+fn get_get(r: &mut Reader<'_>) -> Result<Get, WireError> {
+    match r.u8(text::FETCHED)? {
+        0 => Ok(Get::Hit { len: r.u64(text::INTEGER)?, checksum: Checksum(r.u64(text::INTEGER)?) }),
+        1 => Ok(Get::Miss(get_miss(r)?)),
+        tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
+    }
+}
+
 impl Response {
     pub fn op(&self) -> Op {
         match self {
@@ -424,6 +532,9 @@ impl Response {
             Self::Attest(_) => Op::Attest,
             Self::BumpEpoch(_) => Op::BumpEpoch,
             Self::ReclaimFenced(_) => Op::ReclaimFenced,
+            Self::ShmAttach(_) => Op::ShmAttach,
+            Self::GetShared(_) => Op::GetShared,
+            Self::PutShared(_) => Op::PutShared,
             Self::Error(_) => Op::Error,
         }
     }
@@ -476,6 +587,9 @@ impl Response {
                 w.u64(e.0);
                 Ok(())
             }),
+            Self::ShmAttach(len) => w.u64(*len),
+            Self::GetShared(items) => write_batch(w, items, put_get),
+            Self::PutShared(items) => write_batch(w, items, put_put),
             Self::Error(e) => put_wire_error(w, e),
         }
     }
@@ -514,6 +628,9 @@ impl Response {
             Op::Attest => Self::Attest(get_result(r, get_reclaimed)?),
             Op::BumpEpoch => Self::BumpEpoch(get_result(r, |r| Ok(Epoch(r.u64(N)?)))?),
             Op::ReclaimFenced => Self::ReclaimFenced(get_result(r, |r| r.u64(N))?),
+            Op::ShmAttach => Self::ShmAttach(r.u64(N)?),
+            Op::GetShared => Self::GetShared(read_batch(r, |r, _| get_get(r))?),
+            Op::PutShared => Self::PutShared(read_batch(r, |r, _| get_put(r))?),
             Op::Error => Self::Error(get_wire_error(r)?),
         })
     }

@@ -762,6 +762,10 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u8(20);
             w.text(detail);
         }
+        WireError::SharedMemory { detail } => {
+            w.u8(21);
+            w.text(detail);
+        }
     }
 }
 
@@ -795,6 +799,7 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
         18 => WireError::Busy { connections: r.u32(N)?, max: r.u32(N)? },
         19 => WireError::ShuttingDown,
         20 => WireError::Internal { detail: r.text(text::TEXT)? },
+        21 => WireError::SharedMemory { detail: r.text(text::TEXT)? },
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use gpucache_backends::tcp::proto::{
     BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, Fetched, Frame, FrameDecoder,
     FrameError, FrameHeader, GetItem, HEADER_BYTES, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem,
-    REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, TEXT_BYTES_MAX, VERSION,
-    WHAT_TEXT, WireError, header_checksum, intern, offset,
+    REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SharedGetItem,
+    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, header_checksum, intern, offset,
 };
 use gpucache_dataplane::caller::Right;
 use gpucache_dataplane::checksum::Checksum;
@@ -19,8 +19,8 @@ use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed,
-    Reservation, Reserve, Retirement, StoreError, StoreStats,
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
+    Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreStats,
 };
 use gpucache_dataplane::testing::fixture;
 use proptest::collection::vec;
@@ -273,6 +273,7 @@ fn wire_error() -> impl Strategy<Value = WireError> {
             .prop_map(|(connections, max)| WireError::Busy { connections, max }),
         Just(WireError::ShuttingDown),
         text().prop_map(|detail| WireError::Internal { detail }),
+        text().prop_map(|detail| WireError::SharedMemory { detail }),
     ]
 }
 
@@ -325,6 +326,27 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|r| Request::Attest { region: RegionId(r) }),
         Just(()).prop_map(|()| Request::BumpEpoch),
         any::<u64>().prop_map(|e| Request::ReclaimFenced { epoch: Epoch(e) }),
+        any::<u64>().prop_map(|len| Request::ShmAttach { len }),
+        vec((key(), any::<u64>(), any::<u64>()), 0..8).prop_map(|items| Request::GetShared {
+            items: items
+                .into_iter()
+                .map(|(key, offset, capacity)| SharedGetItem { key, offset, capacity })
+                .collect()
+        }),
+        vec((key(), request_id(), any::<u64>(), any::<u64>(), any::<u64>()), 0..8).prop_map(
+            |items| Request::PutShared {
+                items: items
+                    .into_iter()
+                    .map(|(key, request, offset, len, c)| SharedPutItem {
+                        key,
+                        request,
+                        offset,
+                        len,
+                        checksum: Checksum(c),
+                    })
+                    .collect()
+            }
+        ),
     ]
 }
 
@@ -435,7 +457,17 @@ fn response() -> impl Strategy<Value = Response> {
         .prop_map(Response::Attest),
         result(any::<u64>().prop_map(Epoch)).prop_map(Response::BumpEpoch),
         result(any::<u64>()).prop_map(Response::ReclaimFenced),
+        any::<u64>().prop_map(Response::ShmAttach),
+        vec(result(got()), 0..8).prop_map(Response::GetShared),
+        vec(result(put_outcome()), 0..8).prop_map(Response::PutShared),
         wire_error().prop_map(Response::Error),
+    ]
+}
+
+fn got() -> impl Strategy<Value = Get> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>()).prop_map(|(len, c)| Get::Hit { len, checksum: Checksum(c) }),
+        miss().prop_map(Get::Miss),
     ]
 }
 
@@ -630,6 +662,19 @@ fn sample_requests() -> Vec<Request> {
         Request::Attest { region: RegionId(77) },
         Request::BumpEpoch,
         Request::ReclaimFenced { epoch: Epoch(3) },
+        Request::ShmAttach { len: 1 << 30 },
+        Request::GetShared {
+            items: vec![SharedGetItem { key: k1.clone(), offset: 4096, capacity: 1 << 20 }],
+        },
+        Request::PutShared {
+            items: vec![SharedPutItem {
+                key: k2.clone(),
+                request: Some(RequestId(4)),
+                offset: 0,
+                len: 10,
+                checksum: Checksum(5),
+            }],
+        },
     ]
 }
 
@@ -685,6 +730,12 @@ fn sample_responses() -> Vec<Response> {
             EpochError::Unavailable { detail: "etcd down".into() },
         )))),
         Response::ReclaimFenced(Ok(0)),
+        Response::ShmAttach(1 << 30),
+        Response::GetShared(vec![
+            Ok(Get::Hit { len: 3, checksum: Checksum(8) }),
+            Ok(Get::Miss(MissReason::Corrupt)),
+        ]),
+        Response::PutShared(vec![Ok(Put::AlreadyCommitted)]),
         Response::Error(WireError::UnsupportedVersion { found: 2, supported: VERSION }),
     ]
 }
@@ -927,7 +978,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 17), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 20), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;
@@ -1281,7 +1332,7 @@ fn bad_names_text_and_tags_are_typed() {
         (Op::Write, &[1, 12], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[21], "wire error"),
+        (Op::Error, &[22], "wire error"),
     ];
     for (op, body, what) in cases {
         let result = Response::decode_body(op, body);
@@ -1527,6 +1578,7 @@ fn every_wire_error() -> Vec<WireError> {
         WireError::Busy { connections: 1, max: 1 },
         WireError::ShuttingDown,
         WireError::Internal { detail: "bug".into() },
+        WireError::SharedMemory { detail: "no segment".into() },
     ]
 }
 

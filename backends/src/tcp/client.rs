@@ -155,6 +155,37 @@ pub struct TcpStore {
     info: OnceLock<RemoteInfo>,
     /// The shared segment of the same-host path, made at the first connection.
     arena: OnceLock<SharedArena>,
+    shared: SharedCounters,
+}
+
+/// What the same-host path did, for operators and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedStats {
+    /// Items served straight from or into a caller's shared buffer.
+    pub direct_items: u64,
+    /// Items that went through a bounce buffer of the segment.
+    pub bounced_items: u64,
+    /// Batches sent as ordinary frames because the segment had no room for a bounce buffer.
+    pub framed_batches: u64,
+    /// Segment bytes withheld for good after failed requests.
+    pub quarantined_bytes: u64,
+    /// Segment bytes free now.
+    pub free_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct SharedCounters {
+    direct_items: AtomicU64,
+    bounced_items: AtomicU64,
+    framed_batches: AtomicU64,
+}
+
+impl SharedCounters {
+    fn count(&self, places: &[Place]) {
+        let direct = places.iter().filter(|p| matches!(p, Place::Caller(_))).count() as u64;
+        self.direct_items.fetch_add(direct, Ordering::Relaxed);
+        self.bounced_items.fetch_add(places.len() as u64 - direct, Ordering::Relaxed);
+    }
 }
 
 fn transport(operation: &'static str, detail: impl std::fmt::Display) -> StoreError {
@@ -194,6 +225,20 @@ impl TcpStore {
             next_id: AtomicU64::new(1),
             info: OnceLock::new(),
             arena: OnceLock::new(),
+            shared: SharedCounters::default(),
+        }
+    }
+
+    /// What the same-host path has done so far (all zero over TCP).
+    pub fn shared_stats(&self) -> SharedStats {
+        let c = &self.shared;
+        let arena = self.arena.get();
+        SharedStats {
+            direct_items: c.direct_items.load(Ordering::Relaxed),
+            bounced_items: c.bounced_items.load(Ordering::Relaxed),
+            framed_batches: c.framed_batches.load(Ordering::Relaxed),
+            quarantined_bytes: arena.map_or(0, SharedArena::quarantined_bytes),
+            free_bytes: arena.map_or(0, SharedArena::free_bytes),
         }
     }
 
@@ -406,7 +451,10 @@ impl TcpStore {
         for chunk in items.chunks_mut(BATCH_ITEMS_MAX) {
             match self.get_shared(caller, arena, chunk)? {
                 Some(answers) => out.extend(answers),
-                None => out.extend(self.get_framed(caller, chunk)?),
+                None => {
+                    self.shared.framed_batches.fetch_add(1, Ordering::Relaxed);
+                    out.extend(self.get_framed(caller, chunk)?);
+                }
             }
         }
         Ok(out)
@@ -452,6 +500,7 @@ impl TcpStore {
                 None => return Ok(None),
             }
         }
+        self.shared.count(&places);
         let request = Request::GetShared {
             items: items
                 .iter()
@@ -497,7 +546,10 @@ impl TcpStore {
         for chunk in items.chunks(BATCH_ITEMS_MAX) {
             match self.put_shared(caller, arena, chunk)? {
                 Some(answers) => out.extend(answers),
-                None => out.extend(self.put_framed(caller, chunk)?),
+                None => {
+                    self.shared.framed_batches.fetch_add(1, Ordering::Relaxed);
+                    out.extend(self.put_framed(caller, chunk)?);
+                }
             }
         }
         Ok(out)
@@ -548,6 +600,7 @@ impl TcpStore {
                 None => return Ok(None),
             }
         }
+        self.shared.count(&places);
         let request = Request::PutShared {
             items: items
                 .iter()

@@ -9,5 +9,5 @@ pub mod client;
 pub mod proto;
 pub mod server;
 
-pub use client::{ClientConfig, LocalConfig, TcpStore};
+pub use client::{ClientConfig, LocalConfig, SharedStats, TcpStore};
 pub use server::{Server, ServerConfig};

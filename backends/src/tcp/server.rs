@@ -3,27 +3,40 @@
 //!
 //! A connection starts with HELLO, which names its tenant and the rights it asks for; it gets
 //! the rights it asks for that its tenant's configuration grants, and keeps that identity until
-//! it closes. Frames are answered in order. A frame-level error whose boundary is known is
+//! it closes. A tenant with keys must prove itself in a sealed HELLO; its session then seals
+//! every frame both ways and refuses replayed request ids (ADR 0012). A tenant without keys
+//! ("open") is trusted on its word. Frames are answered in order. A frame-level error whose boundary is known is
 //! answered and the connection continues; one that loses the stream (bad magic or header,
 //! oversize, unknown version) is answered once and the connection closes. Nothing a client
 //! sends can stop the accept loop or another connection.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::caller::{Caller, Right, Rights};
+use gpucache_dataplane::clock::{Clock, UnixClock};
+use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::store::{Get, Store, StoreError};
 
 use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
 
-use super::proto::{Fetched, FrameDecoder, GetItem, Request, Response, VERSION, WireError};
+use super::auth::{ReplayWindow, TenantAuth};
+use super::proto::seal::{self, NONCE_BYTES, SealKey};
+use super::proto::{
+    AuthFailure, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Request, Response,
+    VERSION, WireError,
+};
 
 /// How often a blocked read wakes to check for shutdown and idleness.
 const READ_TICK: Duration = Duration::from_millis(100);
 /// Bytes read from a socket per call.
 const READ_CHUNK_BYTES: usize = 256 << 10;
+
+/// Default for [`ServerConfig::clock_skew_max`].
+pub const CLOCK_SKEW_MAX_DEFAULT: Duration = Duration::from_secs(120);
 
 /// How to run a server.
 #[derive(Debug, Clone)]
@@ -41,6 +54,12 @@ pub struct ServerConfig {
     pub name: String,
     /// How long shutdown waits for connection threads.
     pub shutdown_deadline: Duration,
+    /// The keys of the tenants that must authenticate; a tenant not here is open.
+    pub auth: HashMap<TenantId, TenantAuth>,
+    /// The most a HELLO timestamp may differ from [`Self::clock`].
+    pub clock_skew_max: Duration,
+    /// Unix-epoch milliseconds, for HELLO timestamps and key expiry.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl ServerConfig {
@@ -53,6 +72,9 @@ impl ServerConfig {
             tenants,
             name: format!("gpucache/{}", env!("CARGO_PKG_VERSION")),
             shutdown_deadline: Duration::from_secs(10),
+            auth: HashMap::new(),
+            clock_skew_max: CLOCK_SKEW_MAX_DEFAULT,
+            clock: Arc::new(UnixClock),
         }
     }
 }
@@ -96,6 +118,7 @@ impl Server {
                 connections_max,
                 shutdown_deadline,
                 refuse: |stream: &mut TcpStream, open: u32, max: u32| {
+                    // Before HELLO: no session key, so the refusal is unsealed.
                     let busy = Response::Error(WireError::Busy { connections: open, max });
                     if let Ok(bytes) = busy.to_frame_bytes(0) {
                         let _ = stream.write_all(&bytes);
@@ -124,12 +147,28 @@ impl Server {
     }
 }
 
-fn send(stream: &mut TcpStream, response: &Response, request_id: u64) -> io::Result<()> {
-    let bytes = match response.to_frame_bytes(request_id) {
-        Ok(b) => b,
-        Err(e) => Response::Error(e).to_frame_bytes(request_id).map_err(io::Error::other)?,
-    };
+fn send(
+    stream: &mut TcpStream,
+    response: &Response,
+    request_id: u64,
+    seal: Option<&SealKey>,
+) -> io::Result<()> {
+    let mut bytes = Vec::new();
+    if let Err(e) = response.encode_sealed_frame(request_id, seal, &mut bytes) {
+        Response::Error(e)
+            .encode_sealed_frame(request_id, seal, &mut bytes)
+            .map_err(io::Error::other)?;
+    }
     stream.write_all(&bytes)
+}
+
+/// Who a connection acts for, once HELLO succeeded.
+#[derive(Debug)]
+struct Session {
+    caller: Caller,
+    /// The session key of a sealed session; `None` for an open tenant.
+    seal: Option<SealKey>,
+    replay: ReplayWindow,
 }
 
 fn serve_connection(mut stream: TcpStream, shared: &Shared) {
@@ -138,11 +177,12 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
     let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
-    let mut caller: Option<Caller> = None;
+    let mut session: Option<Session> = None;
     let mut last_request = Instant::now();
     loop {
+        let seal = session.as_ref().and_then(|s| s.seal.as_ref());
         if shared.gate.stopping() && decoder.is_idle() {
-            let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0);
+            let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0, seal);
             return;
         }
         let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
@@ -156,20 +196,19 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
                 Ok(Some(frame)) => {
                     last_request = Instant::now();
                     let request_id = frame.request_id;
-                    let response = match Request::from_frame(&frame) {
-                        Ok(request) => answer(request, &mut caller, shared),
-                        Err(e) => Response::Error(e),
-                    };
+                    let response = serve_frame(&frame, &mut session, shared);
+                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
                     let closes = matches!(&response, Response::Error(e) if e.closes_connection());
-                    if send(&mut stream, &response, request_id).is_err() || closes {
+                    if send(&mut stream, &response, request_id, seal).is_err() || closes {
                         return;
                     }
                 }
                 Ok(None) => break,
                 Err(fe) => {
+                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
                     let closes = fe.resync_impossible() || fe.error.closes_connection();
-                    let sent =
-                        send(&mut stream, &Response::Error(fe.error), fe.request_id.unwrap_or(0));
+                    let id = fe.request_id.unwrap_or(0);
+                    let sent = send(&mut stream, &Response::Error(fe.error), id, seal);
                     if closes || sent.is_err() {
                         return;
                     }
@@ -179,24 +218,129 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
     }
 }
 
-fn answer(request: Request, caller: &mut Option<Caller>, shared: &Shared) -> Response {
-    let store = &*shared.store;
-    if let Request::Hello { tenant, rights, .. } = &request {
-        if caller.is_some() {
-            return Response::Error(WireError::AlreadyAuthenticated);
+/// One whole frame: HELLO before a session, otherwise (for a sealed session, once its seal and
+/// request id pass) the request it carries.
+fn serve_frame(frame: &Frame, session: &mut Option<Session>, shared: &Shared) -> Response {
+    let Some(s) = session.as_mut() else {
+        return match Request::from_frame(frame) {
+            Ok(Request::Hello { tenant, rights, auth, .. }) => {
+                match hello(frame, tenant, rights, auth, shared) {
+                    Ok((opened, answer)) => {
+                        *session = Some(opened);
+                        answer
+                    }
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Ok(_) => Response::Error(WireError::NotAuthenticated),
+            Err(e) => Response::Error(e),
+        };
+    };
+    if let Some(key) = &s.seal {
+        if let Err(e) = frame.verify_seal(key) {
+            return Response::Error(e);
         }
-        let Some(granted) = shared.config.tenants.iter().find(|c| &c.tenant == tenant) else {
-            return Response::Error(WireError::NotAuthenticated);
-        };
-        let rights = Rights {
-            read: rights.read && granted.rights.read,
-            write: rights.write && granted.rights.write,
-            admin: rights.admin && granted.rights.admin,
-        };
-        *caller = Some(Caller::new(tenant.clone(), rights));
-        return Response::Hello { version: VERSION, server: shared.config.name.clone() };
+        if let Err(e) = s.replay.accept(frame.request_id) {
+            return Response::Error(e);
+        }
     }
-    let Some(who) = caller.as_ref() else { return Response::Error(WireError::NotAuthenticated) };
+    match Request::from_frame(frame) {
+        Ok(Request::Hello { .. }) => Response::Error(WireError::AlreadyAuthenticated),
+        Ok(request) => answer(request, &s.caller, shared),
+        Err(e) => Response::Error(e),
+    }
+}
+
+fn refuse(reason: AuthFailure) -> WireError {
+    WireError::AuthFailed { reason }
+}
+
+/// Opens a session: an open tenant on its word; a tenant with keys after its HELLO proves the
+/// key (fingerprint, then the frame's seal), the key is in force, the timestamp is within the
+/// skew window and the seal algorithm is accepted. Returns the session and the HELLO answer.
+fn hello(
+    frame: &Frame,
+    tenant: TenantId,
+    asked: Rights,
+    auth: Option<HelloAuth>,
+    shared: &Shared,
+) -> Result<(Session, Response), WireError> {
+    let config = &shared.config;
+    let granted = config
+        .tenants
+        .iter()
+        .find(|c| c.tenant == tenant)
+        .ok_or(WireError::NotAuthenticated)?
+        .rights;
+    let rights = Rights {
+        read: asked.read && granted.read,
+        write: asked.write && granted.write,
+        admin: asked.admin && granted.admin,
+    };
+    let mut replay = ReplayWindow::new();
+    let Some(policy) = config.auth.get(&tenant) else {
+        if auth.is_some() {
+            return Err(refuse(AuthFailure::TenantOpen));
+        }
+        let session = Session { caller: Caller::new(tenant, rights), seal: None, replay };
+        let answer =
+            Response::Hello { version: VERSION, server: config.name.clone(), session: None };
+        return Ok((session, answer));
+    };
+    let (Some(auth), Some(_)) = (auth, frame.seal) else {
+        return Err(refuse(AuthFailure::SecretRequired));
+    };
+    let key = policy.keys.find(&auth.key_id).ok_or(refuse(AuthFailure::UnknownKey))?;
+    let secret = key.secret.bytes();
+    let expected = seal::fingerprint(secret, tenant.as_str());
+    if !seal::constant_time_eq(&expected, &auth.fingerprint) {
+        return Err(refuse(AuthFailure::BadFingerprint));
+    }
+    frame.verify_seal(&SealKey::hello(secret)).map_err(|_| refuse(AuthFailure::BadSeal))?;
+    let now_ms = config.clock.now_ms();
+    if key.expired(now_ms) {
+        return Err(refuse(AuthFailure::KeyExpired));
+    }
+    let skew_max_ms = u64::try_from(config.clock_skew_max.as_millis()).unwrap_or(u64::MAX);
+    if now_ms.abs_diff(auth.timestamp_ms) > skew_max_ms {
+        return Err(refuse(AuthFailure::ClockSkew));
+    }
+    if !policy.accepted.contains(&auth.seal) {
+        return Err(refuse(AuthFailure::SealAlgorithm));
+    }
+    replay.accept(frame.request_id)?;
+    let mut server_nonce = [0u8; NONCE_BYTES];
+    getrandom::fill(&mut server_nonce)
+        .map_err(|e| WireError::Internal { detail: format!("no random nonce: {e}") })?;
+    let session_key = seal::session_key(secret, &auth.client_nonce, &server_nonce, tenant.as_str());
+    tracing::debug!(%tenant, key = %key.id, seal = %auth.seal, "sealed session opened");
+    let session = Session {
+        caller: Caller::new(tenant, rights),
+        seal: Some(SealKey::new(auth.seal, &session_key)),
+        replay,
+    };
+    let answer = Response::Hello {
+        version: VERSION,
+        server: config.name.clone(),
+        session: Some(HelloSession { server_nonce, seal: auth.seal }),
+    };
+    Ok((session, answer))
+}
+
+/// Requires `right` of a call the store makes without a caller (so cannot check itself).
+fn require(who: &Caller, right: Right) -> Result<(), StoreError> {
+    if who.rights.has(right) {
+        Ok(())
+    } else {
+        Err(StoreError::Forbidden { tenant: who.tenant.clone(), right })
+    }
+}
+
+/// Serves one request as `who`. Keyed operations (and ATTEST, which the registry checks
+/// against the region's owner) are authorised by the store itself; the store-wide operations
+/// that take no caller need the admin right, checked here.
+fn answer(request: Request, who: &Caller, shared: &Shared) -> Response {
+    let store = &*shared.store;
     match request {
         Request::Hello { .. } => Response::Error(WireError::AlreadyAuthenticated),
         Request::Info => Response::Info(store.info().into()),
@@ -224,12 +368,16 @@ fn answer(request: Request, caller: &mut Option<Caller>, shared: &Shared) -> Res
         Request::Abort { reservation, outcome } => {
             Response::Abort(store.abort(who, reservation, outcome))
         }
-        Request::ExpireLeases => Response::ExpireLeases(store.expire_leases().map(|n| n as u64)),
+        Request::ExpireLeases => Response::ExpireLeases(
+            require(who, Right::Admin).and_then(|()| store.expire_leases().map(|n| n as u64)),
+        ),
         Request::Attest { region } => Response::Attest(store.attest_drained(who, region)),
-        Request::BumpEpoch => Response::BumpEpoch(store.bump_epoch()),
-        Request::ReclaimFenced { epoch } => {
-            Response::ReclaimFenced(store.reclaim_fenced(epoch).map(|n| n as u64))
+        Request::BumpEpoch => {
+            Response::BumpEpoch(require(who, Right::Admin).and_then(|()| store.bump_epoch()))
         }
+        Request::ReclaimFenced { epoch } => Response::ReclaimFenced(
+            require(who, Right::Admin).and_then(|()| store.reclaim_fenced(epoch).map(|n| n as u64)),
+        ),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The conformance suite, unchanged, through the TCP client against a running server (over a
-//! MemoryStore and over a FileStore). Each subject runs its own server on a loopback port.
+//! MemoryStore and over a FileStore, with open tenants; and over a MemoryStore with every tenant
+//! sealed, one per seal algorithm). Each subject runs its own server on a loopback port.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +8,11 @@ use std::sync::Arc;
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_backends::tcp::auth::{Secret, TenantKey, TenantKeys};
+use gpucache_backends::tcp::proto::SealAlgorithm;
+use gpucache_backends::tcp::{
+    ClientConfig, Credentials, Server, ServerConfig, TcpStore, TenantAuth,
+};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -21,11 +26,37 @@ fn served(
     store: Arc<dyn Store>,
     corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
 ) -> Subject {
+    served_with(store, corrupt, None)
+}
+
+/// [`served`], with every tenant sealed under `seal` when it is given.
+fn served_with(
+    store: Arc<dyn Store>,
+    corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
+    seal: Option<SealAlgorithm>,
+) -> Subject {
     let tenants = (0..3).map(|t| Caller::new(tenant(t), Rights::ALL)).collect();
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let server = Server::start(ServerConfig::new(addr, tenants), store).expect("server starts");
-    let client =
-        TcpStore::new(ClientConfig::new(server.local_addr(), Caller::new(tenant(0), Rights::ALL)));
+    let mut config = ServerConfig::new(addr, tenants);
+    let secret =
+        |t: usize| Secret::new(vec![0x40 + u8::try_from(t).unwrap_or(0); 32]).expect("secret");
+    if seal.is_some() {
+        for t in 0..3 {
+            let key = TenantKey { id: format!("k{t}"), secret: secret(t), not_after_s: None };
+            let keys = TenantKeys::fixed(vec![key]).expect("keys");
+            config.auth.insert(tenant(t), TenantAuth::new(keys));
+        }
+    }
+    let server = Server::start(config, store).expect("server starts");
+    let mut client = ClientConfig::new(server.local_addr(), Caller::new(tenant(0), Rights::ALL));
+    if let Some(alg) = seal {
+        for t in 0..3 {
+            let credentials =
+                Credentials { seal: alg, ..Credentials::new(format!("k{t}"), secret(t)) };
+            client = client.with_credentials(tenant(t), credentials);
+        }
+    }
+    let client = TcpStore::new(client);
     Subject {
         store: Box::new(client),
         corrupt: Box::new(move |key| {
@@ -64,6 +95,30 @@ mod file {
                 hook.corrupt_for_test(key, 17)
             }),
         )
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod sealed_blake3 {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+        let hook = Arc::clone(&store);
+        let corrupt =
+            Box::new(move |key: &gpucache_dataplane::PhysicalKey| hook.corrupt_for_test(key, 17));
+        served_with(store, corrupt, Some(SealAlgorithm::Blake3))
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod sealed_hmac {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+        let hook = Arc::clone(&store);
+        let corrupt =
+            Box::new(move |key: &gpucache_dataplane::PhysicalKey| hook.corrupt_for_test(key, 17));
+        served_with(store, corrupt, Some(SealAlgorithm::HmacSha256))
     }
     gpucache_dataplane::conformance_suite!(make);
 }

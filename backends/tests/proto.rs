@@ -6,10 +6,11 @@
 use std::collections::HashSet;
 
 use gpucache_backends::tcp::proto::{
-    BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, Fetched, Frame, FrameDecoder,
-    FrameError, FrameHeader, GetItem, HEADER_BYTES, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem,
-    REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SharedGetItem,
-    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, header_checksum, intern, offset,
+    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, Fetched, Frame,
+    FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES, HelloAuth, HelloSession, Kind,
+    MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request,
+    Response, SEAL_BYTES, SealAlgorithm, SealKey, SharedGetItem, SharedPutItem, TEXT_BYTES_MAX,
+    VERSION, WHAT_TEXT, WireError, header_checksum, intern, offset,
 };
 use gpucache_dataplane::caller::Right;
 use gpucache_dataplane::checksum::Checksum;
@@ -273,6 +274,10 @@ fn wire_error() -> impl Strategy<Value = WireError> {
             .prop_map(|(connections, max)| WireError::Busy { connections, max }),
         Just(WireError::ShuttingDown),
         text().prop_map(|detail| WireError::Internal { detail }),
+        select(AuthFailure::ALL.to_vec()).prop_map(|reason| WireError::AuthFailed { reason }),
+        Just(WireError::Unsealed),
+        Just(WireError::SealMismatch),
+        n().prop_map(|request_id| WireError::Replayed { request_id }),
         text().prop_map(|detail| WireError::SharedMemory { detail }),
     ]
 }
@@ -286,17 +291,36 @@ fn data() -> impl Strategy<Value = Vec<u8>> {
     vec(any::<u8>(), 0..96)
 }
 
+fn seal_algorithm() -> impl Strategy<Value = SealAlgorithm> {
+    select(SealAlgorithm::ALL.to_vec())
+}
+
+fn hello_auth() -> impl Strategy<Value = HelloAuth> {
+    (text(), any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u64>(), seal_algorithm()).prop_map(
+        |(key_id, fingerprint, client_nonce, timestamp_ms, seal)| HelloAuth {
+            key_id,
+            fingerprint,
+            client_nonce,
+            timestamp_ms,
+            seal,
+        },
+    )
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (tenant(), text(), 0u8..8).prop_map(|(tenant, client_name, bits)| Request::Hello {
-            tenant,
-            client_name,
-            rights: gpucache_dataplane::caller::Rights {
-                read: bits & 1 != 0,
-                write: bits & 2 != 0,
-                admin: bits & 4 != 0
+        (tenant(), text(), 0u8..8, proptest::option::of(hello_auth())).prop_map(
+            |(tenant, client_name, bits, auth)| Request::Hello {
+                tenant,
+                client_name,
+                rights: gpucache_dataplane::caller::Rights {
+                    read: bits & 1 != 0,
+                    write: bits & 2 != 0,
+                    admin: bits & 4 != 0
+                },
+                auth,
             }
-        }),
+        ),
         Just(()).prop_map(|()| Request::Info),
         Just(()).prop_map(|()| Request::Epoch),
         Just(()).prop_map(|()| Request::Stats),
@@ -436,7 +460,19 @@ fn response() -> impl Strategy<Value = Response> {
     let invalidate = select(vec![Invalidate::Removed, Invalidate::Absent, Invalidate::Busy]);
     let abort = select(vec![Abort::Released, Abort::Quarantined]);
     prop_oneof![
-        (any::<u8>(), text()).prop_map(|(version, server)| Response::Hello { version, server }),
+        (
+            any::<u8>(),
+            text(),
+            proptest::option::of(
+                (any::<[u8; 16]>(), seal_algorithm())
+                    .prop_map(|(server_nonce, seal)| HelloSession { server_nonce, seal })
+            )
+        )
+            .prop_map(|(version, server, session)| Response::Hello {
+                version,
+                server,
+                session
+            }),
         info().prop_map(Response::Info),
         any::<u64>().prop_map(|e| Response::Epoch(Epoch(e))),
         stats().prop_map(Response::Stats),
@@ -636,6 +672,19 @@ fn sample_requests() -> Vec<Request> {
             tenant: fixture::tenant(0),
             client_name: "vllm-worker-3".into(),
             rights: gpucache_dataplane::caller::Rights::READ_WRITE,
+            auth: None,
+        },
+        Request::Hello {
+            tenant: fixture::tenant(1),
+            client_name: "vllm-worker-4".into(),
+            rights: gpucache_dataplane::caller::Rights::READ_ONLY,
+            auth: Some(HelloAuth {
+                key_id: "k2026-11".into(),
+                fingerprint: [7; 16],
+                client_nonce: [9; 16],
+                timestamp_ms: 1_790_000_000_000,
+                seal: SealAlgorithm::Blake3,
+            }),
         },
         Request::Info,
         Request::Epoch,
@@ -681,7 +730,12 @@ fn sample_requests() -> Vec<Request> {
 fn sample_responses() -> Vec<Response> {
     let t = fixture::tenant(2);
     vec![
-        Response::Hello { version: VERSION, server: "gpucache".into() },
+        Response::Hello { version: VERSION, server: "gpucache".into(), session: None },
+        Response::Hello {
+            version: VERSION,
+            server: "gpucache".into(),
+            session: Some(HelloSession { server_nonce: [3; 16], seal: SealAlgorithm::HmacSha256 }),
+        },
         Response::Info(RemoteInfo {
             name: "file".into(),
             implementation: Implementation::Simulated { seed: 5 },
@@ -736,7 +790,7 @@ fn sample_responses() -> Vec<Response> {
             Ok(Get::Miss(MissReason::Corrupt)),
         ]),
         Response::PutShared(vec![Ok(Put::AlreadyCommitted)]),
-        Response::Error(WireError::UnsupportedVersion { found: 2, supported: VERSION }),
+        Response::Error(WireError::UnsupportedVersion { found: 1, supported: VERSION }),
     ]
 }
 
@@ -955,7 +1009,7 @@ fn a_full_size_body_is_accepted_and_one_byte_more_is_not() {
 
 #[test]
 fn unknown_versions_are_refused_after_five_bytes() {
-    for version in [0u8, 2, 0x7f, 0xff] {
+    for version in [0u8, 1, 3, 0x7f, 0xff] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 3, &[]);
         header.version = version;
         let bytes = header.to_bytes();
@@ -1020,8 +1074,8 @@ fn unknown_kinds_fail_only_their_frame() {
 }
 
 #[test]
-fn seal_flag_and_seal_slot_are_reserved() {
-    for flags in [FLAG_SEALED, 0x02, 0x80, 0xff] {
+fn undefined_flags_and_a_stray_seal_are_refused() {
+    for flags in [0x02, 0x80, 0xff] {
         let mut header = valid_header(Kind::Request, Op::Info, 1, &[]);
         header.flags = flags;
         let err = decode_one(&raw_frame(header, &[])).err();
@@ -1034,9 +1088,42 @@ fn seal_flag_and_seal_slot_are_reserved() {
     header.seal = [0; SEAL_BYTES];
     header.seal[SEAL_BYTES - 1] = 1;
     let err = decode_one(&raw_frame(header, &[])).err();
-    let err = err.unwrap_or_else(|| panic!("a nonzero seal slot was accepted"));
+    let err = err.unwrap_or_else(|| panic!("a nonzero seal slot was accepted unsealed"));
     assert!(matches!(err.error, WireError::Malformed { what: "seal slot" }), "{err}");
     assert!(!err.resync_impossible());
+}
+
+#[test]
+fn sealed_frames_carry_their_seal_and_verify_only_under_their_key() {
+    let key = SealKey::new(SealAlgorithm::Blake3, &[4; 32]);
+    let other = SealKey::new(SealAlgorithm::Blake3, &[5; 32]);
+    let request = Request::Lookup { keys: vec![sample_key(0, &[1, 2])] };
+    let mut bytes = Vec::new();
+    request.encode_sealed_frame(9, Some(&key), &mut bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(bytes[offset::FLAGS], FLAG_SEALED);
+    let frame = decode_one(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert!(frame.seal.is_some());
+    assert_eq!(frame.verify_seal(&key), Ok(()));
+    assert_eq!(frame.verify_seal(&other), Err(WireError::SealMismatch));
+    assert_eq!(frame.to_bytes().unwrap_or_default(), bytes, "a sealed frame re-encodes exactly");
+    // The seal covers the header: the same body under another request id does not verify.
+    let mut moved = frame.clone();
+    moved.request_id = 10;
+    assert_eq!(moved.verify_seal(&key), Err(WireError::SealMismatch));
+    // ...and the kind: a request's seal does not verify as a response's.
+    let mut flipped = frame.clone();
+    flipped.kind = Kind::Response;
+    assert_eq!(flipped.verify_seal(&key), Err(WireError::SealMismatch));
+    // ...and the body.
+    let mut tampered = frame;
+    if let Some(b) = tampered.body.last_mut() {
+        *b ^= 1;
+    }
+    assert_eq!(tampered.verify_seal(&key), Err(WireError::SealMismatch));
+    let plain = decode_one(&request.to_frame_bytes(9).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plain.seal, None);
+    assert_eq!(plain.verify_seal(&key), Err(WireError::Unsealed));
 }
 
 #[test]
@@ -1054,7 +1141,7 @@ fn header_layout_is_as_documented() {
     };
     let b = header.to_bytes();
     assert_eq!(&b[offset::MAGIC..4], b"GPCW");
-    assert_eq!(b[offset::VERSION], 1);
+    assert_eq!(b[offset::VERSION], 2);
     assert_eq!(b[offset::KIND], 2);
     assert_eq!(b[offset::OP], 7);
     assert_eq!(b[offset::FLAGS], 0);
@@ -1083,7 +1170,7 @@ fn golden_frames() {
     let hex: String = epoch.iter().map(|b| format!("{b:02x}")).collect();
     let body_sum = Checksum::of(&[]).0.to_le_bytes();
     let mut expected = b"GPCW".to_vec();
-    expected.extend_from_slice(&[1, 1, 3, 0]);
+    expected.extend_from_slice(&[2, 1, 3, 0]);
     expected.extend_from_slice(&7u64.to_le_bytes());
     expected.extend_from_slice(&0u32.to_le_bytes());
     expected.extend_from_slice(&body_sum);
@@ -1097,10 +1184,11 @@ fn golden_frames() {
         tenant: tenant_named("acme"),
         client_name: "w1".into(),
         rights: gpucache_dataplane::caller::Rights::ALL,
+        auth: None,
     };
     let mut body = Vec::new();
     hello.encode_body(&mut body).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(body, [4, 0, 0, 0, b'a', b'c', b'm', b'e', 2, 0, 0, 0, b'w', b'1', 0b111]);
+    assert_eq!(body, [4, 0, 0, 0, b'a', b'c', b'm', b'e', 2, 0, 0, 0, b'w', b'1', 0b111, 0]);
 
     let reply = Response::Put(vec![
         Ok(Put::Busy),
@@ -1299,14 +1387,22 @@ fn bad_names_text_and_tags_are_typed() {
         tenant: tenant_named("t"),
         client_name: "ab".into(),
         rights: gpucache_dataplane::caller::Rights::READ_ONLY,
+        auth: None,
     });
-    // The last text byte sits before the one-byte rights field.
+    // The last text byte sits before the one-byte rights field and the credentials tag.
     let n = body.len();
-    body[n - 2] = 0xff;
+    body[n - 3] = 0xff;
     assert_eq!(Request::decode_body(Op::Hello, &body), Err(WireError::Malformed { what: "text" }));
+    // Unknown credentials tags are refused.
+    body[n - 3] = b'b';
+    body[n - 1] = 2;
+    assert_eq!(
+        Request::decode_body(Op::Hello, &body),
+        Err(WireError::UnknownTag { what: "hello credentials", tag: 2 })
+    );
     // Unknown rights bits are malformed.
-    body[n - 2] = b'b';
-    body[n - 1] = 0b1000;
+    body[n - 1] = 0;
+    body[n - 2] = 0b1000;
     assert_eq!(
         Request::decode_body(Op::Hello, &body),
         Err(WireError::Malformed { what: "rights" })
@@ -1326,13 +1422,15 @@ fn bad_names_text_and_tags_are_typed() {
     abort[25] = 2;
     let result = Request::decode_body(Op::Abort, &abort);
     assert_eq!(result, Err(WireError::UnknownTag { what: "retirement", tag: 2 }));
-    let cases: [(Op, &[u8], &str); 6] = [
+    let cases: [(Op, &[u8], &str); 8] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
         (Op::Write, &[1, 12], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[22], "wire error"),
+        (Op::Error, &[26], "wire error"),
+        (Op::Error, &[21, 8], "auth failure"),
+        (Op::Hello, &[2, 0, 0, 0, 0, 9], "hello credentials"),
     ];
     for (op, body, what) in cases {
         let result = Response::decode_body(op, body);
@@ -1557,7 +1655,7 @@ fn every_refusal() -> Vec<Refusal> {
 
 fn every_wire_error() -> Vec<WireError> {
     vec![
-        WireError::UnsupportedVersion { found: 2, supported: 1 },
+        WireError::UnsupportedVersion { found: 1, supported: 2 },
         WireError::BadMagic { found: *b"HTTP" },
         WireError::HeaderChecksum { found: 1, computed: 2 },
         WireError::TooLarge { len: 2, max: 1 },
@@ -1578,6 +1676,10 @@ fn every_wire_error() -> Vec<WireError> {
         WireError::Busy { connections: 1, max: 1 },
         WireError::ShuttingDown,
         WireError::Internal { detail: "bug".into() },
+        WireError::AuthFailed { reason: AuthFailure::KeyExpired },
+        WireError::Unsealed,
+        WireError::SealMismatch,
+        WireError::Replayed { request_id: 1 },
         WireError::SharedMemory { detail: "no segment".into() },
     ]
 }
@@ -1625,12 +1727,15 @@ fn which_errors_close_the_connection() {
     assert_eq!(
         closing,
         vec![
-            WireError::UnsupportedVersion { found: 2, supported: 1 },
+            WireError::UnsupportedVersion { found: 1, supported: 2 },
             WireError::BadMagic { found: *b"HTTP" },
             WireError::HeaderChecksum { found: 1, computed: 2 },
             WireError::TooLarge { len: 2, max: 1 },
             WireError::Busy { connections: 1, max: 1 },
             WireError::ShuttingDown,
+            WireError::AuthFailed { reason: AuthFailure::KeyExpired },
+            WireError::Unsealed,
+            WireError::SealMismatch,
         ]
     );
 }

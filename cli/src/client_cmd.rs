@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use gpucache_backends::resp::IdentityTemplate;
-use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_backends::tcp::proto::SealAlgorithm;
+use gpucache_backends::tcp::{ClientConfig, Credentials, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::store::{Get, Put, Store};
@@ -29,6 +30,16 @@ pub(crate) struct Target {
     /// Seconds each request may take.
     #[arg(long, default_value_t = 30)]
     deadline_s: u64,
+    /// The tenant's key file (the same format `gpucache serve` reads); with --key-id, the
+    /// session is authenticated and sealed. Without it the tenant must be open.
+    #[arg(long, requires = "key_id")]
+    secret_file: Option<PathBuf>,
+    /// Which key of --secret-file to sign with.
+    #[arg(long, requires = "secret_file")]
+    key_id: Option<String>,
+    /// The seal algorithm to propose: blake3 or hmac-sha256.
+    #[arg(long, default_value = "blake3")]
+    seal: String,
 }
 
 fn connect(
@@ -40,6 +51,13 @@ fn connect(
     let mut config = ClientConfig::new(target.addr, caller.clone());
     config.deadline = Duration::from_secs(target.deadline_s.max(1));
     config.client_name = "gpucache-cli".into();
+    if let (Some(path), Some(key_id)) = (&target.secret_file, &target.key_id) {
+        let seal = SealAlgorithm::from_name(&target.seal)
+            .ok_or_else(|| format!("--seal: {:?} is not blake3 or hmac-sha256", target.seal))?;
+        let credentials =
+            Credentials::from_key_file(path, key_id).map_err(|e| format!("--secret-file: {e}"))?;
+        config = config.with_credentials(tenant.clone(), Credentials { seal, ..credentials });
+    }
     let namespace = IdentityTemplate::for_tenant(&tenant).map_err(|e| e.to_string())?;
     Ok((TcpStore::new(config), caller, namespace))
 }

@@ -19,6 +19,9 @@ use serde::de::{self, Deserializer, Visitor};
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::{EngineChoice, EngineConfig};
 use gpucache_backends::file::{Durability, FileStoreConfig, FileStoreError};
+use gpucache_backends::tcp::auth::{KeyFileError, TenantAuth, TenantKeys};
+use gpucache_backends::tcp::proto::SealAlgorithm;
+use gpucache_backends::tcp::server::CLOCK_SKEW_MAX_DEFAULT;
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::clock::Clock;
 use gpucache_dataplane::identity::{IdentityError, TenantId};
@@ -31,6 +34,8 @@ pub const CONFIG_BYTES_MAX: u64 = 1 << 20;
 pub const QUEUE_DEPTH_MAX: u32 = 4096;
 /// Most client connections: each one is a thread (ADR 0011).
 pub const CONNECTIONS_MAX_LIMIT: u32 = 16_384;
+/// Widest HELLO clock window accepted: one hour.
+pub const CLOCK_SKEW_MAX_LIMIT_MS: u64 = 3_600_000;
 /// Most decoded requests one connection may hold.
 pub const INFLIGHT_PER_CONNECTION_LIMIT: u32 = 4096;
 
@@ -68,10 +73,18 @@ pub enum ConfigError {
     NoRights { key: String },
     #[error("listen.resp_tenant: {name} is not one of the configured tenants ({known})")]
     UnknownRespTenant { name: String, known: String },
-    #[error("{key}: {path}: {source}")]
-    SecretFile { key: String, path: PathBuf, source: io::Error },
-    #[error("{key}: {path} is not a regular file")]
-    SecretNotAFile { key: String, path: PathBuf },
+    /// A tenant's key file is missing, open to others, or has a bad line (the error names the
+    /// file and the line).
+    #[error("{key}: {source}")]
+    KeyFile { key: String, source: KeyFileError },
+    #[error(
+        "{key}: tenant {name} has no secret_file and listen.native {addr} is not loopback; \
+         give it a secret_file, or set listen.allow_open_tenants = true to trust every peer \
+         to name its own tenant"
+    )]
+    OpenTenant { key: String, name: String, addr: SocketAddr },
+    #[error("{key}: {name:?} is not a seal algorithm (\"blake3\" or \"hmac-sha256\")")]
+    SealAlgorithm { key: String, name: String },
     #[error("store.root: cannot open the file store at {root}: {source}")]
     OpenFileStore { root: PathBuf, source: FileStoreError },
 }
@@ -95,8 +108,9 @@ impl ConfigError {
             | Self::TenantName { key, .. }
             | Self::DuplicateTenant { key, .. }
             | Self::NoRights { key }
-            | Self::SecretFile { key, .. }
-            | Self::SecretNotAFile { key, .. } => Some(key),
+            | Self::KeyFile { key, .. }
+            | Self::OpenTenant { key, .. }
+            | Self::SealAlgorithm { key, .. } => Some(key),
             Self::OutOfRange { key, .. }
             | Self::NotLoopback { key, .. }
             | Self::AddressReused { key, .. } => Some(key),
@@ -130,6 +144,7 @@ impl Default for ServeConfig {
                 name: "default".to_owned(),
                 rights: vec![RightName::Read, RightName::Write],
                 secret_file: None,
+                seal_algorithms: None,
             }],
         }
     }
@@ -307,6 +322,11 @@ pub struct ListenSection {
     pub connections_max: u32,
     /// Decoded requests one connection may hold before it stops reading.
     pub inflight_per_connection_max: u32,
+    /// Whether tenants without a `secret_file` may be served on a native address that is not
+    /// loopback (they are trusted on their word).
+    pub allow_open_tenants: bool,
+    /// How far a HELLO timestamp may be from the server's clock, in milliseconds.
+    pub clock_skew_max_ms: u64,
 }
 
 impl Default for ListenSection {
@@ -320,6 +340,8 @@ impl Default for ListenSection {
             allow_remote: false,
             connections_max: 256,
             inflight_per_connection_max: 32,
+            allow_open_tenants: false,
+            clock_skew_max_ms: u64::try_from(CLOCK_SKEW_MAX_DEFAULT.as_millis()).unwrap_or(0),
         }
     }
 }
@@ -349,10 +371,14 @@ impl From<RightName> for Right {
 pub struct TenantConfig {
     pub name: String,
     pub rights: Vec<RightName>,
-    /// Where the tenant's shared secret will be read from once connections authenticate. Today
-    /// only its existence is checked; the file is not read.
+    /// The tenant's key file (`<key-id> <hex secret> [not-after]` per line, mode 0600). A
+    /// tenant with one must authenticate and seal every frame; one without is open.
     #[serde(default)]
     pub secret_file: Option<PathBuf>,
+    /// The seal algorithms the tenant's sessions may use (`"blake3"`, `"hmac-sha256"`); both
+    /// when unset.
+    #[serde(default)]
+    pub seal_algorithms: Option<Vec<String>>,
 }
 
 impl TenantConfig {
@@ -362,6 +388,17 @@ impl TenantConfig {
             read: has(RightName::Read),
             write: has(RightName::Write),
             admin: has(RightName::Admin),
+        }
+    }
+
+    /// The seal algorithms the tenant accepts; the name that is not one otherwise.
+    pub fn accepted_seals(&self) -> Result<Vec<SealAlgorithm>, String> {
+        match &self.seal_algorithms {
+            None => Ok(SealAlgorithm::ALL.to_vec()),
+            Some(names) if names.is_empty() => Err(String::new()),
+            Some(names) => {
+                names.iter().map(|n| SealAlgorithm::from_name(n).ok_or_else(|| n.clone())).collect()
+            }
         }
     }
 
@@ -422,6 +459,7 @@ impl ServeConfig {
             1,
             INFLIGHT_PER_CONNECTION_LIMIT.into(),
         )?;
+        in_range("listen.clock_skew_max_ms", l.clock_skew_max_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
         self.validate_listen()?;
         self.validate_tenants()?;
         self.resp_tenant().map(|_| ())
@@ -469,17 +507,24 @@ impl ServeConfig {
             if t.rights.is_empty() {
                 return Err(ConfigError::NoRights { key: key("rights") });
             }
-            if let Some(path) = &t.secret_file {
-                let meta = std::fs::metadata(path).map_err(|source| ConfigError::SecretFile {
-                    key: key("secret_file"),
-                    path: path.clone(),
-                    source,
-                })?;
-                if !meta.is_file() {
-                    return Err(ConfigError::SecretNotAFile {
+            t.accepted_seals()
+                .map_err(|name| ConfigError::SealAlgorithm { key: key("seal_algorithms"), name })?;
+            match &t.secret_file {
+                Some(path) => {
+                    TenantKeys::load(path).map_err(|source| ConfigError::KeyFile {
                         key: key("secret_file"),
-                        path: path.clone(),
-                    });
+                        source,
+                    })?;
+                }
+                None => {
+                    let addr = self.listen.native;
+                    if !addr.ip().to_canonical().is_loopback() && !self.listen.allow_open_tenants {
+                        return Err(ConfigError::OpenTenant {
+                            key: key("secret_file"),
+                            name: t.name.clone(),
+                            addr,
+                        });
+                    }
                 }
             }
         }
@@ -540,6 +585,25 @@ impl ServeConfig {
                 })
             })
             .collect()
+    }
+
+    /// The authentication of every tenant with a `secret_file`, keys loaded (and re-read by the
+    /// server when the files change).
+    pub fn tenant_auth(&self) -> Result<HashMap<TenantId, TenantAuth>, ConfigError> {
+        let mut out = HashMap::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let Some(path) = &t.secret_file else { continue };
+            let key = |leaf: &str| format!("tenants[{i}].{leaf}");
+            let keys = TenantKeys::load(path)
+                .map_err(|source| ConfigError::KeyFile { key: key("secret_file"), source })?;
+            let accepted = t
+                .accepted_seals()
+                .map_err(|name| ConfigError::SealAlgorithm { key: key("seal_algorithms"), name })?;
+            let tenant = TenantId::parse(&t.name)
+                .map_err(|source| ConfigError::TenantName { key: key("name"), source })?;
+            out.insert(tenant, TenantAuth { keys: std::sync::Arc::new(keys), accepted });
+        }
+        Ok(out)
     }
 
     /// Validates, then opens the configured store.

@@ -61,6 +61,13 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     };
     let mut server_config = ServerConfig::new(config.listen.native, tenants);
     server_config.connections_max = config.listen.connections_max;
+    server_config.clock_skew_max =
+        std::time::Duration::from_millis(config.listen.clock_skew_max_ms);
+    server_config.auth = match config.tenant_auth() {
+        Ok(a) => a,
+        Err(e) => return fail("tenant keys", e),
+    };
+    let sealed = server_config.auth.len();
     let shared: Arc<dyn Store> = metered.clone();
     let server = match Server::start(server_config, Arc::clone(&shared)) {
         Ok(s) => s,
@@ -89,7 +96,8 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     };
     let info = shared.info();
     eprintln!(
-        "gpucache serve: listening native={} resp={} metrics={} store={} epoch={} resp_tenant={}",
+        "gpucache serve: listening native={} resp={} metrics={} store={} epoch={} resp_tenant={} \
+         sealed_tenants={sealed}",
         server.local_addr(),
         resp.local_addr(),
         http.local_addr(),

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use gpucache_backends::file::Durability;
 use gpucache_backends::file::engine::EngineChoice;
+use gpucache_backends::tcp::auth::KeyFileError;
+use gpucache_backends::tcp::proto::SealAlgorithm;
 use gpucache_cli::config::{
     ConfigError, DurabilityName, EngineName, RightName, ServeConfig, StoreKind,
 };
@@ -59,7 +61,7 @@ fn the_repository_example_parses() {
 fn full_example_parses() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("team-b.secret");
-    std::fs::write(&secret, "not read yet").unwrap();
+    write_private(&secret, &format!("k1 {}\n", "ab".repeat(32)));
     let text = format!(
         r#"
 [store]
@@ -88,6 +90,8 @@ native = "0.0.0.0:9000"
 resp = "[::]:9001"
 metrics = "127.0.0.1:9002"
 allow_remote = true
+allow_open_tenants = true
+clock_skew_max_ms = 30000
 connections_max = 64
 inflight_per_connection_max = 8
 
@@ -99,6 +103,7 @@ rights = ["read", "write"]
 name = "team-b"
 rights = ["read", "write", "admin"]
 secret_file = "{}"
+seal_algorithms = ["hmac-sha256"]
 "#,
         secret.display()
     );
@@ -111,6 +116,12 @@ secret_file = "{}"
     assert_eq!(c.limits.tenant_retained_bytes_max, 1 << 30);
     assert_eq!(c.tenants[1].rights, [RightName::Read, RightName::Write, RightName::Admin]);
     assert_eq!(c.tenants[1].secret_file.as_deref(), Some(secret.as_path()));
+    assert_eq!(c.listen.clock_skew_max_ms, 30_000);
+    let auth = c.tenant_auth().expect("keys load");
+    assert_eq!(auth.len(), 1, "only team-b has keys");
+    let team_b = auth.values().next().expect("team-b");
+    assert_eq!(team_b.accepted, [SealAlgorithm::HmacSha256]);
+    assert_eq!(team_b.keys.current().len(), 1);
     assert_eq!(c.callers().unwrap()[1].rights, Rights::ALL);
     let f = c.file_store_config();
     assert_eq!(f.engine, EngineChoice::Psync);
@@ -171,7 +182,8 @@ fn listen_addresses_are_loopback_unless_allowed() {
     refused_at("[listen]\nmetrics = \"[::]:7472\"\n", "listen.metrics");
     let ok = "[listen]\nnative = \"[::1]:7470\"\nresp = \"127.0.0.2:7471\"\n";
     ServeConfig::from_toml_str(ok).expect("loopback addresses");
-    let remote = "[listen]\nallow_remote = true\nnative = \"0.0.0.0:7470\"\n";
+    let remote =
+        "[listen]\nallow_remote = true\nallow_open_tenants = true\nnative = \"0.0.0.0:7470\"\n";
     ServeConfig::from_toml_str(remote).expect("remote when allowed");
     refused_at("[listen]\nresp = \"127.0.0.1:7470\"\n", "listen.resp");
     let ephemeral =
@@ -203,7 +215,57 @@ fn tenants_are_checked_by_index() {
         dir.path().display()
     );
     let e = refused_at(&text, "tenants[0].secret_file");
-    assert!(matches!(e, ConfigError::SecretNotAFile { .. }), "{e:?}");
+    assert!(
+        matches!(e, ConfigError::KeyFile { source: KeyFileError::NotAFile { .. }, .. }),
+        "{e:?}"
+    );
+}
+
+fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn with_secret(path: &std::path::Path) -> String {
+    format!(
+        "[[tenants]]\nname = \"a\"\nrights = [\"read\"]\nsecret_file = \"{}\"\n",
+        path.display()
+    )
+}
+
+#[test]
+fn key_files_are_validated_line_by_line_and_must_be_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.keys");
+    let good = "ab".repeat(32);
+    write_private(&path, &format!("# rotation\nk1 {good} 1800000000\nk2 {good}\n"));
+    ServeConfig::from_toml_str(&with_secret(&path)).expect("two keys");
+    write_private(&path, &format!("k1 {good}\n\nk-2 abcd\n"));
+    let e = refused_at(&with_secret(&path), "tenants[0].secret_file");
+    assert!(e.to_string().contains("line 3: the secret has 2 bytes"), "{e}");
+    write_private(&path, &format!("k1 {good}\n"));
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let e = refused_at(&with_secret(&path), "tenants[0].secret_file");
+    assert!(e.to_string().contains("chmod 600"), "{e}");
+    let bad_seal = format!("{}seal_algorithms = [\"md5\"]\n", with_secret(&path));
+    write_private(&path, &format!("k1 {good}\n"));
+    let e = refused_at(&bad_seal, "tenants[0].seal_algorithms");
+    assert!(e.to_string().contains("md5"), "{e}");
+}
+
+#[test]
+fn open_tenants_on_a_remote_address_need_an_explicit_yes() {
+    let remote = "[listen]\nallow_remote = true\nnative = \"0.0.0.0:7470\"\n";
+    let e = refused_at(remote, "tenants[0].secret_file");
+    assert!(e.to_string().contains("listen.allow_open_tenants = true"), "{e}");
+    ServeConfig::from_toml_str(&format!("{remote}allow_open_tenants = true\n"))
+        .expect("open tenants when allowed");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.keys");
+    write_private(&path, &format!("k1 {}\n", "cd".repeat(32)));
+    ServeConfig::from_toml_str(&format!("{remote}\n{}", with_secret(&path)))
+        .expect("a sealed tenant may be served remotely");
 }
 
 #[test]
@@ -285,11 +347,18 @@ fn every_error_display_names_its_key() {
         "line 1, column 1: bad"
     );
     assert_eq!(
-        text(ConfigError::SecretNotAFile {
+        text(ConfigError::KeyFile {
             key: "tenants[0].secret_file".into(),
-            path: "/tmp".into()
+            source: KeyFileError::NotAFile { path: "/tmp".into() },
         }),
         "tenants[0].secret_file: /tmp is not a regular file"
+    );
+    assert_eq!(
+        text(ConfigError::SealAlgorithm {
+            key: "tenants[0].seal_algorithms".into(),
+            name: "md5".into()
+        }),
+        "tenants[0].seal_algorithms: \"md5\" is not a seal algorithm (\"blake3\" or \"hmac-sha256\")"
     );
     assert_eq!(
         text(ConfigError::TooLarge { path: "/x.toml".into(), bytes_max: 1 }),

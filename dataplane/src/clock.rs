@@ -28,6 +28,19 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// Wall-clock time: milliseconds since the Unix epoch. Not monotonic; for what must agree with
+/// other hosts (a HELLO timestamp, a key's expiry), never for leases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnixClock;
+
+impl Clock for UnixClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
 /// A clock that moves only when told to; clones share the same time.
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {

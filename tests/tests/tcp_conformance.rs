@@ -1,6 +1,7 @@
 //! The conformance suite, unchanged, through the TCP client against a running server (over a
-//! MemoryStore and over a FileStore), and through the same-host path (Unix socket and shared
-//! segment). Each subject runs its own server on a loopback port.
+//! MemoryStore and over a FileStore, with open tenants; over a MemoryStore with every tenant
+//! sealed with HMAC-SHA-256; and over a MemoryStore on the same-host path, Unix socket and shared
+//! segment, sealed with keyed BLAKE3). Each subject runs its own server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,7 +9,11 @@ use std::sync::Arc;
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::tcp::{ClientConfig, LocalConfig, Server, ServerConfig, TcpStore};
+use gpucache_backends::tcp::auth::{Secret, TenantKey, TenantKeys};
+use gpucache_backends::tcp::proto::SealAlgorithm;
+use gpucache_backends::tcp::{
+    ClientConfig, Credentials, LocalConfig, Server, ServerConfig, TcpStore, TenantAuth,
+};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -22,21 +27,16 @@ fn served(
     store: Arc<dyn Store>,
     corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
 ) -> Subject {
-    serve(store, corrupt, false)
+    served_with(store, corrupt, None, false)
 }
 
-/// [`served`], with the client on the same-host path: every GET and PUT goes through a segment
-/// shared with the server (bounce buffers: the suite's buffers are ordinary vectors).
-fn served_shared(
+/// [`served`], with every tenant sealed under `seal` when it is given, and the client on the
+/// same-host path when `shared` (every GET and PUT then goes through the shared segment, by
+/// bounce buffers: the suite's buffers are ordinary vectors).
+fn served_with(
     store: Arc<dyn Store>,
     corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
-) -> Subject {
-    serve(store, corrupt, true)
-}
-
-fn serve(
-    store: Arc<dyn Store>,
-    corrupt: Box<dyn Fn(&gpucache_dataplane::PhysicalKey) -> bool + Send + Sync>,
+    seal: Option<SealAlgorithm>,
     shared: bool,
 ) -> Subject {
     let tenants = (0..3).map(|t| Caller::new(tenant(t), Rights::ALL)).collect();
@@ -46,15 +46,32 @@ fn serve(
     if shared {
         config.local = Some(dir.path().join("gpucache.sock"));
     }
+    let secret =
+        |t: usize| Secret::new(vec![0x40 + u8::try_from(t).unwrap_or(0); 32]).expect("secret");
+    if seal.is_some() {
+        for t in 0..3 {
+            let key = TenantKey { id: format!("k{t}"), secret: secret(t), not_after_s: None };
+            let keys = TenantKeys::fixed(vec![key]).expect("keys");
+            config.auth.insert(tenant(t), TenantAuth::new(keys));
+        }
+    }
     let server = Server::start(config, store).expect("server starts");
     let mut client = ClientConfig::new(server.local_addr(), Caller::new(tenant(0), Rights::ALL));
+    if let Some(alg) = seal {
+        for t in 0..3 {
+            let credentials =
+                Credentials { seal: alg, ..Credentials::new(format!("k{t}"), secret(t)) };
+            client = client.with_credentials(tenant(t), credentials);
+        }
+    }
     if let Some(path) = server.local_path() {
         let mut local = LocalConfig::new(path);
         local.segment_bytes = gpucache_backends::shm::SEGMENT_BYTES_MIN;
         client.local = Some(local);
     }
+    let client = TcpStore::new(client);
     Subject {
-        store: Box::new(TcpStore::new(client)),
+        store: Box::new(client),
         corrupt: Box::new(move |key| {
             let _serving = (&server, &dir);
             corrupt(key)
@@ -68,16 +85,6 @@ mod memory {
         let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
         let hook = Arc::clone(&store);
         served(store, Box::new(move |key| hook.corrupt_for_test(key, 17)))
-    }
-    gpucache_dataplane::conformance_suite!(make);
-}
-
-mod memory_shared {
-    use super::*;
-    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
-        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
-        let hook = Arc::clone(&store);
-        served_shared(store, Box::new(move |key| hook.corrupt_for_test(key, 17)))
     }
     gpucache_dataplane::conformance_suite!(make);
 }
@@ -101,6 +108,30 @@ mod file {
                 hook.corrupt_for_test(key, 17)
             }),
         )
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod shared_sealed_blake3 {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+        let hook = Arc::clone(&store);
+        let corrupt =
+            Box::new(move |key: &gpucache_dataplane::PhysicalKey| hook.corrupt_for_test(key, 17));
+        served_with(store, corrupt, Some(SealAlgorithm::Blake3), true)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod sealed_hmac {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+        let hook = Arc::clone(&store);
+        let corrupt =
+            Box::new(move |key: &gpucache_dataplane::PhysicalKey| hook.corrupt_for_test(key, 17));
+        served_with(store, corrupt, Some(SealAlgorithm::HmacSha256), false)
     }
     gpucache_dataplane::conformance_suite!(make);
 }

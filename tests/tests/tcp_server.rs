@@ -55,9 +55,14 @@ fn send_raw(addr: SocketAddr, bytes: &[u8]) -> Vec<Response> {
 }
 
 fn hello() -> Vec<u8> {
-    Request::Hello { tenant: tenant(0), client_name: "t".into(), rights: Rights::READ_WRITE }
-        .to_frame_bytes(1)
-        .expect("hello")
+    Request::Hello {
+        tenant: tenant(0),
+        client_name: "t".into(),
+        rights: Rights::READ_WRITE,
+        auth: None,
+    }
+    .to_frame_bytes(1)
+    .expect("hello")
 }
 
 #[test]
@@ -109,10 +114,10 @@ fn hostile_connections_do_not_disturb_good_clients() {
 
     // An unknown version: answered, then closed.
     let mut v2 = hello();
-    v2[offset::VERSION] = 2;
+    v2[offset::VERSION] = 3;
     let got = send_raw(addr, &v2);
     assert!(
-        matches!(got.as_slice(), [Response::Error(WireError::UnsupportedVersion { found: 2, .. })]),
+        matches!(got.as_slice(), [Response::Error(WireError::UnsupportedVersion { found: 3, .. })]),
         "{got:?}"
     );
 

@@ -137,8 +137,12 @@ impl Raw {
         let stream = UnixStream::connect(path).expect("connect");
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
         let mut raw = Self { stream, decoder: FrameDecoder::new(), next: 1 };
-        let hello =
-            Request::Hello { tenant: tenant(0), client_name: "raw".into(), rights: Rights::ALL };
+        let hello = Request::Hello {
+            tenant: tenant(0),
+            client_name: "raw".into(),
+            rights: Rights::ALL,
+            auth: None,
+        };
         assert!(matches!(raw.call(&hello, None), Response::Hello { .. }));
         raw
     }

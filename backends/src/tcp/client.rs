@@ -1,6 +1,10 @@
 //! The client of the native GPCW service, as a [`Store`]: every call is one request frame and
 //! its answer, over pooled connections (one pool per tenant and rights), each with a deadline.
 //!
+//! A tenant with [`Credentials`] in the configuration opens sealed sessions (ADR 0012): every
+//! request is sealed with the session key and every answer's seal is checked before anything in
+//! it is used; an answer that does not verify is a transport failure, never data.
+//!
 //! Over TCP the remote store never touches the caller's memory: a GET's bytes arrive in a frame
 //! and are copied into the caller's buffer only after their checksum verifies, and a PUT's bytes
 //! are sent before the call returns. So every failure, transport failures included, is retired
@@ -24,8 +28,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
@@ -37,9 +44,11 @@ use gpucache_dataplane::store::{
 
 use crate::shm::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
 
+use super::auth::Credentials;
+use super::proto::seal::{self, NONCE_BYTES, SealKey};
 use super::proto::{
-    BATCH_ITEMS_MAX, Fetched, FrameDecoder, GetItem, PAYLOAD_BYTES_MAX, PutItem, RemoteInfo,
-    Request, Response, SharedGetItem, SharedPutItem,
+    BATCH_ITEMS_MAX, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, PAYLOAD_BYTES_MAX, PutItem,
+    RemoteInfo, Request, Response, SharedGetItem, SharedPutItem,
 };
 
 /// Idle connections kept per (tenant, rights).
@@ -56,6 +65,10 @@ pub struct ClientConfig {
     /// leases, fences).
     pub control: Caller,
     pub client_name: String,
+    /// The keys of tenants that authenticate; a tenant not here connects as an open tenant.
+    pub credentials: HashMap<TenantId, Credentials>,
+    /// Unix-epoch milliseconds, for HELLO timestamps.
+    pub clock: Arc<dyn Clock>,
     /// The same-host fast path: talk to the server's Unix socket and share a segment with it.
     pub local: Option<LocalConfig>,
 }
@@ -84,8 +97,16 @@ impl ClientConfig {
             deadline: Duration::from_secs(30),
             control,
             client_name: "gpucache-client".into(),
+            credentials: HashMap::new(),
+            clock: Arc::new(UnixClock),
             local: None,
         }
+    }
+
+    /// Adds the credentials `tenant` signs its sessions with.
+    pub fn with_credentials(mut self, tenant: TenantId, credentials: Credentials) -> Self {
+        self.credentials.insert(tenant, credentials);
+        self
     }
 }
 
@@ -142,6 +163,8 @@ struct Conn {
     stream: Stream,
     decoder: FrameDecoder,
     buf: Vec<u8>,
+    /// The session key of a sealed session.
+    seal: Option<SealKey>,
 }
 
 type PoolKey = (TenantId, bool, bool, bool);
@@ -276,16 +299,52 @@ impl TcpStore {
 
     fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
         let stream = self.open_stream(operation)?;
-        let mut conn =
-            Conn { stream, decoder: FrameDecoder::new(), buf: vec![0; READ_CHUNK_BYTES] };
+        let mut conn = Conn {
+            stream,
+            decoder: FrameDecoder::new(),
+            buf: vec![0; READ_CHUNK_BYTES],
+            seal: None,
+        };
+        let credentials = self.config.credentials.get(&caller.tenant);
+        let mut client_nonce = [0u8; NONCE_BYTES];
+        if credentials.is_some() {
+            getrandom::fill(&mut client_nonce)
+                .map_err(|e| transport(operation, format!("no random nonce: {e}")))?;
+        }
+        let tenant = caller.tenant.as_str();
         let hello = Request::Hello {
             tenant: caller.tenant.clone(),
             client_name: self.config.client_name.clone(),
             rights: caller.rights,
+            auth: credentials.map(|c| HelloAuth {
+                key_id: c.key_id.clone(),
+                fingerprint: seal::fingerprint(c.secret.bytes(), tenant),
+                client_nonce,
+                timestamp_ms: self.config.clock.now_ms(),
+                seal: c.seal,
+            }),
         };
-        match self.exchange(&mut conn, &hello, operation)? {
-            Response::Hello { .. } => {}
-            other => return Err(unexpected(operation, &other)),
+        let hello_key = credentials.map(|c| SealKey::hello(c.secret.bytes()));
+        let frame = self.exchange_frame(&mut conn, &hello, hello_key.as_ref(), None, operation)?;
+        let answer = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
+        match (answer, credentials) {
+            (Response::Hello { session: None, .. }, None) => {}
+            (Response::Hello { session: Some(s), .. }, Some(c)) if s.seal == c.seal => {
+                let key =
+                    seal::session_key(c.secret.bytes(), &client_nonce, &s.server_nonce, tenant);
+                let key = SealKey::new(s.seal, &key);
+                frame
+                    .verify_seal(&key)
+                    .map_err(|e| transport(operation, format!("HELLO answer: {e}")))?;
+                conn.seal = Some(key);
+            }
+            (Response::Hello { .. }, _) => {
+                return Err(transport(
+                    operation,
+                    "HELLO answer does not match the credentials offered",
+                ));
+            }
+            (other, _) => return Err(unexpected(operation, &other)),
         }
         if let Some(arena) = self.arena(operation)? {
             let segment = arena.segment();
@@ -298,7 +357,8 @@ impl TcpStore {
         Ok(conn)
     }
 
-    /// Sends one request and waits for its answer on `conn`.
+    /// Sends one request and waits for its answer on `conn`; the answer's seal is verified on a
+    /// sealed session.
     fn exchange(
         &self,
         conn: &mut Conn,
@@ -317,8 +377,34 @@ impl TcpStore {
         operation: &'static str,
         segment: Option<&Segment>,
     ) -> Result<Response, StoreError> {
+        let seal = conn.seal.clone();
+        let frame = self.exchange_frame(conn, request, seal.as_ref(), segment, operation)?;
+        if let Some(key) = &seal {
+            // Never let an answer that fails its seal reach the caller, whatever it holds.
+            frame.verify_seal(key).map_err(|e| transport(operation, format!("answer: {e}")))?;
+        }
+        let response = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
+        if let Response::Error(e) = &response
+            && e.closes_connection()
+        {
+            return Err(unexpected(operation, &response));
+        }
+        Ok(response)
+    }
+
+    /// Sends one request (sealed with `seal` when given, with `segment`'s descriptor when
+    /// given) and returns the frame that answers it.
+    fn exchange_frame(
+        &self,
+        conn: &mut Conn,
+        request: &Request,
+        seal: Option<&SealKey>,
+        segment: Option<&Segment>,
+        operation: &'static str,
+    ) -> Result<Frame, StoreError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let bytes = request.to_frame_bytes(id).map_err(|e| StoreError::Backend {
+        let mut bytes = Vec::new();
+        request.encode_sealed_frame(id, seal, &mut bytes).map_err(|e| StoreError::Backend {
             operation,
             detail: format!("request not encodable: {e}"),
             retirement: Retirement::Retired,
@@ -354,12 +440,18 @@ impl TcpStore {
                     if !input.is_empty() {
                         return Err(transport(operation, "server sent bytes past the answer"));
                     }
-                    let response =
-                        Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
                     if frame.request_id != id {
-                        return Err(unexpected(operation, &response));
+                        let what = Response::from_frame(&frame)
+                            .map_or_else(|e| e.to_string(), |r| format!("{:?}", r.op()));
+                        return Err(transport(
+                            operation,
+                            format!(
+                                "answer for request {} ({what}), expected {id}",
+                                frame.request_id
+                            ),
+                        ));
                     }
-                    return Ok(response);
+                    return Ok(frame);
                 }
             }
         }

@@ -1,11 +1,12 @@
-//! The GPCW wire protocol, version 1: frames, typed messages and the incremental decoder.
+//! The GPCW wire protocol, version 2: frames, typed messages and the incremental decoder.
 //!
 //! `docs/PROTOCOL.md` is the specification; this module is its implementation and must agree
 //! with it byte for byte. In short:
 //!
 //! - A frame is a fixed [`HEADER_BYTES`]-byte little-endian header (magic `GPCW`, version, kind,
-//!   op, flags, request id, body length, XXH3-64 of the body, a reserved seal slot and a 32-bit
-//!   header checksum) followed by the body.
+//!   op, flags, request id, body length, XXH3-64 of the body, a seal slot and a 32-bit
+//!   header checksum) followed by the body. A sealed frame carries a MAC in the seal slot
+//!   ([`seal`]).
 //! - [`FrameDecoder`] takes bytes as they arrive and yields whole, checksum-verified [`Frame`]s.
 //!   It refuses an oversize body before allocating for it, never holds more than one frame, and
 //!   says whether an error leaves the stream in sync ([`FrameError::resync_impossible`]).
@@ -22,25 +23,31 @@ mod codec;
 mod error;
 mod frame;
 mod message;
+pub mod seal;
 mod text;
 mod values;
 
 use std::fmt;
 
-pub use error::WireError;
-pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, header_checksum};
-pub use message::{
-    Fetched, GetItem, PutItem, RemoteInfo, Request, Response, SharedGetItem, SharedPutItem,
+pub use error::{AuthFailure, WireError};
+pub use frame::{
+    Frame, FrameDecoder, FrameError, FrameHeader, SEALED_HEADER_BYTES, header_checksum,
 };
+pub use message::{
+    Fetched, GetItem, HelloAuth, HelloSession, PutItem, RemoteInfo, Request, Response,
+    SharedGetItem, SharedPutItem,
+};
+pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"GPCW";
-/// The protocol version this build speaks (and the only one it accepts).
-pub const VERSION: u8 = 1;
+/// The protocol version this build speaks (and the only one it accepts). Version 2 added
+/// authenticated sessions and the seal (ADR 0012).
+pub const VERSION: u8 = 2;
 /// Size of the fixed frame header.
 pub const HEADER_BYTES: usize = 64;
-/// Size of the reserved seal slot in the header (an HMAC-SHA-256 tag in a later version).
+/// Size of the seal slot in the header: the MAC of a sealed frame, zero otherwise.
 pub const SEAL_BYTES: usize = 32;
 /// Largest payload a batch may carry: one block at the default `object_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: u64 = 64 << 20;
@@ -52,10 +59,11 @@ pub const BATCH_ITEMS_MAX: usize = 1024;
 /// boundary; decoders refuse it.
 pub const TEXT_BYTES_MAX: usize = 4096;
 
-/// Header flag bit 0: the frame is sealed. Reserved: version 1 refuses a frame that sets it.
+/// Header flag bit 0: the frame is sealed; its seal slot holds the MAC (`docs/PROTOCOL.md`
+/// section 8).
 pub const FLAG_SEALED: u8 = 0x01;
-/// The flag bits version 1 accepts: none.
-pub const FLAGS_ACCEPTED: u8 = 0;
+/// The flag bits this version defines.
+pub const FLAGS_ACCEPTED: u8 = FLAG_SEALED;
 
 /// Byte offsets of the header fields (see the table in `docs/PROTOCOL.md`).
 pub mod offset {
@@ -75,7 +83,7 @@ pub mod offset {
     pub const BODY_LEN: usize = 16;
     /// `body_checksum u64`.
     pub const BODY_CHECKSUM: usize = 20;
-    /// `seal [32]`.
+    /// `seal [32]`: the MAC of a sealed frame.
     pub const SEAL: usize = 28;
     /// `header_checksum u32`: the low 32 bits of XXH3-64 of bytes `0..HEADER_CHECKSUM`.
     pub const HEADER_CHECKSUM: usize = 60;

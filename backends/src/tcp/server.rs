@@ -3,11 +3,14 @@
 //!
 //! A connection starts with HELLO, which names its tenant and the rights it asks for; it gets
 //! the rights it asks for that its tenant's configuration grants, and keeps that identity until
-//! it closes. Frames are answered in order. A frame-level error whose boundary is known is
+//! it closes. A tenant with keys must prove itself in a sealed HELLO; its session then seals
+//! every frame both ways and refuses replayed request ids (ADR 0012). A tenant without keys
+//! ("open") is trusted on its word. Frames are answered in order. A frame-level error whose boundary is known is
 //! answered and the connection continues; one that loses the stream (bad magic or header,
 //! oversize, unknown version) is answered once and the connection closes. Nothing a client
 //! sends can stop the accept loop or another connection.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
@@ -16,7 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::caller::{Caller, Right, Rights};
+use gpucache_dataplane::clock::{Clock, UnixClock};
+use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError};
 
 use crate::listener::{
@@ -24,15 +29,20 @@ use crate::listener::{
 };
 use crate::shm::Segment;
 
+use super::auth::{ReplayWindow, TenantAuth};
+use super::proto::seal::{self, NONCE_BYTES, SealKey};
 use super::proto::{
-    Fetched, FrameDecoder, GetItem, Request, Response, SharedGetItem, SharedPutItem, VERSION,
-    WireError,
+    AuthFailure, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Request, Response,
+    SharedGetItem, SharedPutItem, VERSION, WireError,
 };
 
 /// How often a blocked read wakes to check for shutdown and idleness.
 const READ_TICK: Duration = Duration::from_millis(100);
 /// Bytes read from a socket per call.
 const READ_CHUNK_BYTES: usize = 256 << 10;
+
+/// Default for [`ServerConfig::clock_skew_max`].
+pub const CLOCK_SKEW_MAX_DEFAULT: Duration = Duration::from_secs(120);
 
 /// How to run a server.
 #[derive(Debug, Clone)]
@@ -50,12 +60,18 @@ pub struct ServerConfig {
     pub name: String,
     /// How long shutdown waits for connection threads.
     pub shutdown_deadline: Duration,
-    /// A Unix socket for clients on this host: the same protocol, plus the shared-memory
-    /// fast path (a client hands over a sealed memfd and payloads move through it). None by
-    /// default.
+    /// The keys of the tenants that must authenticate; a tenant not here is open.
+    pub auth: HashMap<TenantId, TenantAuth>,
+    /// The most a HELLO timestamp may differ from [`Self::clock`].
+    pub clock_skew_max: Duration,
+    /// Unix-epoch milliseconds, for HELLO timestamps and key expiry.
+    pub clock: Arc<dyn Clock>,
+    /// A Unix socket for clients on this host: the same protocol (and the same HELLO), plus
+    /// the shared-memory fast path (a client hands over a sealed memfd and payloads move
+    /// through it). None by default.
     pub local: Option<PathBuf>,
     /// Bytes of client segments mapped at once, over all local connections; an attach past
-    /// it is refused (the client keeps using the socket).
+    /// it is refused.
     pub shm_mapped_bytes_max: u64,
 }
 
@@ -69,6 +85,9 @@ impl ServerConfig {
             tenants,
             name: format!("gpucache/{}", env!("CARGO_PKG_VERSION")),
             shutdown_deadline: Duration::from_secs(10),
+            auth: HashMap::new(),
+            clock_skew_max: CLOCK_SKEW_MAX_DEFAULT,
+            clock: Arc::new(UnixClock),
             local: None,
             shm_mapped_bytes_max: 16 << 30,
         }
@@ -175,6 +194,7 @@ impl Server {
     }
 }
 
+/// Answers a connection over the limit. Before HELLO there is no session key: unsealed.
 fn refuse_busy<C: Write>(stream: &mut C, open: u32, max: u32) {
     let busy = Response::Error(WireError::Busy { connections: open, max });
     if let Ok(bytes) = busy.to_frame_bytes(0) {
@@ -182,12 +202,28 @@ fn refuse_busy<C: Write>(stream: &mut C, open: u32, max: u32) {
     }
 }
 
-fn send<C: Write>(stream: &mut C, response: &Response, request_id: u64) -> io::Result<()> {
-    let bytes = match response.to_frame_bytes(request_id) {
-        Ok(b) => b,
-        Err(e) => Response::Error(e).to_frame_bytes(request_id).map_err(io::Error::other)?,
-    };
+fn send<C: Write>(
+    stream: &mut C,
+    response: &Response,
+    request_id: u64,
+    seal: Option<&SealKey>,
+) -> io::Result<()> {
+    let mut bytes = Vec::new();
+    if let Err(e) = response.encode_sealed_frame(request_id, seal, &mut bytes) {
+        Response::Error(e)
+            .encode_sealed_frame(request_id, seal, &mut bytes)
+            .map_err(io::Error::other)?;
+    }
     stream.write_all(&bytes)
+}
+
+/// Who a connection acts for, once HELLO succeeded.
+#[derive(Debug)]
+struct Session {
+    caller: Caller,
+    /// The session key of a sealed session; `None` for an open tenant.
+    seal: Option<SealKey>,
+    replay: ReplayWindow,
 }
 
 /// A client segment mapped for one connection, charged against `shm_mapped_bytes_max` until
@@ -203,10 +239,9 @@ impl Drop for Mapped<'_> {
     }
 }
 
-/// What a connection holds between requests.
+/// The same-host state of a connection on the Unix socket.
 #[derive(Default)]
-struct Session<'a> {
-    caller: Option<Caller>,
+struct Local<'a> {
     /// A descriptor that arrived and waits for its SHM_ATTACH frame (at most one is kept).
     pending_fd: Option<OwnedFd>,
     segment: Option<Mapped<'a>>,
@@ -218,19 +253,21 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
     let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
-    let mut session = Session::default();
+    let mut session: Option<Session> = None;
+    let mut local = Local::default();
     let mut last_request = Instant::now();
     loop {
+        let seal = session.as_ref().and_then(|s| s.seal.as_ref());
         if shared.gate.stopping() && decoder.is_idle() {
-            let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0);
+            let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0, seal);
             return;
         }
         let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
             ReadTick::Data(n, fd) => {
-                if fd.is_some() && session.pending_fd.is_some() {
+                if fd.is_some() && local.pending_fd.is_some() {
                     tracing::debug!(peer = %stream.peer(), "a second descriptor arrived; closed");
                 } else if fd.is_some() {
-                    session.pending_fd = fd;
+                    local.pending_fd = fd;
                 }
                 n
             }
@@ -243,20 +280,19 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
                 Ok(Some(frame)) => {
                     last_request = Instant::now();
                     let request_id = frame.request_id;
-                    let response = match Request::from_frame(&frame) {
-                        Ok(request) => answer(request, &mut session, shared),
-                        Err(e) => Response::Error(e),
-                    };
+                    let response = serve_frame(&frame, &mut session, &mut local, shared);
+                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
                     let closes = matches!(&response, Response::Error(e) if e.closes_connection());
-                    if send(&mut stream, &response, request_id).is_err() || closes {
+                    if send(&mut stream, &response, request_id, seal).is_err() || closes {
                         return;
                     }
                 }
                 Ok(None) => break,
                 Err(fe) => {
+                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
                     let closes = fe.resync_impossible() || fe.error.closes_connection();
-                    let sent =
-                        send(&mut stream, &Response::Error(fe.error), fe.request_id.unwrap_or(0));
+                    let id = fe.request_id.unwrap_or(0);
+                    let sent = send(&mut stream, &Response::Error(fe.error), id, seal);
                     if closes || sent.is_err() {
                         return;
                     }
@@ -266,29 +302,139 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
     }
 }
 
-fn shm_error(detail: impl std::fmt::Display) -> Response {
-    Response::Error(WireError::SharedMemory { detail: detail.to_string() })
+/// One whole frame: HELLO before a session, otherwise (for a sealed session, once its seal and
+/// request id pass) the request it carries.
+fn serve_frame<'a>(
+    frame: &Frame,
+    session: &mut Option<Session>,
+    local: &mut Local<'a>,
+    shared: &'a Shared,
+) -> Response {
+    let Some(s) = session.as_mut() else {
+        return match Request::from_frame(frame) {
+            Ok(Request::Hello { tenant, rights, auth, .. }) => {
+                match hello(frame, tenant, rights, auth, shared) {
+                    Ok((opened, answer)) => {
+                        *session = Some(opened);
+                        answer
+                    }
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Ok(_) => Response::Error(WireError::NotAuthenticated),
+            Err(e) => Response::Error(e),
+        };
+    };
+    if let Some(key) = &s.seal {
+        if let Err(e) = frame.verify_seal(key) {
+            return Response::Error(e);
+        }
+        if let Err(e) = s.replay.accept(frame.request_id) {
+            return Response::Error(e);
+        }
+    }
+    match Request::from_frame(frame) {
+        Ok(Request::Hello { .. }) => Response::Error(WireError::AlreadyAuthenticated),
+        Ok(request) => answer(request, &s.caller, local, shared),
+        Err(e) => Response::Error(e),
+    }
 }
 
-fn answer<'a>(request: Request, session: &mut Session<'a>, shared: &'a Shared) -> Response {
-    let store = &*shared.store;
-    let caller = &mut session.caller;
-    if let Request::Hello { tenant, rights, .. } = &request {
-        if caller.is_some() {
-            return Response::Error(WireError::AlreadyAuthenticated);
+fn refuse(reason: AuthFailure) -> WireError {
+    WireError::AuthFailed { reason }
+}
+
+/// Opens a session: an open tenant on its word; a tenant with keys after its HELLO proves the
+/// key (fingerprint, then the frame's seal), the key is in force, the timestamp is within the
+/// skew window and the seal algorithm is accepted. Returns the session and the HELLO answer.
+fn hello(
+    frame: &Frame,
+    tenant: TenantId,
+    asked: Rights,
+    auth: Option<HelloAuth>,
+    shared: &Shared,
+) -> Result<(Session, Response), WireError> {
+    let config = &shared.config;
+    let granted = config
+        .tenants
+        .iter()
+        .find(|c| c.tenant == tenant)
+        .ok_or(WireError::NotAuthenticated)?
+        .rights;
+    let rights = Rights {
+        read: asked.read && granted.read,
+        write: asked.write && granted.write,
+        admin: asked.admin && granted.admin,
+    };
+    let mut replay = ReplayWindow::new();
+    let Some(policy) = config.auth.get(&tenant) else {
+        if auth.is_some() {
+            return Err(refuse(AuthFailure::TenantOpen));
         }
-        let Some(granted) = shared.config.tenants.iter().find(|c| &c.tenant == tenant) else {
-            return Response::Error(WireError::NotAuthenticated);
-        };
-        let rights = Rights {
-            read: rights.read && granted.rights.read,
-            write: rights.write && granted.rights.write,
-            admin: rights.admin && granted.rights.admin,
-        };
-        *caller = Some(Caller::new(tenant.clone(), rights));
-        return Response::Hello { version: VERSION, server: shared.config.name.clone() };
+        let session = Session { caller: Caller::new(tenant, rights), seal: None, replay };
+        let answer =
+            Response::Hello { version: VERSION, server: config.name.clone(), session: None };
+        return Ok((session, answer));
+    };
+    let (Some(auth), Some(_)) = (auth, frame.seal) else {
+        return Err(refuse(AuthFailure::SecretRequired));
+    };
+    let key = policy.keys.find(&auth.key_id).ok_or(refuse(AuthFailure::UnknownKey))?;
+    let secret = key.secret.bytes();
+    let expected = seal::fingerprint(secret, tenant.as_str());
+    if !seal::constant_time_eq(&expected, &auth.fingerprint) {
+        return Err(refuse(AuthFailure::BadFingerprint));
     }
-    let Some(who) = caller.as_ref() else { return Response::Error(WireError::NotAuthenticated) };
+    frame.verify_seal(&SealKey::hello(secret)).map_err(|_| refuse(AuthFailure::BadSeal))?;
+    let now_ms = config.clock.now_ms();
+    if key.expired(now_ms) {
+        return Err(refuse(AuthFailure::KeyExpired));
+    }
+    let skew_max_ms = u64::try_from(config.clock_skew_max.as_millis()).unwrap_or(u64::MAX);
+    if now_ms.abs_diff(auth.timestamp_ms) > skew_max_ms {
+        return Err(refuse(AuthFailure::ClockSkew));
+    }
+    if !policy.accepted.contains(&auth.seal) {
+        return Err(refuse(AuthFailure::SealAlgorithm));
+    }
+    replay.accept(frame.request_id)?;
+    let mut server_nonce = [0u8; NONCE_BYTES];
+    getrandom::fill(&mut server_nonce)
+        .map_err(|e| WireError::Internal { detail: format!("no random nonce: {e}") })?;
+    let session_key = seal::session_key(secret, &auth.client_nonce, &server_nonce, tenant.as_str());
+    tracing::debug!(%tenant, key = %key.id, seal = %auth.seal, "sealed session opened");
+    let session = Session {
+        caller: Caller::new(tenant, rights),
+        seal: Some(SealKey::new(auth.seal, &session_key)),
+        replay,
+    };
+    let answer = Response::Hello {
+        version: VERSION,
+        server: config.name.clone(),
+        session: Some(HelloSession { server_nonce, seal: auth.seal }),
+    };
+    Ok((session, answer))
+}
+
+/// Requires `right` of a call the store makes without a caller (so cannot check itself).
+fn require(who: &Caller, right: Right) -> Result<(), StoreError> {
+    if who.rights.has(right) {
+        Ok(())
+    } else {
+        Err(StoreError::Forbidden { tenant: who.tenant.clone(), right })
+    }
+}
+
+/// Serves one request as `who`. Keyed operations (and ATTEST, which the registry checks
+/// against the region's owner) are authorised by the store itself; the store-wide operations
+/// that take no caller need the admin right, checked here.
+fn answer<'a>(
+    request: Request,
+    who: &Caller,
+    local: &mut Local<'a>,
+    shared: &'a Shared,
+) -> Response {
+    let store = &*shared.store;
     match request {
         Request::Hello { .. } => Response::Error(WireError::AlreadyAuthenticated),
         Request::Info => Response::Info(store.info().into()),
@@ -316,30 +462,37 @@ fn answer<'a>(request: Request, session: &mut Session<'a>, shared: &'a Shared) -
         Request::Abort { reservation, outcome } => {
             Response::Abort(store.abort(who, reservation, outcome))
         }
-        Request::ExpireLeases => Response::ExpireLeases(store.expire_leases().map(|n| n as u64)),
+        Request::ExpireLeases => Response::ExpireLeases(
+            require(who, Right::Admin).and_then(|()| store.expire_leases().map(|n| n as u64)),
+        ),
         Request::Attest { region } => Response::Attest(store.attest_drained(who, region)),
-        Request::BumpEpoch => Response::BumpEpoch(store.bump_epoch()),
-        Request::ReclaimFenced { epoch } => {
-            Response::ReclaimFenced(store.reclaim_fenced(epoch).map(|n| n as u64))
+        Request::BumpEpoch => {
+            Response::BumpEpoch(require(who, Right::Admin).and_then(|()| store.bump_epoch()))
         }
-        Request::ShmAttach { len } => attach(len, session, shared),
-        Request::GetShared { items } => match &session.segment {
+        Request::ReclaimFenced { epoch } => Response::ReclaimFenced(
+            require(who, Right::Admin).and_then(|()| store.reclaim_fenced(epoch).map(|n| n as u64)),
+        ),
+        Request::ShmAttach { len } => attach(len, local, shared),
+        Request::GetShared { items } => match &local.segment {
             None => shm_error("no segment is attached to this connection"),
             Some(m) => get_shared(store, who, &m.segment, &items),
         },
-        Request::PutShared { items } => match &session.segment {
+        Request::PutShared { items } => match &local.segment {
             None => shm_error("no segment is attached to this connection"),
             Some(m) => put_shared(store, who, &m.segment, &items),
         },
     }
 }
 
+fn shm_error(detail: impl std::fmt::Display) -> Response {
+    Response::Error(WireError::SharedMemory { detail: detail.to_string() })
+}
 /// Maps the segment whose descriptor arrived with SHM_ATTACH, within the server-wide budget.
-fn attach<'a>(len: u64, session: &mut Session<'a>, shared: &'a Shared) -> Response {
-    let Some(fd) = session.pending_fd.take() else {
+fn attach<'a>(len: u64, local: &mut Local<'a>, shared: &'a Shared) -> Response {
+    let Some(fd) = local.pending_fd.take() else {
         return shm_error("no descriptor arrived with SHM_ATTACH (it needs the Unix socket)");
     };
-    if session.segment.is_some() {
+    if local.segment.is_some() {
         return shm_error("a segment is already attached to this connection");
     }
     let segment = match Segment::attach(fd) {
@@ -361,7 +514,7 @@ fn attach<'a>(len: u64, session: &mut Session<'a>, shared: &'a Shared) -> Respon
             "mapping {len} more bytes would exceed shm_mapped_bytes_max ({now} of {max} mapped)"
         ));
     }
-    session.segment = Some(Mapped { segment, budget: &shared.shm_mapped });
+    local.segment = Some(Mapped { segment, budget: &shared.shm_mapped });
     Response::ShmAttach(len)
 }
 

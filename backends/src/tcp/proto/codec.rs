@@ -95,6 +95,11 @@ impl<'a> Writer<'a> {
         self.out.extend_from_slice(clipped.as_bytes());
     }
 
+    /// Fixed-size bytes, without a length.
+    pub(super) fn raw(&mut self, b: &[u8]) {
+        self.out.extend_from_slice(b);
+    }
+
     /// Length-prefixed bytes.
     pub(super) fn bytes(&mut self, b: &[u8]) {
         self.len(b.len());
@@ -151,7 +156,10 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], WireError> {
+    pub(super) fn array<const N: usize>(
+        &mut self,
+        what: &'static str,
+    ) -> Result<[u8; N], WireError> {
         let bytes = self.take(N, what)?;
         bytes.try_into().map_err(|_| WireError::Truncated { what })
     }

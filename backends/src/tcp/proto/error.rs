@@ -27,8 +27,8 @@ pub enum WireError {
     UnknownKind { kind: u8 },
     #[error("op code {op} is unknown for this frame kind")]
     UnknownOp { op: u8 },
-    /// Flag bits version 1 does not accept (bit 0, sealed, is reserved for the HMAC seal).
-    #[error("frame flags {flags:#04x} are not supported (sealing is reserved)")]
+    /// Flag bits this version does not define (only bit 0, sealed, is defined).
+    #[error("frame flags {flags:#04x} are not supported")]
     UnsupportedFlags { flags: u8 },
     #[error("body checksum field is {found:016x}, the body hashes to {computed:016x}")]
     BodyChecksum { found: u64, computed: u64 },
@@ -67,16 +67,100 @@ pub enum WireError {
     ShuttingDown,
     #[error("internal server error: {detail}")]
     Internal { detail: String },
+    /// HELLO did not prove the tenant: the connection closes. The reason says which check
+    /// failed, never which bytes of a secret were wrong.
+    #[error("authentication failed: {reason}")]
+    AuthFailed { reason: AuthFailure },
+    /// An unsealed frame on a session that seals: the connection closes.
+    #[error("the frame is not sealed, and this session requires sealed frames")]
+    Unsealed,
+    /// The frame's seal does not verify under the session key: the connection closes.
+    #[error("the frame's seal does not verify")]
+    SealMismatch,
+    /// A sealed frame whose request id was already used on this connection, or is older than
+    /// the replay window (request id 0 is never accepted). The frame is not served; the
+    /// connection continues.
+    #[error("request id {request_id} was already used or is older than the replay window")]
+    Replayed { request_id: u64 },
     /// A shared-memory request the connection cannot serve: no segment attached, a segment
     /// that cannot be mapped (unsealed, too large, no descriptor), or a range outside it.
     #[error("shared memory: {detail}")]
     SharedMemory { detail: String },
 }
 
+/// Which HELLO check failed ([`WireError::AuthFailed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// The tenant has a secret and the HELLO offered no proof (or was not sealed).
+    SecretRequired,
+    /// The key id is not one of the tenant's keys.
+    UnknownKey,
+    /// The key's `not-after` time has passed.
+    KeyExpired,
+    /// The HELLO timestamp is further from the server's clock than it allows.
+    ClockSkew,
+    /// The fingerprint does not match the key.
+    BadFingerprint,
+    /// The HELLO seal does not verify under the key.
+    BadSeal,
+    /// The tenant does not accept the proposed seal algorithm.
+    SealAlgorithm,
+    /// The HELLO offered a key to a tenant that has none (an open tenant).
+    TenantOpen,
+}
+
+impl AuthFailure {
+    /// Every reason, in code order.
+    pub const ALL: [Self; 8] = [
+        Self::SecretRequired,
+        Self::UnknownKey,
+        Self::KeyExpired,
+        Self::ClockSkew,
+        Self::BadFingerprint,
+        Self::BadSeal,
+        Self::SealAlgorithm,
+        Self::TenantOpen,
+    ];
+
+    pub fn code(self) -> u8 {
+        match self {
+            Self::SecretRequired => 0,
+            Self::UnknownKey => 1,
+            Self::KeyExpired => 2,
+            Self::ClockSkew => 3,
+            Self::BadFingerprint => 4,
+            Self::BadSeal => 5,
+            Self::SealAlgorithm => 6,
+            Self::TenantOpen => 7,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.code() == code)
+    }
+}
+
+impl std::fmt::Display for AuthFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::SecretRequired => "the tenant requires a sealed HELLO with a key",
+            Self::UnknownKey => "the key id is not one of the tenant's keys",
+            Self::KeyExpired => "the key has expired",
+            Self::ClockSkew => "the HELLO timestamp is outside the server's clock window",
+            Self::BadFingerprint => "the tenant fingerprint does not match the key",
+            Self::BadSeal => "the HELLO seal does not verify",
+            Self::SealAlgorithm => "the tenant does not accept the proposed seal algorithm",
+            Self::TenantOpen => "the tenant has no keys; connect without credentials",
+        })
+    }
+}
+
 impl WireError {
     /// Whether the connection closes after this error: the stream cannot be resynchronised
-    /// (unknown version, bad magic, bad header checksum, oversize body), or the server is
-    /// turning the connection away. Every other error concerns one frame, whose boundary is
+    /// (unknown version, bad magic, bad header checksum, oversize body), the server is
+    /// turning the connection away, or the peer did not prove its tenant (a failed HELLO, an
+    /// unsealed frame or a seal that does not verify on a sealed session). Every other error concerns one frame, whose boundary is
     /// known; it is answered and the connection continues.
     pub fn closes_connection(&self) -> bool {
         matches!(
@@ -87,6 +171,9 @@ impl WireError {
                 | Self::TooLarge { .. }
                 | Self::Busy { .. }
                 | Self::ShuttingDown
+                | Self::AuthFailed { .. }
+                | Self::Unsealed
+                | Self::SealMismatch
         )
     }
 }

@@ -3,10 +3,15 @@
 use gpucache_dataplane::checksum::Checksum;
 
 use super::codec::{Writer, wide};
+use super::seal::SealKey;
 use super::{
-    BODY_BYTES_MAX, FLAGS_ACCEPTED, HEADER_BYTES, Kind, MAGIC, Op, SEAL_BYTES, VERSION, WireError,
-    offset, text,
+    BODY_BYTES_MAX, FLAG_SEALED, FLAGS_ACCEPTED, HEADER_BYTES, Kind, MAGIC, Op, SEAL_BYTES,
+    VERSION, WireError, offset, text,
 };
+
+/// Header bytes a seal covers: everything before the header checksum, with the seal slot
+/// zeroed. The body follows them in the MAC input.
+pub const SEALED_HEADER_BYTES: usize = offset::HEADER_CHECKSUM;
 
 /// The header checksum: the low 32 bits of XXH3-64 of `bytes` (the header up to its checksum
 /// field).
@@ -30,8 +35,7 @@ fn set(bytes: &mut [u8; HEADER_BYTES], at: usize, value: &[u8]) {
 }
 
 /// Every header field as raw numbers, unvalidated. [`FrameHeader::to_bytes`] computes the
-/// header checksum; everything else is written as given, so tests (and a later sealing layer)
-/// can build any header.
+/// header checksum; everything else is written as given, so tests can build any header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
     pub magic: [u8; 4],
@@ -60,6 +64,21 @@ impl FrameHeader {
             body_checksum: Checksum::of(body).0,
             seal: [0; SEAL_BYTES],
         }
+    }
+
+    /// What a seal covers of this header: bytes `0..60` with the seal slot zeroed.
+    pub fn seal_input(&self) -> [u8; SEALED_HEADER_BYTES] {
+        let unsealed = Self { seal: [0; SEAL_BYTES], ..*self }.to_bytes();
+        let mut out = [0; SEALED_HEADER_BYTES];
+        out.copy_from_slice(&unsealed[..SEALED_HEADER_BYTES]);
+        out
+    }
+
+    /// Marks the header sealed and fills its seal slot with `key`'s MAC of the header and
+    /// `body`.
+    pub fn seal_with(&mut self, key: &SealKey, body: &[u8]) {
+        self.flags |= FLAG_SEALED;
+        self.seal = key.mac(&[&self.seal_input(), body]);
     }
 
     /// The header bytes, ending with the header checksum.
@@ -95,23 +114,44 @@ impl FrameHeader {
     }
 }
 
-/// A whole frame whose header and body checksums verified, with a known kind and op.
+/// A whole frame whose header and body checksums verified, with a known kind and op. A sealed
+/// frame's seal has not been checked yet: that needs the session's key
+/// ([`Frame::verify_seal`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub kind: Kind,
     pub op: Op,
     pub request_id: u64,
     pub body: Vec<u8>,
+    /// The seal slot of a frame with [`FLAG_SEALED`]; `None` for an unsealed frame.
+    pub seal: Option<[u8; SEAL_BYTES]>,
 }
 
 impl Frame {
-    /// Appends the frame's bytes. Refuses a body over [`BODY_BYTES_MAX`].
+    /// The frame's header as it was (or will be) sent.
+    pub fn header(&self) -> FrameHeader {
+        let mut header = FrameHeader::new(self.kind, self.op, self.request_id, &self.body);
+        if let Some(seal) = self.seal {
+            header.flags |= FLAG_SEALED;
+            header.seal = seal;
+        }
+        header
+    }
+
+    /// Checks the seal under `key`: [`WireError::Unsealed`] for an unsealed frame,
+    /// [`WireError::SealMismatch`] for a seal that does not verify.
+    pub fn verify_seal(&self, key: &SealKey) -> Result<(), WireError> {
+        let Some(seal) = self.seal else { return Err(WireError::Unsealed) };
+        key.verify(&[&self.header().seal_input(), &self.body], &seal)
+    }
+
+    /// Appends the frame's bytes (with its seal, when it has one). Refuses a body over
+    /// [`BODY_BYTES_MAX`].
     pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
         if self.body.len() > BODY_BYTES_MAX {
             return Err(too_large(self.body.len()));
         }
-        let header = FrameHeader::new(self.kind, self.op, self.request_id, &self.body);
-        out.extend_from_slice(&header.to_bytes());
+        out.extend_from_slice(&self.header().to_bytes());
         out.extend_from_slice(&self.body);
         Ok(())
     }
@@ -128,11 +168,13 @@ fn too_large(len: usize) -> WireError {
 }
 
 /// Appends a frame whose body `body` writes straight into `out` after room for the header, so
-/// a payload is copied once. On error `out` is left as it was.
+/// a payload is copied once; with `seal`, the MAC of the finished header and body goes into
+/// the header last. On error `out` is left as it was.
 pub(super) fn write_frame(
     kind: Kind,
     op: Op,
     request_id: u64,
+    seal: Option<&SealKey>,
     out: &mut Vec<u8>,
     body: impl FnOnce(&mut Writer<'_>),
 ) -> Result<(), WireError> {
@@ -150,7 +192,11 @@ pub(super) fn write_frame(
     }
     let (_, rest) = out.split_at_mut(start);
     let (head, body) = rest.split_at_mut(HEADER_BYTES);
-    head.copy_from_slice(&FrameHeader::new(kind, op, request_id, body).to_bytes());
+    let mut header = FrameHeader::new(kind, op, request_id, body);
+    if let Some(key) = seal {
+        header.seal_with(key, body);
+    }
+    head.copy_from_slice(&header.to_bytes());
     Ok(())
 }
 
@@ -182,7 +228,15 @@ enum State {
     /// Filling the header array.
     Header,
     /// Filling the body of a frame whose header verified.
-    Body { kind: Kind, op: Op, request_id: u64, checksum: u64, len: usize, body: Vec<u8> },
+    Body {
+        kind: Kind,
+        op: Op,
+        request_id: u64,
+        checksum: u64,
+        seal: Option<[u8; SEAL_BYTES]>,
+        len: usize,
+        body: Vec<u8>,
+    },
     /// Discarding the body of a frame refused for a per-frame reason.
     Skip { request_id: u64, remaining: usize, error: WireError },
     /// A frame (or a per-frame error) waits for [`FrameDecoder::next_frame`].
@@ -369,7 +423,7 @@ impl FrameDecoder {
                 if h.flags & !FLAGS_ACCEPTED != 0 {
                     return Err(WireError::UnsupportedFlags { flags: h.flags });
                 }
-                if h.seal != [0; SEAL_BYTES] {
+                if h.flags & FLAG_SEALED == 0 && h.seal != [0; SEAL_BYTES] {
                     return Err(WireError::Malformed { what: text::SEAL });
                 }
                 Op::from_code(h.op)
@@ -384,8 +438,9 @@ impl FrameDecoder {
             Err(error) => State::Skip { request_id, remaining: len, error },
             Ok((kind, op)) => {
                 let body = Vec::with_capacity(len.min(BODY_CHUNK_BYTES));
-                let mut state =
-                    State::Body { kind, op, request_id, checksum: h.body_checksum, len, body };
+                let seal = (h.flags & FLAG_SEALED != 0).then_some(h.seal);
+                let checksum = h.body_checksum;
+                let mut state = State::Body { kind, op, request_id, checksum, seal, len, body };
                 if len == 0 {
                     state = verify(state);
                 }
@@ -402,10 +457,12 @@ impl FrameDecoder {
 
 /// Turns a complete [`State::Body`] into a ready frame or a body checksum error.
 fn verify(state: State) -> State {
-    let State::Body { kind, op, request_id, checksum, body, .. } = state else { return state };
+    let State::Body { kind, op, request_id, checksum, seal, body, .. } = state else {
+        return state;
+    };
     let computed = Checksum::of(&body).0;
     if computed == checksum {
-        State::Ready(Ok(Frame { kind, op, request_id, body }))
+        State::Ready(Ok(Frame { kind, op, request_id, body, seal }))
     } else {
         let error = WireError::BodyChecksum { found: checksum, computed };
         State::Ready(Err(FrameError { error, request_id: Some(request_id) }))

@@ -21,7 +21,33 @@ use super::values::{
 };
 use gpucache_dataplane::caller::Rights;
 
+use super::seal::{FINGERPRINT_BYTES, NONCE_BYTES, SealAlgorithm, SealKey};
 use super::{Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
+
+/// The proof a HELLO carries for a tenant with a secret (`docs/PROTOCOL.md` section 6). The
+/// HELLO frame itself is sealed with the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloAuth {
+    /// Which of the tenant's keys signs (`k2026-11`).
+    pub key_id: String,
+    /// [`super::seal::fingerprint`] of that key and the tenant.
+    pub fingerprint: [u8; FINGERPRINT_BYTES],
+    /// Fresh random bytes from the client, mixed into the session key.
+    pub client_nonce: [u8; NONCE_BYTES],
+    /// The client's clock, in milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// The seal algorithm the client proposes for the session.
+    pub seal: SealAlgorithm,
+}
+
+/// What HELLO's answer adds for a sealed session: the answer is sealed with the session key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloSession {
+    /// Fresh random bytes from the server, mixed into the session key.
+    pub server_nonce: [u8; NONCE_BYTES],
+    /// The seal algorithm the session uses (the one the client proposed).
+    pub seal: SealAlgorithm,
+}
 
 /// One key of a batch GET and the most bytes the caller will take for it (the size of its
 /// destination buffer). The capacities of one batch add up to at most [`PAYLOAD_BYTES_MAX`], so
@@ -93,13 +119,15 @@ impl From<StoreInfo> for RemoteInfo {
 /// What a client asks. Each variant is one op; the batch variants answer per item, in order.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
-    /// Opens a session as `tenant` (claimed, not yet proven: see `docs/PROTOCOL.md`).
+    /// Opens a session as `tenant`: claimed for an open tenant, proven by `auth` (and the
+    /// frame's seal) for a tenant with a secret.
     Hello {
         tenant: TenantId,
         client_name: String,
         /// The rights this connection asks for; the server grants those its configuration
         /// allows the tenant.
         rights: Rights,
+        auth: Option<HelloAuth>,
     },
     Info,
     Epoch,
@@ -163,10 +191,11 @@ pub enum Request {
 /// What a server answers, with the op of the request (or [`Op::Error`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Response {
-    /// The server's protocol version and name.
+    /// The server's protocol version and name, and the session's nonce for a sealed session.
     Hello {
         version: u8,
         server: String,
+        session: Option<HelloSession>,
     },
     Info(RemoteInfo),
     Epoch(Epoch),
@@ -201,6 +230,11 @@ fn rights_from_bits(bits: u8) -> Result<Rights, WireError> {
         return Err(WireError::Malformed { what: text::RIGHTS });
     }
     Ok(Rights { read: bits & 1 != 0, write: bits & 2 != 0, admin: bits & 4 != 0 })
+}
+
+fn get_seal_algorithm(r: &mut Reader<'_>) -> Result<SealAlgorithm, WireError> {
+    let tag = r.u8(text::SEAL_ALGORITHM)?;
+    SealAlgorithm::from_code(tag).ok_or(WireError::UnknownTag { what: text::SEAL_ALGORITHM, tag })
 }
 
 fn get_capacity_error(total: u64) -> WireError {
@@ -247,10 +281,21 @@ impl Request {
 
     fn write_body(&self, w: &mut Writer<'_>) {
         match self {
-            Self::Hello { tenant, client_name, rights } => {
+            Self::Hello { tenant, client_name, rights, auth } => {
                 w.tenant(tenant);
                 w.text(client_name);
                 w.u8(rights_bits(*rights));
+                match auth {
+                    None => w.u8(0),
+                    Some(a) => {
+                        w.u8(1);
+                        w.text(&a.key_id);
+                        w.raw(&a.fingerprint);
+                        w.raw(&a.client_nonce);
+                        w.u64(a.timestamp_ms);
+                        w.u8(a.seal.code());
+                    }
+                }
             }
             Self::Info | Self::Epoch | Self::Stats | Self::ExpireLeases | Self::BumpEpoch => {}
             Self::Lookup { keys } | Self::Invalidate { keys } => {
@@ -331,6 +376,17 @@ impl Request {
                 tenant: r.tenant()?,
                 client_name: r.text(text::TEXT)?,
                 rights: rights_from_bits(r.u8(text::RIGHTS)?)?,
+                auth: match r.u8(text::HELLO_AUTH)? {
+                    0 => None,
+                    1 => Some(HelloAuth {
+                        key_id: r.text(text::TEXT)?,
+                        fingerprint: r.array(text::HELLO_AUTH)?,
+                        client_nonce: r.array(text::HELLO_AUTH)?,
+                        timestamp_ms: r.u64(text::INTEGER)?,
+                        seal: get_seal_algorithm(r)?,
+                    }),
+                    tag => return Err(WireError::UnknownTag { what: text::HELLO_AUTH, tag }),
+                },
             },
             Op::Info => Self::Info,
             Op::Epoch => Self::Epoch,
@@ -416,7 +472,17 @@ impl Request {
     /// Appends a whole request frame (header and body) for `request_id`; appends nothing on
     /// error.
     pub fn encode_frame(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), WireError> {
-        write_frame(Kind::Request, self.op(), request_id, out, |w| self.write_body(w))
+        self.encode_sealed_frame(request_id, None, out)
+    }
+
+    /// [`Self::encode_frame`], sealed with `seal` when given.
+    pub fn encode_sealed_frame(
+        &self,
+        request_id: u64,
+        seal: Option<&SealKey>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WireError> {
+        write_frame(Kind::Request, self.op(), request_id, seal, out, |w| self.write_body(w))
     }
 
     /// A whole request frame for `request_id`.
@@ -553,9 +619,17 @@ impl Response {
 
     fn write_body(&self, w: &mut Writer<'_>) {
         match self {
-            Self::Hello { version, server } => {
+            Self::Hello { version, server, session } => {
                 w.u8(*version);
                 w.text(server);
+                match session {
+                    None => w.u8(0),
+                    Some(s) => {
+                        w.u8(1);
+                        w.raw(&s.server_nonce);
+                        w.u8(s.seal.code());
+                    }
+                }
             }
             Self::Info(info) => {
                 w.text(&info.name);
@@ -605,7 +679,18 @@ impl Response {
     fn read_body(op: Op, r: &mut Reader<'_>) -> Result<Self, WireError> {
         const N: &str = text::INTEGER;
         Ok(match op {
-            Op::Hello => Self::Hello { version: r.u8(N)?, server: r.text(text::TEXT)? },
+            Op::Hello => Self::Hello {
+                version: r.u8(N)?,
+                server: r.text(text::TEXT)?,
+                session: match r.u8(text::HELLO_AUTH)? {
+                    0 => None,
+                    1 => Some(HelloSession {
+                        server_nonce: r.array(text::HELLO_AUTH)?,
+                        seal: get_seal_algorithm(r)?,
+                    }),
+                    tag => return Err(WireError::UnknownTag { what: text::HELLO_AUTH, tag }),
+                },
+            },
             Op::Info => Self::Info(RemoteInfo {
                 name: r.text(text::TEXT)?,
                 implementation: get_implementation(r)?,
@@ -639,7 +724,17 @@ impl Response {
     /// server whose answer does not fit ([`WireError::TooLarge`]) sends
     /// [`WireError::ResponseTooLarge`] instead.
     pub fn encode_frame(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), WireError> {
-        write_frame(Kind::Response, self.op(), request_id, out, |w| self.write_body(w))
+        self.encode_sealed_frame(request_id, None, out)
+    }
+
+    /// [`Self::encode_frame`], sealed with `seal` when given.
+    pub fn encode_sealed_frame(
+        &self,
+        request_id: u64,
+        seal: Option<&SealKey>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WireError> {
+        write_frame(Kind::Response, self.op(), request_id, seal, out, |w| self.write_body(w))
     }
 
     /// A whole response frame answering `request_id`.

@@ -106,6 +106,9 @@ whats! {
     REGION_COUNT = "region count",
     WIRE_ERROR = "wire error",
     KIND = "frame kind",
+    AUTH_FAILURE = "auth failure",
+    HELLO_AUTH = "hello credentials",
+    SEAL_ALGORITHM = "seal algorithm",
 }
 
 /// The static string equal to `text`, if it is in [`DATAPLANE_TEXT`] or [`WHAT_TEXT`].

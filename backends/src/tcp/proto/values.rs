@@ -19,6 +19,7 @@ use gpucache_dataplane::store::{
 };
 
 use super::codec::{Reader, Writer, wide};
+use super::error::AuthFailure;
 use super::text::{self, REMOTE_DETAIL, REMOTE_TEXT};
 use super::{Kind, WireError};
 
@@ -762,8 +763,18 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u8(20);
             w.text(detail);
         }
-        WireError::SharedMemory { detail } => {
+        WireError::AuthFailed { reason } => {
             w.u8(21);
+            w.u8(reason.code());
+        }
+        WireError::Unsealed => w.u8(22),
+        WireError::SealMismatch => w.u8(23),
+        WireError::Replayed { request_id } => {
+            w.u8(24);
+            w.u64(*request_id);
+        }
+        WireError::SharedMemory { detail } => {
+            w.u8(25);
             w.text(detail);
         }
     }
@@ -799,7 +810,16 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
         18 => WireError::Busy { connections: r.u32(N)?, max: r.u32(N)? },
         19 => WireError::ShuttingDown,
         20 => WireError::Internal { detail: r.text(text::TEXT)? },
-        21 => WireError::SharedMemory { detail: r.text(text::TEXT)? },
+        21 => {
+            let tag = r.u8(text::AUTH_FAILURE)?;
+            let reason = AuthFailure::from_code(tag)
+                .ok_or(WireError::UnknownTag { what: text::AUTH_FAILURE, tag })?;
+            WireError::AuthFailed { reason }
+        }
+        22 => WireError::Unsealed,
+        23 => WireError::SealMismatch,
+        24 => WireError::Replayed { request_id: r.u64(N)? },
+        25 => WireError::SharedMemory { detail: r.text(text::TEXT)? },
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

@@ -240,6 +240,7 @@ fn default_venv() -> PathBuf {
 
 fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     let plan = plan(args)?;
+    let load_start = loadavg();
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
     let scratch = tempfile::Builder::new()
@@ -332,7 +333,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                     let points = each_point(&plan, "iperf3", |size, c| {
                         peers::iperf3_point(&dir, size, c, plan.phase)
                     });
-                    runs.push(ran("iperf3", Some(v), "loopback TCP, -P clients streams, -l value size; the same figure in GET and PUT", points));
+                    runs.push(ran("iperf3", Some(v), "loopback TCP, -P clients streams, -l value size (at most 1 MiB, iperf3's limit); the same figure in GET and PUT", points));
                 }
             },
             PeerName::Memcpy => {
@@ -350,7 +351,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     }
 
     let aims = report::aims(&runs);
-    let machine = machine();
+    let machine = machine(&load_start);
     let command: Vec<String> = std::env::args().collect();
     let commit = git_commit();
     let date = utc_now();
@@ -457,7 +458,13 @@ fn write_file(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn machine() -> serde_json::Value {
+/// The 1, 5 and 15 minute load averages: other work on a shared machine moves every figure.
+fn loadavg() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn machine(load_start: &str) -> serde_json::Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
         .lines()
@@ -469,6 +476,8 @@ fn machine() -> serde_json::Value {
         .find(|l| l.starts_with("MemTotal:"))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
     json!({
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
         "nproc": std::thread::available_parallelism().map_or(0, usize::from),
         "kernel": read("/proc/sys/kernel/osrelease").trim(),
         "cpu": cpu,
@@ -477,10 +486,13 @@ fn machine() -> serde_json::Value {
 }
 
 fn machine_line(m: &serde_json::Value) -> String {
+    let text = |k: &str| m.get(k).and_then(serde_json::Value::as_str).unwrap_or("?").to_owned();
     format!(
-        "{} CPUs, kernel {}",
+        "{} CPUs, kernel {}, load average {} at the start and {} at the end",
         m.get("nproc").and_then(serde_json::Value::as_u64).unwrap_or(0),
-        m.get("kernel").and_then(serde_json::Value::as_str).unwrap_or("?")
+        text("kernel"),
+        text("loadavg_start"),
+        text("loadavg_end")
     )
 }
 

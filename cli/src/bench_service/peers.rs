@@ -18,6 +18,8 @@ const MOONCAKE_SCRIPT: &str = include_str!("../../../bench/peers/mooncake_bench.
 const IPERF3_START_DEADLINE: Duration = Duration::from_secs(10);
 /// Time beyond the measurement an iperf3 client run may take.
 const IPERF3_SLACK: Duration = Duration::from_secs(20);
+/// iperf3's largest `-l` (its MAX_BLOCKSIZE); larger values are sent in buffers of this size.
+pub(crate) const IPERF3_BLOCK_BYTES_MAX: u64 = 1 << 20;
 /// Time per point beyond its two phases the Mooncake driver may take (worker start-up,
 /// segment mounting), plus a fixed allowance for starting the three services.
 const MOONCAKE_SLACK_PER_POINT: Duration = Duration::from_secs(40);
@@ -31,7 +33,8 @@ pub(crate) fn iperf3_version() -> Option<String> {
 }
 
 /// `iperf3 -c` arguments for one point: `clients` parallel streams writing `value_bytes` per
-/// call for `seconds` (iperf3 takes whole seconds), JSON output.
+/// call (at most [`IPERF3_BLOCK_BYTES_MAX`], iperf3's limit) for `seconds` (iperf3 takes whole
+/// seconds), JSON output.
 pub(crate) fn iperf3_client_args(
     port: u16,
     seconds: u64,
@@ -46,7 +49,7 @@ pub(crate) fn iperf3_client_args(
         "-t".into(),
         seconds.max(1).to_string(),
         "-l".into(),
-        value_bytes.to_string(),
+        value_bytes.min(IPERF3_BLOCK_BYTES_MAX).to_string(),
         "-P".into(),
         clients.to_string(),
         "-J".into(),
@@ -438,6 +441,8 @@ mod tests {
     fn iperf3_client_args_match_the_point() {
         let a = iperf3_client_args(5201, 3, 1 << 20, 8).join(" ");
         assert_eq!(a, "-c 127.0.0.1 -p 5201 -t 3 -l 1048576 -P 8 -J");
+        let big = iperf3_client_args(5201, 3, 4 << 20, 1).join(" ");
+        assert!(big.contains("-l 1048576"), "{big}");
     }
 
     #[test]

@@ -198,7 +198,7 @@ fn skipped(name: &str, why: String) -> PeerRun {
     }
 }
 
-fn ran(name: &str, version: Option<String>, note: &str, points: Vec<PointResult>) -> PeerRun {
+fn ran(name: &str, version: Option<String>, note: &str) -> PeerRun {
     PeerRun {
         name: name.into(),
         ours: false,
@@ -206,28 +206,53 @@ fn ran(name: &str, version: Option<String>, note: &str, points: Vec<PointResult>
         version,
         skipped: None,
         note: Some(note.into()),
-        points,
+        points: Vec::new(),
     }
 }
 
-/// Runs `f` for every point, printing progress.
-fn each_point(
-    plan: &Plan,
-    name: &str,
-    mut f: impl FnMut(u64, usize) -> PointResult,
-) -> Vec<PointResult> {
-    let mut out = Vec::new();
-    for &size in &plan.sizes {
-        for &c in &plan.clients {
-            eprintln!("bench: {name} {} x{c}", size_label(size));
-            let p = f(size, c);
-            if let Some(e) = &p.error {
-                eprintln!("bench: {name} {} x{c}: {e}", size_label(size));
+/// How one row of the report is measured.
+enum Slot {
+    Skipped,
+    Ours(Transport),
+    Redis,
+    Mooncake(peers::MooncakeVenv),
+    Iperf3,
+    Memcpy,
+}
+
+const NO_REDIS: &str = "redis-server not on PATH (run scripts/bench-peers.sh)";
+const NO_IPERF3: &str = "iperf3 not on PATH (run scripts/bench-peers.sh)";
+
+/// One Mooncake point: a driver run of its own; the run's version comes from the first one.
+fn mooncake_point(
+    venv: &peers::MooncakeVenv,
+    dir: &Path,
+    size: u64,
+    clients: usize,
+    phase: Duration,
+    working_set_bytes: u64,
+    run: &mut PeerRun,
+) -> PointResult {
+    match peers::mooncake_run(venv, dir, &[size], &[clients], phase, working_set_bytes) {
+        Ok(report) => {
+            if run.version.is_none() {
+                run.version = report.version;
+                if let (Some(seg), Some(note)) = (report.segment_bytes, &mut run.note) {
+                    let _ = write!(
+                        note,
+                        "; segment {} at the first point, sized per point",
+                        human_bytes(seg)
+                    );
+                }
             }
-            out.push(p);
+            report
+                .points
+                .into_iter()
+                .next()
+                .map_or_else(|| PointResult::failed(size, clients, "no point".into()), Into::into)
         }
+        Err(e) => PointResult::failed(size, clients, e),
     }
-    out
 }
 
 fn default_venv() -> PathBuf {
@@ -250,105 +275,101 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     let dir = scratch.path().to_owned();
     eprintln!("bench: working in {}", dir.display());
 
-    let mut runs: Vec<PeerRun> = Vec::new();
+    // One row per peer (per transport for ours); a peer whose tools are missing is skipped with
+    // its reason. Then the points run in order, and within a point every peer runs back to back,
+    // so that load from elsewhere on a shared machine falls on all peers of a point alike.
+    let mut slots: Vec<(Slot, PeerRun)> = Vec::new();
     for &peer in &plan.peers {
         match peer {
             PeerName::Ours => {
                 for &t in Transport::ALL {
-                    let points = each_point(&plan, t.peer_name(), |size, c| {
-                        let spec = spec(&plan, size, c);
-                        ours::measure(t, &dir, spec, plan.working_set_bytes)
-                    });
-                    runs.push(PeerRun {
-                        name: t.peer_name().into(),
-                        ours: true,
-                        shared_memory: t.is_shared_memory(),
-                        version: Some(env!("CARGO_PKG_VERSION").into()),
-                        skipped: None,
-                        note: Some(
-                            "gpucache serve, memory store, one TcpStore (one connection) per \
-                             client thread, Store::put / Store::get_into"
-                                .into(),
-                        ),
-                        points,
-                    });
+                    let mut run = ran(
+                        t.peer_name(),
+                        Some(env!("CARGO_PKG_VERSION").into()),
+                        "gpucache serve, memory store, one TcpStore (one connection) per client \
+                         thread, Store::put / Store::get_into",
+                    );
+                    run.ours = true;
+                    run.shared_memory = t.is_shared_memory();
+                    slots.push((Slot::Ours(t), run));
                 }
             }
             PeerName::Redis => match redis::version() {
-                None => runs.push(skipped(
-                    "redis",
-                    "redis-server not on PATH (run scripts/bench-peers.sh)".into(),
+                None => slots.push((Slot::Skipped, skipped("redis", NO_REDIS.into()))),
+                Some(v) => slots.push((
+                    Slot::Redis,
+                    ran(
+                        "redis",
+                        Some(v),
+                        "redis-server, no persistence, one RESP2 connection per client thread, \
+                         SET / GET",
+                    ),
                 )),
-                Some(v) => {
-                    let points = each_point(&plan, "redis", |size, c| {
-                        redis::measure(&dir, spec(&plan, size, c), plan.working_set_bytes)
-                    });
-                    runs.push(ran("redis", Some(v), "redis-server, no persistence, one RESP2 connection per client thread, SET / GET", points));
-                }
             },
             PeerName::Mooncake => {
                 let venv = args.mooncake_venv.clone().unwrap_or_else(default_venv);
                 match peers::mooncake_venv(&venv) {
-                    Err(why) => runs.push(skipped("mooncake", why)),
-                    Ok(v) => {
-                        eprintln!("bench: mooncake: all points in one driver run");
-                        match peers::mooncake_run(
-                            &v,
-                            &dir,
-                            &plan.sizes,
-                            &plan.clients,
-                            plan.phase,
-                            plan.working_set_bytes,
-                        ) {
-                            Ok(report) => {
-                                let note = format!(
-                                    "segment ({}) in a separate mooncake_client process; one \
-                                     worker process per client, put_from / get_into with a \
-                                     registered buffer",
-                                    report.segment_bytes.map_or_else(|| "?".into(), human_bytes)
-                                );
-                                let points = report.points.into_iter().map(Into::into).collect();
-                                runs.push(ran("mooncake", report.version, &note, points));
-                            }
-                            Err(e) => {
-                                eprintln!("bench: mooncake: {e}");
-                                let points = plan
-                                    .sizes
-                                    .iter()
-                                    .flat_map(|&s| plan.clients.iter().map(move |&c| (s, c)))
-                                    .map(|(s, c)| PointResult::failed(s, c, e.clone()))
-                                    .collect();
-                                runs.push(ran("mooncake", None, "driver failed", points));
-                            }
-                        }
-                    }
+                    Err(why) => slots.push((Slot::Skipped, skipped("mooncake", why))),
+                    Ok(v) => slots.push((
+                        Slot::Mooncake(v),
+                        ran(
+                            "mooncake",
+                            None,
+                            "segment in a separate mooncake_client process (its own metadata \
+                             server, master and client per point); one worker process per \
+                             client, put_from / get_into with a registered buffer",
+                        ),
+                    )),
                 }
             }
             PeerName::Iperf3 => match peers::iperf3_version() {
-                None => runs.push(skipped(
-                    "iperf3",
-                    "iperf3 not on PATH (run scripts/bench-peers.sh)".into(),
+                None => slots.push((Slot::Skipped, skipped("iperf3", NO_IPERF3.into()))),
+                Some(v) => slots.push((
+                    Slot::Iperf3,
+                    ran(
+                        "iperf3",
+                        Some(v),
+                        "loopback TCP, -P clients streams, -l value size (at most 1 MiB, \
+                         iperf3's limit); the same figure in GET and PUT",
+                    ),
                 )),
-                Some(v) => {
-                    let points = each_point(&plan, "iperf3", |size, c| {
-                        peers::iperf3_point(&dir, size, c, plan.phase)
-                    });
-                    runs.push(ran("iperf3", Some(v), "loopback TCP, -P clients streams, -l value size (at most 1 MiB, iperf3's limit); the same figure in GET and PUT", points));
-                }
             },
             PeerName::Memcpy => {
-                let points = each_point(&plan, "memcpy", |size, c| {
-                    peers::memcpy_point(size, c, plan.memcpy_bytes, plan.phase)
-                });
                 let note = format!(
                     "in process, one thread per client over {} source and destination; the \
                      same figure in GET and PUT",
                     human_bytes(plan.memcpy_bytes)
                 );
-                runs.push(ran("memcpy", None, &note, points));
+                slots.push((Slot::Memcpy, ran("memcpy", None, &note)));
             }
         }
     }
+    for &size in &plan.sizes {
+        for &c in &plan.clients {
+            for (slot, run) in &mut slots {
+                if matches!(slot, Slot::Skipped) {
+                    continue;
+                }
+                eprintln!("bench: {} x{c}: {}", size_label(size), run.name);
+                let spec = spec(&plan, size, c);
+                let p = match slot {
+                    Slot::Skipped => continue,
+                    Slot::Ours(t) => ours::measure(*t, &dir, spec, plan.working_set_bytes),
+                    Slot::Redis => redis::measure(&dir, spec, plan.working_set_bytes),
+                    Slot::Mooncake(v) => {
+                        mooncake_point(v, &dir, size, c, plan.phase, plan.working_set_bytes, run)
+                    }
+                    Slot::Iperf3 => peers::iperf3_point(&dir, size, c, plan.phase),
+                    Slot::Memcpy => peers::memcpy_point(size, c, plan.memcpy_bytes, plan.phase),
+                };
+                if let Some(e) = &p.error {
+                    eprintln!("bench: {} x{c}: {}: {e}", size_label(size), run.name);
+                }
+                run.points.push(p);
+            }
+        }
+    }
+    let runs: Vec<PeerRun> = slots.into_iter().map(|(_, r)| r).collect();
 
     let aims = report::aims(&runs);
     let machine = machine(&load_start);

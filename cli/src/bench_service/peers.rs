@@ -370,7 +370,12 @@ pub(crate) fn mooncake_run(
     phase: Duration,
     working_set_bytes: u64,
 ) -> Result<MooncakeReport, String> {
-    let dir = scratch.join("mooncake");
+    let tag = |v: Vec<String>| v.join("_");
+    let dir = scratch.join(format!(
+        "mooncake-{}-x{}",
+        tag(sizes.iter().map(u64::to_string).collect()),
+        tag(clients.iter().map(usize::to_string).collect())
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let script = dir.join("mooncake_bench.py");
     std::fs::write(&script, MOONCAKE_SCRIPT).map_err(|e| format!("{}: {e}", script.display()))?;

@@ -379,7 +379,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     let mut out = String::new();
     let _ = writeln!(out, "# gpucache bench service");
     let _ = writeln!(out, "command: {}", command.join(" "));
-    let _ = writeln!(out, "date: {date}; commit: {commit}; machine: {}", machine_line(&machine));
+    let _ = writeln!(out, "ended: {date}; commit: {commit}; machine: {}", machine_line(&machine));
     let _ = writeln!(
         out,
         "phase deadline {:.1} s; working set {} per point; GB/s = 1e9 B/s; p99 per operation in ms",
@@ -434,7 +434,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     if let Some(path) = &args.json {
         let doc = json!({
             "command": command,
-            "date": date,
+            "date": date, // when the measurements ended
             "git_commit": commit,
             "machine": machine,
             "params": {
@@ -452,7 +452,17 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
         eprintln!("bench: JSON written to {}", path.display());
     }
     if let Some(path) = &args.svg {
-        let title = format!("gpucache bench service — {date}, {}", machine_line(&machine));
+        // Short enough for the chart's width: the machine line goes to the report and JSON.
+        let load = |k: &str| {
+            let v = machine.get(k).and_then(serde_json::Value::as_str).unwrap_or("?");
+            v.split_whitespace().next().unwrap_or("?").to_owned()
+        };
+        let title = format!(
+            "gpucache bench service — {date}, {} CPUs, load average {} to {}",
+            machine.get("nproc").and_then(serde_json::Value::as_u64).unwrap_or(0),
+            load("loadavg_start"),
+            load("loadavg_end")
+        );
         write_file(path, &report::svg(&runs, &plan.sizes, &plan.clients, &title))?;
         eprintln!("bench: SVG written to {}", path.display());
     }

@@ -15,7 +15,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A running child that is stopped (SIGTERM, then SIGKILL after [`STOP_GRACE`]) and reaped when
 /// dropped. With `group`, the child leads a new process group and the signals go to the whole
-/// group, so what it started goes too.
+/// group, so what it started goes too. If the benchmark itself dies without unwinding (SIGKILL,
+/// an unhandled SIGINT), the kernel sends the child SIGTERM (`PR_SET_PDEATHSIG`), so no peer
+/// outlives the run.
 #[derive(Debug)]
 pub(crate) struct ChildGuard {
     name: String,
@@ -37,6 +39,21 @@ impl ChildGuard {
         command.stdin(Stdio::null()).stdout(out).stderr(err);
         if group {
             command.process_group(0);
+        }
+        let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        // SAFETY: what runs between fork and exec is only prctl(2), getppid(2) and _exit(2),
+        // which are async-signal-safe, and touches no memory shared with the parent.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the prctl: then nobody will stop this child.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
         }
         let child = command.spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
         Ok(Self { name: name.to_owned(), child, group, reaped: None })

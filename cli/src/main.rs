@@ -2,10 +2,11 @@
 //!
 //! Owns argument parsing and wiring backends together from validated configuration; no data
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
-//! directory (`fsck`), measures the FileStore against fio (`bench file`), and talks to a running
-//! service (`put`, `get`, `stat`).
+//! directory (`fsck`), measures the FileStore against fio (`bench file`) and the service beside
+//! its peers (`bench service`), and talks to a running service (`put`, `get`, `stat`).
 
 mod bench_file;
+mod bench_service;
 mod client_cmd;
 mod fio;
 mod fsck;
@@ -78,6 +79,8 @@ enum Command {
 enum BenchCommand {
     /// FileStore PUT and GET per engine and block size, beside fio with the same parameters.
     File(bench_file::FileBenchArgs),
+    /// Our service beside Redis, Mooncake Store, iperf3 and memcpy, with ratios and aims.
+    Service(bench_service::ServiceBenchArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -129,5 +132,6 @@ fn main() -> ExitCode {
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),
         Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
+        Command::Bench(BenchCommand::Service(args)) => bench_service::run(&args),
     }
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The service beside Redis, Mooncake Store, iperf3 and memcpy: installs the peers when they are
+# missing (scripts/bench-peers.sh), builds the release CLI, and runs `gpucache bench service`
+# over the full matrix (64K, 256K, 1M, 4M values; 1 and 8 clients). The report, JSON and SVG
+# chart go to $CARGO_TARGET_DIR/bench-service/ (default target/bench-service/).
+#
+# Usage: scripts/bench-service.sh [--quick] [-- extra `gpucache bench service` arguments]
+#   --quick                 a smoke run (64K and 1M, one client, 0.5 s phases)
+#   BENCH_SECONDS=3         deadline of each PUT and GET phase per point
+#   BENCH_WORKING_SET=512M  distinct bytes a point's PUT phase writes at most
+# About 5 minutes with the defaults on a 2-core machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target_dir="${CARGO_TARGET_DIR:-target}"
+out_dir="$target_dir/bench-service"
+quick=()
+if [[ $# -gt 0 && "$1" == "--quick" ]]; then
+    quick=(--quick)
+    shift
+fi
+if [[ $# -gt 0 && "$1" == "--" ]]; then
+    shift
+fi
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "peers"
+scripts/bench-peers.sh >&2
+
+step "building the release CLI"
+cargo build --release --locked -p gpucache-cli >&2
+bin="$target_dir/release/gpucache"
+
+stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$out_dir"
+args=(bench service "${quick[@]}")
+if [[ ${#quick[@]} -eq 0 ]]; then
+    args+=(--sizes 64K,256K,1M,4M --clients 1,8
+        --seconds "${BENCH_SECONDS:-3}" --working-set "${BENCH_WORKING_SET:-512M}")
+fi
+args+=(--mooncake-venv "$target_dir/bench-venv"
+    --json "$out_dir/bench-service-$stamp.json" --svg "$out_dir/bench-service-$stamp.svg")
+args+=("$@")
+step "running: gpucache ${args[*]}"
+status=0
+"$bin" "${args[@]}" | tee "$out_dir/bench-service-$stamp.txt" || status=$?
+step "report, JSON and SVG in $out_dir/bench-service-$stamp.{txt,json,svg}"
+exit "$status"

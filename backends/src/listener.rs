@@ -41,6 +41,10 @@ pub(crate) trait Connection: io::Read + io::Write + Send + 'static {
     fn set_nodelay(&self);
     /// The peer, for logs.
     fn peer(&self) -> String;
+    /// Whether the peer is a TCP client on a loopback address (this host).
+    fn peer_is_loopback(&self) -> bool {
+        false
+    }
     /// Reads like `read`, and also returns a descriptor that arrived with the bytes.
     fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
         Ok((io::Read::read(self, buf)?, None))
@@ -59,6 +63,9 @@ impl Connection for TcpStream {
     }
     fn peer(&self) -> String {
         self.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string())
+    }
+    fn peer_is_loopback(&self) -> bool {
+        self.peer_addr().is_ok_and(|a| a.ip().is_loopback())
     }
 }
 

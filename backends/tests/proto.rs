@@ -466,12 +466,14 @@ fn response() -> impl Strategy<Value = Response> {
             proptest::option::of(
                 (any::<[u8; 16]>(), seal_algorithm())
                     .prop_map(|(server_nonce, seal)| HelloSession { server_nonce, seal })
-            )
+            ),
+            proptest::option::of(text().prop_filter("non-empty", |t| !t.is_empty()))
         )
-            .prop_map(|(version, server, session)| Response::Hello {
+            .prop_map(|(version, server, session, local)| Response::Hello {
                 version,
                 server,
-                session
+                session,
+                local
             }),
         info().prop_map(Response::Info),
         any::<u64>().prop_map(|e| Response::Epoch(Epoch(e))),
@@ -730,11 +732,12 @@ fn sample_requests() -> Vec<Request> {
 fn sample_responses() -> Vec<Response> {
     let t = fixture::tenant(2);
     vec![
-        Response::Hello { version: VERSION, server: "gpucache".into(), session: None },
+        Response::Hello { version: VERSION, server: "gpucache".into(), session: None, local: None },
         Response::Hello {
             version: VERSION,
             server: "gpucache".into(),
             session: Some(HelloSession { server_nonce: [3; 16], seal: SealAlgorithm::HmacSha256 }),
+            local: Some("/run/gpucache/gpucache.sock".into()),
         },
         Response::Info(RemoteInfo {
             name: "file".into(),

@@ -615,6 +615,7 @@ fn the_client_never_returns_data_from_an_answer_whose_seal_fails() {
             version: VERSION,
             server: "fake".into(),
             session: Some(HelloSession { server_nonce, seal: auth.seal }),
+            local: None,
         };
         let mut out = Vec::new();
         answer.encode_sealed_frame(hello.request_id, Some(&key), &mut out).expect("encodes");

@@ -319,6 +319,32 @@ fn concurrent_clients_get_exact_bytes_through_the_segment() {
 }
 
 #[test]
+fn the_local_socket_is_negotiated_over_tcp_and_required_once_asked_for() {
+    let served = serve(memory(), 1 << 30);
+    let mut config = ClientConfig::new(served.server.local_addr(), caller());
+    config.local = Some(LocalConfig::negotiated());
+    let client = TcpStore::new(config);
+    let c = caller();
+    let data = payload(5, 100_000);
+    assert!(matches!(client.put(&c, &k(10), &data, None), Ok(Put::Committed(_))));
+    let mut dst = client.shared_buffer(data.len()).expect("segment made at connect");
+    assert!(matches!(client.get_into(&c, &k(10), &mut dst), Ok(Get::Hit { .. })));
+    assert_eq!(&dst[..], &data[..]);
+    assert_eq!(client.shared_stats().direct_items, 1);
+
+    // A server without a local socket: asking for the same-host path fails closed.
+    let tcp_only = {
+        let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), vec![caller()]);
+        Server::start(config, memory()).expect("server")
+    };
+    let mut config = ClientConfig::new(tcp_only.local_addr(), caller());
+    config.local = Some(LocalConfig::negotiated());
+    let client = TcpStore::new(config);
+    let e = client.put(&c, &k(11), b"x", None).expect_err("no local socket offered");
+    assert!(e.to_string().contains("offers no local socket"), "{e}");
+}
+
+#[test]
 fn a_stopped_server_is_a_transport_error_never_a_hit() {
     let served = serve(memory(), 1 << 30);
     let client = served.client(SEGMENT_BYTES_MIN);

@@ -73,11 +73,14 @@ pub struct ClientConfig {
     pub local: Option<LocalConfig>,
 }
 
-/// The same-host fast path of a client.
+/// The same-host fast path of a client. It is required once configured: a server that offers
+/// no Unix socket (another host, or no `listen.local`) is a transport error, never a silent
+/// fallback to TCP.
 #[derive(Debug, Clone)]
 pub struct LocalConfig {
-    /// The server's Unix socket (`listen.local` in its configuration).
-    pub path: PathBuf,
+    /// The server's Unix socket (`listen.local` in its configuration); `None` to take the one
+    /// the server offers in its HELLO answer to a TCP client on this host.
+    pub path: Option<PathBuf>,
     /// Size of the one segment this client shares with the server over all its connections;
     /// it bounds the shared buffers and bounce space in use at once.
     pub segment_bytes: u64,
@@ -85,8 +88,14 @@ pub struct LocalConfig {
 }
 
 impl LocalConfig {
+    /// Negotiated at connect: the socket is the one the server offers over TCP.
+    pub fn negotiated() -> Self {
+        Self { path: None, segment_bytes: 256 << 20, pages: Pages::Normal }
+    }
+
+    /// A known socket path.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), segment_bytes: 256 << 20, pages: Pages::Normal }
+        Self { path: Some(path.into()), ..Self::negotiated() }
     }
 }
 
@@ -178,6 +187,8 @@ pub struct TcpStore {
     info: OnceLock<RemoteInfo>,
     /// The shared segment of the same-host path, made at the first connection.
     arena: OnceLock<SharedArena>,
+    /// The Unix socket the server offered, when the configuration names none.
+    local_path: OnceLock<PathBuf>,
     shared: SharedCounters,
 }
 
@@ -248,6 +259,7 @@ impl TcpStore {
             next_id: AtomicU64::new(1),
             info: OnceLock::new(),
             arena: OnceLock::new(),
+            local_path: OnceLock::new(),
             shared: SharedCounters::default(),
         }
     }
@@ -283,22 +295,61 @@ impl TcpStore {
         self.arena("shared_buffer").ok().flatten()?.alloc(len)
     }
 
-    fn open_stream(&self, operation: &'static str) -> Result<Stream, StoreError> {
-        match &self.config.local {
-            None => {
-                let stream = TcpStream::connect_timeout(&self.config.addr, self.config.deadline)
-                    .map_err(|e| transport(operation, e))?;
-                let _ = stream.set_nodelay(true);
-                Ok(Stream::Tcp(stream))
-            }
-            Some(local) => UnixStream::connect(&local.path).map(Stream::Local).map_err(|e| {
-                transport(operation, format!("local socket {}: {e}", local.path.display()))
-            }),
+    fn tcp_stream(&self, operation: &'static str) -> Result<Stream, StoreError> {
+        let stream = TcpStream::connect_timeout(&self.config.addr, self.config.deadline)
+            .map_err(|e| transport(operation, e))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Stream::Tcp(stream))
+    }
+
+    /// The server's Unix socket: configured, or learnt from a HELLO over TCP (once).
+    fn local_path(
+        &self,
+        local: &LocalConfig,
+        caller: &Caller,
+        operation: &'static str,
+    ) -> Result<PathBuf, StoreError> {
+        if let Some(p) = local.path.as_ref().or_else(|| self.local_path.get()) {
+            return Ok(p.clone());
         }
+        let (_, offered) = self.hello(self.tcp_stream(operation)?, caller, operation)?;
+        let Some(path) = offered else {
+            return Err(transport(
+                operation,
+                "the server offers no local socket (it runs on another host, or without \
+                 listen.local); the same-host path was asked for",
+            ));
+        };
+        Ok(self.local_path.get_or_init(|| PathBuf::from(path)).clone())
     }
 
     fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
-        let stream = self.open_stream(operation)?;
+        let Some(local) = &self.config.local else {
+            return Ok(self.hello(self.tcp_stream(operation)?, caller, operation)?.0);
+        };
+        let path = self.local_path(local, caller, operation)?;
+        let stream = UnixStream::connect(&path)
+            .map(Stream::Local)
+            .map_err(|e| transport(operation, format!("local socket {}: {e}", path.display())))?;
+        let (mut conn, _) = self.hello(stream, caller, operation)?;
+        if let Some(arena) = self.arena(operation)? {
+            let segment = arena.segment();
+            let attach = Request::ShmAttach { len: segment.len() };
+            match self.exchange_with(&mut conn, &attach, operation, Some(segment))? {
+                Response::ShmAttach(len) if len == segment.len() => {}
+                other => return Err(unexpected(operation, &other)),
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Opens a session on `stream`; returns it and the Unix socket the server offers.
+    fn hello(
+        &self,
+        stream: Stream,
+        caller: &Caller,
+        operation: &'static str,
+    ) -> Result<(Conn, Option<String>), StoreError> {
         let mut conn = Conn {
             stream,
             decoder: FrameDecoder::new(),
@@ -328,8 +379,8 @@ impl TcpStore {
         let frame = self.exchange_frame(&mut conn, &hello, hello_key.as_ref(), None, operation)?;
         let answer = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
         match (answer, credentials) {
-            (Response::Hello { session: None, .. }, None) => {}
-            (Response::Hello { session: Some(s), .. }, Some(c)) if s.seal == c.seal => {
+            (Response::Hello { session: None, local, .. }, None) => Ok((conn, local)),
+            (Response::Hello { session: Some(s), local, .. }, Some(c)) if s.seal == c.seal => {
                 let key =
                     seal::session_key(c.secret.bytes(), &client_nonce, &s.server_nonce, tenant);
                 let key = SealKey::new(s.seal, &key);
@@ -337,24 +388,13 @@ impl TcpStore {
                     .verify_seal(&key)
                     .map_err(|e| transport(operation, format!("HELLO answer: {e}")))?;
                 conn.seal = Some(key);
+                Ok((conn, local))
             }
             (Response::Hello { .. }, _) => {
-                return Err(transport(
-                    operation,
-                    "HELLO answer does not match the credentials offered",
-                ));
+                Err(transport(operation, "HELLO answer does not match the credentials offered"))
             }
-            (other, _) => return Err(unexpected(operation, &other)),
+            (other, _) => Err(unexpected(operation, &other)),
         }
-        if let Some(arena) = self.arena(operation)? {
-            let segment = arena.segment();
-            let attach = Request::ShmAttach { len: segment.len() };
-            match self.exchange_with(&mut conn, &attach, operation, Some(segment))? {
-                Response::ShmAttach(len) if len == segment.len() => {}
-                other => return Err(unexpected(operation, &other)),
-            }
-        }
-        Ok(conn)
     }
 
     /// Sends one request and waits for its answer on `conn`; the answer's seal is verified on a

@@ -125,6 +125,13 @@ impl Server {
     pub fn start(config: ServerConfig, store: Arc<dyn Store>) -> io::Result<Self> {
         let listener = TcpListener::bind(config.addr)?;
         let addr = listener.local_addr()?;
+        let mut config = config;
+        // HELLO offers the socket to clients whose working directory may differ: absolute.
+        if let Some(path) = config.local.as_mut()
+            && path.is_relative()
+        {
+            *path = std::env::current_dir()?.join(&*path);
+        }
         let local = config.local.clone().map(LocalListener::bind).transpose()?;
         let gate = Arc::new(Gate::default());
         let (connections_max, shutdown_deadline) =
@@ -239,9 +246,12 @@ impl Drop for Mapped<'_> {
     }
 }
 
-/// The same-host state of a connection on the Unix socket.
+/// The same-host state of a connection.
 #[derive(Default)]
 struct Local<'a> {
+    /// The Unix socket HELLO offers: set on a TCP connection from this host when the server
+    /// has one.
+    offer: Option<String>,
     /// A descriptor that arrived and waits for its SHM_ATTACH frame (at most one is kept).
     pending_fd: Option<OwnedFd>,
     segment: Option<Mapped<'a>>,
@@ -255,6 +265,9 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     let mut session: Option<Session> = None;
     let mut local = Local::default();
+    if stream.peer_is_loopback() {
+        local.offer = shared.config.local.as_ref().map(|p| p.display().to_string());
+    }
     let mut last_request = Instant::now();
     loop {
         let seal = session.as_ref().and_then(|s| s.seal.as_ref());
@@ -313,7 +326,7 @@ fn serve_frame<'a>(
     let Some(s) = session.as_mut() else {
         return match Request::from_frame(frame) {
             Ok(Request::Hello { tenant, rights, auth, .. }) => {
-                match hello(frame, tenant, rights, auth, shared) {
+                match hello(frame, tenant, rights, auth, local.offer.as_deref(), shared) {
                     Ok((opened, answer)) => {
                         *session = Some(opened);
                         answer
@@ -352,6 +365,7 @@ fn hello(
     tenant: TenantId,
     asked: Rights,
     auth: Option<HelloAuth>,
+    offer: Option<&str>,
     shared: &Shared,
 ) -> Result<(Session, Response), WireError> {
     let config = &shared.config;
@@ -372,8 +386,12 @@ fn hello(
             return Err(refuse(AuthFailure::TenantOpen));
         }
         let session = Session { caller: Caller::new(tenant, rights), seal: None, replay };
-        let answer =
-            Response::Hello { version: VERSION, server: config.name.clone(), session: None };
+        let answer = Response::Hello {
+            version: VERSION,
+            server: config.name.clone(),
+            session: None,
+            local: offer.map(str::to_owned),
+        };
         return Ok((session, answer));
     };
     let (Some(auth), Some(_)) = (auth, frame.seal) else {
@@ -412,6 +430,7 @@ fn hello(
         version: VERSION,
         server: config.name.clone(),
         session: Some(HelloSession { server_nonce, seal: auth.seal }),
+        local: offer.map(str::to_owned),
     };
     Ok((session, answer))
 }

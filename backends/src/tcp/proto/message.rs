@@ -196,6 +196,9 @@ pub enum Response {
         version: u8,
         server: String,
         session: Option<HelloSession>,
+        /// The server's Unix socket for the same-host path, offered to clients that connected
+        /// from this host (empty text on the wire when there is none).
+        local: Option<String>,
     },
     Info(RemoteInfo),
     Epoch(Epoch),
@@ -619,7 +622,7 @@ impl Response {
 
     fn write_body(&self, w: &mut Writer<'_>) {
         match self {
-            Self::Hello { version, server, session } => {
+            Self::Hello { version, server, session, local } => {
                 w.u8(*version);
                 w.text(server);
                 match session {
@@ -630,6 +633,7 @@ impl Response {
                         w.u8(s.seal.code());
                     }
                 }
+                w.text(local.as_deref().unwrap_or_default());
             }
             Self::Info(info) => {
                 w.text(&info.name);
@@ -690,6 +694,7 @@ impl Response {
                     }),
                     tag => return Err(WireError::UnknownTag { what: text::HELLO_AUTH, tag }),
                 },
+                local: Some(r.text(text::TEXT)?).filter(|p| !p.is_empty()),
             },
             Op::Info => Self::Info(RemoteInfo {
                 name: r.text(text::TEXT)?,

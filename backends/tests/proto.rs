@@ -6,11 +6,12 @@
 use std::collections::HashSet;
 
 use gpucache_backends::tcp::proto::{
-    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, Fetched, Frame,
-    FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES, HelloAuth, HelloSession, Kind,
-    MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request,
+    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, Fetched, FetchedRef,
+    Frame, FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES, HelloAuth, HelloSession,
+    Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request,
     Response, SEAL_BYTES, SealAlgorithm, SealKey, SharedGetItem, SharedPutItem, TEXT_BYTES_MAX,
-    VERSION, WHAT_TEXT, WireError, header_checksum, intern, offset,
+    VERSION, WHAT_TEXT, WireError, decode_get_response, decode_put_request, encode_get_response,
+    encode_put_request, header_checksum, intern, offset,
 };
 use gpucache_dataplane::caller::Right;
 use gpucache_dataplane::checksum::Checksum;
@@ -516,8 +517,171 @@ fn chunks() -> impl Strategy<Value = Vec<usize>> {
 // ---------------------------------------------------------------------------------------------
 // Round trips
 
+/// Decodes `bytes` the way the server and client read sockets: header bytes through `push`
+/// in chunks, the rest of each body straight into [`FrameDecoder::body_window`] at most
+/// `window` bytes at a time, and every frame's body handed back with `recycle`.
+fn decode_windowed(bytes: &[u8], chunks: &[usize], window: usize) -> Vec<Frame> {
+    let mut dec = FrameDecoder::new();
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut sizes = chunks.iter().copied().cycle();
+    while at < bytes.len() {
+        if let Some(w) = dec.body_window() {
+            let n = w.len().min(window.max(1)).min(bytes.len() - at);
+            w[..n].copy_from_slice(&bytes[at..at + n]);
+            at += n;
+            dec.commit_body(n);
+        } else {
+            let size = sizes.next().unwrap_or(1).max(1);
+            let chunk = &bytes[at..bytes.len().min(at + size)];
+            let used = dec.push(chunk);
+            at += used;
+        }
+        while let Some(frame) = dec.next_frame().unwrap_or_else(|e| panic!("valid stream: {e}")) {
+            out.push(frame.clone());
+            dec.recycle(frame.body);
+        }
+    }
+    out
+}
+
+#[test]
+fn large_bodies_read_through_windows_reuse_one_buffer_and_grow_with_the_bytes() {
+    let sizes = [300_000usize, 1 << 20, 10, 2 << 20, 1 << 20];
+    let mut stream = Vec::new();
+    let mut expected = Vec::new();
+    for (i, n) in sizes.iter().enumerate() {
+        let data: Vec<u8> = (0..*n).map(|b| u8::try_from((b + i) % 251).unwrap_or(0)).collect();
+        let req =
+            Request::Put { items: vec![PutItem { key: sample_key(0, &[1]), request: None, data }] };
+        req.encode_frame(i as u64 + 1, &mut stream).unwrap_or_else(|e| panic!("{e}"));
+        expected.push(req);
+    }
+    for window in [1usize << 10, 64 << 10, 1 << 20, usize::MAX] {
+        let frames = decode_windowed(&stream, &[7, 64, 4096], window);
+        let back: Vec<Request> = frames
+            .iter()
+            .map(|f| Request::from_frame(f).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(back, expected, "window {window}");
+    }
+    // A header announcing 2 MiB with only 100 body bytes behind it: the buffer follows the
+    // bytes (one 64 KiB step), not the announcement.
+    let mut dec = FrameDecoder::new();
+    let third = request_frame(&expected[3], 9);
+    assert_eq!(dec.push(&third[..HEADER_BYTES + 100]), HEADER_BYTES + 100);
+    assert!(dec.buffer_capacity() <= 64 << 10, "{}", dec.buffer_capacity());
+    let window = dec.body_window().map_or(0, |w| w.len());
+    assert!(window <= 128 << 10, "window {window} runs ahead of the bytes");
+}
+
+fn get_items() -> impl Strategy<Value = Vec<(GetItem, Result<Get, StoreError>, Vec<u8>)>> {
+    let outcome = prop_oneof![
+        data().prop_map(|d| (Ok(Get::Hit { len: d.len() as u64, checksum: Checksum::of(&d) }), d)),
+        miss().prop_map(|m| (Ok(Get::Miss(m)), Vec::new())),
+        store_error().prop_map(|e| (Err(e), Vec::new())),
+    ];
+    vec((key(), 0u64..128, outcome), 0..6).prop_map(|items| {
+        items
+            .into_iter()
+            .map(|(key, extra, (got, data))| {
+                let capacity = data.len() as u64 + extra;
+                (GetItem { key, capacity }, got, data)
+            })
+            .collect()
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Reading bodies straight into the decoder's window (with recycled buffers) gives exactly
+    /// the frames that pushing the same bytes gives.
+    #[test]
+    fn windowed_reads_decode_like_pushes(
+        reqs in vec(request(), 1..6),
+        sizes in chunks(),
+        window in 1usize..200_000,
+    ) {
+        let mut stream = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            req.encode_frame(u64::try_from(i).unwrap_or(0) + 1, &mut stream)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let pushed: Vec<Frame> = decode_chunked(&stream, &sizes)
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        prop_assert_eq!(decode_windowed(&stream, &sizes, window), pushed);
+    }
+
+    /// The in-place GET encoder writes the bytes `Response::Get` writes, and the borrowed
+    /// decoder reads back what the owned one does.
+    #[test]
+    fn in_place_get_answers_match_the_owned_encoding(items in get_items(), id in any::<u64>()) {
+        let owned = Response::Get(
+            items
+                .iter()
+                .map(|(_, got, data)| match got {
+                    Ok(Get::Hit { checksum, .. }) => {
+                        Ok(Fetched::Hit { checksum: *checksum, data: data.clone() })
+                    }
+                    Ok(Get::Miss(m)) => Ok(Fetched::Miss(*m)),
+                    Err(e) => Err(e.clone()),
+                })
+                .collect(),
+        );
+        let gets: Vec<GetItem> = items.iter().map(|(g, _, _)| g.clone()).collect();
+        let mut next = items.iter();
+        let mut in_place = Vec::new();
+        encode_get_response(id, None, &gets, &mut in_place, |_, dst| {
+            let (_, got, data) = next.next().unwrap_or_else(|| panic!("one fetch per item"));
+            dst[..data.len()].copy_from_slice(data);
+            got.clone()
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(&in_place, &response_frame(&owned, id));
+        let frame = decode_one(&in_place).unwrap_or_else(|e| panic!("{e}"));
+        let borrowed = decode_get_response(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+        let Ok(Response::Get(answers)) = Response::from_frame(&frame) else {
+            panic!("not a GET answer")
+        };
+        prop_assert_eq!(borrowed.len(), answers.len());
+        for (b, a) in borrowed.iter().zip(&answers) {
+            let same = match (b, a) {
+                (Ok(FetchedRef::Hit { checksum: c1, data: d1 }), Ok(Fetched::Hit { checksum: c2, data: d2 })) => {
+                    c1 == c2 && *d1 == &d2[..]
+                }
+                (Ok(FetchedRef::Miss(m1)), Ok(Fetched::Miss(m2))) => m1 == m2,
+                (Err(e1), Err(e2)) => e1 == e2,
+                _ => false,
+            };
+            prop_assert!(same, "{b:?} vs {a:?}");
+        }
+    }
+
+    /// The borrowed PUT encoder and decoder agree byte for byte with `Request::Put`.
+    #[test]
+    fn borrowed_put_requests_match_the_owned_encoding(
+        items in vec((key(), request_id(), data()), 0..6),
+        id in any::<u64>(),
+    ) {
+        let owned = Request::Put {
+            items: items
+                .iter()
+                .map(|(key, request, data)| PutItem { key: key.clone(), request: *request, data: data.clone() })
+                .collect(),
+        };
+        let slices: Vec<(PhysicalKey, &[u8], Option<RequestId>)> =
+            items.iter().map(|(k, r, d)| (k.clone(), &d[..], *r)).collect();
+        let mut borrowed = Vec::new();
+        encode_put_request(id, None, &slices, &mut borrowed).unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(&borrowed, &request_frame(&owned, id));
+        let frame = decode_one(&borrowed).unwrap_or_else(|e| panic!("{e}"));
+        let refs = decode_put_request(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+        let back: Vec<_> = refs.iter().map(|p| (p.key.clone(), p.request, p.data.to_vec())).collect();
+        prop_assert_eq!(back, items);
+    }
 
     #[test]
     fn request_round_trips_byte_exact(req in request(), id in any::<u64>(), sizes in chunks()) {

@@ -47,13 +47,16 @@ use crate::shm::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
 use super::auth::Credentials;
 use super::proto::seal::{self, NONCE_BYTES, SealKey};
 use super::proto::{
-    BATCH_ITEMS_MAX, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, PAYLOAD_BYTES_MAX, PutItem,
-    RemoteInfo, Request, Response, SharedGetItem, SharedPutItem,
+    BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HelloAuth, Op, PAYLOAD_BYTES_MAX,
+    RemoteInfo, Request, Response, SharedGetItem, SharedPutItem, WireError, decode_get_response,
+    encode_put_request,
 };
 
 /// Idle connections kept per (tenant, rights).
 const POOL_CONNECTIONS_MAX: usize = 8;
 const READ_CHUNK_BYTES: usize = 256 << 10;
+/// Largest request buffer a connection keeps between requests.
+const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
 
 /// How to reach a server.
 #[derive(Debug, Clone)]
@@ -170,6 +173,8 @@ impl Write for Stream {
 #[derive(Debug)]
 struct Conn {
     stream: Stream,
+    /// The request being sent, reused between requests.
+    out: Vec<u8>,
     decoder: FrameDecoder,
     buf: Vec<u8>,
     /// The session key of a sealed session.
@@ -335,7 +340,13 @@ impl TcpStore {
         if let Some(arena) = self.arena(operation)? {
             let segment = arena.segment();
             let attach = Request::ShmAttach { len: segment.len() };
-            match self.exchange_with(&mut conn, &attach, operation, Some(segment))? {
+            let frame = self.exchange_with(
+                &mut conn,
+                &Outgoing::Request(&attach),
+                operation,
+                Some(segment),
+            )?;
+            match Response::from_frame(&frame).map_err(|e| transport(operation, e))? {
                 Response::ShmAttach(len) if len == segment.len() => {}
                 other => return Err(unexpected(operation, &other)),
             }
@@ -352,6 +363,7 @@ impl TcpStore {
     ) -> Result<(Conn, Option<String>), StoreError> {
         let mut conn = Conn {
             stream,
+            out: Vec::new(),
             decoder: FrameDecoder::new(),
             buf: vec![0; READ_CHUNK_BYTES],
             seal: None,
@@ -376,7 +388,13 @@ impl TcpStore {
             }),
         };
         let hello_key = credentials.map(|c| SealKey::hello(c.secret.bytes()));
-        let frame = self.exchange_frame(&mut conn, &hello, hello_key.as_ref(), None, operation)?;
+        let frame = self.exchange_frame(
+            &mut conn,
+            &Outgoing::Request(&hello),
+            hello_key.as_ref(),
+            None,
+            operation,
+        )?;
         let answer = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
         match (answer, credentials) {
             (Response::Hello { session: None, local, .. }, None) => Ok((conn, local)),
@@ -397,54 +415,48 @@ impl TcpStore {
         }
     }
 
-    /// Sends one request and waits for its answer on `conn`; the answer's seal is verified on a
-    /// sealed session.
-    fn exchange(
-        &self,
-        conn: &mut Conn,
-        request: &Request,
-        operation: &'static str,
-    ) -> Result<Response, StoreError> {
-        self.exchange_with(conn, request, operation, None)
-    }
-
-    /// [`Self::exchange`], handing over `segment`'s descriptor with the request (a Unix socket
-    /// only).
+    /// Sends one request (handing over `segment`'s descriptor with it, on a Unix socket) and
+    /// returns the frame that answers it, its seal verified on a sealed session. An error answer
+    /// that closes the connection is a transport failure.
     fn exchange_with(
         &self,
         conn: &mut Conn,
-        request: &Request,
+        outgoing: &Outgoing<'_>,
         operation: &'static str,
         segment: Option<&Segment>,
-    ) -> Result<Response, StoreError> {
+    ) -> Result<Frame, StoreError> {
         let seal = conn.seal.clone();
-        let frame = self.exchange_frame(conn, request, seal.as_ref(), segment, operation)?;
+        let frame = self.exchange_frame(conn, outgoing, seal.as_ref(), segment, operation)?;
         if let Some(key) = &seal {
             // Never let an answer that fails its seal reach the caller, whatever it holds.
             frame.verify_seal(key).map_err(|e| transport(operation, format!("answer: {e}")))?;
         }
-        let response = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
-        if let Response::Error(e) = &response
-            && e.closes_connection()
-        {
-            return Err(unexpected(operation, &response));
+        if frame.op == Op::Error {
+            let response = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
+            if let Response::Error(e) = &response
+                && e.closes_connection()
+            {
+                return Err(unexpected(operation, &response));
+            }
         }
-        Ok(response)
+        Ok(frame)
     }
 
     /// Sends one request (sealed with `seal` when given, with `segment`'s descriptor when
-    /// given) and returns the frame that answers it.
+    /// given) and returns the frame that answers it. The request is encoded into the
+    /// connection's reused buffer; the rest of a large answer is read straight into the
+    /// decoder's body buffer.
     fn exchange_frame(
         &self,
         conn: &mut Conn,
-        request: &Request,
+        outgoing: &Outgoing<'_>,
         seal: Option<&SealKey>,
         segment: Option<&Segment>,
         operation: &'static str,
     ) -> Result<Frame, StoreError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut bytes = Vec::new();
-        request.encode_sealed_frame(id, seal, &mut bytes).map_err(|e| StoreError::Backend {
+        conn.out.clear();
+        outgoing.encode(id, seal, &mut conn.out).map_err(|e| StoreError::Backend {
             operation,
             detail: format!("request not encodable: {e}"),
             retirement: Retirement::Retired,
@@ -453,25 +465,38 @@ impl TcpStore {
         conn.stream
             .set_write_timeout(Some(self.config.deadline))
             .map_err(|e| transport(operation, e))?;
-        match (&conn.stream, segment) {
-            (Stream::Local(s), Some(seg)) => send_with_fd(s, &bytes, seg.fd()),
+        let sent = match (&conn.stream, segment) {
+            (Stream::Local(s), Some(seg)) => send_with_fd(s, &conn.out, seg.fd()),
             (Stream::Tcp(_), Some(_)) => Err(io::Error::other("a descriptor needs a Unix socket")),
-            (_, None) => conn.stream.write_all(&bytes),
+            (_, None) => conn.stream.write_all(&conn.out),
+        };
+        if conn.out.capacity() > OUT_BUFFER_KEEP_BYTES {
+            conn.out = Vec::new();
         }
-        .map_err(|e| transport(operation, e))?;
+        sent.map_err(|e| transport(operation, e))?;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(transport(operation, "deadline passed waiting for the answer"));
             }
             conn.stream.set_read_timeout(Some(left)).map_err(|e| transport(operation, e))?;
-            let n = match conn.stream.read(&mut conn.buf) {
+            let direct = conn.decoder.body_window().is_some();
+            let read = match conn.decoder.body_window() {
+                Some(window) => conn.stream.read(window),
+                None => conn.stream.read(&mut conn.buf),
+            };
+            let n = match read {
                 Ok(0) => return Err(transport(operation, "server closed the connection")),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(transport(operation, e)),
             };
-            let mut input = &conn.buf[..n];
+            let mut input = if direct {
+                conn.decoder.commit_body(n);
+                &conn.buf[..0]
+            } else {
+                &conn.buf[..n]
+            };
             match conn.decoder.feed(&mut input) {
                 Ok(None) => continue,
                 Err(e) => return Err(transport(operation, e.error)),
@@ -497,16 +522,17 @@ impl TcpStore {
         }
     }
 
-    /// One request as `caller`: a pooled connection, or a new one. A request that only reads
-    /// (or whose repetition is harmless) is retried once on a fresh connection when a pooled
-    /// one turns out dead; writes are never retried here (their request ids make a caller's own
-    /// retry safe).
-    fn call(
+    /// One request as `caller`, answered by `decode`: a pooled connection, or a new one. A
+    /// request that only reads (or whose repetition is harmless) is retried once on a fresh
+    /// connection when a pooled one turns out dead; writes are never retried here (their
+    /// request ids make a caller's own retry safe).
+    fn call_with<T>(
         &self,
         caller: &Caller,
-        request: Request,
+        outgoing: Outgoing<'_>,
         operation: &'static str,
-    ) -> Result<Response, StoreError> {
+        decode: impl FnOnce(&Frame) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let key: PoolKey =
             (caller.tenant.clone(), caller.rights.read, caller.rights.write, caller.rights.admin);
         let pooled = self.pools.lock().ok().and_then(|mut p| p.get_mut(&key).and_then(Vec::pop));
@@ -515,14 +541,16 @@ impl TcpStore {
             Some(c) => c,
             None => self.connect(caller, operation)?,
         };
-        let response = match self.exchange(&mut conn, &request, operation) {
-            Ok(r) => r,
-            Err(e) if was_pooled && retryable(&request) => {
+        let frame = match self.exchange_with(&mut conn, &outgoing, operation, None) {
+            Ok(f) => f,
+            Err(e) if was_pooled && outgoing.retryable() => {
                 conn = self.connect(caller, operation)?;
-                self.exchange(&mut conn, &request, operation).map_err(|_| e)?
+                self.exchange_with(&mut conn, &outgoing, operation, None).map_err(|_| e)?
             }
             Err(e) => return Err(e),
         };
+        let answer = decode(&frame);
+        conn.decoder.recycle(frame.body);
         if conn.decoder.is_idle()
             && let Ok(mut pools) = self.pools.lock()
         {
@@ -531,7 +559,27 @@ impl TcpStore {
                 pool.push(conn);
             }
         }
-        Ok(response)
+        answer
+    }
+
+    fn call(
+        &self,
+        caller: &Caller,
+        request: Request,
+        operation: &'static str,
+    ) -> Result<Response, StoreError> {
+        self.call_outgoing(caller, Outgoing::Request(&request), operation)
+    }
+
+    fn call_outgoing(
+        &self,
+        caller: &Caller,
+        outgoing: Outgoing<'_>,
+        operation: &'static str,
+    ) -> Result<Response, StoreError> {
+        self.call_with(caller, outgoing, operation, |frame| {
+            Response::from_frame(frame).map_err(|e| transport(operation, e))
+        })
     }
 
     fn control(&self, request: Request, operation: &'static str) -> Result<Response, StoreError> {
@@ -606,13 +654,24 @@ impl TcpStore {
                     .map(|(key, dst)| GetItem { key: key.clone(), capacity: dst.len() as u64 })
                     .collect(),
             };
-            let answers = match self.call(caller, request, "get")? {
-                Response::Get(a) if a.len() == end - start => a,
-                other => return Err(unexpected("get", &other)),
-            };
-            for ((_, dst), answer) in items[start..end].iter_mut().zip(answers) {
-                out.push(answer.map(|f| land(f, dst)));
-            }
+            let batch = &mut items[start..end];
+            let answers = self.call_with(caller, Outgoing::Request(&request), "get", |frame| {
+                if frame.op != Op::Get {
+                    let answer = Response::from_frame(frame).map_err(|e| transport("get", e))?;
+                    return Err(unexpected("get", &answer));
+                }
+                let answers = decode_get_response(&frame.body).map_err(|e| transport("get", e))?;
+                if answers.len() != batch.len() {
+                    return Err(transport("get", "answers do not match the batch"));
+                }
+                // The block lands in the caller's buffer straight from the frame body.
+                Ok(batch
+                    .iter_mut()
+                    .zip(answers)
+                    .map(|((_, dst), answer)| answer.map(|f| land(f, dst)))
+                    .collect::<Vec<_>>())
+            })?;
+            out.extend(answers);
         }
         Ok(out)
     }
@@ -695,17 +754,8 @@ impl TcpStore {
         let mut out = Vec::with_capacity(items.len());
         let sizes: Vec<u64> = items.iter().map(|(_, data, _)| data.len() as u64).collect();
         for (start, end) in frame_ranges(&sizes) {
-            let request = Request::Put {
-                items: items[start..end]
-                    .iter()
-                    .map(|(key, data, request)| PutItem {
-                        key: key.clone(),
-                        request: *request,
-                        data: data.to_vec(),
-                    })
-                    .collect(),
-            };
-            match self.call(caller, request, "put")? {
+            // The payloads go into the frame straight from the caller's slices.
+            match self.call_outgoing(caller, Outgoing::Put(&items[start..end]), "put")? {
                 Response::Put(a) if a.len() == end - start => out.extend(a),
                 other => return Err(unexpected("put", &other)),
             }
@@ -856,21 +906,45 @@ fn frame_ranges(sizes: &[u64]) -> Vec<(usize, usize)> {
 }
 
 /// Lands a fetched block in the caller's buffer after checking its checksum.
-fn land(fetched: Fetched, dst: &mut [u8]) -> Get {
+fn land(fetched: FetchedRef<'_>, dst: &mut [u8]) -> Get {
     match fetched {
-        Fetched::Hit { checksum, data } => {
-            if data.len() > dst.len() || Checksum::of(&data) != checksum {
+        FetchedRef::Hit { checksum, data } => {
+            if data.len() > dst.len() || Checksum::of(data) != checksum {
                 return Get::Miss(MissReason::Corrupt);
             }
-            dst[..data.len()].copy_from_slice(&data);
+            dst[..data.len()].copy_from_slice(data);
             Get::Hit { len: data.len() as u64, checksum }
         }
-        Fetched::Miss(MissReason::Corrupt) => {
+        FetchedRef::Miss(MissReason::Corrupt) => {
             // The store zeroes a corrupt read's destination; so does its remote form.
             dst.fill(0);
             Get::Miss(MissReason::Corrupt)
         }
-        Fetched::Miss(reason) => Get::Miss(reason),
+        FetchedRef::Miss(reason) => Get::Miss(reason),
+    }
+}
+
+/// What a request frame is built from: a typed request, or a PUT written straight from the
+/// caller's slices.
+enum Outgoing<'r> {
+    Request(&'r Request),
+    Put(&'r [(PhysicalKey, &'r [u8], Option<RequestId>)]),
+}
+
+impl Outgoing<'_> {
+    fn encode(&self, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>) -> Result<(), WireError> {
+        match self {
+            Self::Request(r) => r.encode_sealed_frame(id, seal, out),
+            Self::Put(items) => encode_put_request(id, seal, items, out),
+        }
+    }
+
+    /// Whether repeating the request cannot change what the store holds.
+    fn retryable(&self) -> bool {
+        match self {
+            Self::Request(r) => retryable(r),
+            Self::Put(_) => false,
+        }
     }
 }
 

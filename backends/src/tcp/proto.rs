@@ -31,11 +31,13 @@ use std::fmt;
 
 pub use error::{AuthFailure, WireError};
 pub use frame::{
-    Frame, FrameDecoder, FrameError, FrameHeader, SEALED_HEADER_BYTES, header_checksum,
+    Frame, FrameDecoder, FrameError, FrameHeader, RECYCLE_BYTES_MAX, SEALED_HEADER_BYTES,
+    header_checksum,
 };
 pub use message::{
-    Fetched, GetItem, HelloAuth, HelloSession, PutItem, RemoteInfo, Request, Response,
-    SharedGetItem, SharedPutItem,
+    Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, PutItem, PutRef, RemoteInfo, Request,
+    Response, SharedGetItem, SharedPutItem, decode_get_response, decode_put_request,
+    encode_get_response, encode_put_request,
 };
 pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};

@@ -32,8 +32,9 @@ use crate::shm::Segment;
 use super::auth::{ReplayWindow, TenantAuth};
 use super::proto::seal::{self, NONCE_BYTES, SealKey};
 use super::proto::{
-    AuthFailure, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Request, Response,
-    SharedGetItem, SharedPutItem, VERSION, WireError,
+    AuthFailure, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
+    Response, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
+    encode_get_response,
 };
 
 /// How often a blocked read wakes to check for shutdown and idleness.
@@ -215,13 +216,62 @@ fn send<C: Write>(
     request_id: u64,
     seal: Option<&SealKey>,
 ) -> io::Result<()> {
-    let mut bytes = Vec::new();
-    if let Err(e) = response.encode_sealed_frame(request_id, seal, &mut bytes) {
-        Response::Error(e)
-            .encode_sealed_frame(request_id, seal, &mut bytes)
-            .map_err(io::Error::other)?;
+    let mut out = Vec::new();
+    send_answer(stream, &mut out, Answer::Plain(response), request_id, seal, |_, _| {
+        Err(StoreError::EmptyObject)
+    })
+}
+
+/// Largest response buffer a connection keeps between responses.
+const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
+
+/// Encodes an answer into the connection's reused buffer and writes it. A GET is encoded in
+/// place: `fetch` reads each block straight into the frame.
+fn send_answer<C: Write>(
+    stream: &mut C,
+    out: &mut Vec<u8>,
+    answer: Answer<'_>,
+    request_id: u64,
+    seal: Option<&SealKey>,
+    fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
+) -> io::Result<()> {
+    out.clear();
+    let encoded = match answer {
+        Answer::Plain(response) => response.encode_sealed_frame(request_id, seal, out),
+        Answer::Get(items) => encode_get_response(request_id, seal, items, out, fetch),
+    };
+    if let Err(e) = encoded {
+        Response::Error(e).encode_sealed_frame(request_id, seal, out).map_err(io::Error::other)?;
     }
-    stream.write_all(&bytes)
+    let written = stream.write_all(out);
+    if out.capacity() > OUT_BUFFER_KEEP_BYTES {
+        *out = Vec::new();
+    }
+    written
+}
+
+/// What a frame is answered with: a response, or GET items to read straight into the frame.
+enum Answer<'r> {
+    Plain(&'r Response),
+    Get(&'r [GetItem]),
+}
+
+/// [`Answer`], owning its response.
+enum Served {
+    Plain(Response),
+    Get(Vec<GetItem>),
+}
+
+impl Served {
+    fn closes(&self) -> bool {
+        matches!(self, Self::Plain(Response::Error(e)) if e.closes_connection())
+    }
+}
+
+impl From<Response> for Served {
+    fn from(r: Response) -> Self {
+        Self::Plain(r)
+    }
 }
 
 /// Who a connection acts for, once HELLO succeeded.
@@ -263,6 +313,7 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
     let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut out = Vec::new();
     let mut session: Option<Session> = None;
     let mut local = Local::default();
     if stream.peer_is_loopback() {
@@ -275,7 +326,15 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
             let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0, seal);
             return;
         }
-        let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
+        // The rest of a body in progress is read straight into the decoder's buffer.
+        let direct = decoder.body_window().is_some();
+        let tick = match decoder.body_window() {
+            Some(window) => {
+                read_tick(&mut stream, window, last_request, shared.config.idle_timeout)
+            }
+            None => read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout),
+        };
+        let n = match tick {
             ReadTick::Data(n, fd) => {
                 if fd.is_some() && local.pending_fd.is_some() {
                     tracing::debug!(peer = %stream.peer(), "a second descriptor arrived; closed");
@@ -287,16 +346,35 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
             ReadTick::Quiet => continue,
             ReadTick::Closed => return,
         };
-        let mut input = &buf[..n];
+        let mut input = if direct {
+            decoder.commit_body(n);
+            &buf[..0]
+        } else {
+            &buf[..n]
+        };
         loop {
             match decoder.feed(&mut input) {
                 Ok(Some(frame)) => {
                     last_request = Instant::now();
                     let request_id = frame.request_id;
-                    let response = serve_frame(&frame, &mut session, &mut local, shared);
+                    let served = serve_frame(&frame, &mut session, &mut local, shared);
+                    decoder.recycle(frame.body);
+                    let closes = served.closes();
                     let seal = session.as_ref().and_then(|s| s.seal.as_ref());
-                    let closes = matches!(&response, Response::Error(e) if e.closes_connection());
-                    if send(&mut stream, &response, request_id, seal).is_err() || closes {
+                    let who = session.as_ref().map(|s| &s.caller);
+                    let answer = match &served {
+                        Served::Plain(r) => Answer::Plain(r),
+                        Served::Get(items) => Answer::Get(items),
+                    };
+                    let fetch = |item: &GetItem, dst: &mut [u8]| match who {
+                        Some(who) => shared.store.get_into(who, &item.key, dst),
+                        None => Err(StoreError::Forbidden {
+                            tenant: item.key.identity().tenant().clone(),
+                            right: Right::Read,
+                        }),
+                    };
+                    let sent = send_answer(&mut stream, &mut out, answer, request_id, seal, fetch);
+                    if sent.is_err() || closes {
                         return;
                     }
                 }
@@ -322,9 +400,9 @@ fn serve_frame<'a>(
     session: &mut Option<Session>,
     local: &mut Local<'a>,
     shared: &'a Shared,
-) -> Response {
+) -> Served {
     let Some(s) = session.as_mut() else {
-        return match Request::from_frame(frame) {
+        return Served::Plain(match Request::from_frame(frame) {
             Ok(Request::Hello { tenant, rights, auth, .. }) => {
                 match hello(frame, tenant, rights, auth, local.offer.as_deref(), shared) {
                     Ok((opened, answer)) => {
@@ -336,20 +414,33 @@ fn serve_frame<'a>(
             }
             Ok(_) => Response::Error(WireError::NotAuthenticated),
             Err(e) => Response::Error(e),
-        };
+        });
     };
     if let Some(key) = &s.seal {
         if let Err(e) = frame.verify_seal(key) {
-            return Response::Error(e);
+            return Response::Error(e).into();
         }
         if let Err(e) = s.replay.accept(frame.request_id) {
-            return Response::Error(e);
+            return Response::Error(e).into();
         }
     }
+    if frame.kind == Kind::Request && frame.op == Op::Put {
+        // Stored straight from the frame body.
+        return Served::Plain(match decode_put_request(&frame.body) {
+            Ok(items) => Response::Put(
+                items
+                    .iter()
+                    .map(|i| shared.store.put(&s.caller, &i.key, i.data, i.request))
+                    .collect(),
+            ),
+            Err(e) => Response::Error(e),
+        });
+    }
     match Request::from_frame(frame) {
-        Ok(Request::Hello { .. }) => Response::Error(WireError::AlreadyAuthenticated),
-        Ok(request) => answer(request, &s.caller, local, shared),
-        Err(e) => Response::Error(e),
+        Ok(Request::Hello { .. }) => Response::Error(WireError::AlreadyAuthenticated).into(),
+        Ok(Request::Get { items }) => Served::Get(items),
+        Ok(request) => answer(request, &s.caller, local, shared).into(),
+        Err(e) => Response::Error(e).into(),
     }
 }
 
@@ -462,12 +553,10 @@ fn answer<'a>(
         Request::Lookup { keys } => {
             Response::Lookup(keys.iter().map(|k| store.lookup(who, k)).collect())
         }
-        Request::Get { items } => {
-            Response::Get(items.iter().map(|item| fetch(store, who, item)).collect())
-        }
-        Request::Put { items } => Response::Put(
-            items.iter().map(|i| store.put(who, &i.key, &i.data, i.request)).collect(),
-        ),
+        // Served in place by `serve_frame` and `send_answer`, never here.
+        Request::Get { .. } | Request::Put { .. } => Response::Error(WireError::Internal {
+            detail: "GET and PUT are served in place".into(),
+        }),
         Request::Invalidate { keys } => {
             Response::Invalidate(keys.iter().map(|k| store.invalidate(who, k)).collect())
         }
@@ -603,17 +692,4 @@ fn put_shared(
 
 fn shm_backend(operation: &'static str, e: crate::shm::ShmError) -> StoreError {
     StoreError::Backend { operation, detail: e.to_string(), retirement: Retirement::Retired }
-}
-
-/// One GET item: read into a buffer of the asked capacity and send what was read.
-fn fetch(store: &dyn Store, who: &Caller, item: &GetItem) -> Result<Fetched, StoreError> {
-    let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
-    let mut buf = vec![0u8; capacity];
-    match store.get_into(who, &item.key, &mut buf)? {
-        Get::Hit { len, checksum } => {
-            buf.truncate(usize::try_from(len).unwrap_or(capacity));
-            Ok(Fetched::Hit { checksum, data: buf })
-        }
-        Get::Miss(reason) => Ok(Fetched::Miss(reason)),
-    }
 }

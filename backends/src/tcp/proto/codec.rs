@@ -49,6 +49,13 @@ impl<'a> Writer<'a> {
         self.out.push(v);
     }
 
+    /// Overwrites the `u64` written at `at` (a [`Self::mark`] taken just before it).
+    pub(super) fn patch_u64(&mut self, at: usize, v: u64) {
+        if let Some(slot) = self.out.get_mut(at..at + 8) {
+            slot.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
     pub(super) fn u32(&mut self, v: u32) {
         self.out.extend_from_slice(&v.to_le_bytes());
     }
@@ -104,6 +111,27 @@ impl<'a> Writer<'a> {
     pub(super) fn bytes(&mut self, b: &[u8]) {
         self.len(b.len());
         self.out.extend_from_slice(b);
+    }
+
+    /// Length-prefixed bytes written in place by `fill`, which gets `capacity` zeroed bytes
+    /// and returns how many of them it used (clamped to `capacity`) with its own result.
+    pub(super) fn bytes_in_place<R>(
+        &mut self,
+        capacity: usize,
+        fill: impl FnOnce(&mut [u8]) -> (usize, R),
+    ) -> R {
+        let at = self.out.len();
+        self.len(capacity);
+        let start = self.out.len();
+        self.out.resize(start + capacity, 0);
+        let (used, result) = fill(self.out.get_mut(start..).unwrap_or_default());
+        let used = used.min(capacity);
+        self.out.truncate(start + used);
+        let len = u32::try_from(used).unwrap_or(u32::MAX).to_le_bytes();
+        if let Some(slot) = self.out.get_mut(at..at + 4) {
+            slot.copy_from_slice(&len);
+        }
+        result
     }
 
     /// A key as its length-prefixed GPCK encoding.
@@ -226,8 +254,13 @@ impl<'a> Reader<'a> {
     }
 
     pub(super) fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
+        self.bytes_ref().map(<[u8]>::to_vec)
+    }
+
+    /// Length-prefixed bytes, borrowed from the body.
+    pub(super) fn bytes_ref(&mut self) -> Result<&'a [u8], WireError> {
         let n = self.len(text::BYTES)?;
-        Ok(self.take(n, text::BYTES)?.to_vec())
+        self.take(n, text::BYTES)
     }
 
     /// A strictly decoded GPCK key; `index` names it in the error.

@@ -235,6 +235,10 @@ enum State {
         checksum: u64,
         seal: Option<[u8; SEAL_BYTES]>,
         len: usize,
+        /// Body bytes received so far.
+        filled: usize,
+        /// The body buffer: `body.len()` bytes are initialised (`filled <= body.len() <= len`);
+        /// bytes past `filled` are scratch, never read.
         body: Vec<u8>,
     },
     /// Discarding the body of a frame refused for a per-frame reason.
@@ -257,7 +261,13 @@ pub struct FrameDecoder {
     header: [u8; HEADER_BYTES],
     filled: usize,
     state: State,
+    /// A body buffer handed back by [`Self::recycle`], reused for the next body so that
+    /// steady traffic neither allocates nor faults in fresh pages.
+    spare: Vec<u8>,
 }
+
+/// Largest body buffer [`FrameDecoder::recycle`] keeps for reuse; a bigger one is freed.
+pub const RECYCLE_BYTES_MAX: usize = 8 << 20;
 
 impl Default for FrameDecoder {
     fn default() -> Self {
@@ -267,7 +277,7 @@ impl Default for FrameDecoder {
 
 impl FrameDecoder {
     pub fn new() -> Self {
-        Self { header: [0; HEADER_BYTES], filled: 0, state: State::Header }
+        Self { header: [0; HEADER_BYTES], filled: 0, state: State::Header, spare: Vec::new() }
     }
 
     /// Consumes bytes from the front of `input` up to the end of the frame in progress and
@@ -280,12 +290,16 @@ impl FrameDecoder {
         while let Some(rest) = input.get(used..).filter(|r| !r.is_empty()) {
             let taken = match &mut self.state {
                 State::Header => self.fill_header(rest),
-                State::Body { len, body, .. } => {
-                    let n = len.saturating_sub(body.len()).min(rest.len());
-                    let chunk = rest.get(..n).unwrap_or_default();
-                    grow(body, *len, n);
-                    body.extend_from_slice(chunk);
-                    if body.len() == *len {
+                State::Body { len, filled, body, .. } => {
+                    let n = len.saturating_sub(*filled).min(rest.len());
+                    grow(body, *filled + n, *len);
+                    if let (Some(dst), Some(src)) =
+                        (body.get_mut(*filled..*filled + n), rest.get(..n))
+                    {
+                        dst.copy_from_slice(src);
+                    }
+                    *filled += n;
+                    if *filled == *len {
                         self.finish_body();
                     }
                     n
@@ -339,6 +353,37 @@ impl FrameDecoder {
                 // Nothing ready and nothing taken cannot happen; refuse to spin if it does.
                 return self.next_frame();
             }
+        }
+    }
+
+    /// Where the rest of the body in progress can be read straight from the socket, skipping
+    /// the copy [`Self::push`] makes: a window of at most the bytes still missing, grown by the
+    /// same doubling rule (never past the announced length). `None` between bodies. Report
+    /// what was read into it with [`Self::commit_body`].
+    pub fn body_window(&mut self) -> Option<&mut [u8]> {
+        let State::Body { len, filled, body, .. } = &mut self.state else { return None };
+        if *filled >= *len {
+            return None;
+        }
+        grow(body, *filled + 1, *len);
+        body.get_mut(*filled..)
+    }
+
+    /// Records `n` bytes read into [`Self::body_window`]. More than the window held is a
+    /// caller bug; it is clamped.
+    pub fn commit_body(&mut self, n: usize) {
+        let State::Body { len, filled, body, .. } = &mut self.state else { return };
+        *filled = (*filled + n).min(body.len()).min(*len);
+        if *filled == *len {
+            self.finish_body();
+        }
+    }
+
+    /// Hands back a frame's body buffer for the next frame to reuse (kept when it is larger
+    /// than the one kept already and at most [`RECYCLE_BYTES_MAX`]).
+    pub fn recycle(&mut self, body: Vec<u8>) {
+        if body.capacity() > self.spare.capacity() && body.capacity() <= RECYCLE_BYTES_MAX {
+            self.spare = body;
         }
     }
 
@@ -402,7 +447,7 @@ impl FrameDecoder {
     }
 
     /// Validates a complete header and picks what follows it.
-    fn on_header(&self) -> State {
+    fn on_header(&mut self) -> State {
         let h = FrameHeader::from_bytes(&self.header);
         let found = u32::from_le_bytes(field(&self.header, offset::HEADER_CHECKSUM));
         let computed = header_checksum(self.header.get(..offset::HEADER_CHECKSUM).unwrap_or(&[]));
@@ -437,10 +482,13 @@ impl FrameDecoder {
             }
             Err(error) => State::Skip { request_id, remaining: len, error },
             Ok((kind, op)) => {
-                let body = Vec::with_capacity(len.min(BODY_CHUNK_BYTES));
+                // A recycled buffer keeps its initialised bytes (scratch until overwritten).
+                let mut body = std::mem::take(&mut self.spare);
+                body.truncate(len);
                 let seal = (h.flags & FLAG_SEALED != 0).then_some(h.seal);
                 let checksum = h.body_checksum;
-                let mut state = State::Body { kind, op, request_id, checksum, seal, len, body };
+                let mut state =
+                    State::Body { kind, op, request_id, checksum, seal, len, filled: 0, body };
                 if len == 0 {
                     state = verify(state);
                 }
@@ -457,9 +505,10 @@ impl FrameDecoder {
 
 /// Turns a complete [`State::Body`] into a ready frame or a body checksum error.
 fn verify(state: State) -> State {
-    let State::Body { kind, op, request_id, checksum, seal, body, .. } = state else {
+    let State::Body { kind, op, request_id, checksum, seal, mut body, filled, .. } = state else {
         return state;
     };
+    body.truncate(filled);
     let computed = Checksum::of(&body).0;
     if computed == checksum {
         State::Ready(Ok(Frame { kind, op, request_id, body, seal }))
@@ -469,12 +518,12 @@ fn verify(state: State) -> State {
     }
 }
 
-/// Makes room for `n` more bytes in a body of announced length `len`: at least doubling (so
-/// growth is amortised), never past `len`.
-fn grow(body: &mut Vec<u8>, len: usize, n: usize) {
-    let needed = body.len() + n;
-    if needed > body.capacity() {
-        let target = needed.max(body.capacity().saturating_mul(2)).min(len);
-        body.reserve_exact(target.saturating_sub(body.len()));
+/// Makes at least `needed` bytes of a body of announced length `len` initialised: the first
+/// step is [`BODY_CHUNK_BYTES`], later ones at least double (so growth is amortised and memory
+/// follows the bytes that actually arrive), never past `len`.
+fn grow(body: &mut Vec<u8>, needed: usize, len: usize) {
+    if needed > body.len() {
+        let target = needed.max(body.len().saturating_mul(2)).max(BODY_CHUNK_BYTES).min(len);
+        body.resize(target, 0);
     }
 }

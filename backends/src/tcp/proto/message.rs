@@ -413,18 +413,12 @@ impl Request {
                 }
                 Self::Get { items }
             }
-            Op::Put => {
-                let n = r.count()?;
-                let mut items = r.batch(n);
-                for index in 0..n {
-                    items.push(PutItem {
-                        key: r.key(index)?,
-                        request: get_request_id(r)?,
-                        data: r.bytes()?,
-                    });
-                }
-                Self::Put { items }
-            }
+            Op::Put => Self::Put {
+                items: read_put_refs(r)?
+                    .into_iter()
+                    .map(|p| PutItem { key: p.key, request: p.request, data: p.data.to_vec() })
+                    .collect(),
+            },
             Op::Reserve => Self::Reserve {
                 key: Box::new(r.key(0)?),
                 len: r.u64(text::INTEGER)?,
@@ -504,6 +498,129 @@ impl Request {
     }
 }
 
+/// One block of a batch PUT, its bytes borrowed from the frame body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PutRef<'a> {
+    pub key: PhysicalKey,
+    pub request: Option<RequestId>,
+    pub data: &'a [u8],
+}
+
+fn read_put_refs<'a>(r: &mut Reader<'a>) -> Result<Vec<PutRef<'a>>, WireError> {
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for index in 0..n {
+        items.push(PutRef {
+            key: r.key(index)?,
+            request: get_request_id(r)?,
+            data: r.bytes_ref()?,
+        });
+    }
+    Ok(items)
+}
+
+/// The items of a PUT request body, strictly decoded, their bytes borrowed from `body`: what
+/// a server stores from without copying them out of the frame first.
+pub fn decode_put_request(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
+    let mut r = Reader::new(body);
+    let items = read_put_refs(&mut r)?;
+    r.finish()?;
+    Ok(items)
+}
+
+/// Appends a PUT request frame whose payloads are written straight from the caller's slices
+/// (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
+pub fn encode_put_request(
+    request_id: u64,
+    seal: Option<&SealKey>,
+    items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    write_frame(Kind::Request, Op::Put, request_id, seal, out, |w| {
+        w.count(items.len());
+        for (key, data, request) in items {
+            w.key(key);
+            put_request_id(w, *request);
+            w.bytes(data);
+        }
+    })
+}
+
+/// Appends a GET response frame answering `items`, each block written in place by `fetch`
+/// into the frame (no intermediate buffer); the same bytes as [`Response::Get`].
+pub fn encode_get_response(
+    request_id: u64,
+    seal: Option<&SealKey>,
+    items: &[GetItem],
+    out: &mut Vec<u8>,
+    mut fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
+) -> Result<(), WireError> {
+    write_frame(Kind::Response, Op::Get, request_id, seal, out, |w| {
+        w.count(items.len());
+        for item in items {
+            let mark = w.mark();
+            w.u8(0);
+            w.u8(0);
+            let sum_at = w.mark();
+            w.u64(0);
+            let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+            let got = w.bytes_in_place(capacity, |dst| match fetch(item, dst) {
+                Ok(Get::Hit { len, checksum }) => {
+                    (usize::try_from(len).unwrap_or(usize::MAX), Ok(Get::Hit { len, checksum }))
+                }
+                other => (0, other),
+            });
+            match got {
+                Ok(Get::Hit { checksum, .. }) => w.patch_u64(sum_at, checksum.0),
+                Ok(Get::Miss(reason)) => {
+                    w.rewind(mark);
+                    put_result(w, &Ok(Fetched::Miss(reason)), put_fetched);
+                }
+                Err(e) => {
+                    w.rewind(mark);
+                    put_result(w, &Err::<Fetched, _>(e), put_fetched);
+                }
+            }
+        }
+    })
+}
+
+/// One GET answer, its bytes borrowed from the frame body.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FetchedRef<'a> {
+    Hit { checksum: Checksum, data: &'a [u8] },
+    Miss(MissReason),
+}
+
+fn get_fetched_ref<'a>(r: &mut Reader<'a>) -> Result<FetchedRef<'a>, WireError> {
+    match r.u8(text::FETCHED)? {
+        0 => {
+            Ok(FetchedRef::Hit { checksum: Checksum(r.u64(text::INTEGER)?), data: r.bytes_ref()? })
+        }
+        1 => Ok(FetchedRef::Miss(get_miss(r)?)),
+        tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
+    }
+}
+
+/// The answers of a GET response body, strictly decoded, their bytes borrowed from `body`:
+/// what a client lands in the caller's buffers without an owned copy first.
+pub fn decode_get_response(
+    body: &[u8],
+) -> Result<Vec<Result<FetchedRef<'_>, StoreError>>, WireError> {
+    let mut r = Reader::new(body);
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for _ in 0..n {
+        items.push(match r.u8(text::RESULT)? {
+            0 => Ok(get_fetched_ref(&mut r)?),
+            1 => Err(super::values::get_store_error(&mut r)?),
+            tag => return Err(WireError::UnknownTag { what: text::RESULT, tag }),
+        });
+    }
+    r.finish()?;
+    Ok(items)
+}
+
 fn read_keys(r: &mut Reader<'_>) -> Result<Vec<PhysicalKey>, WireError> {
     let n = r.count()?;
     let mut keys = r.batch(n);
@@ -552,11 +669,10 @@ fn put_fetched(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values::Unr
 }
 
 fn get_fetched(r: &mut Reader<'_>) -> Result<Fetched, WireError> {
-    match r.u8(text::FETCHED)? {
-        0 => Ok(Fetched::Hit { checksum: Checksum(r.u64(text::INTEGER)?), data: r.bytes()? }),
-        1 => Ok(Fetched::Miss(get_miss(r)?)),
-        tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
-    }
+    Ok(match get_fetched_ref(r)? {
+        FetchedRef::Hit { checksum, data } => Fetched::Hit { checksum, data: data.to_vec() },
+        FetchedRef::Miss(m) => Fetched::Miss(m),
+    })
 }
 
 fn put_get(w: &mut Writer<'_>, g: &Get) -> Result<(), super::values::Unrepresentable> {

@@ -37,18 +37,20 @@ struct SpareBuffers {
 }
 
 impl SpareBuffers {
-    fn take(&mut self, len: usize) -> Vec<u8> {
+    fn take(&mut self, len: usize) -> Payload {
         if let Some(list) = self.by_len.get_mut(&len)
             && let Some(buf) = list.pop()
         {
             self.bytes -= len as u64;
-            return buf;
+            return Arc::new(buf);
         }
-        vec![0; len]
+        Arc::new(vec![0; len])
     }
 
-    fn give(&mut self, buffers: Vec<Vec<u8>>) {
-        for buf in buffers {
+    /// Keeps freed buffers for reuse; one a reader still holds is simply dropped (it is freed
+    /// when that read finishes).
+    fn give(&mut self, buffers: Vec<Payload>) {
+        for buf in buffers.into_iter().filter_map(|b| Arc::try_unwrap(b).ok()) {
             let len = buf.len() as u64;
             if self.bytes + len <= self.bytes_max {
                 self.bytes += len;
@@ -58,9 +60,13 @@ impl SpareBuffers {
     }
 }
 
+/// A block's bytes. Shared so that a read can copy (and verify) them after the lock is
+/// released: a committed block is never written again, and a pinned one is never freed.
+type Payload = Arc<Vec<u8>>;
+
 #[derive(Debug)]
 struct Inner {
-    catalog: Catalog<Vec<u8>>,
+    catalog: Catalog<Payload>,
     spare: SpareBuffers,
 }
 
@@ -108,6 +114,7 @@ impl MemoryStore {
         let mut inner = self.lock();
         match inner.catalog.committed_payload_mut(key) {
             Some(bytes) if !bytes.is_empty() => {
+                let bytes = Arc::make_mut(bytes);
                 // Adding (rather than toggling) keeps repeated damage from undoing itself.
                 let i = at % bytes.len();
                 bytes[i] = bytes[i].wrapping_add(1);
@@ -144,19 +151,28 @@ impl Store for MemoryStore {
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
         authorize(caller, key, Right::Read)?;
-        let mut inner = self.lock();
-        let pin = match inner.catalog.pin_read(key, dst.len())? {
-            Ok(pin) => pin,
-            Err(miss) => return Ok(Get::Miss(miss)),
+        let (pin, payload) = {
+            let mut inner = self.lock();
+            let pin = match inner.catalog.pin_read(key, dst.len())? {
+                Ok(pin) => pin,
+                Err(miss) => return Ok(Get::Miss(miss)),
+            };
+            let payload = inner.catalog.entry(pin.region).map(|b| Arc::clone(&b.payload));
+            (pin, payload)
         };
+        // The copy and its check run without the lock: other callers are not held up by it.
         let len = pin.len_bytes();
-        if let Some(b) = inner.catalog.entry(pin.region) {
-            dst[..len].copy_from_slice(&b.payload);
+        if let Some(payload) = &payload
+            && let Some(src) = payload.get(..len)
+        {
+            dst[..len].copy_from_slice(src);
         }
+        drop(payload);
         let corrupt = !pin.delivered_intact(&dst[..len]);
         if corrupt {
             dst[..len].fill(0);
         }
+        let mut inner = self.lock();
         let released = inner.catalog.unpin_read(pin.region, corrupt);
         inner.spare.give(released);
         Ok(pin.answer(corrupt))
@@ -194,7 +210,15 @@ impl Store for MemoryStore {
         let b = inner.catalog.write_into(caller, r, offset, src.len() as u64)?;
         // write_into checked the range against the block length, a usize.
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        b.payload[start..start + src.len()].copy_from_slice(src);
+        // Only committed blocks are read, so a block being written is never shared.
+        let Some(payload) = Arc::get_mut(&mut b.payload) else {
+            return Err(StoreError::Backend {
+                operation: "write",
+                detail: "the block's buffer is shared while it is being written".into(),
+                retirement: Retirement::Retired,
+            });
+        };
+        payload[start..start + src.len()].copy_from_slice(src);
         Ok(())
     }
 

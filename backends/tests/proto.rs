@@ -6,12 +6,12 @@
 use std::collections::HashSet;
 
 use gpucache_backends::tcp::proto::{
-    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, Fetched, FetchedRef,
-    Frame, FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES, HelloAuth, HelloSession,
-    Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request,
-    Response, SEAL_BYTES, SealAlgorithm, SealKey, SharedGetItem, SharedPutItem, TEXT_BYTES_MAX,
-    VERSION, WHAT_TEXT, WireError, decode_get_response, decode_put_request, encode_get_response,
-    encode_put_request, header_checksum, intern, offset,
+    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_TRAILER,
+    Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES,
+    HelloAuth, HelloSession, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL,
+    REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SealAlgorithm, SealKey, SharedGetItem,
+    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
+    decode_put_request, encode_get_response, encode_put_request, header_checksum, intern, offset,
 };
 use gpucache_dataplane::caller::Right;
 use gpucache_dataplane::checksum::Checksum;
@@ -575,6 +575,54 @@ fn large_bodies_read_through_windows_reuse_one_buffer_and_grow_with_the_bytes() 
     assert!(window <= 128 << 10, "window {window} runs ahead of the bytes");
 }
 
+#[test]
+fn get_answers_checksum_their_trailer_and_leave_payloads_to_their_own_checksums() {
+    let data = vec![5u8; 10_000];
+    let answer = Response::Get(vec![
+        Ok(Fetched::Hit { checksum: Checksum::of(&data), data: data.clone() }),
+        Ok(Fetched::Miss(MissReason::Absent)),
+    ]);
+    let bytes = response_frame(&answer, 4);
+    assert_eq!(bytes[offset::FLAGS], FLAG_TRAILER, "GET answers carry a trailer");
+    let frame = decode_one(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(frame.to_bytes().unwrap_or_default(), bytes, "re-encodes exactly");
+
+    // A flipped payload byte passes the frame checksum (which covers only the trailer) and is
+    // caught by the payload's own checksum, which every receiver checks before using it.
+    let mut flipped = bytes.clone();
+    flipped[HEADER_BYTES + 10] ^= 1;
+    let frame = decode_one(&flipped).unwrap_or_else(|e| panic!("{e}"));
+    let answers = decode_get_response(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+    let Ok(FetchedRef::Hit { checksum, data: got }) = &answers[0] else { panic!("{answers:?}") };
+    assert_ne!(Checksum::of(got), *checksum);
+
+    // A flipped trailer byte fails the frame.
+    let mut flipped = bytes.clone();
+    let at = flipped.len() - 6;
+    flipped[at] ^= 1;
+    assert!(matches!(
+        decode_one(&flipped),
+        Err(FrameError { error: WireError::BodyChecksum { .. }, request_id: Some(4) })
+    ));
+    // A trailer length that points outside the body is malformed, for that frame only.
+    let body = [9u32.to_le_bytes(), 100u32.to_le_bytes()].concat();
+    let mut header = valid_header(Kind::Response, Op::Get, 6, &body);
+    header.flags = FLAG_TRAILER;
+    let outcome = decode_one(&raw_frame(header, &body));
+    assert!(
+        matches!(&outcome, Err(FrameError { error: WireError::Malformed { what: "trailer" }, .. })),
+        "{outcome:?}"
+    );
+    // The flag on anything but a GET answer is refused.
+    let body = [1u8, 2, 3, 4];
+    let mut header = valid_header(Kind::Request, Op::Get, 7, &body);
+    header.flags = FLAG_TRAILER;
+    assert!(matches!(
+        decode_one(&raw_frame(header, &body)),
+        Err(FrameError { error: WireError::UnsupportedFlags { flags: FLAG_TRAILER }, .. })
+    ));
+}
+
 fn get_items() -> impl Strategy<Value = Vec<(GetItem, Result<Get, StoreError>, Vec<u8>)>> {
     let outcome = prop_oneof![
         data().prop_map(|d| (Ok(Get::Hit { len: d.len() as u64, checksum: Checksum::of(&d) }), d)),
@@ -1035,18 +1083,23 @@ fn every_truncated_body_is_refused() {
     for resp in sample_responses() {
         let mut body = Vec::new();
         resp.encode_body(&mut body).unwrap_or_else(|e| panic!("{e}"));
+        // A GET answer ends with its trailer's length, so a cut (or extra bytes) moves that
+        // length: refused as a malformed trailer or as whatever it then points at.
+        let trailer = resp.op() == Op::Get;
         for cut in 0..body.len() {
             let result = Response::decode_body(resp.op(), &body[..cut]);
             assert!(
-                matches!(result, Err(WireError::Truncated { .. })),
+                matches!(result, Err(WireError::Truncated { .. })) || (trailer && result.is_err()),
                 "{:?} cut at {cut}: {result:?}",
                 resp.op()
             );
         }
         body.extend_from_slice(&[1, 2]);
-        assert_eq!(
-            Response::decode_body(resp.op(), &body),
-            Err(WireError::TrailingBytes { count: 2 })
+        let result = Response::decode_body(resp.op(), &body);
+        assert!(
+            result == Err(WireError::TrailingBytes { count: 2 }) || (trailer && result.is_err()),
+            "{:?}: {result:?}",
+            resp.op()
         );
     }
 }
@@ -1448,8 +1501,11 @@ fn batch_counts_over_the_limit_are_refused_both_ways() {
             Request::decode_body(op, &body),
             Err(WireError::TooMany { what: "batch", count: 0xffff_ffff, .. })
         ));
+        // A GET answer's count is in its trailer, at the end of the body.
+        let answer =
+            if op == Op::Get { [body, 4u32.to_le_bytes()].concat() } else { body.to_vec() };
         assert!(matches!(
-            Response::decode_body(op, &body),
+            Response::decode_body(op, &answer),
             Err(WireError::TooMany { what: "batch", .. })
         ));
     }

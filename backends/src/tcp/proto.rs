@@ -64,8 +64,14 @@ pub const TEXT_BYTES_MAX: usize = 4096;
 /// Header flag bit 0: the frame is sealed; its seal slot holds the MAC (`docs/PROTOCOL.md`
 /// section 8).
 pub const FLAG_SEALED: u8 = 0x01;
-/// The flag bits this version defines.
-pub const FLAGS_ACCEPTED: u8 = FLAG_SEALED;
+/// Header flag bit 1: the body ends with a trailer, and the body checksum covers only the
+/// trailer. The body's last 4 bytes are the trailer's length `t` (little-endian `u32`); the
+/// checksum is XXH3-64 of the last `t + 4` bytes. The bytes before the trailer are payloads,
+/// each covered by its own checksum carried in the trailer, which the receiver checks; so
+/// they are not hashed twice. Only GET answers use it.
+pub const FLAG_TRAILER: u8 = 0x02;
+/// The flag bits this version accepts.
+pub const FLAGS_ACCEPTED: u8 = FLAG_SEALED | FLAG_TRAILER;
 
 /// Byte offsets of the header fields (see the table in `docs/PROTOCOL.md`).
 pub mod offset {

@@ -49,13 +49,6 @@ impl<'a> Writer<'a> {
         self.out.push(v);
     }
 
-    /// Overwrites the `u64` written at `at` (a [`Self::mark`] taken just before it).
-    pub(super) fn patch_u64(&mut self, at: usize, v: u64) {
-        if let Some(slot) = self.out.get_mut(at..at + 8) {
-            slot.copy_from_slice(&v.to_le_bytes());
-        }
-    }
-
     pub(super) fn u32(&mut self, v: u32) {
         self.out.extend_from_slice(&v.to_le_bytes());
     }
@@ -81,7 +74,7 @@ impl<'a> Writer<'a> {
 
     /// A `u32` length. A length over `u32::MAX` is far over [`BODY_BYTES_MAX`], so it fails the
     /// whole encoding.
-    fn len(&mut self, n: usize) {
+    pub(super) fn len(&mut self, n: usize) {
         match u32::try_from(n) {
             Ok(n) => self.u32(n),
             Err(_) => {
@@ -113,24 +106,17 @@ impl<'a> Writer<'a> {
         self.out.extend_from_slice(b);
     }
 
-    /// Length-prefixed bytes written in place by `fill`, which gets `capacity` zeroed bytes
-    /// and returns how many of them it used (clamped to `capacity`) with its own result.
-    pub(super) fn bytes_in_place<R>(
+    /// Bytes written in place by `fill`, without a length: it gets `capacity` zeroed bytes and
+    /// returns how many of them it used (clamped to `capacity`) with its own result.
+    pub(super) fn fill_in_place<R>(
         &mut self,
         capacity: usize,
         fill: impl FnOnce(&mut [u8]) -> (usize, R),
     ) -> R {
-        let at = self.out.len();
-        self.len(capacity);
         let start = self.out.len();
         self.out.resize(start + capacity, 0);
         let (used, result) = fill(self.out.get_mut(start..).unwrap_or_default());
-        let used = used.min(capacity);
-        self.out.truncate(start + used);
-        let len = u32::try_from(used).unwrap_or(u32::MAX).to_le_bytes();
-        if let Some(slot) = self.out.get_mut(at..at + 4) {
-            slot.copy_from_slice(&len);
-        }
+        self.out.truncate(start + used.min(capacity));
         result
     }
 
@@ -175,7 +161,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+    pub(super) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
         if n > self.rest.len() {
             return Err(WireError::Truncated { what });
         }
@@ -226,7 +212,7 @@ impl<'a> Reader<'a> {
 
     /// A `u32` length that must fit in what is left (so nothing is allocated for bytes that
     /// are not there).
-    fn len(&mut self, what: &'static str) -> Result<usize, WireError> {
+    pub(super) fn len(&mut self, what: &'static str) -> Result<usize, WireError> {
         let n = self.u32(what)?;
         let n = usize::try_from(n).map_err(|_| WireError::Truncated { what })?;
         if n > self.rest.len() {
@@ -255,6 +241,11 @@ impl<'a> Reader<'a> {
 
     pub(super) fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
         self.bytes_ref().map(<[u8]>::to_vec)
+    }
+
+    /// Everything left, consumed.
+    pub(super) fn take_rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.rest)
     }
 
     /// Length-prefixed bytes, borrowed from the body.

@@ -5,8 +5,8 @@ use gpucache_dataplane::checksum::Checksum;
 use super::codec::{Writer, wide};
 use super::seal::SealKey;
 use super::{
-    BODY_BYTES_MAX, FLAG_SEALED, FLAGS_ACCEPTED, HEADER_BYTES, Kind, MAGIC, Op, SEAL_BYTES,
-    VERSION, WireError, offset, text,
+    BODY_BYTES_MAX, FLAG_SEALED, FLAG_TRAILER, FLAGS_ACCEPTED, HEADER_BYTES, Kind, MAGIC, Op,
+    SEAL_BYTES, VERSION, WireError, offset, text,
 };
 
 /// Header bytes a seal covers: everything before the header checksum, with the seal slot
@@ -53,15 +53,27 @@ impl FrameHeader {
     /// A valid version-1 header for `body` (which must fit a `u32` length; longer bodies get
     /// `u32::MAX`, which no decoder accepts).
     pub fn new(kind: Kind, op: Op, request_id: u64, body: &[u8]) -> Self {
+        let (flags, body_checksum) = body_checksum(kind, op, body);
+        Self::with_checksum(kind, op, request_id, body.len(), flags, body_checksum)
+    }
+
+    fn with_checksum(
+        kind: Kind,
+        op: Op,
+        request_id: u64,
+        body_len: usize,
+        flags: u8,
+        body_checksum: u64,
+    ) -> Self {
         Self {
             magic: MAGIC,
             version: VERSION,
             kind: kind.code(),
             op: op.code(),
-            flags: 0,
+            flags,
             request_id,
-            body_len: u32::try_from(body.len()).unwrap_or(u32::MAX),
-            body_checksum: Checksum::of(body).0,
+            body_len: u32::try_from(body_len).unwrap_or(u32::MAX),
+            body_checksum,
             seal: [0; SEAL_BYTES],
         }
     }
@@ -111,6 +123,29 @@ impl FrameHeader {
             body_checksum: u64::from_le_bytes(field(b, offset::BODY_CHECKSUM)),
             seal: field(b, offset::SEAL),
         }
+    }
+}
+
+/// Whether a frame of `kind` and `op` carries its payloads before a trailer
+/// ([`FLAG_TRAILER`]): GET answers.
+pub(super) fn uses_trailer(kind: Kind, op: Op) -> bool {
+    kind == Kind::Response && op == Op::Get
+}
+
+/// Where the part of `body` its checksum covers starts, for a frame with [`FLAG_TRAILER`]:
+/// the trailer and its 4-byte length at the end. `None` when the length does not fit.
+pub(super) fn trailer_start(body: &[u8]) -> Option<usize> {
+    let at = body.len().checked_sub(4)?;
+    let t = usize::try_from(u32::from_le_bytes(body.get(at..)?.try_into().ok()?)).ok()?;
+    at.checked_sub(t)
+}
+
+/// The flags and body checksum a frame of `kind` and `op` is sent with: the trailer's
+/// checksum for a GET answer laid out with one, the whole body's otherwise.
+fn body_checksum(kind: Kind, op: Op, body: &[u8]) -> (u8, u64) {
+    match trailer_start(body).filter(|_| uses_trailer(kind, op)) {
+        Some(start) => (FLAG_TRAILER, Checksum::of(body.get(start..).unwrap_or_default()).0),
+        None => (0, Checksum::of(body).0),
     }
 }
 
@@ -233,6 +268,8 @@ enum State {
         op: Op,
         request_id: u64,
         checksum: u64,
+        /// The checksum covers only the body's trailer ([`FLAG_TRAILER`]).
+        trailer: bool,
         seal: Option<[u8; SEAL_BYTES]>,
         len: usize,
         /// Body bytes received so far.
@@ -468,6 +505,10 @@ impl FrameDecoder {
                 if h.flags & !FLAGS_ACCEPTED != 0 {
                     return Err(WireError::UnsupportedFlags { flags: h.flags });
                 }
+                let trailer_ok = Op::from_code(h.op).is_some_and(|op| uses_trailer(kind, op));
+                if h.flags & FLAG_TRAILER != 0 && !trailer_ok {
+                    return Err(WireError::UnsupportedFlags { flags: h.flags });
+                }
                 if h.flags & FLAG_SEALED == 0 && h.seal != [0; SEAL_BYTES] {
                     return Err(WireError::Malformed { what: text::SEAL });
                 }
@@ -487,8 +528,18 @@ impl FrameDecoder {
                 body.truncate(len);
                 let seal = (h.flags & FLAG_SEALED != 0).then_some(h.seal);
                 let checksum = h.body_checksum;
-                let mut state =
-                    State::Body { kind, op, request_id, checksum, seal, len, filled: 0, body };
+                let trailer = h.flags & FLAG_TRAILER != 0;
+                let mut state = State::Body {
+                    kind,
+                    op,
+                    request_id,
+                    checksum,
+                    trailer,
+                    seal,
+                    len,
+                    filled: 0,
+                    body,
+                };
                 if len == 0 {
                     state = verify(state);
                 }
@@ -505,11 +556,23 @@ impl FrameDecoder {
 
 /// Turns a complete [`State::Body`] into a ready frame or a body checksum error.
 fn verify(state: State) -> State {
-    let State::Body { kind, op, request_id, checksum, seal, mut body, filled, .. } = state else {
+    let State::Body { kind, op, request_id, checksum, trailer, seal, mut body, filled, .. } = state
+    else {
         return state;
     };
     body.truncate(filled);
-    let computed = Checksum::of(&body).0;
+    let covered = if trailer {
+        match trailer_start(&body) {
+            Some(start) => body.get(start..).unwrap_or_default(),
+            None => {
+                let error = WireError::Malformed { what: text::TRAILER };
+                return State::Ready(Err(FrameError { error, request_id: Some(request_id) }));
+            }
+        }
+    } else {
+        &body
+    };
+    let computed = Checksum::of(covered).0;
     if computed == checksum {
         State::Ready(Ok(Frame { kind, op, request_id, body, seal }))
     } else {

@@ -11,7 +11,7 @@ use gpucache_dataplane::store::{
 };
 
 use super::codec::{Reader, Writer};
-use super::frame::{Frame, write_frame};
+use super::frame::{Frame, trailer_start, write_frame};
 use super::values::{
     get_abort, get_full_policy, get_implementation, get_invalidate, get_lookup, get_miss, get_put,
     get_reclaimed, get_request_id, get_reservation, get_reserve, get_result, get_retirement,
@@ -556,32 +556,31 @@ pub fn encode_get_response(
     mut fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
 ) -> Result<(), WireError> {
     write_frame(Kind::Response, Op::Get, request_id, seal, out, |w| {
-        w.count(items.len());
+        let mut trailer = Vec::new();
+        let mut t = Writer::new(&mut trailer);
+        t.count(items.len());
         for item in items {
-            let mark = w.mark();
-            w.u8(0);
-            w.u8(0);
-            let sum_at = w.mark();
-            w.u64(0);
             let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
-            let got = w.bytes_in_place(capacity, |dst| match fetch(item, dst) {
+            let got = w.fill_in_place(capacity, |dst| match fetch(item, dst) {
                 Ok(Get::Hit { len, checksum }) => {
                     (usize::try_from(len).unwrap_or(usize::MAX), Ok(Get::Hit { len, checksum }))
                 }
                 other => (0, other),
             });
             match got {
-                Ok(Get::Hit { checksum, .. }) => w.patch_u64(sum_at, checksum.0),
+                Ok(Get::Hit { len, checksum }) => {
+                    t.u8(0);
+                    t.u8(0);
+                    t.u64(checksum.0);
+                    t.len(usize::try_from(len).unwrap_or(usize::MAX));
+                }
                 Ok(Get::Miss(reason)) => {
-                    w.rewind(mark);
-                    put_result(w, &Ok(Fetched::Miss(reason)), put_fetched);
+                    put_result(&mut t, &Ok(Fetched::Miss(reason)), put_fetched_meta)
                 }
-                Err(e) => {
-                    w.rewind(mark);
-                    put_result(w, &Err::<Fetched, _>(e), put_fetched);
-                }
+                Err(e) => put_result(&mut t, &Err::<Fetched, _>(e), put_fetched_meta),
             }
         }
+        finish_trailer(w, t.finish(), &trailer);
     })
 }
 
@@ -592,33 +591,12 @@ pub enum FetchedRef<'a> {
     Miss(MissReason),
 }
 
-fn get_fetched_ref<'a>(r: &mut Reader<'a>) -> Result<FetchedRef<'a>, WireError> {
-    match r.u8(text::FETCHED)? {
-        0 => {
-            Ok(FetchedRef::Hit { checksum: Checksum(r.u64(text::INTEGER)?), data: r.bytes_ref()? })
-        }
-        1 => Ok(FetchedRef::Miss(get_miss(r)?)),
-        tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
-    }
-}
-
 /// The answers of a GET response body, strictly decoded, their bytes borrowed from `body`:
 /// what a client lands in the caller's buffers without an owned copy first.
 pub fn decode_get_response(
     body: &[u8],
 ) -> Result<Vec<Result<FetchedRef<'_>, StoreError>>, WireError> {
-    let mut r = Reader::new(body);
-    let n = r.count()?;
-    let mut items = r.batch(n);
-    for _ in 0..n {
-        items.push(match r.u8(text::RESULT)? {
-            0 => Ok(get_fetched_ref(&mut r)?),
-            1 => Err(super::values::get_store_error(&mut r)?),
-            tag => return Err(WireError::UnknownTag { what: text::RESULT, tag }),
-        });
-    }
-    r.finish()?;
-    Ok(items)
+    read_get_answers(body)
 }
 
 fn read_keys(r: &mut Reader<'_>) -> Result<Vec<PhysicalKey>, WireError> {
@@ -653,12 +631,14 @@ fn read_batch<T>(
     Ok(items)
 }
 
-fn put_fetched(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values::Unrepresentable> {
+/// A GET answer's entry in the trailer: for a hit, its checksum and length (its bytes are in
+/// the payload part before the trailer).
+fn put_fetched_meta(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values::Unrepresentable> {
     match f {
         Fetched::Hit { checksum, data } => {
             w.u8(0);
             w.u64(checksum.0);
-            w.bytes(data);
+            w.len(data.len());
         }
         Fetched::Miss(m) => {
             w.u8(1);
@@ -666,13 +646,6 @@ fn put_fetched(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values::Unr
         }
     }
     Ok(())
-}
-
-fn get_fetched(r: &mut Reader<'_>) -> Result<Fetched, WireError> {
-    Ok(match get_fetched_ref(r)? {
-        FetchedRef::Hit { checksum, data } => Fetched::Hit { checksum, data: data.to_vec() },
-        FetchedRef::Miss(m) => Fetched::Miss(m),
-    })
 }
 
 fn put_get(w: &mut Writer<'_>, g: &Get) -> Result<(), super::values::Unrepresentable> {
@@ -696,6 +669,46 @@ fn get_get(r: &mut Reader<'_>) -> Result<Get, WireError> {
         1 => Ok(Get::Miss(get_miss(r)?)),
         tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
     }
+}
+
+/// Appends `trailer` and its length, passing on an error the trailer's writer recorded.
+fn finish_trailer(w: &mut Writer<'_>, written: Result<(), WireError>, trailer: &[u8]) {
+    if let Err(e) = written {
+        w.fail(e);
+    }
+    w.raw(trailer);
+    w.len(trailer.len());
+}
+
+/// Reads a GET answer body: the trailer at its end (located by [`trailer_start`]), and each
+/// hit's bytes from the payload part, in order. Both parts must be used up exactly.
+fn read_get_answers(body: &[u8]) -> Result<Vec<Result<FetchedRef<'_>, StoreError>>, WireError> {
+    let start = trailer_start(body).ok_or(WireError::Malformed { what: text::TRAILER })?;
+    let (payloads, rest) = body.split_at(start);
+    let trailer = rest.get(..rest.len().saturating_sub(4)).unwrap_or_default();
+    let mut r = Reader::new(trailer);
+    let mut bulk = Reader::new(payloads);
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for _ in 0..n {
+        items.push(match r.u8(text::RESULT)? {
+            0 => Ok(match r.u8(text::FETCHED)? {
+                0 => {
+                    let checksum = Checksum(r.u64(text::INTEGER)?);
+                    let len = usize::try_from(r.u32(text::BYTES)?)
+                        .map_err(|_| WireError::Truncated { what: text::PAYLOADS })?;
+                    FetchedRef::Hit { checksum, data: bulk.take(len, text::PAYLOADS)? }
+                }
+                1 => FetchedRef::Miss(get_miss(&mut r)?),
+                tag => return Err(WireError::UnknownTag { what: text::FETCHED, tag }),
+            }),
+            1 => Err(super::values::get_store_error(&mut r)?),
+            tag => return Err(WireError::UnknownTag { what: text::RESULT, tag }),
+        });
+    }
+    r.finish()?;
+    bulk.finish()?;
+    Ok(items)
 }
 
 impl Response {
@@ -760,7 +773,19 @@ impl Response {
             Self::Epoch(epoch) => w.u64(epoch.0),
             Self::Stats(stats) => put_stats(w, stats),
             Self::Lookup(items) => write_batch(w, items, put_lookup),
-            Self::Get(items) => write_batch(w, items, put_fetched),
+            Self::Get(items) => {
+                // Payloads first, then the trailer that describes them (FLAG_TRAILER).
+                let mut trailer = Vec::new();
+                let mut t = Writer::new(&mut trailer);
+                t.count(items.len());
+                for item in items {
+                    if let Ok(Fetched::Hit { data, .. }) = item {
+                        w.raw(data);
+                    }
+                    put_result(&mut t, item, put_fetched_meta);
+                }
+                finish_trailer(w, t.finish(), &trailer);
+            }
             Self::Put(items) => write_batch(w, items, put_put),
             Self::Invalidate(items) => write_batch(w, items, put_invalidate),
             Self::Reserve(result) => put_result(w, result, put_reserve),
@@ -821,7 +846,19 @@ impl Response {
             Op::Epoch => Self::Epoch(Epoch(r.u64(N)?)),
             Op::Stats => Self::Stats(get_stats(r)?),
             Op::Lookup => Self::Lookup(read_batch(r, get_lookup)?),
-            Op::Get => Self::Get(read_batch(r, |r, _| get_fetched(r))?),
+            Op::Get => Self::Get(
+                read_get_answers(r.take_rest())?
+                    .into_iter()
+                    .map(|a| {
+                        a.map(|f| match f {
+                            FetchedRef::Hit { checksum, data } => {
+                                Fetched::Hit { checksum, data: data.to_vec() }
+                            }
+                            FetchedRef::Miss(m) => Fetched::Miss(m),
+                        })
+                    })
+                    .collect(),
+            ),
             Op::Put => Self::Put(read_batch(r, |r, _| get_put(r))?),
             Op::Invalidate => Self::Invalidate(read_batch(r, |r, _| get_invalidate(r))?),
             Op::Reserve => Self::Reserve(get_result(r, get_reserve)?),

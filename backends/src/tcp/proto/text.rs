@@ -75,6 +75,8 @@ macro_rules! whats {
 
 whats! {
     SEAL = "seal slot",
+    TRAILER = "trailer",
+    PAYLOADS = "payload bytes",
     BOOL = "bool",
     OPTION = "option",
     RESULT = "result",

@@ -162,18 +162,20 @@ impl Store for MemoryStore {
         };
         // The copy and its check run without the lock: other callers are not held up by it.
         let len = pin.len_bytes();
-        if let Some(payload) = &payload
-            && let Some(src) = payload.get(..len)
-        {
+        let source = payload.as_ref().and_then(|p| p.get(..len));
+        if let Some(src) = source {
             dst[..len].copy_from_slice(src);
         }
-        drop(payload);
         let corrupt = !pin.delivered_intact(&dst[..len]);
+        // The block is dropped only when its own bytes are damaged: the caller's buffer may be
+        // memory another process can write (a shared segment), which is not the block's fault.
+        let damaged = corrupt && !source.is_some_and(|src| pin.delivered_intact(src));
+        drop(payload);
         if corrupt {
             dst[..len].fill(0);
         }
         let mut inner = self.lock();
-        let released = inner.catalog.unpin_read(pin.region, corrupt);
+        let released = inner.catalog.unpin_read(pin.region, damaged);
         inner.spare.give(released);
         Ok(pin.answer(corrupt))
     }

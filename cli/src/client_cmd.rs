@@ -1,6 +1,12 @@
 //! `gpucache put`, `get` and `stat`: an operator's round trip against a running service over the
 //! native protocol. A plain NAME maps into the tenant's identity namespace exactly as the RESP
 //! listener maps its keys, so `gpucache put NAME` and `redis-cli GET NAME` see the same block.
+//!
+//! With `--shm` the commands take the same-host path (docs/adr/0013): the server names its Unix
+//! socket in the HELLO answer over TCP, the client shares a memfd segment with it, and payloads
+//! move through the segment. `get --shm` reads into a buffer inside the segment (no copy on the
+//! client before the bytes are written out). A server that offers no socket is an error, never a
+//! silent fallback to TCP.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -9,8 +15,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use gpucache_backends::resp::IdentityTemplate;
+use gpucache_backends::shm::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use gpucache_backends::tcp::proto::SealAlgorithm;
-use gpucache_backends::tcp::{ClientConfig, Credentials, TcpStore};
+use gpucache_backends::tcp::{ClientConfig, Credentials, LocalConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::store::{Get, Put, Store};
@@ -40,6 +47,26 @@ pub(crate) struct Target {
     /// The seal algorithm to propose: blake3 or hmac-sha256.
     #[arg(long, default_value = "blake3")]
     seal: String,
+    /// Take the same-host shared-memory path: the Unix socket the server offers over TCP, with
+    /// a memfd segment shared with it. Fails when the server offers none.
+    #[arg(long)]
+    shm: bool,
+    /// Size of the shared segment with --shm (K, M, G are binary); `get --shm` reads values up
+    /// to this size.
+    #[arg(long, requires = "shm", default_value = "64M", value_parser = parse_segment)]
+    shm_segment: u64,
+    /// Back the segment with 2 MiB huge pages (needs vm.nr_hugepages; see docs/OPERATIONS.md).
+    #[arg(long, requires = "shm")]
+    huge_pages: bool,
+}
+
+fn parse_segment(text: &str) -> Result<u64, String> {
+    let bytes = crate::units::parse_size(text)?;
+    if (SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&bytes) {
+        Ok(bytes)
+    } else {
+        Err(format!("{text:?} is outside {}..={} bytes", SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX))
+    }
 }
 
 fn connect(
@@ -51,6 +78,12 @@ fn connect(
     let mut config = ClientConfig::new(target.addr, caller.clone());
     config.deadline = Duration::from_secs(target.deadline_s.max(1));
     config.client_name = "gpucache-cli".into();
+    if target.shm {
+        let mut local = LocalConfig::negotiated();
+        local.segment_bytes = target.shm_segment;
+        local.pages = if target.huge_pages { Pages::Huge } else { Pages::Normal };
+        config.local = Some(local);
+    }
     if let (Some(path), Some(key_id)) = (&target.secret_file, &target.key_id) {
         let seal = SealAlgorithm::from_name(&target.seal)
             .ok_or_else(|| format!("--seal: {:?} is not blake3 or hmac-sha256", target.seal))?;
@@ -89,7 +122,22 @@ pub(crate) fn put(target: &Target, name: &str, file: Option<&PathBuf>) -> ExitCo
         }
         let (store, caller, ns) = connect(target, Rights::READ_WRITE)?;
         let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
-        match store.put(&caller, &key, &data, None).map_err(|e| e.to_string())? {
+        let shared = if target.shm {
+            // The server reads the value straight out of the segment.
+            let mut buf = store.shared_buffer(data.len()).ok_or_else(|| {
+                format!(
+                    "{} bytes do not fit the {}-byte shared segment; raise --shm-segment",
+                    data.len(),
+                    target.shm_segment
+                )
+            })?;
+            buf.copy_from_slice(&data);
+            Some(buf)
+        } else {
+            None
+        };
+        let src: &[u8] = shared.as_deref().unwrap_or(&data);
+        match store.put(&caller, &key, src, None).map_err(|e| e.to_string())? {
             Put::Committed(sum) => {
                 Ok(format!("stored {} bytes (checksum {:016x})", data.len(), sum.0))
             }
@@ -106,8 +154,20 @@ pub(crate) fn get(target: &Target, name: &str) -> ExitCode {
     let result = (|| -> Result<Option<String>, String> {
         let (store, caller, ns) = connect(target, Rights::READ_ONLY)?;
         let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; GET_BYTES_MAX];
-        match store.get_into(&caller, &key, &mut buf).map_err(|e| e.to_string())? {
+        let mut plain;
+        let mut shared;
+        let buf: &mut [u8] = if target.shm {
+            // The server writes the value into the segment; it is written out from there.
+            let len = usize::try_from(target.shm_segment).unwrap_or(usize::MAX).min(GET_BYTES_MAX);
+            shared = store.shared_buffer(len).ok_or_else(|| {
+                format!("cannot take {len} bytes of the shared segment (--shm-segment)")
+            })?;
+            &mut shared
+        } else {
+            plain = vec![0u8; GET_BYTES_MAX];
+            &mut plain
+        };
+        match store.get_into(&caller, &key, buf).map_err(|e| e.to_string())? {
             Get::Hit { len, .. } => {
                 let len = usize::try_from(len).unwrap_or(0);
                 std::io::stdout().write_all(&buf[..len]).map_err(|e| e.to_string())?;
@@ -136,10 +196,11 @@ pub(crate) fn stat(target: &Target) -> ExitCode {
         let info = store.info();
         let epoch = store.epoch();
         if epoch.0 == 0 {
-            return Err(format!("no answer from {}", target.addr));
+            let how = if target.shm { " over the same-host path (--shm)" } else { "" };
+            return Err(format!("no answer from {}{how}", target.addr));
         }
         let s = store.stats();
-        Ok(format!(
+        let mut text = format!(
             "store: {:?} {:?}\nepoch: {}\ncommitted blocks: {}\nretained bytes: {}\nin-flight requests: {}\nregistrations: {}\nquarantined regions: {} ({} bytes)\nevictions: {}\ncorrupt dropped: {}",
             info.implementation,
             info.full_policy,
@@ -152,7 +213,21 @@ pub(crate) fn stat(target: &Target) -> ExitCode {
             s.regions.quarantined_bytes,
             s.evictions,
             s.corrupt_dropped
-        ))
+        );
+        if target.shm {
+            let sh = store.shared_stats();
+            text.push_str(&format!(
+                "\nshared segment: {} bytes ({} free, {} quarantined); items direct {}, bounced {}; \
+                 framed batches {}",
+                target.shm_segment,
+                sh.free_bytes,
+                sh.quarantined_bytes,
+                sh.direct_items,
+                sh.bounced_items,
+                sh.framed_batches
+            ));
+        }
+        Ok(text)
     })();
     done(result, "stat")
 }

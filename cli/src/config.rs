@@ -19,6 +19,7 @@ use serde::de::{self, Deserializer, Visitor};
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::{EngineChoice, EngineConfig};
 use gpucache_backends::file::{Durability, FileStoreConfig, FileStoreError};
+use gpucache_backends::shm::SEGMENT_BYTES_MIN;
 use gpucache_backends::tcp::auth::{KeyFileError, TenantAuth, TenantKeys};
 use gpucache_backends::tcp::proto::SealAlgorithm;
 use gpucache_backends::tcp::server::CLOCK_SKEW_MAX_DEFAULT;
@@ -38,6 +39,14 @@ pub const CONNECTIONS_MAX_LIMIT: u32 = 16_384;
 pub const CLOCK_SKEW_MAX_LIMIT_MS: u64 = 3_600_000;
 /// Most decoded requests one connection may hold.
 pub const INFLIGHT_PER_CONNECTION_LIMIT: u32 = 4096;
+/// Longest Unix socket path: `sun_path` holds 108 bytes with the terminating NUL.
+pub const SOCKET_PATH_BYTES_MAX: usize = 107;
+/// The local socket's name inside `store.root` when `listen.local` is not set.
+pub const LOCAL_SOCKET_NAME: &str = "gpucache.sock";
+/// Default `listen.shm_mapped_bytes_max`: 16 GiB of client segments mapped at once.
+pub const SHM_MAPPED_BYTES_MAX_DEFAULT: u64 = 16 << 30;
+/// Mode of the local socket after binding: the service's user and group may connect.
+pub const LOCAL_SOCKET_MODE: u32 = 0o660;
 
 /// Why a configuration was refused. Display starts with the key path it is about.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +96,10 @@ pub enum ConfigError {
     SealAlgorithm { key: String, name: String },
     #[error("store.root: cannot open the file store at {root}: {source}")]
     OpenFileStore { root: PathBuf, source: FileStoreError },
+    /// `listen.local` names a socket that cannot be bound: too long for `sun_path`, or in a
+    /// directory that does not exist.
+    #[error("listen.local: {path}: {why}")]
+    LocalSocket { path: PathBuf, why: String },
 }
 
 fn parse_display(key: &str, message: &str, line: usize, column: usize) -> String {
@@ -117,6 +130,7 @@ impl ConfigError {
             Self::NoTenants | Self::TooManyTenants { .. } => Some("tenants"),
             Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::OpenFileStore { .. } => Some("store.root"),
+            Self::LocalSocket { .. } => Some("listen.local"),
         }
     }
 }
@@ -327,6 +341,13 @@ pub struct ListenSection {
     pub allow_open_tenants: bool,
     /// How far a HELLO timestamp may be from the server's clock, in milliseconds.
     pub clock_skew_max_ms: u64,
+    /// The Unix socket of the same-host shared-memory path (docs/adr/0013). Unset: `gpucache.sock`
+    /// inside `store.root` for a file store, none for a memory store; `""`: none; otherwise
+    /// the path (relative to the working directory).
+    pub local: Option<PathBuf>,
+    /// Bytes of client segments the server maps at once, over all local connections.
+    #[serde(deserialize_with = "byte_count")]
+    pub shm_mapped_bytes_max: u64,
 }
 
 impl Default for ListenSection {
@@ -342,6 +363,8 @@ impl Default for ListenSection {
             inflight_per_connection_max: 32,
             allow_open_tenants: false,
             clock_skew_max_ms: u64::try_from(CLOCK_SKEW_MAX_DEFAULT.as_millis()).unwrap_or(0),
+            local: None,
+            shm_mapped_bytes_max: SHM_MAPPED_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -460,7 +483,14 @@ impl ServeConfig {
             INFLIGHT_PER_CONNECTION_LIMIT.into(),
         )?;
         in_range("listen.clock_skew_max_ms", l.clock_skew_max_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
+        in_range(
+            "listen.shm_mapped_bytes_max",
+            l.shm_mapped_bytes_max,
+            SEGMENT_BYTES_MIN,
+            u64::MAX,
+        )?;
         self.validate_listen()?;
+        self.validate_local()?;
         self.validate_tenants()?;
         self.resp_tenant().map(|_| ())
     }
@@ -481,6 +511,52 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+
+    /// The local socket must fit `sun_path` once made absolute (as the server binds it), and its
+    /// directory must exist, unless it is the file store's root, which the service creates.
+    fn validate_local(&self) -> Result<(), ConfigError> {
+        let Some(path) = self.local_socket() else { return Ok(()) };
+        let refuse = |why: String| ConfigError::LocalSocket { path: path.clone(), why };
+        let absolute = match std::env::current_dir() {
+            Ok(cwd) if path.is_relative() => cwd.join(&path),
+            _ => path.clone(),
+        };
+        let len = absolute.as_os_str().len();
+        if len > SOCKET_PATH_BYTES_MAX {
+            return Err(refuse(format!(
+                "{len} bytes as an absolute path ({}); a Unix socket path holds at most \
+                 {SOCKET_PATH_BYTES_MAX}",
+                absolute.display()
+            )));
+        }
+        if path.file_name().is_none() {
+            return Err(refuse("names no file".into()));
+        }
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let store_creates = self.store.kind == StoreKind::File
+            && parent.components().eq(self.store.root.components());
+        if !store_creates && !parent.is_dir() {
+            return Err(refuse(format!(
+                "its directory {} does not exist (only store.root of a file store is created \
+                 at start)",
+                parent.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The Unix socket of the same-host path, when there is one: `listen.local`, or
+    /// `gpucache.sock` inside `store.root` for a file store when the key is unset.
+    pub fn local_socket(&self) -> Option<PathBuf> {
+        match &self.listen.local {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => match self.store.kind {
+                StoreKind::File => Some(self.store.root.join(LOCAL_SOCKET_NAME)),
+                StoreKind::Memory => None,
+            },
+        }
     }
 
     fn validate_tenants(&self) -> Result<(), ConfigError> {

@@ -3,8 +3,8 @@
 //!
 //! Startup order: block the stop signals (so every thread inherits the mask and only the main
 //! thread receives them), open the store (a FileStore restart bumps the epoch and drops
-//! unfinished writes), wrap it in the metrics recorder, start the listeners (native, RESP, HTTP),
-//! then wait. Shutdown stops the native listener first (connections finish the request in hand),
+//! unfinished writes), wrap it in the metrics recorder, start the listeners (native with its
+//! same-host Unix socket, whose mode is then set to 0660; RESP; HTTP), then wait. Shutdown stops the native listener first (connections finish the request in hand),
 //! then the RESP listener, then the HTTP endpoint, then closes the store.
 
 use std::path::Path;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use gpucache_backends::metered::{MeteredStore, Metrics};
 use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
 use gpucache_backends::tcp::{Server, ServerConfig};
-use gpucache_cli::config::ServeConfig;
+use gpucache_cli::config::{LOCAL_SOCKET_MODE, ServeConfig};
 use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::store::Store;
@@ -68,11 +68,39 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Err(e) => return fail("tenant keys", e),
     };
     let sealed = server_config.auth.len();
+    server_config.local = config.local_socket();
+    server_config.shm_mapped_bytes_max = config.listen.shm_mapped_bytes_max;
     let shared: Arc<dyn Store> = metered.clone();
-    let server = match Server::start(server_config, Arc::clone(&shared)) {
+    // The local socket is bound with no access for others (the umask gains 007 for the moment
+    // of binding), then chmod gives it LOCAL_SOCKET_MODE whatever the umask was.
+    // SAFETY: umask only swaps the process's file creation mask; no memory is involved.
+    let umask = unsafe { libc::umask(0o077) };
+    // SAFETY: as above.
+    unsafe { libc::umask(umask | 0o007) };
+    let started = Server::start(server_config, Arc::clone(&shared));
+    // SAFETY: as above, restoring the mask found.
+    unsafe { libc::umask(umask) };
+    let server = match started {
         Ok(s) => s,
-        Err(e) => return fail(&format!("native listener {}", config.listen.native), e),
+        Err(e) => {
+            let local = config.local_socket().map(|p| format!(" or local socket {}", p.display()));
+            return fail(
+                &format!("native listener {}{}", config.listen.native, local.unwrap_or_default()),
+                e,
+            );
+        }
     };
+    if let Some(path) = server.local_path().map(Path::to_path_buf) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::Permissions::from_mode(LOCAL_SOCKET_MODE);
+        if let Err(e) = std::fs::set_permissions(&path, mode) {
+            let _ = server.shutdown();
+            return fail(
+                &format!("local socket {}: chmod {LOCAL_SOCKET_MODE:o}", path.display()),
+                e,
+            );
+        }
+    }
     let resp_caller = match config.resp_caller() {
         Ok(c) => c,
         Err(e) => return fail("tenants", e),
@@ -95,9 +123,10 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Err(e) => return fail(&format!("metrics listener {}", config.listen.metrics), e),
     };
     let info = shared.info();
+    let local = server.local_path().map_or_else(|| "none".to_owned(), |p| p.display().to_string());
     eprintln!(
-        "gpucache serve: listening native={} resp={} metrics={} store={} epoch={} resp_tenant={} \
-         sealed_tenants={sealed}",
+        "gpucache serve: listening native={} local={local} resp={} metrics={} store={} epoch={} \
+         resp_tenant={} sealed_tenants={sealed}",
         server.local_addr(),
         resp.local_addr(),
         http.local_addr(),

@@ -43,6 +43,12 @@ fn default_validates_and_is_what_an_empty_file_means() {
     assert_eq!(d.listen.resp, "127.0.0.1:7471".parse::<SocketAddr>().unwrap());
     assert_eq!(d.listen.metrics, "127.0.0.1:7472".parse::<SocketAddr>().unwrap());
     assert!(!d.listen.allow_remote);
+    assert_eq!(
+        d.local_socket().as_deref(),
+        Some(std::path::Path::new("./gpucache-data/gpucache.sock")),
+        "the embedded default offers the same-host socket next to its file store"
+    );
+    assert_eq!(d.listen.shm_mapped_bytes_max, 16 << 30);
     assert_eq!(d.limits(), ResourceLimits::default());
     let callers = d.callers().unwrap();
     assert_eq!(callers.len(), 1);
@@ -297,6 +303,42 @@ fn open_store_builds_either_kind() {
     let Err(e) = file.open_store(clock) else { panic!("a locked root opened twice") };
     assert_eq!(e.key(), Some("store.root"));
     assert!(e.to_string().starts_with("store.root: "), "{e}");
+}
+
+#[test]
+fn the_local_socket_is_checked_by_name() {
+    // "" turns it off; a memory store has none unless one is named.
+    let off = ServeConfig::from_toml_str("[listen]\nlocal = \"\"\n").expect("off");
+    assert_eq!(off.local_socket(), None);
+    let memory = ServeConfig::from_toml_str("[store]\nkind = \"memory\"\n").expect("memory");
+    assert_eq!(memory.local_socket(), None);
+    let dir = tempfile::tempdir().unwrap();
+    let named = dir.path().join("s.sock");
+    let c = ServeConfig::from_toml_str(&format!(
+        "[store]\nkind = \"memory\"\n[listen]\nlocal = \"{}\"\nshm_mapped_bytes_max = \"2G\"\n",
+        named.display()
+    ))
+    .expect("named socket");
+    assert_eq!(c.local_socket(), Some(named));
+    assert_eq!(c.listen.shm_mapped_bytes_max, 2 << 30);
+    // A file store's root need not exist yet: the service creates it before binding.
+    let c = ServeConfig::from_toml_str(&format!(
+        "[store]\nroot = \"{}\"\n",
+        dir.path().join("not-yet").display()
+    ))
+    .expect("socket in the store root");
+    assert_eq!(c.local_socket(), Some(dir.path().join("not-yet/gpucache.sock")));
+
+    let e = refused_at("[listen]\nlocal = \"/no/such/dir/gpucache.sock\"\n", "listen.local");
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    let long = format!("/tmp/{}/gpucache.sock", "d".repeat(100));
+    let e = refused_at(&format!("[listen]\nlocal = \"{long}\"\n"), "listen.local");
+    assert!(e.to_string().contains("at most 107"), "{e}");
+    // The default socket under a long store root is refused by the same key.
+    let e = refused_at(&format!("[store]\nroot = \"/tmp/{}\"\n", "r".repeat(100)), "listen.local");
+    assert!(e.to_string().contains("bytes as an absolute path"), "{e}");
+    refused_at("[listen]\nshm_mapped_bytes_max = \"4K\"\n", "listen.shm_mapped_bytes_max");
+    refused_at("[listen]\nshm_mapped_bytes_max = \"lots\"\n", "listen.shm_mapped_bytes_max");
 }
 
 #[test]

@@ -229,3 +229,115 @@ fn put_get_stat_and_redis_cli_round_trip() {
     }
     stop(running);
 }
+
+/// Starts `gpucache serve --config CONFIG` in `cwd`; returns the child and its "listening" line.
+fn start_in(cwd: &std::path::Path, config: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .current_dir(cwd)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let line = lines.next().expect("serve said nothing").expect("read");
+    assert!(line.contains("listening"), "serve did not start: {line}");
+    std::thread::spawn(move || for _ in lines {});
+    (child, line)
+}
+
+#[test]
+fn the_default_exposes_the_local_socket_and_shm_commands_round_trip() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    // Only the ports differ from the embedded default (which listens on fixed ports): the store
+    // and its socket land in ./gpucache-data of the working directory.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("ports.toml");
+    std::fs::write(
+        &config,
+        "[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n",
+    )
+    .expect("config");
+    let (child, line) = start_in(dir.path(), &config);
+    let socket = dir.path().join("gpucache-data").join("gpucache.sock");
+    let shown = std::path::PathBuf::from(field(&line, "local="));
+    assert_eq!(
+        std::fs::canonicalize(&shown).expect("socket shown"),
+        std::fs::canonicalize(&socket).expect("socket made")
+    );
+    let meta = std::fs::metadata(&socket).expect("socket");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660, "socket mode");
+    let native = field(&line, "native=").to_owned();
+    let running = Running {
+        native: native.parse().expect("native"),
+        metrics: field(&line, "metrics=").parse().expect("metrics"),
+        epoch: 0,
+        child,
+    };
+
+    let value = payload(5, 3 << 20);
+    let out = gpucache(
+        &["put", "shm/block", "--addr", &native, "--shm", "--shm-segment", "8M"],
+        Some(&value),
+    );
+    assert!(out.status.success(), "put --shm: {}", String::from_utf8_lossy(&out.stderr));
+    let out = gpucache(&["get", "shm/block", "--addr", &native, "--shm"], None);
+    assert!(out.status.success(), "get --shm: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout == value, "get --shm returned other bytes");
+    // The same value over TCP, and a TCP value over the shared path.
+    let out = gpucache(&["get", "shm/block", "--addr", &native], None);
+    assert!(out.stdout == value, "get over TCP returned other bytes");
+    let out = gpucache(&["put", "tcp/block", "--addr", &native], Some(b"over tcp"));
+    assert!(out.status.success());
+    let out = gpucache(&["get", "tcp/block", "--addr", &native, "--shm"], None);
+    assert_eq!(out.stdout, b"over tcp");
+    let out = gpucache(&["get", "never-stored", "--addr", &native, "--shm"], None);
+    assert_eq!(out.status.code(), Some(3), "a miss over --shm exits 3");
+    // A value larger than the segment cannot take the shared path.
+    let out = gpucache(
+        &["put", "too/big", "--addr", &native, "--shm", "--shm-segment", "1M"],
+        Some(&value),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--shm-segment"), "{out:?}");
+    let out = gpucache(&["stat", "--addr", &native, "--shm"], None);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("committed blocks: 2"), "stat --shm: {text}");
+    assert!(text.contains("shared segment: 67108864 bytes"), "stat --shm: {text}");
+    stop(running);
+    assert!(!socket.exists(), "the socket outlived the service");
+}
+
+#[test]
+fn shm_commands_fail_clearly_when_the_server_has_no_local_socket() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("nolocal.toml");
+    std::fs::write(
+        &config,
+        "[store]\nkind = \"memory\"\n\n[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\n\
+         metrics = \"127.0.0.1:0\"\nlocal = \"\"\n",
+    )
+    .expect("config");
+    let (child, line) = start_in(dir.path(), &config);
+    assert_eq!(field(&line, "local="), "none");
+    let native = field(&line, "native=").to_owned();
+    let running = Running {
+        native: native.parse().expect("native"),
+        metrics: field(&line, "metrics=").parse().expect("metrics"),
+        epoch: 0,
+        child,
+    };
+    let out = gpucache(&["put", "x", "--addr", &native], Some(b"tcp works"));
+    assert!(out.status.success(), "put: {}", String::from_utf8_lossy(&out.stderr));
+    for args in [&["get", "x"][..], &["put", "y"][..]] {
+        let mut argv = args.to_vec();
+        argv.extend(["--addr", &native, "--shm"]);
+        let out = gpucache(&argv, Some(b"v"));
+        assert_eq!(out.status.code(), Some(1), "{argv:?}: {out:?}");
+        assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("offers no local socket"), "{argv:?}: {err}");
+    }
+    stop(running);
+}

@@ -2,9 +2,12 @@
 //!
 //! For each value size and client count it measures, one after another on the same machine:
 //!
-//! - **ours**: `gpucache serve` (this executable) as a child process with the in-memory store,
-//!   one per point, driven by N client threads with one [`TcpStore`] each (one connection per
-//!   thread, as Redis gets) — a PUT phase of distinct keys, then a GET phase over them;
+//! - **ours** (`ours-tcp`): `gpucache serve` (this executable) as a child process with the
+//!   in-memory store, one per point, driven by N client threads with one [`TcpStore`] each (one
+//!   connection per thread, as Redis gets) — a PUT phase of distinct keys, then a GET phase over
+//!   them;
+//! - **ours-shm**: the same service with its Unix socket on, each client thread's [`TcpStore`]
+//!   on the same-host path with a segment of its own, PUT from and GET into shared buffers;
 //! - **redis**: `redis-server` with persistence off, one per point, the same load through a small
 //!   RESP2 client;
 //! - **mooncake**: Mooncake Store over TCP, with the segment in a separate `mooncake_client`
@@ -61,8 +64,9 @@ pub(crate) struct ServiceBenchArgs {
     /// Source (and destination) buffer of the memcpy peer. Default 1G (256M with --quick).
     #[arg(long, value_parser = parse_size)]
     memcpy_bytes: Option<u64>,
-    /// Peers to run, comma-separated: ours, redis, mooncake, iperf3, memcpy.
-    #[arg(long, default_value = "ours,redis,mooncake,iperf3,memcpy")]
+    /// Peers to run, comma-separated: ours (loopback TCP; also ours-tcp), ours-shm (the
+    /// same-host shared-memory path), redis, mooncake, iperf3, memcpy.
+    #[arg(long, default_value = "ours,ours-shm,redis,mooncake,iperf3,memcpy")]
     peers: String,
     /// A smoke run: small defaults for everything not given.
     #[arg(long)]
@@ -100,6 +104,7 @@ struct Plan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PeerName {
     Ours,
+    OursShm,
     Redis,
     Mooncake,
     Iperf3,
@@ -109,14 +114,15 @@ enum PeerName {
 impl PeerName {
     fn parse(text: &str) -> Result<Self, String> {
         match text.trim() {
-            "ours" => Ok(Self::Ours),
+            "ours" | "ours-tcp" => Ok(Self::Ours),
+            "ours-shm" => Ok(Self::OursShm),
             "redis" => Ok(Self::Redis),
             "mooncake" => Ok(Self::Mooncake),
             "iperf3" => Ok(Self::Iperf3),
             "memcpy" => Ok(Self::Memcpy),
-            other => {
-                Err(format!("unknown peer {other:?} (use ours, redis, mooncake, iperf3, memcpy)"))
-            }
+            other => Err(format!(
+                "unknown peer {other:?} (use ours, ours-shm, redis, mooncake, iperf3, memcpy)"
+            )),
         }
     }
 }
@@ -281,18 +287,12 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     let mut slots: Vec<(Slot, PeerRun)> = Vec::new();
     for &peer in &plan.peers {
         match peer {
-            PeerName::Ours => {
-                for &t in Transport::ALL {
-                    let mut run = ran(
-                        t.peer_name(),
-                        Some(env!("CARGO_PKG_VERSION").into()),
-                        "gpucache serve, memory store, one TcpStore (one connection) per client \
-                         thread, Store::put / Store::get_into",
-                    );
-                    run.ours = true;
-                    run.shared_memory = t.is_shared_memory();
-                    slots.push((Slot::Ours(t), run));
-                }
+            PeerName::Ours | PeerName::OursShm => {
+                let t = if peer == PeerName::Ours { Transport::Tcp } else { Transport::Shm };
+                let mut run = ran(t.peer_name(), Some(env!("CARGO_PKG_VERSION").into()), t.note());
+                run.ours = true;
+                run.shared_memory = t.is_shared_memory();
+                slots.push((Slot::Ours(t), run));
             }
             PeerName::Redis => match redis::version() {
                 None => slots.push((Slot::Skipped, skipped("redis", NO_REDIS.into()))),
@@ -596,12 +596,15 @@ mod tests {
         let p = plan(&args(&[])).expect("plan");
         assert_eq!(p.sizes, vec![64 << 10, 256 << 10, MIB, 4 * MIB]);
         assert_eq!(p.clients, vec![1, 8]);
-        assert_eq!(p.peers.len(), 5);
-        let q = plan(&args(&["--quick", "--peers", "ours,memcpy,ours", "--clients", "2"]))
+        assert_eq!(p.peers.len(), 6);
+        assert_eq!(p.peers[..2], [PeerName::Ours, PeerName::OursShm]);
+        let q = plan(&args(&["--quick", "--peers", "ours,memcpy,ours-tcp", "--clients", "2"]))
             .expect("plan");
         assert_eq!(q.sizes, vec![64 << 10, MIB]);
         assert_eq!(q.clients, vec![2]);
         assert_eq!(q.peers, vec![PeerName::Ours, PeerName::Memcpy]);
+        let s = plan(&args(&["--peers", "ours-shm,memcpy"])).expect("plan");
+        assert_eq!(s.peers, vec![PeerName::OursShm, PeerName::Memcpy]);
         assert!(plan(&args(&["--peers", "memcached"])).is_err());
         assert!(plan(&args(&["--clients", "0"])).is_err());
         assert_eq!(keys_for(&p, MIB, 8), 512);

@@ -11,7 +11,7 @@ use crate::units::{MIB, size_label};
 /// What one peer gave: its points, or why it did not run.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct PeerRun {
-    /// `ours-tcp`, `redis`, `mooncake`, `iperf3`, `memcpy`.
+    /// `ours-tcp`, `ours-shm`, `redis`, `mooncake`, `iperf3`, `memcpy`.
     pub(crate) name: String,
     /// Whether this row is our service (one row per transport).
     pub(crate) ours: bool,
@@ -94,7 +94,7 @@ pub(crate) const AIM_SIZE: u64 = MIB;
 pub(crate) const AIM_CLIENTS: usize = 1;
 
 /// The aims: every TCP-like row against iperf3 (0.9x), Redis (1.5x) and Mooncake (2x); the
-/// shared-memory row against memcpy (0.7x), or a line saying no such row was measured.
+/// shared-memory row against memcpy (0.7x), or a line saying it was not run.
 pub(crate) fn aims(runs: &[PeerRun]) -> Vec<Aim> {
     let find = |name: &str| runs.iter().find(|r| r.name == name);
     let mut out = Vec::new();
@@ -141,7 +141,7 @@ pub(crate) fn aims(runs: &[PeerRun]) -> Vec<Aim> {
                 need: 0.7,
                 ratio: None,
                 met: None,
-                why: Some("no shared-memory transport exists yet; not measured".into()),
+                why: Some("ours-shm not run (add it to --peers)".into()),
             });
         }
     }
@@ -432,9 +432,50 @@ mod tests {
         assert!(m.why.as_deref().is_some_and(|w| w.contains("venv missing")), "{m:?}");
         let shm = find("memcpy", Op::Get);
         assert_eq!(shm.met, None);
-        assert!(shm.why.as_deref().is_some_and(|w| w.contains("shared-memory")));
+        assert!(shm.why.as_deref().is_some_and(|w| w.contains("ours-shm not run")));
         let t = aims_table(&a);
         assert!(t.contains("| ours-tcp / redis | PUT | >= 1.5x | 1.00x | **no** |"), "{t}");
+    }
+
+    fn with_shm() -> Vec<PeerRun> {
+        let mut runs = sample();
+        let mut shm = run("ours-shm", true, &[(MIB, 1, 8.0, 4.0)]);
+        shm.shared_memory = true;
+        runs.insert(1, shm);
+        runs.push(run("memcpy", false, &[(MIB, 1, 10.0, 10.0)]));
+        runs
+    }
+
+    #[test]
+    fn the_shared_memory_row_is_judged_against_memcpy_only() {
+        let a = aims(&with_shm());
+        let shm: Vec<&Aim> = a.iter().filter(|x| x.ours == "ours-shm").collect();
+        // GET 8 / 10 = 0.8 >= 0.7; PUT 4 / 10 = 0.4 < 0.7; no TCP aims for the shm row.
+        assert_eq!(shm.len(), 2, "{shm:?}");
+        assert!(shm.iter().all(|x| x.peer == "memcpy"));
+        assert_eq!(shm[0].op, Op::Get);
+        assert_eq!(shm[0].met, Some(true));
+        assert_eq!(shm[1].met, Some(false));
+        assert!((shm[1].ratio.unwrap_or(0.0) - 0.4).abs() < 1e-9);
+        // The TCP row is still judged against iperf3, Redis and Mooncake, not memcpy.
+        assert!(!a.iter().any(|x| x.ours == "ours-tcp" && x.peer == "memcpy"));
+        let t = aims_table(&a);
+        assert!(t.contains("| ours-shm / memcpy | GET | >= 0.7x | 0.80x | yes |"), "{t}");
+        assert!(t.contains("| ours-shm / memcpy | PUT | >= 0.7x | 0.40x | **no** |"), "{t}");
+    }
+
+    #[test]
+    fn the_shared_memory_row_has_its_memcpy_and_iperf3_ratios() {
+        let t = table(&with_shm(), &[MIB], &[1]);
+        // ours-shm GET 8.0: /iperf3 2.0 = 4.00, /redis 1.0 = 8.00, mooncake skipped, /memcpy 0.80.
+        assert!(
+            t.contains(
+                "| 1M | 1 | GET | ours-shm | 8.00 (1.50) | 2.00 (1.50) | 1.00 (1.50) | - | \
+                 10.00 (1.50) | 4.00 | 8.00 | - | 0.80 |"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("| 1M | 1 | PUT | ours-tcp | 2.00 (1.50) |"), "{t}");
     }
 
     #[test]

@@ -15,8 +15,8 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, Reclaimed, Reservation,
-    Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, authorize,
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed,
+    Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, authorize,
 };
 
 use crate::catalog::Catalog;
@@ -156,6 +156,40 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    fn fill_and_commit(
+        &self,
+        caller: &Caller,
+        r: &Reservation,
+        src: &[u8],
+    ) -> Result<Committed, StoreError> {
+        let mut buf = {
+            let mut inner = self.lock();
+            let b = inner.catalog.write_into(caller, r, 0, src.len() as u64)?;
+            std::mem::take(&mut b.payload)
+        };
+        let filled = Arc::get_mut(&mut buf).and_then(|b| {
+            let dst = b.get_mut(..src.len())?;
+            dst.copy_from_slice(src);
+            Some(Checksum::of(b))
+        });
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        if let Some(b) = inner.catalog.entry_mut(r.region) {
+            b.payload = buf;
+        }
+        let Some(checksum) = filled else {
+            return Err(StoreError::Backend {
+                operation: "put",
+                detail: "the block's buffer is shared while it is being written".into(),
+                retirement: Retirement::Retired,
+            });
+        };
+        inner.catalog.start_commit(caller, r)?;
+        inner.catalog.finish_commit(r.region, checksum, now)
+    }
+}
+
 impl Store for MemoryStore {
     fn info(&self) -> StoreInfo {
         StoreInfo {
@@ -253,6 +287,33 @@ impl Store for MemoryStore {
         };
         payload[start..start + src.len()].copy_from_slice(src);
         Ok(())
+    }
+
+    /// Reserve, then the write and the commit with the copy and the checksum outside the lock:
+    /// the block's buffer is taken out of the catalog while the block is being written (nobody
+    /// else reads or writes a block in that state), filled and hashed, then put back and
+    /// committed. Other callers are not held up by the copy.
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        let reservation =
+            match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
+                Ok(r) => r,
+                Err(answer) => return Ok(answer),
+            };
+        match self.fill_and_commit(caller, &reservation, src) {
+            Ok(c) => Ok(Put::Committed(c.checksum)),
+            Err(e) => {
+                // The reservation may already be gone (fenced, quarantined); the first error
+                // is the one the caller needs.
+                let _ = self.abort(caller, reservation, e.retirement());
+                Err(e)
+            }
+        }
     }
 
     fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {

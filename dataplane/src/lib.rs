@@ -4,12 +4,13 @@
 //! and physical keys ([`key`]), its lifecycle ([`lifecycle`]), the payload checksum
 //! ([`checksum`]), resource limits and admission ([`limits`]), registered regions with
 //! quarantine and epoch fences ([`registry`]), callers ([`caller`]) and the [`store::Store`]
-//! trait. With the `testing` feature it also exports the conformance suite every backend runs
-//! ([`testing`]). It depends on no backend, transport or device library.
+//! trait, and the pure parts of the engine-facing asynchronous executor ([`executor`]). With
+//! the `testing` feature it also exports the conformance suite every backend runs ([`testing`]). It depends on no backend, transport or device library.
 
 pub mod caller;
 pub mod checksum;
 pub mod clock;
+pub mod executor;
 pub mod identity;
 pub mod key;
 pub mod lifecycle;

@@ -14,6 +14,8 @@ pub mod gate;
 pub mod lease;
 mod sync;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
 #[cfg(all(test, not(loom)))]
 mod tests;
 

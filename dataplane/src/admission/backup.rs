@@ -7,10 +7,11 @@
 //! exactly one [`DropReason`]; a candidate already queued or already covered by a pending PUT is
 //! coalesced, which is not a loss.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 
 use super::credits::{CreditClass, CreditGrant, CreditPool, Credits};
+use super::sync::Arc;
 
 /// The scheduler's name for one Host block that could be backed up. The queue never
 /// dereferences it.
@@ -100,13 +101,16 @@ pub enum Offer {
     Rejected(DropReason),
 }
 
-/// A dispatched backup PUT. It holds the backup credits until [`BackupQueue::retire`] is called
-/// with it after every owner reported the PUT retired.
+/// A dispatched backup PUT. It holds the backup credits, and keeps its candidate coalescing, until
+/// it is handed to [`BackupQueue::retire`] after every owner reported the PUT retired (dropping it
+/// has the same effect).
 #[derive(Debug)]
 #[must_use = "a dispatched PUT must be submitted and later retired"]
 pub struct PendingPut {
     candidate: CandidateId,
     grant: CreditGrant,
+    /// Shared with the queue's pending entry: the entry is live while this exists.
+    live: Arc<()>,
 }
 
 impl PendingPut {
@@ -125,8 +129,9 @@ pub struct BackupQueue {
     queue: VecDeque<CandidateId>,
     queued: HashSet<CandidateId>,
     /// Candidates with a PUT dispatched and not yet retired; bounded by the backup share of the
-    /// operation credits, since each holds one.
-    pending: HashSet<CandidateId>,
+    /// operation credits, since each live entry's PUT holds one and dead ones are pruned before
+    /// every insert.
+    pending: HashMap<CandidateId, Arc<()>>,
     drops: BackupDrops,
     coalesced: u64,
 }
@@ -137,7 +142,7 @@ impl BackupQueue {
             candidates_max,
             queue: VecDeque::with_capacity(candidates_max.get()),
             queued: HashSet::with_capacity(candidates_max.get()),
-            pending: HashSet::new(),
+            pending: HashMap::new(),
             drops: BackupDrops::default(),
             coalesced: 0,
         }
@@ -153,7 +158,7 @@ impl BackupQueue {
         self.queue.is_empty()
     }
     pub fn pending_puts(&self) -> usize {
-        self.pending.len()
+        self.pending.values().filter(|live| Arc::strong_count(live) > 1).count()
     }
     pub fn drops(&self) -> BackupDrops {
         self.drops
@@ -165,7 +170,8 @@ impl BackupQueue {
 
     /// Offers one candidate. `gate_open` is the admission gate's state now.
     pub fn offer(&mut self, candidate: CandidateId, gate_open: bool, pool: &CreditPool) -> Offer {
-        if self.queued.contains(&candidate) || self.pending.contains(&candidate) {
+        self.prune_pending();
+        if self.queued.contains(&candidate) || self.pending.contains_key(&candidate) {
             self.coalesced = self.coalesced.saturating_add(1);
             return Offer::Coalesced;
         }
@@ -209,6 +215,7 @@ impl BackupQueue {
         if !gate_open {
             return puts;
         }
+        self.prune_pending();
         while puts.len() < puts_max {
             let Some(&candidate) = self.queue.front() else { break };
             if !is_resident(candidate) {
@@ -219,8 +226,9 @@ impl BackupQueue {
                 Ok(grant) => {
                     self.queue.pop_front();
                     self.queued.remove(&candidate);
-                    self.pending.insert(candidate);
-                    puts.push(PendingPut { candidate, grant });
+                    let live = Arc::new(());
+                    self.pending.insert(candidate, Arc::clone(&live));
+                    puts.push(PendingPut { candidate, grant, live });
                 }
                 Err(refusal) if refusal.is_permanent() => {
                     self.pop_front_dropped(DropReason::Disabled);
@@ -235,7 +243,10 @@ impl BackupQueue {
     /// return.
     pub fn retire(&mut self, put: PendingPut) {
         let removed = self.pending.remove(&put.candidate);
-        debug_assert!(removed, "retired a PUT this queue did not dispatch");
+        debug_assert!(
+            removed.is_some_and(|live| Arc::ptr_eq(&live, &put.live)),
+            "retired a PUT this queue did not dispatch"
+        );
         drop(put);
     }
 
@@ -247,6 +258,11 @@ impl BackupQueue {
         self.queued.clear();
         self.drops.add(reason, u64::try_from(n).unwrap_or(u64::MAX));
         n
+    }
+
+    /// Forgets pending entries whose `PendingPut` was dropped without being retired.
+    fn prune_pending(&mut self) {
+        self.pending.retain(|_, live| Arc::strong_count(live) > 1);
     }
 
     fn pop_front_dropped(&mut self, reason: DropReason) {

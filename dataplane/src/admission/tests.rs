@@ -735,6 +735,18 @@ fn coalescing_a_candidate_is_not_a_drop() {
 }
 
 #[test]
+fn a_dropped_pending_put_ends_like_a_retired_one() {
+    let (mut ctl, _clock) = controller(Credits::new(8, 8), 8);
+    assert_eq!(ctl.offer_backup(CandidateId(1)), Offer::Queued);
+    let puts = ctl.dispatch_backups(1, resident);
+    assert_eq!(ctl.backups().pending_puts(), 1);
+    drop(puts);
+    assert_eq!(ctl.backups().pending_puts(), 0);
+    assert_eq!(ctl.pool().usage(), CreditUsage::default());
+    assert_eq!(ctl.offer_backup(CandidateId(1)), Offer::Queued, "no stale coalescing");
+}
+
+#[test]
 fn closing_the_gate_drops_candidates_as_pressure_and_rejects_new_ones() {
     let (mut ctl, _clock) = controller(Credits::new(8, 8), 8);
     for id in 1..=3 {

@@ -49,6 +49,6 @@ cargo test --workspace --locked
 
 # loom swaps the executor's locks for its model checker's, so this build differs from the one
 # above; its own target folder keeps the main build's artifacts valid.
-step "loom model checks (executor health monitor)"
+step "loom model checks (executor health monitor, admission credits)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test -p gpucache-dataplane --release --locked --lib loom

@@ -3,10 +3,13 @@
 //! Owns what every backend must agree on: the identity of a KV block ([`identity`]), its logical
 //! and physical keys ([`key`]), its lifecycle ([`lifecycle`]), the payload checksum
 //! ([`checksum`]), resource limits and admission ([`limits`]), registered regions with
-//! quarantine and epoch fences ([`registry`]), callers ([`caller`]) and the [`store::Store`]
-//! trait, and the pure parts of the engine-facing asynchronous executor ([`executor`]). With
-//! the `testing` feature it also exports the conformance suite every backend runs ([`testing`]). It depends on no backend, transport or device library.
+//! quarantine and epoch fences ([`registry`]), callers ([`caller`]), the [`store::Store`]
+//! trait, and the pure parts of the engine-facing asynchronous path: the executor's health
+//! monitor and owner agreement ([`executor`]) and the scheduler-side admission ([`admission`]).
+//! With the `testing` feature it also exports the conformance suite every backend runs
+//! ([`testing`]). It depends on no backend, transport or device library.
 
+pub mod admission;
 pub mod caller;
 pub mod checksum;
 pub mod clock;

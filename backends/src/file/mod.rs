@@ -706,21 +706,31 @@ impl Store for FileStore {
         };
         let len = pin.len_bytes();
         let read = self.read_payload(&path, header_len, &mut dst[..len]);
-        let (corrupt, failure) = match read {
-            Ok(()) => (!pin.delivered_intact(&dst[..len]), None),
+        // `corrupt`: this read is a miss; `damaged`: the block itself is, and goes.
+        let (corrupt, damaged, failure) = match read {
+            Ok(()) if pin.delivered_intact(&dst[..len]) => (false, false, None),
+            Ok(()) => {
+                // Confirmed on a private copy before the block is dropped: the caller's buffer
+                // may be memory another process can write (a shared segment), and a read can
+                // fail in transit without the file being damaged.
+                let mut own = vec![0u8; len];
+                let intact = self.read_payload(&path, header_len, &mut own).is_ok()
+                    && pin.delivered_intact(&own);
+                (true, !intact, None)
+            }
             // A short file is a truncated block: a miss, and the block goes.
             Err(e)
                 if e.kind() == io::ErrorKind::UnexpectedEof
                     || e.kind() == io::ErrorKind::NotFound =>
             {
-                (true, None)
+                (true, true, None)
             }
-            Err(e) => (false, Some(e)),
+            Err(e) => (false, false, Some(e)),
         };
         if corrupt || failure.is_some() {
             dst[..len].fill(0);
         }
-        let released = self.lock().unpin_read(pin.region, corrupt);
+        let released = self.lock().unpin_read(pin.region, damaged);
         dispose(released);
         if let Some(e) = failure {
             return Err(StoreError::Backend {

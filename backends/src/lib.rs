@@ -10,6 +10,7 @@ pub mod file;
 mod listener;
 pub mod memory;
 pub mod metered;
+pub mod mooncake;
 pub mod resp;
 pub mod shm;
 pub mod tcp;

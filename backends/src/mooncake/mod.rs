@@ -28,8 +28,8 @@
 //!
 //! Reply body: `status: u8` (0: `code` is the SDK's return value; 1: the SDK raised after the
 //! call was entered; 2: refused before any SDK call), `code: i64`, then for a GET whose code is
-//! positive, the first `min(code, argument)` bytes of the buffer. A reply whose payload does not
-//! match its code is malformed.
+//! positive, the first `min(code, argument)` bytes of the buffer. A reply whose payload length
+//! differs from that is malformed.
 //!
 //! Every exchange has the call deadline (`call_ms`); startup has `startup_ms`. A missed deadline
 //! or a malformed reply puts the socket out of step: the adapter never uses it again and

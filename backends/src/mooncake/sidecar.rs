@@ -256,7 +256,7 @@ impl Sidecar {
         }
         let mut body = vec![0_u8; len];
         self.recv(&mut body, deadline)?;
-        let (raw, data) = wire::reply(&body, op).map_err(Transport::Reply)?;
+        let (raw, data) = wire::reply(&body, op, argument).map_err(Transport::Reply)?;
         let data = data.to_vec();
         Ok((raw, data))
     }

@@ -92,8 +92,10 @@ pub enum ReplyError {
     },
 }
 
-/// A decoded reply body (without its prefix): the raw result and any payload.
-pub fn reply(body: &[u8], op: Op) -> Result<(Raw, &[u8]), ReplyError> {
+/// A decoded reply body (without its prefix): the raw result and any payload. A GET's
+/// payload holds `min(code, argument)` bytes: a code above what was asked for still arrives
+/// as a well-formed frame, so that [`super::results`] can judge it.
+pub fn reply(body: &[u8], op: Op, argument: u64) -> Result<(Raw, &[u8]), ReplyError> {
     if body.len() < REPLY_HEAD_BYTES {
         return Err(ReplyError::Short { len: body.len() });
     }
@@ -108,7 +110,7 @@ pub fn reply(body: &[u8], op: Op) -> Result<(Raw, &[u8]), ReplyError> {
         status => return Err(ReplyError::Status { status }),
     };
     let expected = match (raw, op) {
-        (Raw::Code(c), Op::Get) if c > 0 => usize::try_from(c).ok(),
+        (Raw::Code(c), Op::Get) if c > 0 => usize::try_from(c.unsigned_abs().min(argument)).ok(),
         _ => Some(0),
     };
     if expected != Some(payload.len()) {
@@ -175,22 +177,25 @@ mod tests {
 
     #[test]
     fn replies_decode_codes_exceptions_and_refusals() {
-        assert_eq!(reply(&body(0, -704, b""), Op::Get), Ok((Raw::Code(-704), &b""[..])));
-        assert_eq!(reply(&body(0, 3, b"abc"), Op::Get), Ok((Raw::Code(3), &b"abc"[..])));
-        assert_eq!(reply(&body(1, 0, b""), Op::Put), Ok((Raw::Raised, &b""[..])));
-        assert_eq!(reply(&body(2, 0, b""), Op::Put), Ok((Raw::Refused, &b""[..])));
+        assert_eq!(reply(&body(0, -704, b""), Op::Get, 8), Ok((Raw::Code(-704), &b""[..])));
+        assert_eq!(reply(&body(0, 3, b"abc"), Op::Get, 8), Ok((Raw::Code(3), &b"abc"[..])));
+        assert_eq!(reply(&body(1, 0, b""), Op::Put, 0), Ok((Raw::Raised, &b""[..])));
+        assert_eq!(reply(&body(2, 0, b""), Op::Put, 0), Ok((Raw::Refused, &b""[..])));
     }
 
     #[test]
     fn malformed_replies_are_errors() {
-        assert_eq!(reply(&[0; 8], Op::Put), Err(ReplyError::Short { len: 8 }));
-        assert_eq!(reply(&body(3, 0, b""), Op::Put), Err(ReplyError::Status { status: 3 }));
+        assert_eq!(reply(&[0; 8], Op::Put, 0), Err(ReplyError::Short { len: 8 }));
+        assert_eq!(reply(&body(3, 0, b""), Op::Put, 0), Err(ReplyError::Status { status: 3 }));
         // A GET payload must be exactly as long as the code says; nothing else has one.
         assert_eq!(
-            reply(&body(0, 4, b"abc"), Op::Get),
+            reply(&body(0, 4, b"abc"), Op::Get, 8),
             Err(ReplyError::Payload { code: 4, len: 3 })
         );
-        assert_eq!(reply(&body(0, 0, b"a"), Op::Put), Err(ReplyError::Payload { code: 0, len: 1 }));
+        assert_eq!(
+            reply(&body(0, 0, b"a"), Op::Put, 0),
+            Err(ReplyError::Payload { code: 0, len: 1 })
+        );
     }
 
     #[test]

@@ -192,6 +192,7 @@ fn wait_mounted(store: &MooncakeStore) {
             Ok(Put::Committed(_)) | Ok(Put::AlreadyCommitted) => break,
             Ok(other) => panic!("probe PUT answered {other:?}"),
             Err(e) => {
+                eprintln!("observed: probe PUT before the segment is usable -> {e}");
                 assert_eq!(e.retirement(), Retirement::Retired, "probe PUT: {e}");
                 assert!(Instant::now() < deadline, "segment never mounted: {e}");
                 std::thread::sleep(Duration::from_millis(100));

@@ -3,13 +3,15 @@
 //! Owns one module per backend: [`memory`] (the in-process reference) now; the FileStore, the
 //! TCP client and the cold tier join it with their issues. Backends share the contract's
 //! admission ledger, region table and lifecycle instead of keeping their own. [`resp`] is the
-//! Redis-protocol (RESP2) front over any store.
+//! Redis-protocol (RESP2) front over any store. [`mooncake`] drives a live Mooncake Store through
+//! a Python sidecar.
 
 mod catalog;
 pub mod file;
 mod listener;
 pub mod memory;
 pub mod metered;
+pub mod mooncake;
 pub mod resp;
 pub mod shm;
 pub mod tcp;

@@ -1,0 +1,314 @@
+//! MooncakeStore against a live Mooncake Store on 127.0.0.1: the metadata server, the master
+//! and a separate `mooncake_client` holding a small segment, all started here and killed by
+//! PID on every path.
+//!
+//! Needs the venv with `mooncake-transfer-engine-non-cuda` (scripts/bench-peers.sh makes it):
+//! `GPUCACHE_MOONCAKE_VENV`, else `$CARGO_TARGET_DIR/bench-venv`, else `target/bench-venv`.
+//! Without it the test prints why and passes, unless `GPUCACHE_REQUIRE_MOONCAKE=1`.
+
+use std::fs::File;
+use std::net::{TcpListener, TcpStream};
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpucache_backends::mooncake::{
+    MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
+};
+use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::store::{
+    Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
+};
+use gpucache_dataplane::testing::fixture;
+
+/// Deadline for each server to listen.
+const LISTEN_MS: u64 = 30_000;
+/// Deadline for the client's segment to be mounted (the first PUT that lands).
+const MOUNT_MS: u64 = 30_000;
+/// Deadline for a read lease to end (Mooncake's default lease is a few seconds).
+const LEASE_WAIT_MS: u64 = 30_000;
+/// The provider's segment: small, so that filling it is quick.
+const SEGMENT_BYTES: u64 = 32 << 20;
+/// Payload of each page written to fill the segment.
+const PAGE_BYTES: usize = 1 << 20;
+/// Most pages written while looking for -200 (several times the segment).
+const FILL_PAGES_MAX: usize = 256;
+
+fn venv_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("GPUCACHE_MOONCAKE_VENV") {
+        return PathBuf::from(p);
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), |t| workspace.join(t));
+    target.join("bench-venv")
+}
+
+/// The venv, or `None` (after printing why) when the test should be skipped.
+fn venv_or_skip() -> Option<MooncakeVenv> {
+    let path = venv_path();
+    match MooncakeVenv::at(&path) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            assert!(
+                std::env::var("GPUCACHE_REQUIRE_MOONCAKE").as_deref() != Ok("1"),
+                "GPUCACHE_REQUIRE_MOONCAKE=1 but {e}"
+            );
+            eprintln!("skipping the live Mooncake test: {e}");
+            None
+        }
+    }
+}
+
+/// A server process killed by its PID when dropped.
+struct Server {
+    name: &'static str,
+    child: Child,
+}
+
+impl Server {
+    fn start(name: &'static str, program: &Path, args: &[String], logs: &Path) -> Self {
+        let log = File::create(logs.join(format!("{name}.log"))).expect("log file");
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self { name, child }
+    }
+
+    fn wait_listening(&mut self, port: u16) {
+        let deadline = Instant::now() + Duration::from_millis(LISTEN_MS);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited with {status} before listening", self.name);
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} not listening on {port}", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// The three Mooncake processes, stopped (last started first) on drop.
+struct Cluster {
+    servers: Vec<Server>,
+    metadata_url: String,
+    master: String,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        while let Some(s) = self.servers.pop() {
+            drop(s);
+        }
+    }
+}
+
+fn start_cluster(venv: &MooncakeVenv, logs: &Path) -> Cluster {
+    let (meta_port, master_port, metrics_port, client_port) =
+        (free_port(), free_port(), free_port(), free_port());
+    let mut cluster = Cluster {
+        servers: Vec::new(),
+        metadata_url: format!("http://127.0.0.1:{meta_port}/metadata"),
+        master: format!("127.0.0.1:{master_port}"),
+    };
+    let mut meta = Server::start(
+        "metadata",
+        &venv.binary("mooncake_http_metadata_server"),
+        &[
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            meta_port.to_string(),
+            "--log-level".into(),
+            "WARNING".into(),
+        ],
+        logs,
+    );
+    meta.wait_listening(meta_port);
+    cluster.servers.push(meta);
+    let mut master = Server::start(
+        "master",
+        &venv.binary("mooncake_master"),
+        &[
+            format!("--rpc_port={master_port}"),
+            "--rpc_address=127.0.0.1".into(),
+            format!("--metrics_port={metrics_port}"),
+            "--metrics_host=127.0.0.1".into(),
+            "--enable_http_metadata_server=false".into(),
+            "--enable_metric_reporting=false".into(),
+        ],
+        logs,
+    );
+    master.wait_listening(master_port);
+    cluster.servers.push(master);
+    let mut client = Server::start(
+        "client",
+        &venv.binary("mooncake_client"),
+        &[
+            "--host=127.0.0.1".into(),
+            format!("--port={client_port}"),
+            format!("--master_server_address={}", cluster.master),
+            format!("--metadata_server={}", cluster.metadata_url),
+            format!("--global_segment_size={SEGMENT_BYTES}"),
+            "--protocol=tcp".into(),
+        ],
+        logs,
+    );
+    client.wait_listening(client_port);
+    cluster.servers.push(client);
+    cluster
+}
+
+fn page(seed: u8) -> Vec<u8> {
+    (0..PAGE_BYTES).map(|i| (i.to_le_bytes()[0]).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// PUTs a probe until one lands (the provider's segment is mounted), then removes it.
+fn wait_mounted(store: &MooncakeStore) {
+    let caller = fixture::caller(2);
+    let key = fixture::key(2, &[200], KvDtype::Bf16, 16);
+    let deadline = Instant::now() + Duration::from_millis(MOUNT_MS);
+    loop {
+        match store.put(&caller, &key, b"probe", None) {
+            Ok(Put::Committed(_)) | Ok(Put::AlreadyCommitted) => break,
+            Ok(other) => panic!("probe PUT answered {other:?}"),
+            Err(e) => {
+                eprintln!("observed: probe PUT before the segment is usable -> {e}");
+                assert_eq!(e.retirement(), Retirement::Retired, "probe PUT: {e}");
+                assert!(Instant::now() < deadline, "segment never mounted: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    store.invalidate(&caller, &key).expect("remove the probe");
+}
+
+#[test]
+fn mooncake_store_against_a_live_cluster() {
+    let Some(venv) = venv_or_skip() else { return };
+    let logs = tempfile::tempdir().expect("log dir");
+    let cluster = start_cluster(&venv, logs.path());
+    let store = MooncakeConfig {
+        sidecar: SidecarConfig {
+            venv: venv.clone(),
+            metadata_url: cluster.metadata_url.clone(),
+            master: cluster.master.clone(),
+            buffer_bytes: NonZeroUsize::new(2 * PAGE_BYTES).expect("nonzero"),
+            segment_bytes: 0,
+            startup_ms: 60_000,
+            call_ms: 30_000,
+        },
+        reservations_max: NonZeroUsize::new(16).expect("nonzero"),
+    }
+    .build()
+    .unwrap_or_else(|e| panic!("{e}; logs in {}", logs.keep().display()));
+    assert!(!store.failures_retire());
+    wait_mounted(&store);
+
+    let caller = fixture::caller(0);
+    let mut dst = vec![0_u8; 2 * PAGE_BYTES];
+
+    // PUT then GET: exact bytes.
+    let k1 = fixture::key(0, &[1], KvDtype::Bf16, 16);
+    let first = page(1);
+    assert!(matches!(store.put(&caller, &k1, &first, None), Ok(Put::Committed(_))));
+    assert_eq!(store.lookup(&caller, &k1), Ok(Lookup::Hit { len: PAGE_BYTES as u64 }));
+    match store.get_into(&caller, &k1, &mut dst) {
+        Ok(Get::Hit { len, .. }) => {
+            assert_eq!(len, PAGE_BYTES as u64);
+            assert!(dst[..PAGE_BYTES] == first[..], "GET returned other bytes");
+        }
+        other => panic!("GET of a stored page: {other:?}"),
+    }
+
+    // A missing key: -704, a retired Absent miss.
+    let missing = fixture::key(0, &[9, 9], KvDtype::Bf16, 16);
+    let raw_missing = store.raw_call(Op::Get, &object_key(&missing), 64, &[]).expect("raw get");
+    eprintln!("observed: get_into of a missing key -> {raw_missing:?}");
+    assert_eq!(raw_missing, Raw::Code(-704));
+    assert_eq!(store.get_into(&caller, &missing, &mut dst), Ok(Get::Miss(MissReason::Absent)));
+    assert_eq!(store.lookup(&caller, &missing), Ok(Lookup::Miss(MissReason::Absent)));
+
+    // A duplicate PUT: success, the first value stays; natively (no existence check) too.
+    let second = page(2);
+    assert_eq!(store.put(&caller, &k1, &second, None), Ok(Put::AlreadyCommitted));
+    let native = store.put_unchecked(&caller, &k1, &second);
+    eprintln!("observed: native duplicate put_from -> {native:?}");
+    assert!(matches!(native, Ok(Put::Committed(_))), "{native:?}");
+    assert!(matches!(store.get_into(&caller, &k1, &mut dst), Ok(Get::Hit { .. })));
+    assert!(dst[..PAGE_BYTES] == first[..], "a duplicate PUT replaced the first value");
+
+    // Tenants cannot see each other's objects under the same chain.
+    let other = fixture::caller(1);
+    let k1_other = fixture::key(1, &[1], KvDtype::Bf16, 16);
+    assert_eq!(store.get_into(&other, &k1_other, &mut dst), Ok(Get::Miss(MissReason::Absent)));
+
+    // Fill the segment until the master refuses: -200, a retired per-page failure.
+    let mut refused: Option<StoreError> = None;
+    for i in 0..FILL_PAGES_MAX {
+        let [lo, hi, ..] = i.to_le_bytes();
+        let chain = [100, hi, lo];
+        let key = fixture::key(0, &chain, KvDtype::Bf16, 16);
+        match store.put(&caller, &key, &first, None) {
+            Ok(Put::Committed(_)) => {}
+            Ok(other) => panic!("fill PUT {i}: {other:?}"),
+            Err(e) => {
+                eprintln!("observed: fill PUT {i} of {PAGE_BYTES} bytes -> {e}");
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let e = refused.expect("the segment never filled");
+    assert_eq!(e.retirement(), Retirement::Retired, "{e}");
+    assert!(e.to_string().contains("(-200)"), "{e}");
+    // The refusal halts nothing: reads and removes still work.
+    assert!(matches!(store.get_into(&caller, &k1, &mut dst), Ok(Get::Hit { .. })));
+
+    // Remove: the object goes, a second remove finds nothing.
+    // Right after a GET the object is under a read lease: -706, Busy, until the lease ends.
+    let first_remove = store.invalidate(&caller, &k1);
+    eprintln!("observed: remove right after a GET -> {first_remove:?}");
+    assert!(matches!(first_remove, Ok(Invalidate::Busy | Invalidate::Removed)), "{first_remove:?}");
+    let deadline = Instant::now() + Duration::from_millis(LEASE_WAIT_MS);
+    let mut removed = first_remove == Ok(Invalidate::Removed);
+    while !removed {
+        assert!(Instant::now() < deadline, "the read lease never ended");
+        std::thread::sleep(Duration::from_millis(100));
+        match store.invalidate(&caller, &k1) {
+            Ok(Invalidate::Removed) => removed = true,
+            Ok(Invalidate::Busy) => {}
+            other => panic!("remove under a lease: {other:?}"),
+        }
+    }
+    assert_eq!(store.invalidate(&caller, &k1), Ok(Invalidate::Absent));
+    assert_eq!(store.get_into(&caller, &k1, &mut dst), Ok(Get::Miss(MissReason::Absent)));
+    drop(store);
+    drop(cluster);
+}
+
+#[test]
+fn a_missing_venv_is_a_typed_error() {
+    let e = MooncakeVenv::at(Path::new("/nonexistent/gpucache-venv")).expect_err("no venv");
+    assert!(matches!(e, MooncakeError::Unavailable { .. }));
+    assert!(e.to_string().starts_with("Mooncake unavailable: "), "{e}");
+}

@@ -37,8 +37,6 @@ pub const QUEUE_DEPTH_MAX: u32 = 4096;
 pub const CONNECTIONS_MAX_LIMIT: u32 = 16_384;
 /// Widest HELLO clock window accepted: one hour.
 pub const CLOCK_SKEW_MAX_LIMIT_MS: u64 = 3_600_000;
-/// Most decoded requests one connection may hold.
-pub const INFLIGHT_PER_CONNECTION_LIMIT: u32 = 4096;
 /// Longest Unix socket path: `sun_path` holds 108 bytes with the terminating NUL.
 pub const SOCKET_PATH_BYTES_MAX: usize = 107;
 /// The local socket's name inside `store.root` when `listen.local` is not set.
@@ -334,8 +332,6 @@ pub struct ListenSection {
     pub allow_remote: bool,
     /// Client connections open at once, over both protocols.
     pub connections_max: u32,
-    /// Decoded requests one connection may hold before it stops reading.
-    pub inflight_per_connection_max: u32,
     /// Whether tenants without a `secret_file` may be served on a native address that is not
     /// loopback (they are trusted on their word).
     pub allow_open_tenants: bool,
@@ -360,7 +356,6 @@ impl Default for ListenSection {
             metrics: loopback(7472),
             allow_remote: false,
             connections_max: 256,
-            inflight_per_connection_max: 32,
             allow_open_tenants: false,
             clock_skew_max_ms: u64::try_from(CLOCK_SKEW_MAX_DEFAULT.as_millis()).unwrap_or(0),
             local: None,
@@ -475,12 +470,6 @@ impl ServeConfig {
             l.connections_max.into(),
             1,
             CONNECTIONS_MAX_LIMIT.into(),
-        )?;
-        in_range(
-            "listen.inflight_per_connection_max",
-            l.inflight_per_connection_max.into(),
-            1,
-            INFLIGHT_PER_CONNECTION_LIMIT.into(),
         )?;
         in_range("listen.clock_skew_max_ms", l.clock_skew_max_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
         in_range(

@@ -99,7 +99,6 @@ allow_remote = true
 allow_open_tenants = true
 clock_skew_max_ms = 30000
 connections_max = 64
-inflight_per_connection_max = 8
 
 [[tenants]]
 name = "team-a"
@@ -177,7 +176,8 @@ fn limits_are_checked_by_name() {
     refused_at("[store]\nqueue_depth = 0\n", "store.queue_depth");
     refused_at("[store]\nqueue_depth = 5000\n", "store.queue_depth");
     refused_at("[listen]\nconnections_max = 0\n", "listen.connections_max");
-    refused_at("[listen]\ninflight_per_connection_max = 0\n", "listen.inflight_per_connection_max");
+    // A key the service does not have is refused by name, not ignored.
+    refused_at("[listen]\ninflight_per_connection_max = 8\n", "listen.inflight_per_connection_max");
 }
 
 #[test]

@@ -44,8 +44,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
+use crate::tcp::auth::TenantKeys;
+use crate::tcp::auth::keys::unhex;
+use crate::tcp::proto::seal::constant_time_eq;
 
 use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::{
     CacheIdentity, CacheIdentityBuilder, Digest32, IdentityError, KvDtype, PositionEncoding,
     QuantFormat, Shard, TenantId,
@@ -522,6 +526,11 @@ pub struct RespConfig {
     /// Where plain keys live; its tenant must be `tenant`'s.
     pub namespace: IdentityTemplate,
     pub limits: RespLimits,
+    /// The tenant's keys when it has any: then a connection must `AUTH` with one of them before
+    /// any other command (`AUTH <key-id> <hex secret>`, or `AUTH <key-id>:<hex secret>`), and is
+    /// answered `-NOAUTH` until it does. RESP cannot seal, so the secret crosses the wire in
+    /// clear: keep the listener on loopback or a trusted network.
+    pub auth: Option<Arc<TenantKeys>>,
 }
 
 impl RespConfig {
@@ -538,6 +547,7 @@ impl RespConfig {
             tenant,
             namespace,
             limits: RespLimits::default(),
+            auth: None,
         })
     }
 }
@@ -674,6 +684,7 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
         caller: &shared.config.tenant,
         namespace: &shared.config.namespace,
         shared,
+        authenticated: std::cell::Cell::new(shared.config.auth.is_none()),
     };
     loop {
         if shared.gate.stopping() && decoder.is_idle() {
@@ -733,7 +744,13 @@ struct Session<'a> {
     caller: &'a Caller,
     namespace: &'a IdentityTemplate,
     shared: &'a Shared,
+    /// Whether the connection may run commands: at once for an open tenant, after a good
+    /// `AUTH` for a tenant with keys.
+    authenticated: std::cell::Cell<bool>,
 }
+
+const NOAUTH_TEXT: &str = "NOAUTH Authentication required.";
+const WRONGPASS_TEXT: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 /// How many times a read looks a key up again when the value was replaced by a longer one
 /// between its lookup and its read, and how many times SET stores again when the value it found
@@ -769,7 +786,11 @@ impl Session<'_> {
             return (Reply::err("empty command"), Then::Continue);
         };
         let upper = name.to_ascii_uppercase();
+        if !self.authenticated.get() && !matches!(upper.as_slice(), b"AUTH" | b"QUIT") {
+            return (Reply::Error(NOAUTH_TEXT.into()), Then::Continue);
+        }
         let reply = match upper.as_slice() {
+            b"AUTH" => self.auth(rest),
             b"PING" => match rest {
                 [] => Reply::Simple("PONG".to_owned()),
                 [message] => Reply::Bulk(message.clone()),
@@ -805,6 +826,40 @@ impl Session<'_> {
             _ => Reply::err(format!("unknown command '{}'", shown(name))),
         };
         (reply, Then::Continue)
+    }
+
+    /// `AUTH <key-id> <hex secret>` or `AUTH <key-id>:<hex secret>` against the tenant's keys
+    /// in force (re-read when the key file changed; an expired key is refused).
+    fn auth(&self, rest: &[Vec<u8>]) -> Reply {
+        let Some(keys) = &self.shared.config.auth else {
+            return Reply::err(
+                "AUTH <password> called without any password configured for the default user",
+            );
+        };
+        let (id, hex) = match rest {
+            [user, pass] => (String::from_utf8_lossy(user).into_owned(), pass.clone()),
+            [joined] => match joined.iter().position(|b| *b == b':') {
+                Some(at) => {
+                    (String::from_utf8_lossy(&joined[..at]).into_owned(), joined[at + 1..].to_vec())
+                }
+                None => return Reply::Error(WRONGPASS_TEXT.into()),
+            },
+            _ => return arity("auth"),
+        };
+        let offered = std::str::from_utf8(&hex).ok().and_then(unhex);
+        let now_ms = UnixClock.now_ms();
+        let good = match (keys.find(&id), offered) {
+            (Some(key), Some(offered)) => {
+                !key.expired(now_ms) && constant_time_eq(key.secret.bytes(), &offered)
+            }
+            _ => false,
+        };
+        if good {
+            self.authenticated.set(true);
+            Reply::ok()
+        } else {
+            Reply::Error(WRONGPASS_TEXT.into())
+        }
     }
 
     fn key(&self, plain: &[u8]) -> Result<PhysicalKey, Reply> {
@@ -1209,6 +1264,57 @@ mod tests {
         assert_eq!(store.stats().corrupt_dropped, 1);
         // The key is free again.
         assert_eq!(exchange(&mut s, b"SET k again\r\n", 5), b"+OK\r\n");
+        assert_eq!(server.shutdown(), 0);
+    }
+
+    /// A tenant with keys: nothing but AUTH and QUIT before a good AUTH; wrong, unknown and
+    /// expired keys are refused alike; each connection authenticates for itself.
+    #[test]
+    fn a_tenant_with_keys_needs_auth() {
+        use crate::tcp::auth::{Secret, TenantKey, TenantKeys};
+        let store = Arc::new(
+            MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default()))
+                .expect("store"),
+        );
+        let secret = vec![0x5a_u8; 32];
+        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let key = |id: &str, not_after_s| TenantKey {
+            id: id.into(),
+            secret: Secret::new(secret.clone()).expect("secret"),
+            not_after_s,
+        };
+        let keys = TenantKeys::fixed(vec![key("k1", None), key("old", Some(1))]).expect("keys");
+        let mut config = RespConfig::new("127.0.0.1:0".parse().expect("addr"), fixture::caller(0))
+            .expect("config");
+        config.auth = Some(Arc::new(keys));
+        let server = RespServer::start(config, store).expect("start");
+        let connect = || {
+            let s = TcpStream::connect(server.local_addr()).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            s
+        };
+        let noauth = format!("-{NOAUTH_TEXT}\r\n");
+        let wrongpass = format!("-{WRONGPASS_TEXT}\r\n");
+        let mut s = connect();
+        assert_eq!(exchange(&mut s, b"GET k\r\n", noauth.len()), noauth.as_bytes());
+        assert_eq!(exchange(&mut s, b"PING\r\n", noauth.len()), noauth.as_bytes());
+        let wrong = format!("AUTH k1 {}\r\n", "00".repeat(32));
+        assert_eq!(exchange(&mut s, wrong.as_bytes(), wrongpass.len()), wrongpass.as_bytes());
+        let unknown = format!("AUTH nobody {hex}\r\n");
+        assert_eq!(exchange(&mut s, unknown.as_bytes(), wrongpass.len()), wrongpass.as_bytes());
+        let expired = format!("AUTH old {hex}\r\n");
+        assert_eq!(exchange(&mut s, expired.as_bytes(), wrongpass.len()), wrongpass.as_bytes());
+        assert_eq!(exchange(&mut s, b"GET k\r\n", noauth.len()), noauth.as_bytes());
+        let good = format!("AUTH k1 {hex}\r\n");
+        assert_eq!(exchange(&mut s, good.as_bytes(), 5), b"+OK\r\n");
+        assert_eq!(exchange(&mut s, b"SET k v\r\n", 5), b"+OK\r\n");
+        assert_eq!(exchange(&mut s, b"GET k\r\n", 7), b"$1\r\nv\r\n");
+        // Another connection starts unauthenticated; the `id:secret` form works too.
+        let mut t = connect();
+        assert_eq!(exchange(&mut t, b"GET k\r\n", noauth.len()), noauth.as_bytes());
+        let joined = format!("AUTH k1:{hex}\r\n");
+        assert_eq!(exchange(&mut t, joined.as_bytes(), 5), b"+OK\r\n");
+        assert_eq!(exchange(&mut t, b"GET k\r\n", 7), b"$1\r\nv\r\n");
         assert_eq!(server.shutdown(), 0);
     }
 }

@@ -68,6 +68,9 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Err(e) => return fail("tenant keys", e),
     };
     let sealed = server_config.auth.len();
+    // The RESP listener checks the same keys (re-read on change) with AUTH.
+    let keys_by_tenant: std::collections::HashMap<_, _> =
+        server_config.auth.iter().map(|(t, a)| (t.clone(), Arc::clone(&a.keys))).collect();
     server_config.local = config.local_socket();
     server_config.shm_mapped_bytes_max = config.listen.shm_mapped_bytes_max;
     let shared: Arc<dyn Store> = metered.clone();
@@ -111,6 +114,7 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Err(e) => return fail("RESP key namespace", e),
     };
     resp_config.connections_max = config.listen.connections_max;
+    resp_config.auth = keys_by_tenant.get(&resp_tenant).cloned();
     resp_config.limits = RespLimits::for_object_bytes_max(config.limits.object_bytes_max);
     let resp = match RespServer::start(resp_config, Arc::clone(&shared)) {
         Ok(s) => s,

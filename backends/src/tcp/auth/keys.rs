@@ -112,7 +112,8 @@ fn valid_key_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
+/// Hexadecimal text (two digits per byte) as bytes.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
     }

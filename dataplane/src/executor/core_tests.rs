@@ -759,3 +759,100 @@ fn refusals_say_what_and_how_much() {
         assert_eq!(refusal.to_string(), text);
     }
 }
+
+/// A seeded walk of submissions, cancellations, polls and clock steps against a store that
+/// answers at random. Every accepted operation gets exactly one result, ids only increase,
+/// the outstanding bound holds at every poll, cancelled results carry no evidence, and only
+/// GETs report object failures. A failure names its seed.
+#[test]
+fn seeded_walk_keeps_the_executor_invariants() {
+    for seed in 1..=24_u64 {
+        walk(seed);
+    }
+}
+
+fn walk(seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let failures_retire = next(2) == 0;
+    let mut c = config();
+    c.operations_outstanding_max = nz(6);
+    c.queue_depth_get = nz(3);
+    let r = rig_with(c, failures_retire);
+    for k in 1..=12_u8 {
+        let script = match next(6) {
+            0 => Script::Miss(MissReason::Absent),
+            1 => Script::Fail(backend(if next(4) == 0 {
+                Retirement::Unknown
+            } else {
+                Retirement::Retired
+            })),
+            2 => Script::Hit { len: 8 + next(2), fill: k },
+            3 => Script::Put(Put::AlreadyCommitted),
+            _ => Script::Hit { len: 8, fill: k },
+        };
+        r.store.script(k, script);
+    }
+    let mut accepted: Vec<OperationId> = Vec::new();
+    let mut results: Vec<OperationResult> = Vec::new();
+    let check = |poll: Poll, results: &mut Vec<OperationResult>| {
+        let p = poll.pressure;
+        let queued = p.query.jobs + p.get.jobs + p.put.jobs;
+        assert!(
+            queued + p.running_jobs + poll.results.len() as u64 <= 6,
+            "seed {seed}: outstanding bound broken: {p:?}"
+        );
+        results.extend(poll.results);
+    };
+    for _ in 0..200 {
+        match next(10) {
+            0..=5 => {
+                let n = 1 + next(3);
+                let keys: Vec<(PhysicalKey, HostRange)> = (0..n)
+                    .map(|i| (key(1 + u8::try_from(next(12)).unwrap_or(0)), slot(i, 8)))
+                    .collect();
+                let submitted = match next(3) {
+                    0 => r.exec.submit_query(keys.into_iter().map(|(k, _)| k).collect()),
+                    1 => r.exec.submit_get(keys),
+                    _ => r.exec.submit_put(keys),
+                };
+                if let Ok(op) = submitted {
+                    if let Some(last) = accepted.last() {
+                        assert!(op > *last, "seed {seed}: {op} after {last}");
+                    }
+                    accepted.push(op);
+                }
+            }
+            6 => {
+                if let Some(op) = accepted.last() {
+                    let _ = r.exec.cancel(*op);
+                }
+            }
+            7 => r.clock.advance_ms(next(2 * COOLDOWN_MS)),
+            _ => check(r.exec.poll(), &mut results),
+        }
+    }
+    let report = r.exec.close(WAIT);
+    assert_eq!(report.workers_stuck, 0, "seed {seed}");
+    results.extend(report.results);
+    let mut got: Vec<OperationId> = results.iter().map(|r| r.operation).collect();
+    got.sort();
+    assert_eq!(got, accepted, "seed {seed}: one result per accepted operation");
+    for result in &results {
+        let record = result.record();
+        if result.kind != OperationKind::Get {
+            assert!(!record.object_failed.contains(&true), "seed {seed}: {result:?}");
+        }
+        if result.ending != Ending::Ran {
+            assert!(result.retired, "seed {seed}: {result:?}");
+            assert!(!record.object_failed.contains(&true), "seed {seed}: {result:?}");
+            assert!(!record.key_ok.contains(&true), "seed {seed}: {result:?}");
+        }
+    }
+    assert_eq!(report.restart_required, results.iter().any(|r| !r.retired), "seed {seed}");
+}

@@ -229,6 +229,7 @@ fn config() -> ExecutorConfig {
         operations_outstanding_max: nz(32),
         keys_per_job_max: nz(8),
         cooldown_ms: NonZeroU64::new(COOLDOWN_MS).expect("nonzero"),
+        worker_spin_us: 0,
     }
 }
 
@@ -783,6 +784,8 @@ fn walk(seed: u64) {
     let mut c = config();
     c.operations_outstanding_max = nz(6);
     c.queue_depth_get = nz(3);
+    // Odd seeds let idle workers spin before sleeping, so both ways of waiting are walked.
+    c.worker_spin_us = if seed % 2 == 1 { 50 } else { 0 };
     let r = rig_with(c, failures_retire);
     for k in 1..=12_u8 {
         let script = match next(6) {

@@ -36,6 +36,9 @@ use crate::store::{Get, Lookup, MissReason, Put, Retirement, Store, StoreError};
 /// wait; work and shutdown wake workers at once.
 const WORKER_IDLE_WAIT: Duration = Duration::from_millis(100);
 
+/// How long dropping an executor that was never closed waits for its workers.
+const DROP_JOIN_DEADLINE: Duration = Duration::from_secs(1);
+
 /// The executor's limits and worker counts. Every queue and table is bounded by one of these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorConfig {
@@ -550,7 +553,7 @@ impl Drop for Executor {
         if !self.closed {
             // Dropped without close(): stop the workers, waiting briefly; the report is lost,
             // but unknown retirement still keeps the store alive.
-            let _ = self.shutdown(WORKER_IDLE_WAIT);
+            let _ = self.shutdown(DROP_JOIN_DEADLINE);
         }
     }
 }

@@ -859,3 +859,40 @@ fn walk(seed: u64) {
     }
     assert_eq!(report.restart_required, results.iter().any(|r| !r.retired), "seed {seed}");
 }
+
+#[test]
+fn jobs_queued_at_quarantine_never_reach_the_store() {
+    let mut r = rig_with(config(), false);
+    r.store.script(1, Script::Fail(backend(Retirement::Unknown)));
+    let gate = r.store.hold();
+    let failing = r.exec.submit_get(vec![(key(1), slot(0, 8))]).expect("queued");
+    let call = entered(&gate, 1);
+    let queued = r.exec.submit_get(vec![(key(2), slot(1, 8))]).expect("queued");
+    // Cancelling the running job detaches it; it does not retire it.
+    assert_eq!(r.exec.cancel(failing), CancelOutcome::Detached);
+    release(&call);
+    let result = r.result(failing);
+    assert!(result.detached && !result.retired);
+    let rejected = r.result(queued);
+    assert_eq!(rejected.ending, Ending::Rejected);
+    assert!(rejected.retired);
+    assert_eq!(r.store.calls(), 1);
+    assert_eq!(r.exec.quarantined().len(), 1);
+}
+
+#[test]
+fn the_executor_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Executor>();
+    shared::<HostBuffer>();
+}
+
+#[test]
+fn dropping_without_close_stops_the_workers_and_releases_the_store() {
+    let mut r = rig();
+    let op = r.exec.submit_query(vec![key(1)]).expect("queued");
+    let _ = r.result(op);
+    let Rig { exec, store, .. } = r;
+    drop(exec);
+    assert_eq!(Arc::strong_count(&store), 1);
+}

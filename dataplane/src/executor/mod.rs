@@ -2,21 +2,35 @@
 //! engine's QUERY, GET and PUT jobs against a store, off the scheduling thread, and reports
 //! their completion facts back.
 //!
-//! This first part holds only its pure, self-contained pieces:
+//! - [`core`]: the [`Executor`] itself: bounded QUERY, GET and PUT queues with their own
+//!   worker threads, the outstanding-operation limit, cancellation, `poll()` with the pressure
+//!   snapshot, the store-result contract (exact-byte GETs, idempotent create-only PUTs,
+//!   retirement) and quarantine after an unretired result. Its workers are the only threads
+//!   that call the store.
+//! - [`host`]: the one registered Host allocation jobs read from and write into.
+//! - [`job`]: the values crossing the boundary: refusals, per-operation results, the pressure
+//!   snapshot, counters and the close report.
 //! - [`health`]: the private backend-health monitor (cooldown after an outage, one recovery
 //!   probe, health epochs so that a stale success cannot hide a newer outage);
 //! - [`agreement`]: the merge of every cache owner's completion reports for one operation into
 //!   the one result all owners act on.
 //!
-//! The bounded queues, the workers, admission credits and metrics registration come later and
-//! build on these; nothing here starts a thread, calls a store or reads a wall clock.
+//! The executor reports facts; admission credits (`crate::admission`), publication, negative
+//! metadata and metrics registration belong to others. Time comes from an injected clock.
 
 pub mod agreement;
+pub mod core;
+// The core's tests run real threads against the std locks; loom builds leave them out.
+#[cfg(all(test, not(loom)))]
+mod core_tests;
 pub mod health;
+pub mod host;
+pub mod job;
 #[cfg(all(test, loom))]
 mod loom_health;
 mod sync;
 
+pub use self::core::{Executor, ExecutorConfig, ExecutorError};
 pub use agreement::{
     AgreedCompletion, Agreement, AgreementLimits, CompletionRecord, OperationId, OperationKind,
     OwnerIndex, OwnerReport, Pressure, ProtocolError, RegisterRefusal, RoundOutcome, merge_records,
@@ -24,4 +38,9 @@ pub use agreement::{
 pub use health::{
     Admission, BackendOutcome, Evidence, HealthMonitor, HealthSnapshot, HealthState, Rejected,
     ReportEffect,
+};
+pub use host::{HostBuffer, HostBufferError, HostRange, RangeError};
+pub use job::{
+    CancelOutcome, CloseReport, Ending, ExecutorCounters, KeyFailure, KeyResult, OperationResult,
+    Poll, PressureSnapshot, QuarantinedOperation, QueueLoad, SubmitRefusal,
 };

@@ -7,6 +7,7 @@
 //! a Python sidecar.
 
 mod catalog;
+pub mod executor_metrics;
 pub mod file;
 mod listener;
 pub mod memory;

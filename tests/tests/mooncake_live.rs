@@ -1,4 +1,4 @@
-//! MooncakeStore against a live Mooncake Store on 127.0.0.1: the metadata server, the master
+//! MooncakeStore (directly, and under the executor) against a live Mooncake Store on 127.0.0.1: the metadata server, the master
 //! and a separate `mooncake_client` holding a small segment, all started here and killed by
 //! PID on every path.
 //!
@@ -11,10 +11,15 @@ use std::net::{TcpListener, TcpStream};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpucache_backends::mooncake::{
     MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
+};
+use gpucache_dataplane::clock::ManualClock;
+use gpucache_dataplane::executor::{
+    Executor, ExecutorConfig, HostBuffer, HostRange, KeyResult, OperationId, OperationResult,
 };
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::store::{
@@ -202,25 +207,75 @@ fn wait_mounted(store: &MooncakeStore) {
     store.invalidate(&caller, &key).expect("remove the probe");
 }
 
+fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
+    let deadline = Instant::now() + Duration::from_millis(LISTEN_MS);
+    loop {
+        assert!(Instant::now() < deadline, "no result for {operation}");
+        let poll = exec.poll_wait(Duration::from_millis(LISTEN_MS));
+        if let Some(r) = poll.results.into_iter().find(|r| r.operation == operation) {
+            return r;
+        }
+    }
+}
+
+fn executor_round_trip(store: &Arc<MooncakeStore>) {
+    let n = |v| NonZeroUsize::new(v).expect("nonzero");
+    let host = Arc::new(HostBuffer::new(n(4), n(PAGE_BYTES)).expect("host"));
+    let exec = Executor::start(
+        ExecutorConfig::default(),
+        Arc::clone(store) as Arc<dyn Store>,
+        fixture::caller(0),
+        Arc::clone(&host),
+        Arc::new(ManualClock::default()),
+    )
+    .expect("executor starts");
+    let slot = |i: u64, len: usize| HostRange::new(i * PAGE_BYTES as u64, len as u64);
+    let data = page(7);
+    host.write(slot(0, PAGE_BYTES), &data).expect("source");
+    let k = fixture::key(0, &[7], KvDtype::Bf16, 16);
+    let put = exec.submit_put(vec![(k.clone(), slot(0, PAGE_BYTES))]).expect("put queued");
+    let result = wait_for(&exec, put);
+    assert!(result.retired, "{result:?}");
+    assert_eq!(result.keys, vec![KeyResult::Written { bytes: PAGE_BYTES as u64 }]);
+    let missing = fixture::key(0, &[7, 7], KvDtype::Bf16, 16);
+    let get = exec
+        .submit_get(vec![(k, slot(1, PAGE_BYTES)), (missing, slot(2, 64))])
+        .expect("get queued");
+    let result = wait_for(&exec, get);
+    assert!(result.retired, "{result:?}");
+    assert_eq!(
+        result.keys,
+        vec![
+            KeyResult::Read { bytes: PAGE_BYTES as u64 },
+            KeyResult::ObjectFailed(MissReason::Absent),
+        ]
+    );
+    assert!(host.read(slot(1, PAGE_BYTES)).expect("range") == data, "GET returned other bytes");
+    let report = exec.close(Duration::from_millis(LISTEN_MS));
+    assert!(!report.restart_required, "{report:?}");
+}
+
 #[test]
 fn mooncake_store_against_a_live_cluster() {
     let Some(venv) = venv_or_skip() else { return };
     let logs = tempfile::tempdir().expect("log dir");
     let cluster = start_cluster(&venv, logs.path());
-    let store = MooncakeConfig {
-        sidecar: SidecarConfig {
-            venv: venv.clone(),
-            metadata_url: cluster.metadata_url.clone(),
-            master: cluster.master.clone(),
-            buffer_bytes: NonZeroUsize::new(2 * PAGE_BYTES).expect("nonzero"),
-            segment_bytes: 0,
-            startup_ms: 60_000,
-            call_ms: 30_000,
-        },
-        reservations_max: NonZeroUsize::new(16).expect("nonzero"),
-    }
-    .build()
-    .unwrap_or_else(|e| panic!("{e}; logs in {}", logs.keep().display()));
+    let store = Arc::new(
+        MooncakeConfig {
+            sidecar: SidecarConfig {
+                venv: venv.clone(),
+                metadata_url: cluster.metadata_url.clone(),
+                master: cluster.master.clone(),
+                buffer_bytes: NonZeroUsize::new(2 * PAGE_BYTES).expect("nonzero"),
+                segment_bytes: 0,
+                startup_ms: 60_000,
+                call_ms: 30_000,
+            },
+            reservations_max: NonZeroUsize::new(16).expect("nonzero"),
+        }
+        .build()
+        .unwrap_or_else(|e| panic!("{e}; logs in {}", logs.keep().display())),
+    );
     assert!(!store.failures_retire());
     wait_mounted(&store);
 
@@ -261,6 +316,11 @@ fn mooncake_store_against_a_live_cluster() {
     let other = fixture::caller(1);
     let k1_other = fixture::key(1, &[1], KvDtype::Bf16, 16);
     assert_eq!(store.get_into(&other, &k1_other, &mut dst), Ok(Get::Miss(MissReason::Absent)));
+
+    // The executor over the live store: PUT, then GET with a missing key beside it. The -704
+    // of the missing key is confirmed object evidence (a retired Absent miss), the other key
+    // reads at its exact length, and the operation retired.
+    executor_round_trip(&store);
 
     // Fill the segment until the master refuses: -200, a retired per-page failure.
     let mut refused: Option<StoreError> = None;

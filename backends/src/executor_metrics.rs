@@ -12,7 +12,7 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-use gpucache_dataplane::executor::{Executor, HealthState};
+use gpucache_dataplane::executor::{Executor, HealthState, OperationKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -85,6 +85,21 @@ impl ExecutorSeries {
         let c = ConstCounter::new(v);
         let mut family = e.encode_descriptor(name, help, None, c.metric_type())?;
         c.encode(family.encode_family(&self.labels)?)
+    }
+
+    fn counter_per_kind(
+        &self,
+        e: &mut DescriptorEncoder<'_>,
+        name: &str,
+        help: &str,
+        values: [(&'static str, u64); 3],
+    ) -> fmt::Result {
+        let mut family =
+            e.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+        for (kind, v) in values {
+            ConstCounter::new(v).encode(family.encode_family(&self.kind(kind))?)?;
+        }
+        Ok(())
     }
 
     fn per_kind(
@@ -168,6 +183,37 @@ impl Collector for ExecutorSeries {
             "gpucache_executor_quarantined_bytes",
             "Host bytes quarantined by unretired operations",
             quarantined.iter().flat_map(|q| &q.ranges).map(|r| r.len).sum(),
+        )?;
+        let kinds = |f: fn(&gpucache_dataplane::executor::KindCounters) -> u64| {
+            [
+                ("query", f(c.of(OperationKind::Query))),
+                ("get", f(c.of(OperationKind::Get))),
+                ("put", f(c.of(OperationKind::Put))),
+            ]
+        };
+        self.counter_per_kind(
+            e,
+            "gpucache_executor_completed_jobs",
+            "Jobs a worker ran to the end, per kind",
+            kinds(|k| k.completed_jobs),
+        )?;
+        self.counter_per_kind(
+            e,
+            "gpucache_executor_completed_payload_bytes",
+            "Payload bytes of the jobs a worker ran to the end, per kind",
+            kinds(|k| k.completed_payload_bytes),
+        )?;
+        self.counter_per_kind(
+            e,
+            "gpucache_executor_queue_ms",
+            "Cumulative milliseconds jobs waited in their queue before a worker took them",
+            kinds(|k| k.queued_ms),
+        )?;
+        self.counter_per_kind(
+            e,
+            "gpucache_executor_backend_ms",
+            "Cumulative milliseconds workers spent in store calls",
+            kinds(|k| k.backend_ms),
         )?;
         self.counter(e, "gpucache_executor_backend_calls", "Store calls made", c.backend_calls)?;
         self.counter(

@@ -78,6 +78,17 @@ fn executor_series_follow_its_work_and_vanish_with_it() {
     let queued_put = "gpucache_executor_queued_jobs{model=\"m\",role=\"prefill\",dp_rank=\"1\",tp_rank=\"2\",kind=\"put\"}";
     assert_eq!(value(&text, queued_put), Some(0), "{text}");
     assert_eq!(value(&text, &format!("gpucache_executor_unretired_operations{who}")), Some(0));
+    let put_series = |name: &str| {
+        format!("{name}{{model=\"m\",role=\"prefill\",dp_rank=\"1\",tp_rank=\"2\",kind=\"put\"}}")
+    };
+    assert_eq!(value(&text, &put_series("gpucache_executor_completed_jobs_total")), Some(1));
+    assert_eq!(
+        value(&text, &put_series("gpucache_executor_completed_payload_bytes_total")),
+        Some(4196)
+    );
+    // The executor's clock is a manual one that never moved: no time queued or in the store.
+    assert_eq!(value(&text, &put_series("gpucache_executor_queue_ms_total")), Some(0));
+    assert_eq!(value(&text, &put_series("gpucache_executor_backend_ms_total")), Some(0));
 
     drop(exec);
     let text = scrape();

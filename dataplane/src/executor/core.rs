@@ -622,13 +622,18 @@ fn worker(shared: &Shared, kind: OperationKind, index: usize) {
             shared.changed.notify_all();
             continue;
         }
+        let started_ms = shared.clock.now_ms();
+        let mut queued_ms = 0;
         if let Some(a) = state.active.get_mut(&job.operation) {
             a.phase = Phase::Running { detached: false };
+            queued_ms = started_ms.saturating_sub(a.submitted_ms);
         }
         state.running += 1;
         drop(state);
 
         let ran = run(shared, &job);
+        let backend_ms = shared.clock.now_ms().saturating_sub(started_ms);
+        let payload_bytes = job.payload_bytes;
         // Health first, so that whoever sees the result also sees its effect on health.
         let Job { operation, kind, ranges, admission, .. } = job;
         shared.health.report(admission, ran.outcome);
@@ -642,6 +647,11 @@ fn worker(shared: &Shared, kind: OperationKind, index: usize) {
             Some(Phase::Running { detached: true })
         );
         state.counters.backend_calls += ran.calls;
+        let totals = state.counters.of_mut(kind);
+        totals.completed_jobs += 1;
+        totals.completed_payload_bytes += payload_bytes;
+        totals.queued_ms += queued_ms;
+        totals.backend_ms += backend_ms;
         for key in &ran.keys {
             match key {
                 KeyResult::Found { .. } => state.counters.query_keys_found += 1,

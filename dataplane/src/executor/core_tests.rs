@@ -698,6 +698,19 @@ fn pressure_counts_queued_work_and_ages_the_oldest_job() {
         let _ = r.result(op);
     }
     assert_eq!(r.exec.poll().pressure, PressureSnapshot::default());
+    // Per-kind totals on the executor's clock: g1 ran from 0 to 15 without queueing; g2 was
+    // queued at 10 and taken at 15, then ran with the clock standing still.
+    let get = *r.exec.counters().of(OperationKind::Get);
+    assert_eq!(
+        get,
+        crate::executor::KindCounters {
+            completed_jobs: 2,
+            completed_payload_bytes: 64 + 48,
+            queued_ms: 5,
+            backend_ms: 15,
+        }
+    );
+    assert_eq!(r.exec.counters().of(OperationKind::Query).completed_jobs, 2);
 }
 
 #[test]

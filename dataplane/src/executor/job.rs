@@ -201,6 +201,38 @@ pub struct ExecutorCounters {
     pub put_already_stored: u64,
     /// Operations that ended unretired.
     pub unretired_operations: u64,
+    pub query: KindCounters,
+    pub get: KindCounters,
+    pub put: KindCounters,
+}
+
+impl ExecutorCounters {
+    /// The totals of one kind of job.
+    pub fn of(&self, kind: OperationKind) -> &KindCounters {
+        match kind {
+            OperationKind::Query => &self.query,
+            OperationKind::Get => &self.get,
+            OperationKind::Put => &self.put,
+        }
+    }
+
+    pub(crate) fn of_mut(&mut self, kind: OperationKind) -> &mut KindCounters {
+        match kind {
+            OperationKind::Query => &mut self.query,
+            OperationKind::Get => &mut self.get,
+            OperationKind::Put => &mut self.put,
+        }
+    }
+}
+
+/// Cumulative totals of the jobs of one kind that a worker ran: how many, their payload bytes,
+/// and the milliseconds (on the executor's clock) they spent queued and in store calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KindCounters {
+    pub completed_jobs: u64,
+    pub completed_payload_bytes: u64,
+    pub queued_ms: u64,
+    pub backend_ms: u64,
 }
 
 /// The ranges an unretired operation leaves quarantined for the life of the process.

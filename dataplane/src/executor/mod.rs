@@ -41,6 +41,6 @@ pub use health::{
 };
 pub use host::{HostBuffer, HostBufferError, HostRange, RangeError};
 pub use job::{
-    CancelOutcome, CloseReport, Ending, ExecutorCounters, KeyFailure, KeyResult, OperationResult,
-    Poll, PressureSnapshot, QuarantinedOperation, QueueLoad, SubmitRefusal,
+    CancelOutcome, CloseReport, Ending, ExecutorCounters, KeyFailure, KeyResult, KindCounters,
+    OperationResult, Poll, PressureSnapshot, QuarantinedOperation, QueueLoad, SubmitRefusal,
 };

@@ -87,32 +87,18 @@ impl ExecutorSeries {
         c.encode(family.encode_family(&self.labels)?)
     }
 
-    fn counter_per_kind(
+    /// One family with a series per job kind; `make` builds the metric of each value.
+    fn per_kind<M: EncodeMetric>(
         &self,
         e: &mut DescriptorEncoder<'_>,
-        name: &str,
-        help: &str,
+        (name, help): (&str, &str),
         values: [(&'static str, u64); 3],
+        make: fn(u64) -> M,
     ) -> fmt::Result {
-        let mut family =
-            e.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+        let metric_type = make(0).metric_type();
+        let mut family = e.encode_descriptor(name, help, None, metric_type)?;
         for (kind, v) in values {
-            ConstCounter::new(v).encode(family.encode_family(&self.kind(kind))?)?;
-        }
-        Ok(())
-    }
-
-    fn per_kind(
-        &self,
-        e: &mut DescriptorEncoder<'_>,
-        name: &str,
-        help: &str,
-        values: [(&'static str, u64); 3],
-    ) -> fmt::Result {
-        let mut family =
-            e.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
-        for (kind, v) in values {
-            ConstGauge::new(v).encode(family.encode_family(&self.kind(kind))?)?;
+            make(v).encode(family.encode_family(&self.kind(kind))?)?;
         }
         Ok(())
     }
@@ -128,19 +114,22 @@ impl Collector for ExecutorSeries {
         let e = &mut encoder;
         self.per_kind(
             e,
-            "gpucache_executor_queued_jobs",
-            "Jobs waiting in each queue",
+            ("gpucache_executor_queued_jobs", "Jobs waiting in each queue"),
             [("query", p.query.jobs), ("get", p.get.jobs), ("put", p.put.jobs)],
+            ConstGauge::new,
         )?;
         self.per_kind(
             e,
-            "gpucache_executor_queued_payload_bytes",
-            "Payload bytes of the jobs waiting in each queue",
+            (
+                "gpucache_executor_queued_payload_bytes",
+                "Payload bytes of the jobs waiting in each queue",
+            ),
             [
                 ("query", p.query.payload_bytes),
                 ("get", p.get.payload_bytes),
                 ("put", p.put.payload_bytes),
             ],
+            ConstGauge::new,
         )?;
         self.gauge(
             e,
@@ -191,29 +180,38 @@ impl Collector for ExecutorSeries {
                 ("put", f(c.of(OperationKind::Put))),
             ]
         };
-        self.counter_per_kind(
+        self.per_kind(
             e,
-            "gpucache_executor_completed_jobs",
-            "Jobs a worker ran to the end, per kind",
+            ("gpucache_executor_completed_jobs", "Jobs a worker ran to the end, per kind"),
             kinds(|k| k.completed_jobs),
+            ConstCounter::new,
         )?;
-        self.counter_per_kind(
+        self.per_kind(
             e,
-            "gpucache_executor_completed_payload_bytes",
-            "Payload bytes of the jobs a worker ran to the end, per kind",
+            (
+                "gpucache_executor_completed_payload_bytes",
+                "Payload bytes of the jobs a worker ran to the end, per kind",
+            ),
             kinds(|k| k.completed_payload_bytes),
+            ConstCounter::new,
         )?;
-        self.counter_per_kind(
+        self.per_kind(
             e,
-            "gpucache_executor_queue_ms",
-            "Cumulative milliseconds jobs waited in their queue before a worker took them",
+            (
+                "gpucache_executor_queue_ms",
+                "Cumulative milliseconds jobs waited in their queue before a worker took them",
+            ),
             kinds(|k| k.queued_ms),
+            ConstCounter::new,
         )?;
-        self.counter_per_kind(
+        self.per_kind(
             e,
-            "gpucache_executor_backend_ms",
-            "Cumulative milliseconds workers spent in store calls",
+            (
+                "gpucache_executor_backend_ms",
+                "Cumulative milliseconds workers spent in store calls",
+            ),
             kinds(|k| k.backend_ms),
+            ConstCounter::new,
         )?;
         self.counter(e, "gpucache_executor_backend_calls", "Store calls made", c.backend_calls)?;
         self.counter(

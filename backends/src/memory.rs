@@ -17,6 +17,7 @@ use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, 
 use gpucache_dataplane::store::{
     Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed,
     Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, authorize,
+    put_reserved,
 };
 
 use crate::catalog::Catalog;
@@ -300,20 +301,9 @@ impl Store for MemoryStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        let reservation =
-            match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
-                Ok(r) => r,
-                Err(answer) => return Ok(answer),
-            };
-        match self.fill_and_commit(caller, &reservation, src) {
-            Ok(c) => Ok(Put::Committed(c.checksum)),
-            Err(e) => {
-                // The reservation may already be gone (fenced, quarantined); the first error
-                // is the one the caller needs.
-                let _ = self.abort(caller, reservation, e.retirement());
-                Err(e)
-            }
-        }
+        put_reserved(self, caller, key, src.len() as u64, request, |r| {
+            self.fill_and_commit(caller, r, src)
+        })
     }
 
     fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {

@@ -1,14 +1,15 @@
 //! Criterion benchmarks of the native service's client paths against an in-process server over
-//! a MemoryStore, beside memcpy of the same sizes:
+//! a MemoryStore:
 //!
 //! * `service_get/tcp`: GET over loopback TCP into an ordinary buffer (the frame's bytes are
 //!   checked and copied into it).
-//! * `service_get/shared`: GET on the same-host path into a caller's shared buffer (the server
-//!   writes the segment; the client checks the checksum in place, no copy).
+//! * `service_get/shared`: GET on the same-host path into a caller's shared buffer (the server's
+//!   store writes and verifies the segment; no copy and no hash on the client).
 //! * `service_get/shared_bounce`: the same path into an ordinary buffer (one copy out of a
 //!   bounce buffer).
 //! * `service_put/*`: the same three paths for PUT (each into a key with no block).
-//! * `memcpy`: `copy_from_slice` at the same sizes.
+//!
+//! memcpy at the same sizes is the `memcpy` group of the `contract` bench.
 //!
 //! Run: `cargo bench -p gpucache-bench --bench service`. Results: docs/PERFORMANCE.md.
 
@@ -127,19 +128,6 @@ fn put_benches(c: &mut Criterion) {
     g.finish();
 }
 
-fn memcpy_benches(c: &mut Criterion) {
-    let mut g = c.benchmark_group("memcpy");
-    for bytes in SIZES {
-        let src = payload(bytes);
-        let mut dst = vec![0u8; bytes];
-        g.throughput(Throughput::Bytes(to_u64(bytes)));
-        g.bench_function(BenchmarkId::new("copy_from_slice", size_label(bytes)), |b| {
-            b.iter(|| black_box(&mut dst[..]).copy_from_slice(black_box(&src[..])))
-        });
-    }
-    g.finish();
-}
-
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -149,6 +137,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = get_benches, put_benches, memcpy_benches
+    targets = get_benches, put_benches
 }
 criterion_main!(benches);

@@ -309,22 +309,35 @@ pub trait Store: Send + Sync {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        let reservation =
-            match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
-                Ok(r) => r,
-                Err(answer) => return Ok(answer),
-            };
-        match self
-            .write(caller, &reservation, 0, src)
-            .and_then(|()| self.commit(caller, &reservation))
-        {
-            Ok(c) => Ok(Put::Committed(c.checksum)),
-            Err(e) => {
-                // The reservation may already be gone (fenced, quarantined); the first error
-                // is the one the caller needs.
-                let _ = self.abort(caller, reservation, e.retirement());
-                Err(e)
-            }
+        put_reserved(self, caller, key, src.len() as u64, request, |r| {
+            self.write(caller, r, 0, src).and_then(|()| self.commit(caller, r))
+        })
+    }
+}
+
+/// The shape every PUT shares: reserve `len` bytes under `key` (an answer other than a
+/// reservation is the PUT's answer), then `fill` and commit the reservation; when that fails,
+/// abort it with the error's retirement. Stores that override [`Store::put`] to fill their
+/// reservation another way pass that way as `fill`.
+pub fn put_reserved<S: Store + ?Sized>(
+    store: &S,
+    caller: &Caller,
+    key: &PhysicalKey,
+    len: u64,
+    request: Option<RequestId>,
+    fill: impl FnOnce(&Reservation) -> Result<Committed, StoreError>,
+) -> Result<Put, StoreError> {
+    let reservation = match store.reserve(caller, key, len, request)?.into_reservation() {
+        Ok(r) => r,
+        Err(answer) => return Ok(answer),
+    };
+    match fill(&reservation) {
+        Ok(c) => Ok(Put::Committed(c.checksum)),
+        Err(e) => {
+            // The reservation may already be gone (fenced, quarantined); the first error is the
+            // one the caller needs.
+            let _ = store.abort(caller, reservation, e.retirement());
+            Err(e)
         }
     }
 }

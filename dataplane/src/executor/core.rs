@@ -420,28 +420,13 @@ impl Executor {
 
     /// Like [`poll`](Self::poll), but first waits up to `timeout` for at least one result.
     pub fn poll_wait(&self, timeout: Duration) -> Poll {
-        let deadline = Instant::now() + timeout;
-        let mut state = lock(&self.shared.state);
-        while state.results.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        drop(state);
+        self.wait_results(1, timeout);
         self.poll()
     }
 
     /// Waits up to `timeout` until at least `count` results are undelivered, without taking
     /// them; returns how many there are.
-    #[cfg(test)]
-    pub(crate) fn wait_undelivered(&self, count: usize, timeout: Duration) -> usize {
+    fn wait_results(&self, count: usize, timeout: Duration) -> usize {
         let deadline = Instant::now() + timeout;
         let mut state = lock(&self.shared.state);
         while state.results.len() < count {
@@ -457,6 +442,11 @@ impl Executor {
                 .0;
         }
         state.results.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn wait_undelivered(&self, count: usize, timeout: Duration) -> usize {
+        self.wait_results(count, timeout)
     }
 
     /// The pressure snapshot alone.

@@ -277,9 +277,15 @@ fn read_faults_never_serve_wrong_bytes() {
             match common::get(&store, k, d.len(), 0xEE) {
                 (Get::Miss(MissReason::Corrupt), buf) => {
                     assert!(buf.iter().all(|b| *b == 0), "{what}: buffer not zeroed");
-                    // Every read flips, so the private re-read that confirms damage flips too:
-                    // the block goes.
-                    assert_eq!(store.stats().corrupt_dropped, before.corrupt_dropped + 1);
+                    // Every read flips, so the private re-read that confirms damage flips too
+                    // and the block goes; with O_DIRECT that flip may land in the alignment
+                    // padding, and then the re-read proves the block intact and it stays.
+                    let dropped = store.stats().corrupt_dropped - before.corrupt_dropped;
+                    if direct {
+                        assert!(dropped <= 1, "{what}: {dropped} blocks dropped by one read");
+                    } else {
+                        assert_eq!(dropped, 1, "{what}: a damaged block stayed");
+                    }
                     corrupt += 1;
                 }
                 (Get::Hit { .. }, buf) if direct => assert!(buf == *d, "{what}: wrong bytes"),

@@ -9,11 +9,15 @@
 //! - [`sim`]: [`sim::SimNic`], an in-process simulated NIC with a seeded fault plan. It is a
 //!   simulation and says so ([`verbs::Implementation::Simulated`]); it never stands in for a
 //!   real NIC a caller asked for.
+//! - [`transfer`]: moves one block between a [`gpucache_dataplane::registry::RegisteredPool`]
+//!   slot and a remote region, and maps every completion (or its absence) onto the contract.
 //!
 //! The real verbs (sideway) and NIXL paths are not here yet; no code pretends to be them.
 
 pub mod error;
 pub mod sim;
+pub mod slots;
+pub mod transfer;
 pub mod verbs;
 
 pub use error::NicError;

@@ -3,5 +3,21 @@
 //! contract of `gpucache_dataplane::registry`.
 //!
 //! Owns registered NIC memory pools and one-sided block transfers. It must not own block
-//! identity or lifecycle; those stay in `gpucache-dataplane`. Nothing is implemented yet: the
-//! paths arrive with their issue, and until then no code here pretends to move bytes.
+//! identity or lifecycle; those stay in `gpucache-dataplane`.
+//!
+//! - [`verbs`]: the transport-neutral, verbs-shaped traits (register, post, poll).
+//! - [`sim`]: [`sim::SimNic`], an in-process simulated NIC with a seeded fault plan. It is a
+//!   simulation and says so ([`verbs::Implementation::Simulated`]); it never stands in for a
+//!   real NIC a caller asked for.
+//! - [`transfer`]: moves one block between a [`gpucache_dataplane::registry::RegisteredPool`]
+//!   slot and a remote region, and maps every completion (or its absence) onto the contract.
+//!
+//! The real verbs (sideway) and NIXL paths are not here yet; no code pretends to be them.
+
+pub mod error;
+pub mod sim;
+pub mod slots;
+pub mod transfer;
+pub mod verbs;
+
+pub use error::NicError;

@@ -32,12 +32,6 @@ pub enum NicError {
     VerbsUnavailable { reason: VerbsUnavailable },
     #[error("verbs call {call} failed: {detail}")]
     VerbsCall { call: &'static str, detail: String },
-    #[error("local buffer of {len_bytes} bytes lies outside registration {key:#x}")]
-    LocalOutsideRegion { key: u32, len_bytes: u64 },
-    #[error(
-        "remote bytes {offset_bytes}+{len_bytes} exceed the peer region of {region_bytes} bytes"
-    )]
-    RemoteOutOfBounds { offset_bytes: u64, len_bytes: u64, region_bytes: u64 },
     #[error("connection setup failed while {step}: {detail}")]
     Connect { step: &'static str, detail: String },
 }
@@ -125,14 +119,6 @@ mod tests {
             (
                 NicError::VerbsCall { call: "ibv_reg_mr", detail: "ENOMEM".into() },
                 "verbs call ibv_reg_mr failed: ENOMEM",
-            ),
-            (
-                NicError::LocalOutsideRegion { key: 0x3, len_bytes: 64 },
-                "local buffer of 64 bytes lies outside registration 0x3",
-            ),
-            (
-                NicError::RemoteOutOfBounds { offset_bytes: 8, len_bytes: 16, region_bytes: 16 },
-                "remote bytes 8+16 exceed the peer region of 16 bytes",
             ),
             (
                 NicError::Connect {

@@ -658,6 +658,16 @@ impl VerbsEndpoint {
         }
     }
 
+    /// Completes `request` with `status` without handing it to the device.
+    fn refuse(&mut self, request: WorkRequest, status: CompletionStatus) {
+        self.pending.push_back(WorkCompletion {
+            id: request.id,
+            opcode: request.opcode,
+            status,
+            len_bytes: 0,
+        });
+    }
+
     /// ERR, drain, RESET, then back up against the same peer.
     fn fence(&mut self) -> Result<(), NicError> {
         let mut err = QueuePairAttribute::new();
@@ -740,38 +750,32 @@ impl NicEndpoint for VerbsEndpoint {
             detail: "the queue pair is not connected".into(),
         })?;
         let depth = self.config.send_queue_depth as usize;
-        if self.outstanding.len() >= depth {
-            return Err(NicError::QueueFull { outstanding: self.outstanding.len(), depth });
+        let outstanding = self.outstanding.len() + self.pending.len();
+        if outstanding >= depth {
+            return Err(NicError::QueueFull { outstanding, depth });
         }
+        // Checked on the host before the device sees the request, as the simulation does: a
+        // request that would fault completes with the status the device would give it, and
+        // the device never touches memory outside a registration.
         let len_bytes = local.len() as u64;
-        if len_bytes != request.remote.len_bytes {
-            return Err(NicError::TooLong {
-                len_bytes: request.remote.len_bytes,
-                slot_bytes: len_bytes,
-            });
-        }
         let key = request.lkey.0;
-        let reg = self.regions.get(&key).ok_or(NicError::UnknownKey { key })?;
         let addr = local.as_mut_ptr() as u64;
-        let inside = addr >= reg.addr
-            && addr.checked_add(len_bytes).is_some_and(|end| end <= reg.addr + reg.len_bytes);
-        if !inside {
-            return Err(NicError::LocalOutsideRegion { key, len_bytes });
-        }
-        let sge_len = u32::try_from(len_bytes)
-            .map_err(|_| NicError::RegionTooLarge { len_bytes, max_bytes: u64::from(u32::MAX) })?;
+        let local_ok = self.regions.get(&key).is_some_and(|reg| {
+            addr >= reg.addr
+                && addr.checked_add(len_bytes).is_some_and(|end| end <= reg.addr + reg.len_bytes)
+        }) && len_bytes == request.remote.len_bytes;
+        let sge_len = u32::try_from(len_bytes).ok().filter(|_| local_ok);
+        let Some(sge_len) = sge_len else {
+            self.refuse(request, CompletionStatus::LocalProtectionError);
+            return Ok(());
+        };
         let remote = request.remote;
-        if remote.rkey.0 != peer.rkey || peer.region_len == 0 {
-            return Err(NicError::UnknownKey { key: remote.rkey.0 });
-        }
-        let in_bounds =
-            remote.offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= peer.region_len);
-        if !in_bounds {
-            return Err(NicError::RemoteOutOfBounds {
-                offset_bytes: remote.offset_bytes,
-                len_bytes,
-                region_bytes: peer.region_len,
-            });
+        let remote_ok = remote.rkey.0 == peer.rkey
+            && peer.region_len > 0
+            && remote.offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= peer.region_len);
+        if !remote_ok {
+            self.refuse(request, CompletionStatus::RemoteAccessError);
+            return Ok(());
         }
         let remote_addr = peer.region_addr.wrapping_add(remote.offset_bytes);
         let mut guard = self.qp.start_post_send();

@@ -151,9 +151,10 @@ fn mismatch(what: &str) -> NicError {
 }
 
 fn connect(args: &Args, addr: &str) -> Result<(), NicError> {
-    let mut endpoint = args.config.open()?;
-    // Two areas: the WRITE source and the READ destination, one registration.
+    // Two areas: the WRITE source and the READ destination, one registration. Declared before
+    // the endpoint so that every exit, early ones included, deregisters before freeing it.
     let mut buffer = vec![0u8; 2 * REGION_BYTES];
+    let mut endpoint = args.config.open()?;
     // SAFETY: `buffer` outlives `endpoint`'s use of it: the endpoint is dropped (deregistering)
     // at the end of this function before `buffer`, declared earlier, and every posted work
     // request is waited for before its area is touched again.

@@ -28,6 +28,44 @@ pub enum NicError {
     RequestIdsExhausted { at: u64 },
     #[error(transparent)]
     Pool(#[from] PoolError),
+    #[error("RDMA verbs unavailable: {reason}")]
+    VerbsUnavailable { reason: VerbsUnavailable },
+    #[error("verbs call {call} failed: {detail}")]
+    VerbsCall { call: &'static str, detail: String },
+    #[error("connection setup failed while {step}: {detail}")]
+    Connect { step: &'static str, detail: String },
+}
+
+/// What is missing when RDMA verbs cannot be used on this machine. Each message names what to
+/// install or enable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerbsUnavailable {
+    #[error("built without the verbs feature (rebuild gpucache-nic with --features verbs)")]
+    NotBuilt,
+    #[error(
+        "libibverbs.so.1 cannot be loaded (install rdma-core: apt-get install libibverbs1 ibverbs-providers)"
+    )]
+    LibraryMissing,
+    #[error(
+        "the kernel has no InfiniBand support (ibv_get_device_list: errno {errno}); enable \
+         CONFIG_INFINIBAND and load ib_uverbs plus a NIC driver (mlx5_ib) or soft RoCE (rdma_rxe)"
+    )]
+    KernelWithoutInfiniband { errno: i32 },
+    #[error(
+        "no /dev/infiniband device nodes; load ib_uverbs (modprobe ib_uverbs) and give this \
+         process access to /dev/infiniband/uverbs*"
+    )]
+    NoDeviceNodes,
+    #[error(
+        "no RDMA device found; install an RDMA NIC with its provider (ibverbs-providers) or add \
+         a soft RoCE device (rdma link add rxe0 type rxe netdev IFACE)"
+    )]
+    NoDevice,
+    #[error("RDMA device {name:?} not found; present: {present}")]
+    DeviceNotFound { name: String, present: String },
+    #[error("device list failed with errno {errno}; check rdma-core and /dev/infiniband")]
+    DeviceListFailed { errno: i32 },
 }
 
 #[cfg(test)]
@@ -78,9 +116,47 @@ mod tests {
                 NicError::Pool(PoolError::Registry(RegistryError::Unknown(RegionId(5)))),
                 "region r5 is not registered",
             ),
+            (
+                NicError::VerbsCall { call: "ibv_reg_mr", detail: "ENOMEM".into() },
+                "verbs call ibv_reg_mr failed: ENOMEM",
+            ),
+            (
+                NicError::Connect {
+                    step: "reading the peer's endpoint",
+                    detail: "timed out".into(),
+                },
+                "connection setup failed while reading the peer's endpoint: timed out",
+            ),
         ];
         for (e, want) in cases {
             assert_eq!(e.to_string(), want);
+        }
+    }
+
+    #[test]
+    fn every_unavailable_reason_names_what_to_install_or_enable() {
+        let cases = [
+            (VerbsUnavailable::NotBuilt, "--features verbs"),
+            (VerbsUnavailable::LibraryMissing, "install rdma-core"),
+            (
+                VerbsUnavailable::KernelWithoutInfiniband { errno: 38 },
+                "errno 38); enable CONFIG_INFINIBAND",
+            ),
+            (VerbsUnavailable::NoDeviceNodes, "modprobe ib_uverbs"),
+            (VerbsUnavailable::NoDevice, "rdma link add rxe0"),
+            (
+                VerbsUnavailable::DeviceNotFound {
+                    name: "mlx5_9".into(),
+                    present: "mlx5_0".into(),
+                },
+                "RDMA device \"mlx5_9\" not found; present: mlx5_0",
+            ),
+            (VerbsUnavailable::DeviceListFailed { errno: 5 }, "errno 5; check rdma-core"),
+        ];
+        for (reason, want) in cases {
+            let shown = NicError::VerbsUnavailable { reason }.to_string();
+            assert!(shown.starts_with("RDMA verbs unavailable: "), "{shown}");
+            assert!(shown.contains(want), "{shown} lacks {want}");
         }
     }
 }

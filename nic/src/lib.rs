@@ -12,12 +12,18 @@
 //! - [`transfer`]: moves one block between a [`gpucache_dataplane::registry::RegisteredPool`]
 //!   slot and a remote region, and maps every completion (or its absence) onto the contract.
 //!
-//! The real verbs (sideway) and NIXL paths are not here yet; no code pretends to be them.
+//! - `rdma` (only with the off-by-default `verbs` feature): the real RDMA verbs endpoint over
+//!   sideway, which loads libibverbs at run time. Without the feature the module does not exist;
+//!   [`VerbsUnavailable::NotBuilt`] is the reason to report when a caller asked for verbs anyway.
+//!
+//! The NIXL path is not here yet; no code pretends to be it.
 
 pub mod error;
+#[cfg(feature = "verbs")]
+pub mod rdma;
 pub mod sim;
 pub mod slots;
 pub mod transfer;
 pub mod verbs;
 
-pub use error::NicError;
+pub use error::{NicError, VerbsUnavailable};

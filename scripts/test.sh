@@ -42,9 +42,29 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "scripts/test.sh: ${missing[*]} missing and cannot be installed here; their tests will skip" >&2
     fi
 fi
+# Mooncake Store for the executor's live test: a venv under the build folder holding
+# mooncake-transfer-engine-non-cuda from PyPI (scripts/bench-peers.sh makes it, with the
+# bench's other peers). Needs python3 with venv.
+mooncake_venv="${GPUCACHE_MOONCAKE_VENV:-${CARGO_TARGET_DIR:-target}/bench-venv}"
+case "$mooncake_venv" in /*) ;; *) mooncake_venv="$PWD/$mooncake_venv" ;; esac
+if [ ! -x "$mooncake_venv/bin/mooncake_master" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+            echo "installing python3-venv"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get install -y --no-install-recommends python3 python3-venv >/dev/null 2>&1 \
+                || { apt-get update >/dev/null && apt-get install -y --no-install-recommends python3 python3-venv >/dev/null; }
+        fi
+        echo "installing the Mooncake Store venv at $mooncake_venv"
+        BENCH_VENV="$mooncake_venv" scripts/bench-peers.sh >/dev/null
+    else
+        echo "scripts/test.sh: no Mooncake venv at $mooncake_venv and cannot install here; its live test will skip" >&2
+    fi
+fi
+export GPUCACHE_MOONCAKE_VENV="$mooncake_venv"
 # In CI the peers must be there: their tests fail instead of skipping.
 if [ "${CI:-}" = "true" ]; then
-    export GPUCACHE_REQUIRE_PROMETHEUS=1 GPUCACHE_REQUIRE_REDIS_CLI=1
+    export GPUCACHE_REQUIRE_PROMETHEUS=1 GPUCACHE_REQUIRE_REDIS_CLI=1 GPUCACHE_REQUIRE_MOONCAKE=1
 fi
 
 export GPUCACHE_CONFORMANCE_CASES="${GPUCACHE_CONFORMANCE_CASES:-1000}"

@@ -444,7 +444,7 @@ impl Executor {
         state.results.len()
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn wait_undelivered(&self, count: usize, timeout: Duration) -> usize {
         self.wait_results(count, timeout)
     }

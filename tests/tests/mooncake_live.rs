@@ -40,6 +40,23 @@ const PAGE_BYTES: usize = 1 << 20;
 /// Most pages written while looking for -200 (several times the segment).
 const FILL_PAGES_MAX: usize = 256;
 
+/// Pause between two looks at a Mooncake process that cannot tell us when it is ready.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Asks `attempt` until it answers, failing with `what` once `deadline_ms` passes. The only
+/// waiting in this file: Mooncake's servers, its segment mount and its read leases give no
+/// notification, so readiness can only be observed by asking again.
+fn poll_until<T>(what: &str, deadline_ms: u64, mut attempt: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_millis(deadline_ms);
+    loop {
+        if let Some(answer) = attempt() {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {deadline_ms} ms");
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
 fn venv_path() -> PathBuf {
     if let Some(p) = std::env::var_os("GPUCACHE_MOONCAKE_VENV") {
         return PathBuf::from(p);
@@ -86,17 +103,13 @@ impl Server {
     }
 
     fn wait_listening(&mut self, port: u16) {
-        let deadline = Instant::now() + Duration::from_millis(LISTEN_MS);
-        loop {
+        let what = format!("{} listening on {port}", self.name);
+        poll_until(&what, LISTEN_MS, || {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("{} exited with {status} before listening", self.name);
             }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} not listening on {port}", self.name);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            TcpStream::connect(("127.0.0.1", port)).ok().map(drop)
+        });
     }
 }
 
@@ -191,19 +204,17 @@ fn page(seed: u8) -> Vec<u8> {
 fn wait_mounted(store: &MooncakeStore) {
     let caller = fixture::caller(2);
     let key = fixture::key(2, &[200], KvDtype::Bf16, 16);
-    let deadline = Instant::now() + Duration::from_millis(MOUNT_MS);
-    loop {
+    poll_until("the segment mounted", MOUNT_MS, || {
         match store.put(&caller, &key, b"probe", None) {
-            Ok(Put::Committed(_)) | Ok(Put::AlreadyCommitted) => break,
+            Ok(Put::Committed(_)) | Ok(Put::AlreadyCommitted) => Some(()),
             Ok(other) => panic!("probe PUT answered {other:?}"),
             Err(e) => {
                 eprintln!("observed: probe PUT before the segment is usable -> {e}");
                 assert_eq!(e.retirement(), Retirement::Retired, "probe PUT: {e}");
-                assert!(Instant::now() < deadline, "segment never mounted: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+                None
             }
         }
-    }
+    });
     store.invalidate(&caller, &key).expect("remove the probe");
 }
 
@@ -349,16 +360,14 @@ fn mooncake_store_against_a_live_cluster() {
     let first_remove = store.invalidate(&caller, &k1);
     eprintln!("observed: remove right after a GET -> {first_remove:?}");
     assert!(matches!(first_remove, Ok(Invalidate::Busy | Invalidate::Removed)), "{first_remove:?}");
-    let deadline = Instant::now() + Duration::from_millis(LEASE_WAIT_MS);
-    let mut removed = first_remove == Ok(Invalidate::Removed);
-    while !removed {
-        assert!(Instant::now() < deadline, "the read lease never ended");
-        std::thread::sleep(Duration::from_millis(100));
-        match store.invalidate(&caller, &k1) {
-            Ok(Invalidate::Removed) => removed = true,
-            Ok(Invalidate::Busy) => {}
-            other => panic!("remove under a lease: {other:?}"),
-        }
+    if first_remove != Ok(Invalidate::Removed) {
+        poll_until("the read lease ended", LEASE_WAIT_MS, || {
+            match store.invalidate(&caller, &k1) {
+                Ok(Invalidate::Removed) => Some(()),
+                Ok(Invalidate::Busy) => None,
+                other => panic!("remove under a lease: {other:?}"),
+            }
+        });
     }
     assert_eq!(store.invalidate(&caller, &k1), Ok(Invalidate::Absent));
     assert_eq!(store.get_into(&caller, &k1, &mut dst), Ok(Get::Miss(MissReason::Absent)));

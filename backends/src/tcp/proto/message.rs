@@ -465,37 +465,6 @@ impl Request {
             Op::Error => return Err(WireError::UnknownOp { op: op.code() }),
         })
     }
-
-    /// Appends a whole request frame (header and body) for `request_id`; appends nothing on
-    /// error.
-    pub fn encode_frame(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), WireError> {
-        self.encode_sealed_frame(request_id, None, out)
-    }
-
-    /// [`Self::encode_frame`], sealed with `seal` when given.
-    pub fn encode_sealed_frame(
-        &self,
-        request_id: u64,
-        seal: Option<&SealKey>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), WireError> {
-        write_frame(Kind::Request, self.op(), request_id, seal, out, |w| self.write_body(w))
-    }
-
-    /// A whole request frame for `request_id`.
-    pub fn to_frame_bytes(&self, request_id: u64) -> Result<Vec<u8>, WireError> {
-        let mut out = Vec::new();
-        self.encode_frame(request_id, &mut out)?;
-        Ok(out)
-    }
-
-    /// Decodes a frame the [`super::FrameDecoder`] produced.
-    pub fn from_frame(frame: &Frame) -> Result<Self, WireError> {
-        if frame.kind != Kind::Request {
-            return Err(WireError::WrongKind { expected: Kind::Request, found: frame.kind });
-        }
-        Self::decode_body(frame.op, &frame.body)
-    }
 }
 
 /// One block of a batch PUT, its bytes borrowed from the frame body.
@@ -877,36 +846,51 @@ impl Response {
             Op::Error => Self::Error(get_wire_error(r)?),
         })
     }
-
-    /// Appends a whole response frame answering `request_id`; appends nothing on error. A
-    /// server whose answer does not fit ([`WireError::TooLarge`]) sends
-    /// [`WireError::ResponseTooLarge`] instead.
-    pub fn encode_frame(&self, request_id: u64, out: &mut Vec<u8>) -> Result<(), WireError> {
-        self.encode_sealed_frame(request_id, None, out)
-    }
-
-    /// [`Self::encode_frame`], sealed with `seal` when given.
-    pub fn encode_sealed_frame(
-        &self,
-        request_id: u64,
-        seal: Option<&SealKey>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), WireError> {
-        write_frame(Kind::Response, self.op(), request_id, seal, out, |w| self.write_body(w))
-    }
-
-    /// A whole response frame answering `request_id`.
-    pub fn to_frame_bytes(&self, request_id: u64) -> Result<Vec<u8>, WireError> {
-        let mut out = Vec::new();
-        self.encode_frame(request_id, &mut out)?;
-        Ok(out)
-    }
-
-    /// Decodes a frame the [`super::FrameDecoder`] produced.
-    pub fn from_frame(frame: &Frame) -> Result<Self, WireError> {
-        if frame.kind != Kind::Response {
-            return Err(WireError::WrongKind { expected: Kind::Response, found: frame.kind });
-        }
-        Self::decode_body(frame.op, &frame.body)
-    }
 }
+
+/// The frame methods requests and responses share: `$kind` is the frame kind they travel in.
+/// (A server whose answer does not fit, [`WireError::TooLarge`], sends
+/// [`WireError::ResponseTooLarge`] instead.)
+macro_rules! frame_codec {
+    ($message:ty, $kind:expr) => {
+        impl $message {
+            /// Appends a whole frame (header and body) for `request_id`; appends nothing on
+            /// error.
+            pub fn encode_frame(
+                &self,
+                request_id: u64,
+                out: &mut Vec<u8>,
+            ) -> Result<(), WireError> {
+                self.encode_sealed_frame(request_id, None, out)
+            }
+
+            /// [`Self::encode_frame`], sealed with `seal` when given.
+            pub fn encode_sealed_frame(
+                &self,
+                request_id: u64,
+                seal: Option<&SealKey>,
+                out: &mut Vec<u8>,
+            ) -> Result<(), WireError> {
+                write_frame($kind, self.op(), request_id, seal, out, |w| self.write_body(w))
+            }
+
+            /// A whole frame for `request_id`.
+            pub fn to_frame_bytes(&self, request_id: u64) -> Result<Vec<u8>, WireError> {
+                let mut out = Vec::new();
+                self.encode_frame(request_id, &mut out)?;
+                Ok(out)
+            }
+
+            /// Decodes a frame the [`super::FrameDecoder`] produced.
+            pub fn from_frame(frame: &Frame) -> Result<Self, WireError> {
+                if frame.kind != $kind {
+                    return Err(WireError::WrongKind { expected: $kind, found: frame.kind });
+                }
+                Self::decode_body(frame.op, &frame.body)
+            }
+        }
+    };
+}
+
+frame_codec!(Request, Kind::Request);
+frame_codec!(Response, Kind::Response);

@@ -38,7 +38,7 @@ use sideway::ibverbs::queue_pair::{
 use crate::error::{NicError, VerbsUnavailable};
 use crate::verbs::{
     Access, CompletionStatus, Implementation, LocalKey, MemoryRegion, NicEndpoint, Opcode,
-    POLL_ENTRIES_MAX, RemoteKey, WorkCompletion, WorkRequest,
+    POLL_ENTRIES_MAX, RegisterHostMemory, RemoteKey, WorkCompletion, WorkRequest,
 };
 
 /// ENOSYS: what `ibv_get_device_list` reports on a kernel built without InfiniBand.
@@ -806,6 +806,23 @@ impl NicEndpoint for VerbsEndpoint {
         if let Err(e) = self.fence() {
             self.broken = Some(e.to_string());
         }
+    }
+}
+
+/// Pool slots and other caller-owned memory: `ibv_reg_mr` on the memory's own address and
+/// length, so the keys cover exactly those bytes (and a post from anywhere else is refused as
+/// `LocalProtectionError` before the device sees it).
+impl RegisterHostMemory for VerbsEndpoint {
+    unsafe fn register_host(
+        &mut self,
+        addr: std::ptr::NonNull<u8>,
+        len_bytes: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, NicError> {
+        // SAFETY: `register_host`'s caller keeps `addr..addr + len_bytes` valid and in place
+        // until the registration is deregistered or this endpoint dropped, which is what
+        // `register_external` asks.
+        unsafe { self.register_external(addr.as_ptr(), len_bytes, access) }
     }
 }
 

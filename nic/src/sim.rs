@@ -20,12 +20,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::NicError;
 use crate::verbs::{
     Access, CompletionStatus, Implementation, LocalKey, MemoryRegion, NicEndpoint, Opcode,
-    POLL_ENTRIES_MAX, RemoteKey, WorkCompletion, WorkRequest,
+    POLL_ENTRIES_MAX, RegisterHostMemory, RemoteKey, WorkCompletion, WorkRequest,
 };
 
 /// Parts per million: the unit of every fault rate.
@@ -192,9 +193,29 @@ struct SimRegion {
     rkey: RemoteKey,
     len_bytes: u64,
     access: Access,
-    /// The bytes a peer reaches; only regions open to peers have them. Local buffers are the
-    /// caller's, lent with each post.
+    /// The bytes a peer reaches; only regions the simulation allocated and opened to peers
+    /// have them. Local buffers are the caller's, lent with each post.
     backing: Option<Vec<u8>>,
+    /// The caller's memory, for regions made by [`RegisterHostMemory::register_host`]: a post
+    /// naming this region must lend a buffer inside it, and a peer with access reaches it.
+    host: Option<HostRange>,
+}
+
+/// Caller-owned memory a registration covers, kept as an address so the fabric stays `Send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HostRange {
+    addr: usize,
+    len: usize,
+}
+
+impl HostRange {
+    fn contains(&self, addr: usize, len: usize) -> bool {
+        addr >= self.addr
+            && addr.checked_add(len).is_some_and(|end| Some(end) <= self.addr.checked_add(self.len))
+    }
+    fn overlaps(&self, addr: usize, len: usize) -> bool {
+        addr < self.addr.saturating_add(self.len) && self.addr < addr.saturating_add(len)
+    }
 }
 
 #[derive(Debug)]
@@ -255,9 +276,11 @@ impl Fabric {
     /// Checks and performs the data movement; returns the completion status.
     fn execute(&mut self, side: Side, request: &WorkRequest, local: &mut [u8]) -> CompletionStatus {
         let me = &self.endpoints[side.index()];
-        let local_ok =
-            me.regions.get(&request.lkey).is_some_and(|r| local.len() as u64 <= r.len_bytes)
-                && local.len() as u64 == request.remote.len_bytes;
+        let local_addr = local.as_ptr() as usize;
+        let local_ok = me.regions.get(&request.lkey).is_some_and(|r| {
+            local.len() as u64 <= r.len_bytes
+                && r.host.is_none_or(|h| h.contains(local_addr, local.len()))
+        }) && local.len() as u64 == request.remote.len_bytes;
         if !local_ok {
             return CompletionStatus::LocalProtectionError;
         }
@@ -272,7 +295,7 @@ impl Fabric {
             Opcode::Write => region.access.remote_write,
         };
         let end = request.remote.offset_bytes.checked_add(request.remote.len_bytes);
-        let (Some(backing), true, Some(end)) = (region.backing.as_mut(), allowed, end) else {
+        let (true, Some(end)) = (allowed, end) else {
             return CompletionStatus::RemoteAccessError;
         };
         if end > region.len_bytes {
@@ -284,9 +307,31 @@ impl Fabric {
         else {
             return CompletionStatus::RemoteAccessError;
         };
-        match request.opcode {
-            Opcode::Read => local.copy_from_slice(&backing[start..end]),
-            Opcode::Write => backing[start..end].copy_from_slice(local),
+        match (region.backing.as_mut(), region.host) {
+            (Some(backing), _) => match request.opcode {
+                Opcode::Read => local.copy_from_slice(&backing[start..end]),
+                Opcode::Write => backing[start..end].copy_from_slice(local),
+            },
+            (None, Some(host)) => {
+                // Both sides registering the same bytes would make the copy overlap: refuse
+                // it as a real HCA's checks cannot, rather than alias the lent buffer.
+                if host.overlaps(local.as_ptr() as usize, local.len()) {
+                    return CompletionStatus::RemoteAccessError;
+                }
+                let at = (host.addr + start) as *mut u8;
+                let n = end - start;
+                // SAFETY: `start..end` lies inside the registration (checked above), whose
+                // bytes `register_host`'s caller keeps valid and unreferenced until it is
+                // deregistered; `local` is a distinct live buffer of `n` bytes that does not
+                // overlap them (checked just above).
+                unsafe {
+                    match request.opcode {
+                        Opcode::Read => std::ptr::copy_nonoverlapping(at, local.as_mut_ptr(), n),
+                        Opcode::Write => std::ptr::copy_nonoverlapping(local.as_ptr(), at, n),
+                    }
+                }
+            }
+            (None, None) => return CompletionStatus::RemoteAccessError,
         }
         CompletionStatus::Success
     }
@@ -386,12 +431,13 @@ impl SimEndpoint {
     }
 }
 
-impl NicEndpoint for SimEndpoint {
-    fn implementation(&self) -> Implementation {
-        Implementation::Simulated { seed: lock(&self.fabric).config.seed }
-    }
-
-    fn register(&mut self, len_bytes: u64, access: Access) -> Result<MemoryRegion, NicError> {
+impl SimEndpoint {
+    fn register_with(
+        &mut self,
+        len_bytes: u64,
+        access: Access,
+        host: Option<HostRange>,
+    ) -> Result<MemoryRegion, NicError> {
         let mut fabric = lock(&self.fabric);
         let config = fabric.config;
         if len_bytes > config.region_bytes_max {
@@ -410,7 +456,7 @@ impl NicEndpoint for SimEndpoint {
         else {
             return Err(NicError::KeysExhausted { registered: ep.registered_total });
         };
-        let backing = if access.remote_read || access.remote_write {
+        let backing = if host.is_none() && (access.remote_read || access.remote_write) {
             let len = usize::try_from(len_bytes).map_err(|_| NicError::RegionTooLarge {
                 len_bytes,
                 max_bytes: config.region_bytes_max,
@@ -422,9 +468,32 @@ impl NicEndpoint for SimEndpoint {
         ep.next_key = next;
         ep.registered_total += 1;
         let region = MemoryRegion { lkey: LocalKey(lkey), rkey: RemoteKey(rkey), len_bytes };
-        ep.regions.insert(region.lkey, SimRegion { rkey: region.rkey, len_bytes, access, backing });
+        let entry = SimRegion { rkey: region.rkey, len_bytes, access, backing, host };
+        ep.regions.insert(region.lkey, entry);
         ep.by_rkey.insert(region.rkey, region.lkey);
         Ok(region)
+    }
+}
+
+impl RegisterHostMemory for SimEndpoint {
+    unsafe fn register_host(
+        &mut self,
+        addr: NonNull<u8>,
+        len_bytes: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, NicError> {
+        let host = HostRange { addr: addr.as_ptr() as usize, len: len_bytes };
+        self.register_with(len_bytes as u64, access, Some(host))
+    }
+}
+
+impl NicEndpoint for SimEndpoint {
+    fn implementation(&self) -> Implementation {
+        Implementation::Simulated { seed: lock(&self.fabric).config.seed }
+    }
+
+    fn register(&mut self, len_bytes: u64, access: Access) -> Result<MemoryRegion, NicError> {
+        self.register_with(len_bytes, access, None)
     }
 
     fn deregister(&mut self, lkey: LocalKey) -> Result<(), NicError> {

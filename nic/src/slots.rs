@@ -1,30 +1,123 @@
-//! [`NicSlots`]: host memory carved into fixed slots whose bind registers each slot with a NIC
-//! endpoint, so a [`gpucache_dataplane::registry::RegisteredPool`] keeps its registrations
-//! across checkouts. Its kind is `MemoryKind::NicRegistered` with the endpoint's transport name.
+//! [`NicSlots`]: pool memory whose bind registers each slot, at the slot's own address and
+//! length, with a NIC endpoint, so a [`gpucache_dataplane::registry::RegisteredPool`] keeps its
+//! registrations across checkouts and a slot's keys cover exactly that slot. Its kind is
+//! `MemoryKind::NicRegistered` with the endpoint's transport name.
+//!
+//! The memory comes from any [`StableHostMemory`]: a huge-page pool
+//! ([`gpucache_backends::pool::HugePagePool`], on whatever tier it got) or plain heap slots
+//! ([`HeapSlots`], what [`NicSlots::new`] builds). The endpoint registers it through
+//! [`RegisterHostMemory`], which the simulated NIC and the verbs endpoint both implement.
 
+use std::ptr::NonNull;
+
+use gpucache_backends::pool::HugePagePool;
 use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
 
-use crate::verbs::{Access, LocalKey, NicEndpoint};
+use crate::verbs::{Access, LocalKey, MemoryRegion, RegisterHostMemory};
 
-/// Slots registered with one endpoint for its own work requests (local access only).
+/// Host pool memory whose slots stay at one address for the value's whole life.
+///
+/// # Safety
+/// For every slot below `slot_count()`, `host_bytes_mut(slot)` must return `slot_bytes()` bytes
+/// at the same address every time, for as long as the value lives (moving the value must not
+/// move them), slots must not overlap, and the bytes must stay valid until the value is
+/// dropped. A NIC keeps using a registered slot's address between calls.
+pub unsafe trait StableHostMemory: PoolMemory {}
+
+// SAFETY: the pool's slots lie in one mmap it owns; the mapping is made once, never remapped or
+// resized, and unmapped only on drop. Moving the pool moves the pointer, not the pages.
+unsafe impl StableHostMemory for HugePagePool {}
+
+/// Heap memory carved into fixed slots: the memory [`NicSlots::new`] registers when no pool is
+/// given.
 #[derive(Debug)]
-pub struct NicSlots<E> {
-    endpoint: E,
-    bytes: Vec<u8>,
+pub struct HeapSlots {
+    bytes: Box<[u8]>,
     slot_bytes: usize,
+}
+
+impl HeapSlots {
+    pub fn new(slot_count: usize, slot_bytes: usize) -> Self {
+        Self { bytes: vec![0; slot_count * slot_bytes].into_boxed_slice(), slot_bytes }
+    }
+}
+
+impl PoolMemory for HeapSlots {
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn slot_count(&self) -> usize {
+        self.bytes.len().checked_div(self.slot_bytes).unwrap_or(0)
+    }
+    fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+    fn bind(&mut self, slot: usize) -> Result<Binding, BindError> {
+        Ok(Binding { key: slot as u64 })
+    }
+    fn unbind(&mut self, _slot: usize, _binding: Binding) {}
+    fn host_bytes_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        let start = slot.checked_mul(self.slot_bytes)?;
+        self.bytes.get_mut(start..start.checked_add(self.slot_bytes)?)
+    }
+}
+
+// SAFETY: a boxed slice is allocated once and never resized (nothing here reallocates it);
+// moving the box moves the pointer, not the heap bytes, which live until the box is dropped.
+unsafe impl StableHostMemory for HeapSlots {}
+
+/// Pool slots registered one by one with an endpoint: local access only unless
+/// [`NicSlots::with_access`] opens them to peers.
+///
+/// Every registration still live is deregistered when the slots are dropped, before the memory
+/// goes away, so no key outlives the bytes it covers.
+#[derive(Debug)]
+pub struct NicSlots<E: RegisterHostMemory, M: StableHostMemory = HeapSlots> {
+    endpoint: E,
+    memory: M,
+    access: Access,
+    /// Each slot's live registration.
+    regions: Vec<Option<MemoryRegion>>,
     registrations: u64,
 }
 
-impl<E: NicEndpoint> NicSlots<E> {
+impl<E: RegisterHostMemory> NicSlots<E, HeapSlots> {
+    /// `slot_count` heap slots of `slot_bytes`, registered with `endpoint` as they are bound.
     pub fn new(endpoint: E, slot_count: usize, slot_bytes: usize) -> Self {
-        Self { endpoint, bytes: vec![0; slot_count * slot_bytes], slot_bytes, registrations: 0 }
+        Self::on(endpoint, HeapSlots::new(slot_count, slot_bytes))
     }
+}
+
+impl<E: RegisterHostMemory, M: StableHostMemory> NicSlots<E, M> {
+    /// `memory`'s slots (a [`HugePagePool`], say), registered with `endpoint` as they are bound.
+    pub fn on(endpoint: E, memory: M) -> Self {
+        let regions = vec![None; memory.slot_count()];
+        Self { endpoint, memory, access: Access::LOCAL, regions, registrations: 0 }
+    }
+
+    /// What peers may do to the slots registered from now on.
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+
     pub fn endpoint(&self) -> &E {
         &self.endpoint
     }
+
+    /// The memory under the registrations (its tier, its addresses).
+    pub fn memory(&self) -> &M {
+        &self.memory
+    }
+
     /// Registrations made so far (binds are costly; tests check that they are kept).
     pub fn registrations(&self) -> u64 {
         self.registrations
+    }
+
+    /// The live registration of `slot`: its keys and length (the slot's, exactly).
+    pub fn region(&self, slot: usize) -> Option<MemoryRegion> {
+        self.regions.get(slot).copied().flatten()
     }
 }
 
@@ -34,31 +127,61 @@ pub fn local_key(binding: Binding) -> LocalKey {
     LocalKey(u32::try_from(binding.key).unwrap_or(0))
 }
 
-impl<E: NicEndpoint + Send> PoolMemory for NicSlots<E> {
+impl<E: RegisterHostMemory + Send, M: StableHostMemory> PoolMemory for NicSlots<E, M> {
     fn kind(&self) -> MemoryKind {
         MemoryKind::NicRegistered { transport: self.endpoint.implementation().transport() }
     }
     fn slot_count(&self) -> usize {
-        self.bytes.len().checked_div(self.slot_bytes).unwrap_or(0)
+        self.memory.slot_count()
     }
     fn slot_bytes(&self) -> usize {
-        self.slot_bytes
+        self.memory.slot_bytes()
     }
     fn bind(&mut self, slot: usize) -> Result<Binding, BindError> {
-        let region = self
-            .endpoint
-            .register(self.slot_bytes as u64, Access::LOCAL)
-            .map_err(|e| BindError { slot, kind: self.kind(), detail: e.to_string() })?;
+        let kind = self.kind();
+        let fail = |detail: String| BindError { slot, kind, detail };
+        if let Some(region) = self.region(slot) {
+            // Already registered (the pool binds a slot only once; this keeps a second bind
+            // from leaking a registration).
+            return Ok(Binding { key: u64::from(region.lkey.0) });
+        }
+        let Some(entry) = self.regions.get_mut(slot) else {
+            return Err(fail(format!("the memory has {} slots", self.memory.slot_count())));
+        };
+        let bytes = self
+            .memory
+            .host_bytes_mut(slot)
+            .ok_or_else(|| fail("the slot has no host address".into()))?;
+        let (addr, len) = (NonNull::from(&mut *bytes).cast::<u8>(), bytes.len());
+        // SAFETY: `M: StableHostMemory` keeps `addr..addr + len` (exactly this slot) valid and
+        // in place while `self.memory` lives; the registration is deregistered in `unbind` or
+        // in `Drop`, before the memory is. The pool hands the slot's bytes out only while a
+        // lease holds it, which is the contract `register_host` asks for.
+        let region = unsafe { self.endpoint.register_host(addr, len, self.access) }
+            .map_err(|e| fail(e.to_string()))?;
+        *entry = Some(region);
         self.registrations += 1;
         Ok(Binding { key: u64::from(region.lkey.0) })
     }
-    fn unbind(&mut self, _slot: usize, binding: Binding) {
+    fn unbind(&mut self, slot: usize, binding: Binding) {
+        if let Some(entry) = self.regions.get_mut(slot) {
+            *entry = None;
+        }
         // The key came from our own bind, so deregistering cannot meet an unknown key; if it
         // somehow did, the registration is already gone and nothing is left to undo.
         let _ = self.endpoint.deregister(local_key(binding));
     }
     fn host_bytes_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
-        let start = slot.checked_mul(self.slot_bytes)?;
-        self.bytes.get_mut(start..start.checked_add(self.slot_bytes)?)
+        self.memory.host_bytes_mut(slot)
+    }
+}
+
+impl<E: RegisterHostMemory, M: StableHostMemory> Drop for NicSlots<E, M> {
+    fn drop(&mut self) {
+        for region in self.regions.iter_mut().filter_map(Option::take) {
+            // A key this value registered; an endpoint that already dropped it has nothing
+            // left to undo.
+            let _ = self.endpoint.deregister(region.lkey);
+        }
     }
 }

@@ -158,3 +158,26 @@ pub trait NicEndpoint: fmt::Debug {
     /// completes after it. The NIC half of an epoch fence.
     fn reset(&mut self);
 }
+
+/// An endpoint that registers memory its caller owns, at the memory's real address (verbs:
+/// `ibv_reg_mr` on the caller's pages), so the keys it returns cover exactly those bytes and a
+/// post whose local buffer lies outside them completes with `LocalProtectionError`.
+///
+/// [`crate::slots::NicSlots`] registers pool slots through it. [`NicEndpoint::register`] stays
+/// for memory the endpoint allocates itself.
+pub trait RegisterHostMemory: NicEndpoint {
+    /// Registers `len_bytes` at `addr` with `access` for peers.
+    ///
+    /// # Safety
+    /// `addr..addr + len_bytes` must be valid for reads and writes, and must not be freed or
+    /// moved, until this registration is deregistered (or, for an endpoint that owns its
+    /// registrations, until the endpoint is dropped). No Rust reference to those bytes may be
+    /// live while a work request or a peer's one-sided access uses them: the registration
+    /// contract (a slot stays lent until a completion retires it) is what provides that.
+    unsafe fn register_host(
+        &mut self,
+        addr: std::ptr::NonNull<u8>,
+        len_bytes: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, NicError>;
+}

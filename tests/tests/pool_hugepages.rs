@@ -1,5 +1,6 @@
 //! Huge-page host pools pass the registration conformance rules on every tier this machine can
-//! provide, report the tier they really got, fail closed when a policy demands a tier, and keep
+//! provide, both bare and registered slot by slot with the simulated NIC (`NicSlots` over the
+//! pool), report the tier they really got, fail closed when a policy demands a tier, and keep
 //! slots disjoint.
 //!
 //! The hugetlb tiers need reserved pages. As root, a test reserves the pages its pool needs
@@ -17,6 +18,7 @@ use gpucache_backends::pool::{
     PoolMemoryError, Tier,
 };
 use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
+use gpucache_nic::slots::StableHostMemory;
 
 const SLOTS: usize = 6;
 /// Not a divisor of any page size, so slots straddle pages.
@@ -182,7 +184,7 @@ mod huge_1g {
 
     // A free 1 GiB page needs unfragmented memory, which a busy host may not have between the
     // readiness check and the mapping (seen here): opt in with GPUCACHE_TEST_1G_PAGES=1.
-    fn ready() -> Result<(), String> {
+    pub(super) fn ready() -> Result<(), String> {
         if std::env::var_os("GPUCACHE_TEST_1G_PAGES").is_none() {
             return Err("1 GiB pages are opt-in: GPUCACHE_TEST_1G_PAGES=1".into());
         }
@@ -190,6 +192,72 @@ mod huge_1g {
     }
 
     gpucache_dataplane::pool_conformance_suite!(make, skip_unless = ready);
+}
+
+// SAFETY: the wrapped pool's slots never move (HugePagePool is StableHostMemory) and the
+// wrapper hands them out unchanged; the pool is dropped before the reservation and the lock.
+unsafe impl StableHostMemory for Reserved {}
+
+/// The same suites with the pool's slots registered with a simulated NIC: each bind is a
+/// registration of the slot's own address and length (`MemoryKind::NicRegistered`).
+mod nic_sim {
+    use super::*;
+    use gpucache_nic::sim::{Side, SimEndpoint, SimNicConfig};
+    use gpucache_nic::slots::NicSlots;
+
+    fn on<M: StableHostMemory>(memory: M) -> NicSlots<SimEndpoint, M> {
+        let nic = SimNicConfig::new(0x5107).build().expect("a fault-free config is valid");
+        let slots = NicSlots::on(nic.endpoint(Side::A), memory);
+        assert_eq!(slots.kind(), MemoryKind::NicRegistered { transport: "sim" });
+        slots
+    }
+
+    mod plain {
+        use super::*;
+
+        fn make() -> NicSlots<SimEndpoint, HugePagePool> {
+            on(HugePagePool::new(SLOTS, SLOT_BYTES, HugePagePolicy::only(Tier::Plain)).unwrap())
+        }
+
+        gpucache_dataplane::pool_conformance_suite!(make);
+    }
+
+    mod transparent {
+        use super::*;
+
+        fn make() -> NicSlots<SimEndpoint, HugePagePool> {
+            let policy = HugePagePolicy::only(Tier::Transparent);
+            on(HugePagePool::new(SLOTS, SLOT_BYTES, policy).unwrap())
+        }
+
+        gpucache_dataplane::pool_conformance_suite!(make);
+    }
+
+    mod huge_2m {
+        use super::*;
+
+        fn make() -> NicSlots<SimEndpoint, Reserved> {
+            on(reserve_and_map(Tier::Huge2M, SLOTS, SLOT_BYTES).unwrap())
+        }
+
+        gpucache_dataplane::pool_conformance_suite!(
+            make,
+            skip_unless = || hugetlb_ready(Tier::Huge2M)
+        );
+    }
+
+    mod huge_1g {
+        use super::*;
+
+        fn make() -> NicSlots<SimEndpoint, Reserved> {
+            on(reserve_and_map(Tier::Huge1G, SLOTS, SLOT_BYTES).unwrap())
+        }
+
+        gpucache_dataplane::pool_conformance_suite!(
+            make,
+            skip_unless = super::super::huge_1g::ready
+        );
+    }
 }
 
 /// Checks what the kernel reports against what the pool claims.

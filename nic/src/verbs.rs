@@ -2,9 +2,9 @@
 //! remote key), post one-sided READ and WRITE work requests against a remote region, and poll a
 //! bounded completion queue.
 //!
-//! The simulated NIC ([`crate::sim`]) implements it today. The real verbs backend (sideway,
-//! behind an off-by-default feature) will implement the same traits later, so the transfer glue
-//! in [`crate::transfer`] and its tests stay the same for both.
+//! Two endpoints implement it: the simulated NIC ([`crate::sim`]) and the real verbs backend
+//! (`crate::rdma`, sideway, behind the off-by-default `verbs` feature), so the transfer glue in
+//! [`crate::transfer`] and its tests are the same for both.
 //!
 //! How this maps to verbs: [`NicEndpoint::register`] is `ibv_reg_mr` (the access flags are
 //! `IBV_ACCESS_REMOTE_READ`/`WRITE`), [`NicEndpoint::post`] is `ibv_post_send` on a connected

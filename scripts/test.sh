@@ -88,6 +88,47 @@ cargo clippy -p gpucache-nic --all-targets --features verbs --locked -- -D warni
 cargo build -p gpucache-nic --features verbs --locked
 cargo test -p gpucache-nic --features verbs --locked
 
+# NIXL (nixl-sys in stub mode, libnixl_capi.so from the nixl-cu12 wheel loaded at run time):
+# a venv under the build folder holds the wheel; its bundled libraries go on LD_LIBRARY_PATH
+# for this step only, with UCX_MODULES=^ib (the bundled libnl crashes at exit without it). In CI
+# NIXL must be there (GPUCACHE_REQUIRE_NIXL=1); elsewhere its tests skip with the reason.
+step "nixl feature (clippy, tests)"
+nixl_venv="${CARGO_TARGET_DIR:-target}/nixl-venv"
+case "$nixl_venv" in /*) ;; *) nixl_venv="$PWD/$nixl_venv" ;; esac
+nixl_libs="$(find "$nixl_venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit 2>/dev/null || true)"
+if [ -z "$nixl_libs" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get install -y --no-install-recommends python3 python3-venv >/dev/null 2>&1 \
+                || { apt-get update >/dev/null && apt-get install -y --no-install-recommends python3 python3-venv >/dev/null; }
+        fi
+        echo "installing the NIXL wheel (nixl-cu12 1.5.1, no dependencies) at $nixl_venv"
+        python3 -m venv "$nixl_venv"
+        "$nixl_venv/bin/pip" install --quiet --no-deps nixl-cu12==1.5.1 numpy
+        nixl_libs="$(find "$nixl_venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit)"
+    else
+        echo "scripts/test.sh: no NIXL venv at $nixl_venv and cannot install here; NIXL tests will skip" >&2
+    fi
+fi
+# nixl-sys compiles its C++ loader stub (g++) and runs bindgen (libclang, installed above).
+if ! command -v c++ >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends g++ >/dev/null 2>&1 \
+        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends g++ >/dev/null; }
+fi
+cargo clippy -p gpucache-nic --all-targets --features nixl --locked -- -D warnings
+(
+    if [ -n "$nixl_libs" ]; then
+        export LD_LIBRARY_PATH="$nixl_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    export UCX_MODULES='^ib'
+    if [ "${CI:-}" = "true" ]; then
+        export GPUCACHE_REQUIRE_NIXL=1
+    fi
+    cargo test -p gpucache-nic --features nixl --locked
+)
+
 # loom swaps the executor's locks for its model checker's, so this build differs from the one
 # above; its own target folder keeps the main build's artifacts valid.
 step "loom model checks (executor health monitor, admission credits)"

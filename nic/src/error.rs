@@ -34,6 +34,39 @@ pub enum NicError {
     VerbsCall { call: &'static str, detail: String },
     #[error("connection setup failed while {step}: {detail}")]
     Connect { step: &'static str, detail: String },
+    #[error("NIXL unavailable: {reason}")]
+    NixlUnavailable { reason: NixlUnavailable },
+    #[error("NIXL call {call} failed: {detail}")]
+    NixlCall { call: &'static str, detail: String },
+    #[error("NIXL agent knows {peers} peers, its limit is {max}")]
+    NixlPeersFull { peers: usize, max: usize },
+    #[error("NIXL peer {agent:?} has no loaded metadata (load it, or it was invalidated)")]
+    NixlPeerUnknown { agent: String },
+    #[error("{mem} memory is not supported here: {detail}")]
+    NixlMemUnsupported { mem: &'static str, detail: &'static str },
+    #[error("file descriptor {fd} cannot {op}: {detail}")]
+    NixlFileAccess { fd: i32, op: &'static str, detail: String },
+    #[error("file range {offset}+{len_bytes} is past the end ({limit_bytes} bytes)")]
+    NixlFileRange { offset: u64, len_bytes: u64, limit_bytes: u64 },
+}
+
+/// Why NIXL cannot be used in this process. Each message says what to install or set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NixlUnavailable {
+    #[error("built without the nixl feature (rebuild gpucache-nic with --features nixl)")]
+    NotBuilt,
+    #[error(
+        "libnixl_capi.so cannot be loaded (pip install --no-deps nixl-cu12, then put the \
+         wheel's .nixl_cu12.mesonpy.libs folder on LD_LIBRARY_PATH and set UCX_MODULES=^ib)"
+    )]
+    LibraryMissing,
+    #[error("creating the NIXL agent failed: {detail}")]
+    AgentCreate { detail: String },
+    #[error("NIXL backend plugin {name} is not available (plugins found: {available})")]
+    BackendMissing { name: String, available: String },
+    #[error("creating the NIXL {name} backend failed: {detail}")]
+    BackendCreate { name: String, detail: String },
 }
 
 /// What is missing when RDMA verbs cannot be used on this machine. Each message names what to
@@ -157,6 +190,64 @@ mod tests {
             let shown = NicError::VerbsUnavailable { reason }.to_string();
             assert!(shown.starts_with("RDMA verbs unavailable: "), "{shown}");
             assert!(shown.contains(want), "{shown} lacks {want}");
+        }
+    }
+
+    #[test]
+    fn every_nixl_reason_names_what_to_do() {
+        let cases = [
+            (NixlUnavailable::NotBuilt, "--features nixl"),
+            (NixlUnavailable::LibraryMissing, "LD_LIBRARY_PATH and set UCX_MODULES=^ib"),
+            (
+                NixlUnavailable::AgentCreate { detail: "backend error".into() },
+                "creating the NIXL agent failed: backend error",
+            ),
+            (
+                NixlUnavailable::BackendMissing { name: "GDS".into(), available: "UCX".into() },
+                "plugin GDS is not available (plugins found: UCX)",
+            ),
+            (
+                NixlUnavailable::BackendCreate { name: "UCX".into(), detail: "x".into() },
+                "creating the NIXL UCX backend failed: x",
+            ),
+        ];
+        for (reason, want) in cases {
+            let shown = NicError::NixlUnavailable { reason }.to_string();
+            assert!(shown.starts_with("NIXL unavailable: "), "{shown}");
+            assert!(shown.contains(want), "{shown} lacks {want}");
+        }
+    }
+
+    #[test]
+    fn nixl_errors_display_their_numbers() {
+        let cases = [
+            (
+                NicError::NixlCall { call: "postXferReq", detail: "backend error".into() },
+                "NIXL call postXferReq failed: backend error",
+            ),
+            (
+                NicError::NixlPeersFull { peers: 4, max: 4 },
+                "NIXL agent knows 4 peers, its limit is 4",
+            ),
+            (
+                NicError::NixlPeerUnknown { agent: "b".into() },
+                "NIXL peer \"b\" has no loaded metadata (load it, or it was invalidated)",
+            ),
+            (
+                NicError::NixlMemUnsupported { mem: "VRAM", detail: "no GPU" },
+                "VRAM memory is not supported here: no GPU",
+            ),
+            (
+                NicError::NixlFileAccess { fd: 7, op: "write", detail: "opened read-only".into() },
+                "file descriptor 7 cannot write: opened read-only",
+            ),
+            (
+                NicError::NixlFileRange { offset: 8, len_bytes: 4, limit_bytes: 10 },
+                "file range 8+4 is past the end (10 bytes)",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.to_string(), want);
         }
     }
 }

@@ -16,9 +16,14 @@
 //!   sideway, which loads libibverbs at run time. Without the feature the module does not exist;
 //!   [`VerbsUnavailable::NotBuilt`] is the reason to report when a caller asked for verbs anyway.
 //!
-//! The NIXL path is not here yet; no code pretends to be it.
+//! - [`nixl`]: NIXL through nixl-sys (off-by-default `nixl` feature; `libnixl_capi.so` is
+//!   loaded at run time): a per-process agent with UCX and POSIX backends, huge-page pools
+//!   registered as DRAM, metadata and block-descriptor exchange, and block READ/WRITE to peers
+//!   and files under the same contract. Without the feature only [`nixl::probe`] (answering
+//!   [`NixlUnavailable::NotBuilt`]) and the descriptor encoding [`nixl::wire`] exist.
 
 pub mod error;
+pub mod nixl;
 #[cfg(feature = "verbs")]
 pub mod rdma;
 pub mod sim;
@@ -26,4 +31,4 @@ pub mod slots;
 pub mod transfer;
 pub mod verbs;
 
-pub use error::{NicError, VerbsUnavailable};
+pub use error::{NicError, NixlUnavailable, VerbsUnavailable};

@@ -1,0 +1,128 @@
+//! [`NixlSlots`]: huge-page host memory registered with a NIXL agent once, as one descriptor,
+//! and handed to a [`RegisteredPool`] slot by slot. Binding a slot is bookkeeping only: the
+//! costly registration happened up front and lasts as long as the slots.
+
+use gpucache_backends::pool::HugePagePool;
+use gpucache_dataplane::registry::{
+    BindError, Binding, MemoryKind, PoolMemory, RegionState, RegisteredPool, SlotLease,
+};
+use nixl_sys::{MemType, RegistrationHandle};
+
+use super::agent::Span;
+use super::wire::{BlockMem, RemoteBlock};
+use super::{NixlAgent, TRANSPORT};
+use crate::error::NicError;
+
+/// Host memory registered with NIXL as DRAM, in fixed slots.
+#[derive(Debug)]
+pub struct NixlSlots {
+    // Field order is drop order: the registration goes before the mapping it names.
+    registration: RegistrationHandle,
+    memory: HugePagePool,
+    agent: String,
+    binds: u64,
+}
+
+impl NixlSlots {
+    /// Registers all of `memory`'s mapping with `agent`'s backends as `mem`.
+    ///
+    /// `mem` is a parameter so a GPU pool can come later, but a [`HugePagePool`] is host memory:
+    /// only [`BlockMem::Dram`] is accepted, and `Vram` is refused with
+    /// [`NicError::NixlMemUnsupported`]. Enable the backends that should see the memory
+    /// (UCX for peers, POSIX for files) before calling this.
+    pub fn register(
+        agent: &NixlAgent,
+        memory: HugePagePool,
+        mem: BlockMem,
+    ) -> Result<Self, NicError> {
+        if mem != BlockMem::Dram {
+            return Err(NicError::NixlMemUnsupported {
+                mem: "VRAM",
+                detail: "a huge-page pool is host memory; VRAM needs a GPU pool, none exists here",
+            });
+        }
+        let span =
+            Span { addr: memory.addr(), len: memory.mapped_bytes(), mem: MemType::Dram, dev_id: 0 };
+        let registration = agent
+            .raw()
+            .register_memory(&span, None)
+            .map_err(super::agent::call_failed("registerMem"))?;
+        Ok(Self { registration, memory, agent: agent.name().to_owned(), binds: 0 })
+    }
+
+    /// The agent the memory is registered with.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// The underlying pool (tier, residency).
+    pub fn hugepages(&self) -> &HugePagePool {
+        &self.memory
+    }
+
+    /// A slot's start address.
+    pub fn slot_addr(&self, slot: usize) -> Option<u64> {
+        let bytes = PoolMemory::slot_bytes(&self.memory);
+        (slot < PoolMemory::slot_count(&self.memory))
+            .then(|| (self.memory.addr() + slot * bytes) as u64)
+    }
+
+    /// Describes the first `len_bytes` of `lease`'s slot for a peer, which may then read or
+    /// write them until the slot is returned. Refused unless the lease is still lent and usable.
+    pub fn block(
+        pool: &RegisteredPool<Self>,
+        lease: &SlotLease,
+        len_bytes: u64,
+    ) -> Result<RemoteBlock, NicError> {
+        let lent = pool
+            .table()
+            .get(lease.region)
+            .is_some_and(|r| matches!(r.state, RegionState::Lent { .. }));
+        let memory = pool.memory();
+        let addr = memory.slot_addr(lease.slot).filter(|_| lent);
+        let addr = addr.ok_or(NicError::LeaseNotUsable { region: lease.region })?;
+        let slot_bytes = PoolMemory::slot_bytes(memory) as u64;
+        if len_bytes == 0 || len_bytes > slot_bytes {
+            return Err(NicError::TooLong { len_bytes, slot_bytes });
+        }
+        Ok(RemoteBlock {
+            agent: memory.agent.clone(),
+            mem: BlockMem::Dram,
+            addr,
+            len_bytes,
+            dev_id: 0,
+        })
+    }
+
+    /// True while the registration is held (always, until drop); for tests.
+    pub fn registered(&self) -> bool {
+        self.registration.agent_name().is_some()
+    }
+}
+
+impl PoolMemory for NixlSlots {
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::NicRegistered { transport: TRANSPORT }
+    }
+    fn slot_count(&self) -> usize {
+        PoolMemory::slot_count(&self.memory)
+    }
+    fn slot_bytes(&self) -> usize {
+        PoolMemory::slot_bytes(&self.memory)
+    }
+    fn bind(&mut self, slot: usize) -> Result<Binding, BindError> {
+        if slot >= self.slot_count() {
+            return Err(BindError {
+                slot,
+                kind: self.kind(),
+                detail: format!("the pool has {} slots", self.slot_count()),
+            });
+        }
+        self.binds += 1;
+        Ok(Binding { key: (slot as u64) << 32 | (self.binds & 0xffff_ffff) })
+    }
+    fn unbind(&mut self, _slot: usize, _binding: Binding) {}
+    fn host_bytes_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        self.memory.slot_mut(slot)
+    }
+}

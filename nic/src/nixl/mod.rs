@@ -1,0 +1,88 @@
+//! NIXL (NVIDIA Inference Xfer Library) as a block transport, through the `nixl-sys` crate.
+//!
+//! `nixl-sys` is built in its stub mode: it needs no NIXL headers, and loads `libnixl_capi.so`
+//! at run time (the `nixl-cu12` wheel ships it, with UCX and the UCX, POSIX and OBJ plugins).
+//! Everything here is behind the off-by-default `nixl` feature except [`probe`], the
+//! [`wire`] encoding of a block descriptor, and [`crate::NixlUnavailable`], so a build without
+//! the feature still answers "NIXL unavailable: built without the nixl feature".
+//!
+//! The pieces, in the order a service uses them:
+//!
+//! 1. [`probe`] (or [`NixlAgent::new`], which checks the same) says whether NIXL can be used
+//!    here and which plugins it found; every reason it cannot is a [`crate::NixlUnavailable`].
+//! 2. [`NixlAgent`]: one per process, named; [`NixlAgent::enable`] creates the UCX backend (host
+//!    to host over the network) and the POSIX backend (host memory to files) on request.
+//! 3. [`NixlSlots`]: a [`gpucache_backends::pool::HugePagePool`] registered with the agent once,
+//!    as one descriptor, and carved into the slots of a
+//!    [`gpucache_dataplane::registry::RegisteredPool`]. [`NixlSlots::block`] describes a lent
+//!    slot as a [`RemoteBlock`] for a peer.
+//! 4. Metadata: [`NixlAgent::local_metadata`] after registering, carried to the peer over our
+//!    control channel, and [`NixlAgent::load_peer`] there. Block descriptors travel the same way,
+//!    encoded with [`RemoteBlock::encode`].
+//! 5. [`NixlTransfers`]: READ or WRITE one block between a leased slot and a [`RemoteBlock`]
+//!    or a [`NixlFile`] range, with a wall-clock deadline, mapped onto the registration contract
+//!    (see [`xfer`]); [`NixlTransfers::fence`] is the only thing that returns a quarantined slot.
+//!
+//! Every table is bounded: [`PEERS_MAX`] loaded peers per agent, [`ABANDONED_MAX`] requests
+//! with an unknown outcome waiting for a fence.
+
+pub mod wire;
+
+#[cfg(feature = "nixl")]
+mod agent;
+#[cfg(feature = "nixl")]
+mod file;
+#[cfg(feature = "nixl")]
+mod memory;
+#[cfg(feature = "nixl")]
+pub mod xfer;
+
+#[cfg(feature = "nixl")]
+pub use agent::{NixlAgent, NixlBackend};
+#[cfg(feature = "nixl")]
+pub use file::NixlFile;
+#[cfg(feature = "nixl")]
+pub use memory::NixlSlots;
+#[cfg(feature = "nixl")]
+pub use xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
+
+pub use wire::{BlockMem, RemoteBlock, WireError};
+
+use crate::error::NixlUnavailable;
+
+/// Most peers whose metadata one agent holds at a time.
+pub const PEERS_MAX: usize = 256;
+/// Most requests with an unknown outcome kept (with their quarantined slots) until a fence;
+/// when full, new transfers are refused until [`NixlTransfers::fence`].
+pub const ABANDONED_MAX: usize = 1024;
+/// The transport name NIXL-registered pools report in `MemoryKind::NicRegistered`.
+pub const TRANSPORT: &str = "nixl";
+
+/// What [`probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NixlProbe {
+    /// Backend plugins NIXL can load (for the wheel: UCX, POSIX, OBJ and friends).
+    pub plugins: Vec<String>,
+}
+
+/// Says whether NIXL can be used in this process and which plugins it offers. Creates and drops
+/// a throwaway agent; never panics or aborts (the library is checked before any call that
+/// would abort without it).
+pub fn probe() -> Result<NixlProbe, NixlUnavailable> {
+    #[cfg(feature = "nixl")]
+    {
+        agent::probe()
+    }
+    #[cfg(not(feature = "nixl"))]
+    {
+        Err(NixlUnavailable::NotBuilt)
+    }
+}
+
+#[cfg(all(test, not(feature = "nixl")))]
+mod tests {
+    #[test]
+    fn without_the_feature_probe_says_not_built() {
+        assert_eq!(super::probe(), Err(crate::NixlUnavailable::NotBuilt));
+    }
+}

@@ -3,9 +3,10 @@
 //! Owns argument parsing and wiring backends together from validated configuration; no data
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
 //! directory (`fsck`), measures the FileStore against fio (`bench file`) and the service beside
-//! its peers (`bench service`), and talks to a running service (`put`, `get`, `stat`).
+//! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), and talks to a running service (`put`, `get`, `stat`).
 
 mod bench_file;
+mod bench_nixl;
 mod bench_service;
 mod client_cmd;
 mod fio;
@@ -81,6 +82,12 @@ enum BenchCommand {
     File(bench_file::FileBenchArgs),
     /// Our service beside Redis, Mooncake Store, iperf3 and memcpy, with ratios and aims.
     Service(bench_service::ServiceBenchArgs),
+    /// Blocks over NIXL (ours and bare) beside our TCP path and memcpy, 64 KiB to 4 MiB.
+    /// Needs a build with the `nixl` feature and libnixl_capi.so; exit status 2 without them.
+    Nixl(bench_nixl::NixlBenchArgs),
+    /// The peer process of `bench nixl` (started by it).
+    #[command(hide = true)]
+    NixlPeer(bench_nixl::NixlPeerArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -133,5 +140,7 @@ fn main() -> ExitCode {
         Command::Stat { target } => client_cmd::stat(&target),
         Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
         Command::Bench(BenchCommand::Service(args)) => bench_service::run(&args),
+        Command::Bench(BenchCommand::Nixl(args)) => bench_nixl::run(&args),
+        Command::Bench(BenchCommand::NixlPeer(args)) => bench_nixl::peer(&args),
     }
 }

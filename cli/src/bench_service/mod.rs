@@ -20,9 +20,9 @@
 //! [`TcpStore`]: gpucache_backends::tcp::TcpStore
 
 mod load;
-mod ours;
+pub(crate) mod ours;
 mod peers;
-mod process;
+pub(crate) mod process;
 mod redis;
 mod report;
 
@@ -482,7 +482,7 @@ fn spec(plan: &Plan, size: u64, clients: usize) -> LoadSpec {
     }
 }
 
-fn write_file(path: &Path, text: &str) -> Result<(), String> {
+pub(crate) fn write_file(path: &Path, text: &str) -> Result<(), String> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
@@ -490,12 +490,12 @@ fn write_file(path: &Path, text: &str) -> Result<(), String> {
 }
 
 /// The 1, 5 and 15 minute load averages: other work on a shared machine moves every figure.
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
-fn machine(load_start: &str) -> serde_json::Value {
+pub(crate) fn machine(load_start: &str) -> serde_json::Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
         .lines()
@@ -527,7 +527,7 @@ fn machine_line(m: &serde_json::Value) -> String {
     )
 }
 
-fn git_commit() -> String {
+pub(crate) fn git_commit() -> String {
     let out = Command::new("git").args(["rev-parse", "--short", "HEAD"]).output();
     let commit = out
         .ok()
@@ -540,7 +540,7 @@ fn git_commit() -> String {
 }
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -25,7 +25,7 @@ use super::load::{self, KvClient, LoadSpec, PointResult};
 use super::process::{ChildGuard, free_port, loopback};
 
 /// The tenant the benchmark's service defines and its clients act as.
-const TENANT: &str = "bench";
+pub(crate) const TENANT: &str = "bench";
 /// How long `gpucache serve` may take to listen.
 const START_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -287,7 +287,7 @@ pub(crate) fn measure(
 
 /// Distinct keys `k0`, `k1`, ... in the plain-key namespace of the bench tenant (the same keys
 /// the RESP front would use for those names).
-fn keys(count: u64) -> Result<Vec<PhysicalKey>, String> {
+pub(crate) fn keys(count: u64) -> Result<Vec<PhysicalKey>, String> {
     let tenant = TenantId::parse(TENANT).map_err(|e| format!("bench tenant: {e}"))?;
     let ns = IdentityTemplate::for_tenant(&tenant).map_err(|e| format!("key namespace: {e}"))?;
     (0..count)

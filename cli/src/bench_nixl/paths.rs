@@ -1,0 +1,196 @@
+//! What every path reports ([`Point`], [`PathRun`]), the timed loop they share, the byte
+//! pattern and checksum the checks use, and the memcpy path.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::Plan;
+use crate::units::narrow;
+
+/// One path at one block size.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Point {
+    pub(crate) size: u64,
+    pub(crate) iterations: u32,
+    /// Bytes moved over the sum of the timed iterations, in GiB/s (2^30 bytes per second).
+    pub(crate) gib_s: Option<f64>,
+    /// Median time of one block, microseconds.
+    pub(crate) p50_us: Option<f64>,
+    /// 99th percentile time of one block, microseconds.
+    pub(crate) p99_us: Option<f64>,
+    /// Whether the bytes were checked (checksum on both ends) and matched.
+    pub(crate) verified: bool,
+    pub(crate) error: Option<String>,
+}
+
+impl Point {
+    pub(crate) fn failed(size: u64, error: String) -> Self {
+        Self {
+            size,
+            iterations: 0,
+            gib_s: None,
+            p50_us: None,
+            p99_us: None,
+            verified: false,
+            error: Some(error),
+        }
+    }
+
+    /// The point of `size` from the durations of its timed iterations.
+    pub(crate) fn from_samples(size: u64, samples: &mut [Duration], verified: bool) -> Self {
+        samples.sort_unstable();
+        let total: f64 = samples.iter().map(Duration::as_secs_f64).sum();
+        let n = samples.len();
+        // The nearest-rank percentile, `permille` of 1000.
+        let at = |permille: usize| -> Option<f64> {
+            let last = n.checked_sub(1)?;
+            let i = (permille * n).div_ceil(1000).saturating_sub(1).min(last);
+            Some(samples[i].as_secs_f64() * 1e6)
+        };
+        Self {
+            size,
+            iterations: u32::try_from(n).unwrap_or(u32::MAX),
+            gib_s: (total > 0.0).then(|| size as f64 * n as f64 / total / (1u64 << 30) as f64),
+            p50_us: at(500),
+            p99_us: at(990),
+            verified,
+            error: None,
+        }
+    }
+}
+
+/// One path over every size.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PathRun {
+    pub(crate) name: String,
+    pub(crate) note: String,
+    pub(crate) points: Vec<Point>,
+    /// Why the path did not run at all.
+    pub(crate) error: Option<String>,
+}
+
+impl PathRun {
+    pub(crate) fn new(name: &str, note: &str) -> Self {
+        Self { name: name.into(), note: note.into(), points: Vec::new(), error: None }
+    }
+
+    pub(crate) fn failed(name: &str, error: String) -> Self {
+        Self { name: name.into(), note: String::new(), points: Vec::new(), error: Some(error) }
+    }
+
+    pub(crate) fn point(&self, size: u64) -> Option<&Point> {
+        self.points.iter().find(|p| p.size == size)
+    }
+
+    /// Ran at every size it tried, with the bytes checked.
+    pub(crate) fn clean(&self) -> bool {
+        self.error.is_none() && self.points.iter().all(|p| p.error.is_none() && p.verified)
+    }
+}
+
+/// Runs `op` `warmup` times untimed and `iterations` times timed; the first error ends it.
+pub(crate) fn timed<F>(warmup: u32, iterations: u32, mut op: F) -> Result<Vec<Duration>, String>
+where
+    F: FnMut(u64) -> Result<(), String>,
+{
+    for i in 0..u64::from(warmup) {
+        op(i)?;
+    }
+    let mut samples = Vec::with_capacity(narrow(u64::from(iterations)));
+    for i in 0..u64::from(iterations) {
+        let started = Instant::now();
+        op(u64::from(warmup) + i)?;
+        samples.push(started.elapsed());
+    }
+    Ok(samples)
+}
+
+/// Bytes that depend only on the seed and the position.
+pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut i: u64 = 0;
+    while out.len() < len {
+        let mut x = seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^= x >> 29;
+        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x ^= x >> 32;
+        out.extend_from_slice(&x.to_le_bytes());
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+/// FNV-1a over the bytes, 8 at a time (fast enough for a check per size, not a hash to trust).
+pub(crate) fn checksum(bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        h = (h ^ u64::from_le_bytes(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    for b in words.remainder() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h ^ bytes.len() as u64
+}
+
+/// memcpy between two host buffers of the block's size, in this process: the machine's limit
+/// for moving a block that is already in memory.
+pub(crate) fn memcpy(plan: &Plan) -> PathRun {
+    let mut run = PathRun::new(
+        "memcpy",
+        "in process, one thread, copy_from_slice between two host buffers of the block size",
+    );
+    for &size in &plan.sizes {
+        eprintln!("bench: {}: memcpy", crate::units::size_label(size));
+        let len = narrow(size);
+        let src = pattern(size, len);
+        let mut dst = vec![0u8; len];
+        let copy = |_: u64, dst: &mut Vec<u8>| {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut *dst);
+        };
+        copy(0, &mut dst);
+        let verified = checksum(&dst) == checksum(&src);
+        let samples = timed(plan.warmup, plan.iterations, |i| {
+            copy(i, &mut dst);
+            Ok(())
+        });
+        run.points.push(match samples {
+            Ok(mut s) => Point::from_samples(size, &mut s, verified),
+            Err(e) => Point::failed(size, e),
+        });
+    }
+    run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_summarise_samples() {
+        let mut s: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        let p = Point::from_samples(1 << 20, &mut s, true);
+        assert_eq!(p.iterations, 100);
+        assert_eq!(p.p50_us, Some(50.0));
+        assert_eq!(p.p99_us, Some(99.0));
+        let gib = p.gib_s.expect("rate");
+        // 100 MiB over 5.05 ms.
+        assert!((gib - 100.0 / 1024.0 / 5.05e-3).abs() < 1e-6, "{gib}");
+    }
+
+    #[test]
+    fn patterns_are_prefix_stable_and_checksums_see_changes() {
+        let a = pattern(7, 1000);
+        assert_eq!(pattern(7, 10)[..], a[..10]);
+        assert_ne!(pattern(8, 1000), a);
+        let mut b = a.clone();
+        b[999] ^= 1;
+        assert_ne!(checksum(&a), checksum(&b));
+        assert_ne!(checksum(&a[..999]), checksum(&a));
+    }
+}

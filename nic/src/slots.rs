@@ -5,13 +5,13 @@
 //!
 //! The memory comes from any [`StableHostMemory`]: a huge-page pool
 //! ([`gpucache_backends::pool::HugePagePool`], on whatever tier it got) or plain heap slots
-//! ([`HeapSlots`], what [`NicSlots::new`] builds). The endpoint registers it through
+//! ([`HostSlots`] from the contract crate, what [`NicSlots::new`] builds). The endpoint registers it through
 //! [`RegisterHostMemory`], which the simulated NIC and the verbs endpoint both implement.
 
 use std::ptr::NonNull;
 
 use gpucache_backends::pool::HugePagePool;
-use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
+use gpucache_dataplane::registry::{BindError, Binding, HostSlots, MemoryKind, PoolMemory};
 
 use crate::verbs::{Access, LocalKey, MemoryRegion, RegisterHostMemory};
 
@@ -28,43 +28,10 @@ pub unsafe trait StableHostMemory: PoolMemory {}
 // resized, and unmapped only on drop. Moving the pool moves the pointer, not the pages.
 unsafe impl StableHostMemory for HugePagePool {}
 
-/// Heap memory carved into fixed slots: the memory [`NicSlots::new`] registers when no pool is
-/// given.
-#[derive(Debug)]
-pub struct HeapSlots {
-    bytes: Box<[u8]>,
-    slot_bytes: usize,
-}
-
-impl HeapSlots {
-    pub fn new(slot_count: usize, slot_bytes: usize) -> Self {
-        Self { bytes: vec![0; slot_count * slot_bytes].into_boxed_slice(), slot_bytes }
-    }
-}
-
-impl PoolMemory for HeapSlots {
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn slot_count(&self) -> usize {
-        self.bytes.len().checked_div(self.slot_bytes).unwrap_or(0)
-    }
-    fn slot_bytes(&self) -> usize {
-        self.slot_bytes
-    }
-    fn bind(&mut self, slot: usize) -> Result<Binding, BindError> {
-        Ok(Binding { key: slot as u64 })
-    }
-    fn unbind(&mut self, _slot: usize, _binding: Binding) {}
-    fn host_bytes_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
-        let start = slot.checked_mul(self.slot_bytes)?;
-        self.bytes.get_mut(start..start.checked_add(self.slot_bytes)?)
-    }
-}
-
-// SAFETY: a boxed slice is allocated once and never resized (nothing here reallocates it);
-// moving the box moves the pointer, not the heap bytes, which live until the box is dropped.
-unsafe impl StableHostMemory for HeapSlots {}
+// SAFETY: the slots are one Vec allocated at construction and never grown, shrunk or replaced
+// (HostSlots has no method that resizes it); moving the value moves the pointer, not the heap
+// bytes, which live until the value is dropped.
+unsafe impl StableHostMemory for HostSlots {}
 
 /// Pool slots registered one by one with an endpoint: local access only unless
 /// [`NicSlots::with_access`] opens them to peers.
@@ -72,7 +39,7 @@ unsafe impl StableHostMemory for HeapSlots {}
 /// Every registration still live is deregistered when the slots are dropped, before the memory
 /// goes away, so no key outlives the bytes it covers.
 #[derive(Debug)]
-pub struct NicSlots<E: RegisterHostMemory, M: StableHostMemory = HeapSlots> {
+pub struct NicSlots<E: RegisterHostMemory, M: StableHostMemory = HostSlots> {
     endpoint: E,
     memory: M,
     access: Access,
@@ -81,10 +48,10 @@ pub struct NicSlots<E: RegisterHostMemory, M: StableHostMemory = HeapSlots> {
     registrations: u64,
 }
 
-impl<E: RegisterHostMemory> NicSlots<E, HeapSlots> {
+impl<E: RegisterHostMemory> NicSlots<E, HostSlots> {
     /// `slot_count` heap slots of `slot_bytes`, registered with `endpoint` as they are bound.
     pub fn new(endpoint: E, slot_count: usize, slot_bytes: usize) -> Self {
-        Self::on(endpoint, HeapSlots::new(slot_count, slot_bytes))
+        Self::on(endpoint, HostSlots::new(slot_count, slot_bytes))
     }
 }
 

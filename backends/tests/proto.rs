@@ -942,7 +942,7 @@ fn sample_requests() -> Vec<Request> {
             }],
         },
         Request::NixlAttach { metadata: vec![1, 2, 3] },
-        Request::StageGet { keys: vec![k1.clone(), k2.clone()] },
+        Request::StageGet { items: vec![GetItem { key: k1.clone(), capacity: 4096 }] },
         Request::ReservePut {
             key: Box::new(k2.clone()),
             len: 4096,

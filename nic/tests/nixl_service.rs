@@ -1,7 +1,6 @@
 //! The GPCW stage ops over NIXL in one process: a server with [`NixlStaging`] over a
 //! MemoryStore, a [`NixlClient`] with its own agent. Blocks move both ways with byte checks,
-//! NIXL and plain TCP see the same store, and every refusal is typed. The store conformance
-//! suite runs through the NIXL client too.
+//! NIXL and plain TCP see the same store, and every refusal is typed.
 //!
 //! Needs `libnixl_capi.so` (docs/HARDWARE.md); skips without it, fails under
 //! `GPUCACHE_REQUIRE_NIXL=1`.
@@ -170,7 +169,8 @@ fn refusals_are_typed_and_leave_nothing_behind() {
         ),
         "{err}"
     );
-    let err = plain.stage_get(&who, std::slice::from_ref(&theirs)).unwrap();
+    let item = gpucache_backends::tcp::proto::GetItem { key: theirs.clone(), capacity: 16 };
+    let err = plain.stage_get(&who, &[item]).unwrap();
     assert!(matches!(err[0], Err(StoreError::WrongTenant { .. })), "{err:?}");
     assert_eq!(rig.staging.stats().open, 0);
 
@@ -235,20 +235,4 @@ fn an_expired_put_stage_is_quarantined_until_the_fence() {
     admin.reclaim_fenced(epoch).unwrap();
     let s = rig.staging.stats();
     assert_eq!((s.quarantined_slots, s.free_slots, s.fenced), (0, 2, 1));
-}
-
-mod conformance {
-    use super::*;
-    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
-        let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
-        let served: Arc<dyn Store> = Arc::clone(&store) as Arc<dyn Store>;
-        let rig = rig(served, 16, 1 << 20, StagingLimits::default());
-        let nixl = client(rig.server.local_addr(), 4, 1 << 20);
-        let corrupt = move |key: &gpucache_dataplane::PhysicalKey| {
-            let _serving = &rig;
-            store.corrupt_for_test(key, 17)
-        };
-        Subject { store: Box::new(nixl), corrupt: Box::new(corrupt) }
-    }
-    gpucache_dataplane::conformance_suite!(make);
 }

@@ -1149,15 +1149,17 @@ impl TcpStore {
         }
     }
 
-    /// STAGE_GET: stages each key's block (at most [`BATCH_ITEMS_MAX`] keys).
+    /// STAGE_GET: stages each item's block (at most [`BATCH_ITEMS_MAX`] items); `capacity` is
+    /// the caller's destination size.
     pub fn stage_get(
         &self,
         caller: &Caller,
-        keys: &[PhysicalKey],
+        items: &[GetItem],
     ) -> Result<Vec<Result<StagedGet, StoreError>>, StageCallError> {
         check_right(caller, Right::Read)?;
-        match self.stage_call(caller, Request::StageGet { keys: keys.to_vec() }, "stage_get")? {
-            Response::StageGet(items) if items.len() == keys.len() => Ok(items),
+        let n = items.len();
+        match self.stage_call(caller, Request::StageGet { items: items.to_vec() }, "stage_get")? {
+            Response::StageGet(answers) if answers.len() == n => Ok(answers),
             other => Err(unexpected("stage_get", &other).into()),
         }
     }

@@ -670,10 +670,17 @@ fn answer_staging(
     let now_ms = shared.config.clock.now_ms();
     Ok(match request {
         Request::NixlAttach { metadata } => Response::NixlAttach(staging.attach(&metadata)?),
-        Request::StageGet { keys } => {
-            let mut fills: Vec<_> = keys
+        Request::StageGet { items } => {
+            let mut fills: Vec<_> = items
                 .iter()
-                .map(|key| move |dst: &mut [u8]| store.get_into(who, key, dst))
+                .map(|item| {
+                    move |slot: &mut [u8]| {
+                        let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+                        let end = capacity.min(slot.len());
+                        let dst = &mut slot[..end];
+                        store.get_into(who, &item.key, dst)
+                    }
+                })
                 .collect();
             let mut refs: Vec<&mut super::staging::FillSlot<'_>> =
                 fills.iter_mut().map(|f| f as &mut super::staging::FillSlot<'_>).collect();

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use gpucache_backends::pool::{HugePagePolicy, HugePagePool};
 use gpucache_backends::tcp::TcpStore;
+use gpucache_backends::tcp::proto::GetItem;
 use gpucache_backends::tcp::staging::{StageCallError, StageId, StagedGet};
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::checksum::Checksum;
@@ -194,7 +195,8 @@ impl NixlClient {
         if inner.server.is_none() {
             return Err(NixlClientError::NotAttached);
         }
-        let mut staged = self.store.stage_get(caller, std::slice::from_ref(key))?;
+        let item = GetItem { key: key.clone(), capacity: dst.len() as u64 };
+        let mut staged = self.store.stage_get(caller, &[item])?;
         let (slot, len, checksum) = match staged.pop() {
             Some(Ok(StagedGet::Staged { slot, len, checksum })) => (slot, len, checksum),
             Some(Ok(StagedGet::Miss(m))) => {

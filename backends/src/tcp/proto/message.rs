@@ -194,9 +194,10 @@ pub enum Request {
     NixlAttach {
         metadata: Vec<u8>,
     },
-    /// Stages each key's block in a slot the client reads itself.
+    /// Stages each key's block in a slot the client reads itself; `capacity` is the client's
+    /// destination size, as in GET (a larger block answers `BufferTooSmall`).
     StageGet {
-        keys: Vec<PhysicalKey>,
+        items: Vec<GetItem>,
     },
     /// Leases an empty slot for a block of `len` bytes hashing to `checksum`.
     ReservePut {
@@ -346,7 +347,7 @@ impl Request {
             | Self::ExpireLeases
             | Self::BumpEpoch
             | Self::StageStats => {}
-            Self::Lookup { keys } | Self::Invalidate { keys } | Self::StageGet { keys } => {
+            Self::Lookup { keys } | Self::Invalidate { keys } => {
                 w.count(keys.len());
                 for key in keys {
                     w.key(key);
@@ -420,6 +421,13 @@ impl Request {
                 put_request_id(w, *request);
             }
             Self::CommitPut { stage } => w.u64(stage.0),
+            Self::StageGet { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.capacity);
+                }
+            }
             Self::Release { stages } => {
                 w.count(stages.len());
                 for stage in stages {
@@ -462,7 +470,14 @@ impl Request {
             Op::BumpEpoch => Self::BumpEpoch,
             Op::StageStats => Self::StageStats,
             Op::NixlAttach => Self::NixlAttach { metadata: get_metadata(r)? },
-            Op::StageGet => Self::StageGet { keys: read_keys(r)? },
+            Op::StageGet => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(GetItem { key: r.key(index)?, capacity: r.u64(text::INTEGER)? });
+                }
+                Self::StageGet { items }
+            }
             Op::ReservePut => Self::ReservePut {
                 key: Box::new(r.key(0)?),
                 len: r.u64(text::INTEGER)?,

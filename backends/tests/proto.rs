@@ -13,6 +13,9 @@ use gpucache_backends::tcp::proto::{
     SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
     decode_put_request, encode_get_response, encode_put_request, header_checksum, intern, offset,
 };
+use gpucache_backends::tcp::staging::{
+    StageId, StagedGet, StagedSlot, StagingFailure, StagingStats,
+};
 use gpucache_dataplane::caller::Right;
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::{KvDtype, TenantId};
@@ -938,6 +941,17 @@ fn sample_requests() -> Vec<Request> {
                 checksum: Checksum(5),
             }],
         },
+        Request::NixlAttach { metadata: vec![1, 2, 3] },
+        Request::StageGet { items: vec![GetItem { key: k1.clone(), capacity: 4096 }] },
+        Request::ReservePut {
+            key: Box::new(k2.clone()),
+            len: 4096,
+            checksum: Checksum(11),
+            request: Some(RequestId(12)),
+        },
+        Request::CommitPut { stage: StageId(13) },
+        Request::Release { stages: vec![StageId(1), StageId(2)] },
+        Request::StageStats,
     ]
 }
 
@@ -1005,6 +1019,33 @@ fn sample_responses() -> Vec<Response> {
             Ok(Get::Miss(MissReason::Corrupt)),
         ]),
         Response::PutShared(vec![Ok(Put::AlreadyCommitted)]),
+        Response::NixlAttach(vec![9; 40]),
+        Response::StageGet(vec![
+            Ok(StagedGet::Staged {
+                slot: StagedSlot { stage: StageId(4), descriptor: vec![7; 50], lease_ms: 30_000 },
+                len: 4096,
+                checksum: Checksum(5),
+            }),
+            Ok(StagedGet::Miss(MissReason::Absent)),
+            Err(StoreError::WrongTenant { caller: t.clone(), owner: fixture::tenant(0) }),
+        ]),
+        Response::ReservePut(Ok(StagedSlot {
+            stage: StageId(6),
+            descriptor: vec![1],
+            lease_ms: 5,
+        })),
+        Response::CommitPut(Ok(Put::Committed(Checksum(3)))),
+        Response::Release(vec![true, false]),
+        Response::StageStats(StagingStats {
+            staged: 3,
+            free_slots: 2,
+            slot_bytes: 1 << 20,
+            ..StagingStats::default()
+        }),
+        Response::Error(WireError::Staging {
+            reason: StagingFailure::OverBudget,
+            detail: "the connection holds 2 open stages".into(),
+        }),
         Response::Error(WireError::UnsupportedVersion { found: 1, supported: VERSION }),
     ]
 }
@@ -1252,7 +1293,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 20), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 26), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;
@@ -1645,13 +1686,14 @@ fn bad_names_text_and_tags_are_typed() {
     abort[25] = 2;
     let result = Request::decode_body(Op::Abort, &abort);
     assert_eq!(result, Err(WireError::UnknownTag { what: "retirement", tag: 2 }));
-    let cases: [(Op, &[u8], &str); 8] = [
+    let cases: [(Op, &[u8], &str); 9] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
         (Op::Write, &[1, 12], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[26], "wire error"),
+        (Op::Error, &[27], "wire error"),
+        (Op::Error, &[26, 7], "staging failure"),
         (Op::Error, &[21, 8], "auth failure"),
         (Op::Hello, &[2, 0, 0, 0, 0, 9], "hello credentials"),
     ];

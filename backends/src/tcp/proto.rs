@@ -156,13 +156,25 @@ pub enum Op {
     GetShared,
     /// Batch PUT from the connection's shared segment.
     PutShared,
+    /// Exchanges NIXL agent metadata (block staging, ADR 0018).
+    NixlAttach,
+    /// Batch GET into leased staging slots the client then reads itself.
+    StageGet,
+    /// Leases an empty staging slot the client then writes itself.
+    ReservePut,
+    /// Stores a written staging slot.
+    CommitPut,
+    /// Returns staging slots.
+    Release,
+    /// The staging counters.
+    StageStats,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 26] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -182,6 +194,12 @@ impl Op {
         Self::ShmAttach,
         Self::GetShared,
         Self::PutShared,
+        Self::NixlAttach,
+        Self::StageGet,
+        Self::ReservePut,
+        Self::CommitPut,
+        Self::Release,
+        Self::StageStats,
         Self::Error,
     ];
 
@@ -206,6 +224,12 @@ impl Op {
             Self::ShmAttach => 17,
             Self::GetShared => 18,
             Self::PutShared => 19,
+            Self::NixlAttach => 20,
+            Self::StageGet => 21,
+            Self::ReservePut => 22,
+            Self::CommitPut => 23,
+            Self::Release => 24,
+            Self::StageStats => 25,
             Self::Error => 255,
         }
     }
@@ -240,6 +264,12 @@ impl Op {
             Self::ShmAttach => "SHM_ATTACH",
             Self::GetShared => "GET_SHARED",
             Self::PutShared => "PUT_SHARED",
+            Self::NixlAttach => "NIXL_ATTACH",
+            Self::StageGet => "STAGE_GET",
+            Self::ReservePut => "RESERVE_PUT",
+            Self::CommitPut => "COMMIT_PUT",
+            Self::Release => "RELEASE",
+            Self::StageStats => "STAGE_STATS",
             Self::Error => "ERROR",
         }
     }

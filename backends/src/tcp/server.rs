@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
-use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError};
+use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError, authorize};
 
 use crate::listener::{
     Acceptor, AcceptorConfig, Connection, Gate, LocalListener, ReadTick, read_tick,
@@ -36,6 +36,7 @@ use super::proto::{
     Response, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
     encode_get_response,
 };
+use super::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 
 /// How often a blocked read wakes to check for shutdown and idleness.
 const READ_TICK: Duration = Duration::from_millis(100);
@@ -74,6 +75,9 @@ pub struct ServerConfig {
     /// Bytes of client segments mapped at once, over all local connections; an attach past
     /// it is refused.
     pub shm_mapped_bytes_max: u64,
+    /// Registered memory for one-sided block transfers (NIXL_ATTACH and the stage ops); without
+    /// it those ops are refused with `WireError::Staging { reason: NotEnabled, .. }`.
+    pub staging: Option<Arc<dyn BlockStaging>>,
 }
 
 impl ServerConfig {
@@ -91,6 +95,7 @@ impl ServerConfig {
             clock: Arc::new(UnixClock),
             local: None,
             shm_mapped_bytes_max: 16 << 30,
+            staging: None,
         }
     }
 }
@@ -101,6 +106,8 @@ struct Shared {
     gate: Arc<Gate>,
     /// Bytes of client segments mapped now (bounded by `shm_mapped_bytes_max`).
     shm_mapped: AtomicU64,
+    /// The id the next connection gets (it names the owner of its stages).
+    next_connection: AtomicU64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -142,6 +149,7 @@ impl Server {
             store,
             gate: Arc::clone(&gate),
             shm_mapped: AtomicU64::new(0),
+            next_connection: AtomicU64::new(1),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -296,9 +304,11 @@ impl Drop for Mapped<'_> {
     }
 }
 
-/// The same-host state of a connection.
+/// The same-host state of a connection, and its id.
 #[derive(Default)]
 struct Local<'a> {
+    /// Names the connection as the owner of its stages.
+    connection: u64,
     /// The Unix socket HELLO offers: set on a TCP connection from this host when the server
     /// has one.
     offer: Option<String>,
@@ -315,7 +325,10 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Vec::new();
     let mut session: Option<Session> = None;
-    let mut local = Local::default();
+    let connection = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+    let mut local = Local { connection, ..Local::default() };
+    // However the connection ends, its open stages are settled (returned or quarantined).
+    let _stages = StagesAtClose { staging: shared.config.staging.as_deref(), connection };
     if stream.peer_is_loopback() {
         local.offer = shared.config.local.as_ref().map(|p| p.display().to_string());
     }
@@ -570,16 +583,35 @@ fn answer<'a>(
         Request::Abort { reservation, outcome } => {
             Response::Abort(store.abort(who, reservation, outcome))
         }
-        Request::ExpireLeases => Response::ExpireLeases(
-            require(who, Right::Admin).and_then(|()| store.expire_leases().map(|n| n as u64)),
-        ),
+        Request::ExpireLeases => {
+            Response::ExpireLeases(require(who, Right::Admin).and_then(|()| {
+                let staged = shared
+                    .config
+                    .staging
+                    .as_ref()
+                    .map_or(0, |s| s.expire(shared.config.clock.now_ms()));
+                store.expire_leases().map(|n| (n + staged) as u64)
+            }))
+        }
         Request::Attest { region } => Response::Attest(store.attest_drained(who, region)),
         Request::BumpEpoch => {
             Response::BumpEpoch(require(who, Right::Admin).and_then(|()| store.bump_epoch()))
         }
-        Request::ReclaimFenced { epoch } => Response::ReclaimFenced(
-            require(who, Right::Admin).and_then(|()| store.reclaim_fenced(epoch).map(|n| n as u64)),
-        ),
+        Request::ReclaimFenced { epoch } => {
+            Response::ReclaimFenced(require(who, Right::Admin).and_then(|()| {
+                let reclaimed = store.reclaim_fenced(epoch)?;
+                // The store's fence passed: fence the staging memory too (its own epoch).
+                let staged = match &shared.config.staging {
+                    Some(s) => s.fence().map_err(|e| StoreError::Backend {
+                        operation: "reclaim_fenced",
+                        detail: e.to_string(),
+                        retirement: Retirement::Retired,
+                    })?,
+                    None => 0,
+                };
+                Ok((reclaimed + staged) as u64)
+            }))
+        }
         Request::ShmAttach { len } => attach(len, local, shared),
         Request::GetShared { items } => match &local.segment {
             None => shm_error("no segment is attached to this connection"),
@@ -589,7 +621,95 @@ fn answer<'a>(
             None => shm_error("no segment is attached to this connection"),
             Some(m) => put_shared(store, who, &m.segment, &items),
         },
+        request @ (Request::NixlAttach { .. }
+        | Request::StageGet { .. }
+        | Request::ReservePut { .. }
+        | Request::CommitPut { .. }
+        | Request::Release { .. }
+        | Request::StageStats) => {
+            answer_staging(request, who, local.connection, shared).unwrap_or_else(Response::Error)
+        }
     }
+}
+
+/// Settles a connection's open stages when it ends ([`BlockStaging::connection_closed`]).
+struct StagesAtClose<'a> {
+    staging: Option<&'a dyn BlockStaging>,
+    connection: u64,
+}
+
+impl Drop for StagesAtClose<'_> {
+    fn drop(&mut self) {
+        if let Some(staging) = self.staging {
+            staging.connection_closed(self.connection);
+        }
+    }
+}
+
+fn staging_of(shared: &Shared) -> Result<&dyn BlockStaging, WireError> {
+    shared.config.staging.as_deref().ok_or_else(|| {
+        StagingError::NotEnabled {
+            reason: "the server runs without [nixl] (see docs/OPERATIONS.md)".into(),
+        }
+        .into()
+    })
+}
+
+/// The stage ops: NIXL_ATTACH, STAGE_GET, RESERVE_PUT, COMMIT_PUT, RELEASE, STAGE_STATS.
+/// Keys are authorised exactly as GET and PUT authorise them (by the store, or by
+/// [`authorize`] before a slot is leased); stages belong to the tenant that opened them.
+fn answer_staging(
+    request: Request,
+    who: &Caller,
+    connection: u64,
+    shared: &Shared,
+) -> Result<Response, WireError> {
+    let staging = staging_of(shared)?;
+    let store = &*shared.store;
+    let owner = StageOwner { connection, tenant: who.tenant.clone() };
+    let now_ms = shared.config.clock.now_ms();
+    Ok(match request {
+        Request::NixlAttach { metadata } => Response::NixlAttach(staging.attach(&metadata)?),
+        Request::StageGet { items } => {
+            let mut fills: Vec<_> = items
+                .iter()
+                .map(|item| {
+                    move |slot: &mut [u8]| {
+                        let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+                        let end = capacity.min(slot.len());
+                        let dst = &mut slot[..end];
+                        store.get_into(who, &item.key, dst)
+                    }
+                })
+                .collect();
+            let mut refs: Vec<&mut super::staging::FillSlot<'_>> =
+                fills.iter_mut().map(|f| f as &mut super::staging::FillSlot<'_>).collect();
+            Response::StageGet(staging.stage_get(&owner, now_ms, &mut refs)?)
+        }
+        Request::ReservePut { key, len, checksum, request } => {
+            if let Err(e) = authorize(who, &key, Right::Write) {
+                return Ok(Response::ReservePut(Err(e)));
+            }
+            if len == 0 {
+                return Ok(Response::ReservePut(Err(StoreError::EmptyObject)));
+            }
+            let intent = PutIntent { key: *key, len, checksum, request };
+            Response::ReservePut(Ok(staging.reserve_put(&owner, now_ms, intent)?))
+        }
+        Request::CommitPut { stage } => {
+            let mut put = |intent: &PutIntent, bytes: &[u8]| {
+                store.put(who, &intent.key, bytes, intent.request)
+            };
+            Response::CommitPut(staging.commit_put(&owner, stage, &mut put)?)
+        }
+        Request::Release { stages } => Response::Release(staging.release(&owner, &stages)),
+        Request::StageStats => Response::StageStats(staging.stats()),
+        other => {
+            return Err(WireError::Internal {
+                detail: format!("{} is not a stage op", other.op()),
+            });
+        }
+    })
 }
 
 fn shm_error(detail: impl std::fmt::Display) -> Response {

@@ -23,6 +23,10 @@
 //!    or a [`NixlFile`] range, with a wall-clock deadline, mapped onto the registration contract
 //!    (see [`xfer`]); [`NixlTransfers::fence`] is the only thing that returns a quarantined slot.
 //!
+//! 6. Between GPUCache nodes: [`NixlStaging`] is the server's staging memory behind the GPCW
+//!    stage ops (it implements `gpucache_backends::tcp::staging::BlockStaging`), and
+//!    [`NixlClient`] the client that READs and WRITEs it, a `Store` over both.
+//!
 //! Every table is bounded: [`PEERS_MAX`] loaded peers per agent, [`ABANDONED_MAX`] requests
 //! with an unknown outcome waiting for a fence.
 
@@ -31,18 +35,26 @@ pub mod wire;
 #[cfg(feature = "nixl")]
 mod agent;
 #[cfg(feature = "nixl")]
+pub mod client;
+#[cfg(feature = "nixl")]
 mod file;
 #[cfg(feature = "nixl")]
 mod memory;
+#[cfg(feature = "nixl")]
+pub mod service;
 #[cfg(feature = "nixl")]
 pub mod xfer;
 
 #[cfg(feature = "nixl")]
 pub use agent::{NixlAgent, NixlBackend};
 #[cfg(feature = "nixl")]
+pub use client::{NixlClient, NixlClientConfig, NixlClientCounters, NixlClientError};
+#[cfg(feature = "nixl")]
 pub use file::NixlFile;
 #[cfg(feature = "nixl")]
 pub use memory::NixlSlots;
+#[cfg(feature = "nixl")]
+pub use service::{NixlStaging, NixlStagingConfig};
 #[cfg(feature = "nixl")]
 pub use xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
 

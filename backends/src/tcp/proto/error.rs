@@ -86,6 +86,10 @@ pub enum WireError {
     /// that cannot be mapped (unsealed, too large, no descriptor), or a range outside it.
     #[error("shared memory: {detail}")]
     SharedMemory { detail: String },
+    /// A block-staging request refused (NIXL_ATTACH and the stage ops): the typed reason and
+    /// the server's account of it. Nothing was staged.
+    #[error("staging: {reason}: {detail}")]
+    Staging { reason: crate::tcp::staging::StagingFailure, detail: String },
 }
 
 /// Which HELLO check failed ([`WireError::AuthFailed`]).

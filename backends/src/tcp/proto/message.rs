@@ -21,6 +21,10 @@ use super::values::{
 };
 use gpucache_dataplane::caller::Rights;
 
+use crate::tcp::staging::{
+    AGENT_METADATA_BYTES_MAX, DESCRIPTOR_BYTES_MAX, StageId, StagedGet, StagedSlot, StagingStats,
+};
+
 use super::seal::{FINGERPRINT_BYTES, NONCE_BYTES, SealAlgorithm, SealKey};
 use super::{Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
 
@@ -186,6 +190,29 @@ pub enum Request {
     PutShared {
         items: Vec<SharedPutItem>,
     },
+    /// The client's NIXL agent metadata (at most [`AGENT_METADATA_BYTES_MAX`] bytes).
+    NixlAttach {
+        metadata: Vec<u8>,
+    },
+    /// Stages each key's block in a slot the client reads itself; `capacity` is the client's
+    /// destination size, as in GET (a larger block answers `BufferTooSmall`).
+    StageGet {
+        items: Vec<GetItem>,
+    },
+    /// Leases an empty slot for a block of `len` bytes hashing to `checksum`.
+    ReservePut {
+        key: Box<PhysicalKey>,
+        len: u64,
+        checksum: Checksum,
+        request: Option<RequestId>,
+    },
+    CommitPut {
+        stage: StageId,
+    },
+    Release {
+        stages: Vec<StageId>,
+    },
+    StageStats,
 }
 
 /// What a server answers, with the op of the request (or [`Op::Error`]).
@@ -219,6 +246,14 @@ pub enum Response {
     ShmAttach(u64),
     GetShared(Vec<Result<Get, StoreError>>),
     PutShared(Vec<Result<Put, StoreError>>),
+    /// The server's NIXL agent metadata.
+    NixlAttach(Vec<u8>),
+    StageGet(Vec<Result<StagedGet, StoreError>>),
+    ReservePut(Result<StagedSlot, StoreError>),
+    CommitPut(Result<Put, StoreError>),
+    /// Per stage, whether it was open.
+    Release(Vec<bool>),
+    StageStats(StagingStats),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -266,6 +301,12 @@ impl Request {
             Self::ShmAttach { .. } => Op::ShmAttach,
             Self::GetShared { .. } => Op::GetShared,
             Self::PutShared { .. } => Op::PutShared,
+            Self::NixlAttach { .. } => Op::NixlAttach,
+            Self::StageGet { .. } => Op::StageGet,
+            Self::ReservePut { .. } => Op::ReservePut,
+            Self::CommitPut { .. } => Op::CommitPut,
+            Self::Release { .. } => Op::Release,
+            Self::StageStats => Op::StageStats,
         }
     }
 
@@ -300,7 +341,12 @@ impl Request {
                     }
                 }
             }
-            Self::Info | Self::Epoch | Self::Stats | Self::ExpireLeases | Self::BumpEpoch => {}
+            Self::Info
+            | Self::Epoch
+            | Self::Stats
+            | Self::ExpireLeases
+            | Self::BumpEpoch
+            | Self::StageStats => {}
             Self::Lookup { keys } | Self::Invalidate { keys } => {
                 w.count(keys.len());
                 for key in keys {
@@ -362,6 +408,32 @@ impl Request {
                     w.u64(item.checksum.0);
                 }
             }
+            Self::NixlAttach { metadata } => {
+                if metadata.len() > AGENT_METADATA_BYTES_MAX {
+                    w.fail(metadata_error(metadata.len()));
+                }
+                w.bytes(metadata);
+            }
+            Self::ReservePut { key, len, checksum, request } => {
+                w.key(key);
+                w.u64(*len);
+                w.u64(checksum.0);
+                put_request_id(w, *request);
+            }
+            Self::CommitPut { stage } => w.u64(stage.0),
+            Self::StageGet { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.capacity);
+                }
+            }
+            Self::Release { stages } => {
+                w.count(stages.len());
+                for stage in stages {
+                    w.u64(stage.0);
+                }
+            }
         }
     }
 
@@ -396,6 +468,31 @@ impl Request {
             Op::Stats => Self::Stats,
             Op::ExpireLeases => Self::ExpireLeases,
             Op::BumpEpoch => Self::BumpEpoch,
+            Op::StageStats => Self::StageStats,
+            Op::NixlAttach => Self::NixlAttach { metadata: get_metadata(r)? },
+            Op::StageGet => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(GetItem { key: r.key(index)?, capacity: r.u64(text::INTEGER)? });
+                }
+                Self::StageGet { items }
+            }
+            Op::ReservePut => Self::ReservePut {
+                key: Box::new(r.key(0)?),
+                len: r.u64(text::INTEGER)?,
+                checksum: Checksum(r.u64(text::INTEGER)?),
+                request: get_request_id(r)?,
+            },
+            Op::CommitPut => Self::CommitPut { stage: StageId(r.u64(text::INTEGER)?) },
+            Op::Release => {
+                let n = r.count()?;
+                let mut stages = r.batch(n);
+                for _ in 0..n {
+                    stages.push(StageId(r.u64(text::INTEGER)?));
+                }
+                Self::Release { stages }
+            }
             Op::Lookup => Self::Lookup { keys: read_keys(r)? },
             Op::Invalidate => Self::Invalidate { keys: read_keys(r)? },
             Op::Get => {
@@ -617,6 +714,76 @@ fn put_fetched_meta(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values
     Ok(())
 }
 
+fn metadata_error(len: usize) -> WireError {
+    WireError::TooMany {
+        what: text::AGENT_METADATA,
+        count: len as u64,
+        max: AGENT_METADATA_BYTES_MAX as u64,
+    }
+}
+
+fn get_metadata(r: &mut Reader<'_>) -> Result<Vec<u8>, WireError> {
+    let metadata = r.bytes()?;
+    if metadata.len() > AGENT_METADATA_BYTES_MAX {
+        return Err(metadata_error(metadata.len()));
+    }
+    Ok(metadata)
+}
+
+fn put_staged_slot(w: &mut Writer<'_>, slot: &StagedSlot) {
+    w.u64(slot.stage.0);
+    if slot.descriptor.len() > DESCRIPTOR_BYTES_MAX {
+        w.fail(WireError::TooMany {
+            what: text::DESCRIPTOR,
+            count: slot.descriptor.len() as u64,
+            max: DESCRIPTOR_BYTES_MAX as u64,
+        });
+    }
+    w.bytes(&slot.descriptor);
+    w.u64(slot.lease_ms);
+}
+
+fn get_staged_slot(r: &mut Reader<'_>) -> Result<StagedSlot, WireError> {
+    let stage = StageId(r.u64(text::INTEGER)?);
+    let descriptor = r.bytes()?;
+    if descriptor.len() > DESCRIPTOR_BYTES_MAX {
+        return Err(WireError::TooMany {
+            what: text::DESCRIPTOR,
+            count: descriptor.len() as u64,
+            max: DESCRIPTOR_BYTES_MAX as u64,
+        });
+    }
+    Ok(StagedSlot { stage, descriptor, lease_ms: r.u64(text::INTEGER)? })
+}
+
+fn put_staged_get(w: &mut Writer<'_>, g: &StagedGet) -> Result<(), super::values::Unrepresentable> {
+    match g {
+        StagedGet::Staged { slot, len, checksum } => {
+            w.u8(0);
+            put_staged_slot(w, slot);
+            w.u64(*len);
+            w.u64(checksum.0);
+        }
+        StagedGet::Miss(m) => {
+            w.u8(1);
+            put_miss(w, *m);
+        }
+    }
+    Ok(())
+}
+
+fn get_staged_get(r: &mut Reader<'_>) -> Result<StagedGet, WireError> {
+    match r.u8(text::STAGED_GET)? {
+        0 => Ok(StagedGet::Staged {
+            slot: get_staged_slot(r)?,
+            len: r.u64(text::INTEGER)?,
+            checksum: Checksum(r.u64(text::INTEGER)?),
+        }),
+        1 => Ok(StagedGet::Miss(get_miss(r)?)),
+        tag => Err(WireError::UnknownTag { what: text::STAGED_GET, tag }),
+    }
+}
+
 fn put_get(w: &mut Writer<'_>, g: &Get) -> Result<(), super::values::Unrepresentable> {
     match g {
         Get::Hit { len, checksum } => {
@@ -702,6 +869,12 @@ impl Response {
             Self::ShmAttach(_) => Op::ShmAttach,
             Self::GetShared(_) => Op::GetShared,
             Self::PutShared(_) => Op::PutShared,
+            Self::NixlAttach(_) => Op::NixlAttach,
+            Self::StageGet(_) => Op::StageGet,
+            Self::ReservePut(_) => Op::ReservePut,
+            Self::CommitPut(_) => Op::CommitPut,
+            Self::Release(_) => Op::Release,
+            Self::StageStats(_) => Op::StageStats,
             Self::Error(_) => Op::Error,
         }
     }
@@ -778,6 +951,40 @@ impl Response {
             Self::ShmAttach(len) => w.u64(*len),
             Self::GetShared(items) => write_batch(w, items, put_get),
             Self::PutShared(items) => write_batch(w, items, put_put),
+            Self::NixlAttach(metadata) => {
+                if metadata.len() > AGENT_METADATA_BYTES_MAX {
+                    w.fail(metadata_error(metadata.len()));
+                }
+                w.bytes(metadata);
+            }
+            Self::StageGet(items) => write_batch(w, items, put_staged_get),
+            Self::ReservePut(result) => put_result(w, result, |w, slot| {
+                put_staged_slot(w, slot);
+                Ok(())
+            }),
+            Self::CommitPut(result) => put_result(w, result, put_put),
+            Self::Release(open) => {
+                w.count(open.len());
+                for o in open {
+                    w.bool(*o);
+                }
+            }
+            Self::StageStats(s) => {
+                for n in [
+                    s.staged,
+                    s.committed,
+                    s.released,
+                    s.quarantined,
+                    s.fenced,
+                    s.open,
+                    s.free_slots,
+                    s.quarantined_slots,
+                    s.peers,
+                    s.slot_bytes,
+                ] {
+                    w.u64(n);
+                }
+            }
             Self::Error(e) => put_wire_error(w, e),
         }
     }
@@ -843,6 +1050,33 @@ impl Response {
             Op::ShmAttach => Self::ShmAttach(r.u64(N)?),
             Op::GetShared => Self::GetShared(read_batch(r, |r, _| get_get(r))?),
             Op::PutShared => Self::PutShared(read_batch(r, |r, _| get_put(r))?),
+            Op::NixlAttach => Self::NixlAttach(get_metadata(r)?),
+            Op::StageGet => Self::StageGet(read_batch(r, |r, _| get_staged_get(r))?),
+            Op::ReservePut => Self::ReservePut(get_result(r, get_staged_slot)?),
+            Op::CommitPut => Self::CommitPut(get_result(r, get_put)?),
+            Op::Release => {
+                let n = r.count()?;
+                let mut open = r.batch(n);
+                for _ in 0..n {
+                    open.push(r.bool(text::BOOL)?);
+                }
+                Self::Release(open)
+            }
+            Op::StageStats => {
+                const S: &str = text::STAGE_STATS;
+                Self::StageStats(StagingStats {
+                    staged: r.u64(S)?,
+                    committed: r.u64(S)?,
+                    released: r.u64(S)?,
+                    quarantined: r.u64(S)?,
+                    fenced: r.u64(S)?,
+                    open: r.u64(S)?,
+                    free_slots: r.u64(S)?,
+                    quarantined_slots: r.u64(S)?,
+                    peers: r.u64(S)?,
+                    slot_bytes: r.u64(S)?,
+                })
+            }
             Op::Error => Self::Error(get_wire_error(r)?),
         })
     }

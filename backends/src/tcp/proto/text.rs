@@ -111,6 +111,11 @@ whats! {
     AUTH_FAILURE = "auth failure",
     HELLO_AUTH = "hello credentials",
     SEAL_ALGORITHM = "seal algorithm",
+    STAGING_FAILURE = "staging failure",
+    STAGED_GET = "staged get answer",
+    STAGE_STATS = "stage stats",
+    AGENT_METADATA = "agent metadata",
+    DESCRIPTOR = "block descriptor",
 }
 
 /// The static string equal to `text`, if it is in [`DATAPLANE_TEXT`] or [`WHAT_TEXT`].

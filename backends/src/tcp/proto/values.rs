@@ -22,6 +22,7 @@ use super::codec::{Reader, Writer, wide};
 use super::error::AuthFailure;
 use super::text::{self, REMOTE_DETAIL, REMOTE_TEXT};
 use super::{Kind, WireError};
+use crate::tcp::staging::StagingFailure;
 
 /// A value this build cannot put on the wire as itself (an unknown variant of a
 /// `#[non_exhaustive]` dataplane enum); carries its message.
@@ -777,6 +778,11 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u8(25);
             w.text(detail);
         }
+        WireError::Staging { reason, detail } => {
+            w.u8(26);
+            w.u8(reason.code());
+            w.text(detail);
+        }
     }
 }
 
@@ -820,6 +826,12 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
         23 => WireError::SealMismatch,
         24 => WireError::Replayed { request_id: r.u64(N)? },
         25 => WireError::SharedMemory { detail: r.text(text::TEXT)? },
+        26 => {
+            let tag = r.u8(text::STAGING_FAILURE)?;
+            let reason = StagingFailure::from_code(tag)
+                .ok_or(WireError::UnknownTag { what: text::STAGING_FAILURE, tag })?;
+            WireError::Staging { reason, detail: r.text(text::TEXT)? }
+        }
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

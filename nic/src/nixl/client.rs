@@ -1,0 +1,448 @@
+//! [`NixlClient`]: a GPUCache client whose block payloads move over NIXL while the GPCW
+//! connection ([`TcpStore`]) carries control: the server stages a block in its registered
+//! memory and this side READs it into its own registered slot (GET), or this side WRITEs its
+//! slot into a slot the server leased (PUT).
+//!
+//! A GET's bytes reach the caller only after their checksum verifies in this side's slot; a
+//! mismatch is a miss, never a wrong hit. The caller's buffer is never registered or handed to
+//! NIXL, so every failure leaves it untouched (`failures_retire`). A transfer whose outcome is
+//! unknown quarantines this side's slot until [`NixlClient::fence`].
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpucache_backends::pool::{HugePagePolicy, HugePagePool};
+use gpucache_backends::tcp::TcpStore;
+use gpucache_backends::tcp::proto::GetItem;
+use gpucache_backends::tcp::staging::{StageCallError, StageId, StagedGet};
+use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::registry::{
+    Epoch, LocalEpochs, RegionCounts, RegionId, RegisteredPool, SlotLease,
+};
+use gpucache_dataplane::store::{
+    Abort, Committed, Get, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
+    Retirement, Store, StoreError, StoreInfo, StoreStats,
+};
+
+use super::xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
+use super::{BlockMem, NixlAgent, NixlBackend, NixlSlots, RemoteBlock};
+use crate::error::NicError;
+
+/// How to build a [`NixlClient`].
+#[derive(Debug, Clone)]
+pub struct NixlClientConfig {
+    pub agent_name: String,
+    /// Bytes per slot of this side's pool: the largest block it moves.
+    pub slot_bytes: usize,
+    /// Slots of this side's pool: the transfers in flight at once, plus quarantined ones.
+    pub slots: usize,
+    /// Wall-clock deadline of one READ or WRITE.
+    pub deadline: Duration,
+    pub huge_pages: HugePagePolicy,
+}
+
+/// Why a NIXL GET or PUT failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NixlClientError {
+    #[error(transparent)]
+    Nic(#[from] NicError),
+    #[error(transparent)]
+    Stage(#[from] StageCallError),
+    /// The transfer's outcome is unknown: this side's slot is quarantined until a fence.
+    #[error("the NIXL transfer for {region} has an unknown outcome; its slot is quarantined")]
+    Unknown { region: RegionId },
+    #[error("the server's block descriptor does not decode: {detail}")]
+    Descriptor { detail: String },
+    #[error("the client is not attached to the server's NIXL agent (call attach)")]
+    NotAttached,
+}
+
+impl From<StoreError> for NixlClientError {
+    fn from(e: StoreError) -> Self {
+        Self::Stage(StageCallError::Store(e))
+    }
+}
+
+/// What the client's transfers did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NixlClientCounters {
+    pub gets: u64,
+    pub hits: u64,
+    pub puts: u64,
+    /// Blocks READ whose bytes did not match the server's checksum (answered as misses).
+    pub checksum_mismatches: u64,
+    /// Transfers whose outcome is unknown.
+    pub unknown: u64,
+    pub transfers: NixlCounters,
+}
+
+#[derive(Debug)]
+struct Inner {
+    agent: NixlAgent,
+    pool: RegisteredPool<NixlSlots>,
+    xfers: NixlTransfers,
+    /// The server's agent, once attached.
+    server: Option<String>,
+    counters: NixlClientCounters,
+}
+
+/// A NIXL-capable client of one `gpucache serve`.
+#[derive(Debug)]
+pub struct NixlClient {
+    store: TcpStore,
+    inner: Mutex<Inner>,
+}
+
+fn transport(operation: &'static str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend { operation, detail: e.to_string(), retirement: Retirement::Retired }
+}
+
+impl NixlClient {
+    /// Creates this side's agent (UCX) and registered pool; attach before moving blocks.
+    pub fn new(store: TcpStore, config: NixlClientConfig) -> Result<Self, NicError> {
+        let mut agent = NixlAgent::new(&config.agent_name)?;
+        agent.enable(NixlBackend::Ucx)?;
+        let memory = HugePagePool::new(config.slots, config.slot_bytes, config.huge_pages)
+            .map_err(|e| NicError::NixlCall { call: "hugepage pool", detail: e.to_string() })?;
+        let slots = NixlSlots::register(&agent, memory, BlockMem::Dram)?;
+        let pool = RegisteredPool::new(slots, Box::new(LocalEpochs));
+        let limits = NixlLimits { deadline: config.deadline, ..NixlLimits::default() };
+        Ok(Self {
+            store,
+            inner: Mutex::new(Inner {
+                agent,
+                pool,
+                xfers: NixlTransfers::new(limits),
+                server: None,
+                counters: NixlClientCounters::default(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The control connection (plain GPCW ops, stage stats).
+    pub fn tcp(&self) -> &TcpStore {
+        &self.store
+    }
+
+    /// Exchanges metadata with the server's agent (NIXL_ATTACH) as `caller`.
+    pub fn attach(&self, caller: &Caller) -> Result<String, NixlClientError> {
+        let mut inner = self.lock();
+        let ours = inner.agent.local_metadata()?;
+        let theirs = self.store.nixl_attach(caller, &ours)?;
+        let server = inner.agent.load_peer(&theirs)?;
+        inner.server = Some(server.clone());
+        Ok(server)
+    }
+
+    pub fn counters(&self) -> NixlClientCounters {
+        let inner = self.lock();
+        NixlClientCounters { transfers: inner.xfers.counters(), ..inner.counters }
+    }
+
+    /// This side's pool regions by state.
+    pub fn region_counts(&self) -> RegionCounts {
+        self.lock().pool.table().counts()
+    }
+
+    pub fn free_slots(&self) -> usize {
+        self.lock().pool.free_slots()
+    }
+
+    /// Unknown-outcome transfers not yet fenced.
+    pub fn abandoned(&self) -> usize {
+        self.lock().xfers.abandoned()
+    }
+
+    /// Expires this side's slot leases at `now_ms` (they carry none: nothing is freed).
+    pub fn expire_leases(&self, now_ms: u64) -> usize {
+        self.lock().pool.expire_leases(now_ms).len()
+    }
+
+    /// The client's fence: releases abandoned requests, drops the metadata of the peers they
+    /// targeted, advances the pool's epoch and reclaims every slot lent before it. Attach again
+    /// afterwards to talk to the server.
+    pub fn fence(&self) -> Result<usize, NicError> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let proofs = inner.xfers.fence(&mut inner.agent, &mut inner.pool)?;
+        if let Some(server) = &inner.server
+            && !inner.agent.knows_peer(server)
+        {
+            inner.server = None;
+        }
+        Ok(proofs.len())
+    }
+
+    /// STAGE_GET, READ into this side's slot, verify, copy into `dst`, RELEASE.
+    pub fn get(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, NixlClientError> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.counters.gets += 1;
+        if inner.server.is_none() {
+            return Err(NixlClientError::NotAttached);
+        }
+        let item = GetItem { key: key.clone(), capacity: dst.len() as u64 };
+        let mut staged = self.store.stage_get(caller, &[item])?;
+        let (slot, len, checksum) = match staged.pop() {
+            Some(Ok(StagedGet::Staged { slot, len, checksum })) => (slot, len, checksum),
+            Some(Ok(StagedGet::Miss(m))) => {
+                if m == MissReason::Corrupt {
+                    // As the store does: nothing of a corrupt block stays in the caller's buffer.
+                    dst.fill(0);
+                }
+                return Ok(Get::Miss(m));
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(transport("get", "no answer for the key").into()),
+        };
+        let stage = slot.stage;
+        let result = read_verified(inner, caller, &slot.descriptor, len, checksum, dst);
+        match &result {
+            // The server's slot may still be read by our abandoned request: it must not hear
+            // "done" from us; its lease (or our connection's close) settles it.
+            Err(NixlClientError::Unknown { .. }) => inner.counters.unknown += 1,
+            _ => {
+                let _ = self.store.release_stages(caller, &[stage]);
+            }
+        }
+        match result {
+            Ok(true) => {
+                inner.counters.hits += 1;
+                Ok(Get::Hit { len, checksum })
+            }
+            Ok(false) => {
+                inner.counters.checksum_mismatches += 1;
+                dst.fill(0);
+                Ok(Get::Miss(MissReason::Corrupt))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Copy into this side's slot, RESERVE_PUT, WRITE, COMMIT_PUT.
+    pub fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, NixlClientError> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.counters.puts += 1;
+        if inner.server.is_none() {
+            return Err(NixlClientError::NotAttached);
+        }
+        if src.is_empty() {
+            return Err(StoreError::EmptyObject.into());
+        }
+        let checksum = Checksum::of(src);
+        let lease = checkout(inner, &caller.tenant)?;
+        let staged = match self.store.reserve_put(caller, key, src.len() as u64, checksum, request)
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = inner.xfers.release(&mut inner.pool, &lease);
+                return Err(e.into());
+            }
+        };
+        let remote = match RemoteBlock::decode(&staged.descriptor) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = inner.xfers.release(&mut inner.pool, &lease);
+                let _ = self.store.release_stages(caller, &[staged.stage]);
+                return Err(NixlClientError::Descriptor { detail: e.to_string() });
+            }
+        };
+        let written = (|| {
+            let slot = inner
+                .pool
+                .slot_bytes_mut(&lease)
+                .ok_or(NicError::LeaseNotUsable { region: lease.region })?;
+            let slot_bytes = slot.len() as u64;
+            slot.get_mut(..src.len())
+                .ok_or(NicError::TooLong { len_bytes: src.len() as u64, slot_bytes })?
+                .copy_from_slice(src);
+            inner.xfers.write(&inner.agent, &mut inner.pool, &lease, &remote)
+        })();
+        match written {
+            Ok(NixlOutcome::Done { .. }) => {
+                let _ = inner.xfers.release(&mut inner.pool, &lease);
+                Ok(self.store.commit_put(caller, staged.stage)?)
+            }
+            Ok(NixlOutcome::Unknown { region, .. }) => {
+                inner.counters.unknown += 1;
+                // Never commit: the server's lease quarantines its slot.
+                Err(NixlClientError::Unknown { region })
+            }
+            Err(e) => {
+                let _ = inner.xfers.release(&mut inner.pool, &lease);
+                // Nothing was posted: the server's slot is untouched.
+                let _ = self.store.release_stages(caller, &[staged.stage]);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// RELEASE of stages this side opened by hand (tests, tools).
+    pub fn release(
+        &self,
+        caller: &Caller,
+        stages: &[StageId],
+    ) -> Result<Vec<bool>, StageCallError> {
+        self.store.release_stages(caller, stages)
+    }
+}
+
+fn checkout(inner: &mut Inner, owner: &TenantId) -> Result<SlotLease, NicError> {
+    let leases = inner.pool.checkout(owner, 1, None).map_err(|e| NicError::QueueFull {
+        outstanding: inner.pool.table().len(),
+        depth: match e {
+            gpucache_dataplane::registry::PoolError::Exhausted { total, .. } => total,
+            _ => 0,
+        },
+    })?;
+    Ok(leases[0])
+}
+
+/// READs the described block into a fresh slot of this side, checks it against `checksum`
+/// and copies it into `dst`. `Ok(false)`: the bytes did not match (nothing copied).
+fn read_verified(
+    inner: &mut Inner,
+    caller: &Caller,
+    descriptor: &[u8],
+    len: u64,
+    checksum: Checksum,
+    dst: &mut [u8],
+) -> Result<bool, NixlClientError> {
+    let remote = RemoteBlock::decode(descriptor)
+        .map_err(|e| NixlClientError::Descriptor { detail: e.to_string() })?;
+    if remote.len_bytes != len {
+        return Err(NixlClientError::Descriptor {
+            detail: format!("describes {} bytes, the answer says {len}", remote.len_bytes),
+        });
+    }
+    let n = usize::try_from(len).unwrap_or(usize::MAX);
+    if n > dst.len() {
+        return Err(StoreError::BufferTooSmall { needed: len, provided: dst.len() as u64 }.into());
+    }
+    let lease = checkout(inner, &caller.tenant)?;
+    match inner.xfers.read(&inner.agent, &mut inner.pool, &lease, &remote) {
+        Ok(NixlOutcome::Done { .. }) => {}
+        Ok(NixlOutcome::Unknown { region, .. }) => return Err(NixlClientError::Unknown { region }),
+        Err(e) => {
+            let _ = inner.xfers.release(&mut inner.pool, &lease);
+            return Err(e.into());
+        }
+    }
+    let slot = inner.pool.slot_bytes_mut(&lease).map(|s| &s[..n]);
+    let ok = slot.is_some_and(|bytes| {
+        let matches = Checksum::of(bytes) == checksum;
+        if matches {
+            dst[..n].copy_from_slice(bytes);
+        }
+        matches
+    });
+    let _ = inner.xfers.release(&mut inner.pool, &lease);
+    Ok(ok)
+}
+
+fn store_error(operation: &'static str, e: NixlClientError) -> StoreError {
+    match e {
+        NixlClientError::Stage(StageCallError::Store(e)) => e,
+        // The caller's buffer is never handed to NIXL: every failure is retired for it.
+        other => transport(operation, other),
+    }
+}
+
+/// The store contract over NIXL: GET and PUT move payloads over NIXL, everything else is the
+/// plain GPCW call.
+impl Store for NixlClient {
+    fn info(&self) -> StoreInfo {
+        StoreInfo { name: "nixl", ..self.store.info() }
+    }
+    fn epoch(&self) -> Epoch {
+        self.store.epoch()
+    }
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        self.store.lookup(caller, key)
+    }
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        self.get(caller, key, dst).map_err(|e| store_error("get", e))
+    }
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        self.store.reserve(caller, key, len, request)
+    }
+    fn write(
+        &self,
+        caller: &Caller,
+        reservation: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        self.store.write(caller, reservation, offset, src)
+    }
+    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
+        self.store.commit(caller, reservation)
+    }
+    fn abort(
+        &self,
+        caller: &Caller,
+        reservation: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        self.store.abort(caller, reservation, outcome)
+    }
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        NixlClient::put(self, caller, key, src, request).map_err(|e| store_error("put", e))
+    }
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        self.store.invalidate(caller, key)
+    }
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        self.store.expire_leases()
+    }
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        self.store.attest_drained(caller, region)
+    }
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        self.store.bump_epoch()
+    }
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        self.store.reclaim_fenced(epoch)
+    }
+    fn stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+}

@@ -129,7 +129,7 @@ cargo clippy -p gpucache-nic -p gpucache-cli --all-targets --features gpucache-n
     # The conformance suite through the NIXL client (tests/nixl_conformance.rs) takes minutes:
     # run it on demand.
     cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service
-    cargo test -p gpucache-cli --features nixl --locked --test bench_nixl
+    cargo test -p gpucache-cli --features nixl --locked --test bench_nixl --test nixl_serve
 )
 
 # loom swaps the executor's locks for its model checker's, so this build differs from the one

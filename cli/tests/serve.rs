@@ -341,3 +341,37 @@ fn shm_commands_fail_clearly_when_the_server_has_no_local_socket() {
     }
     stop(running);
 }
+
+/// Without the `nixl` feature, `[nixl] enabled = true` stops `serve` with the typed reason, and
+/// `--nixl` on the client commands is refused the same way: never a silent start without it.
+#[cfg(not(feature = "nixl"))]
+#[test]
+fn nixl_enabled_without_the_feature_fails_closed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("gpucache.toml");
+    std::fs::write(
+        &config,
+        "[store]\nkind = \"memory\"\n\n\
+         [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
+         [nixl]\nenabled = true\n",
+    )
+    .expect("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "serve started without NIXL: {err}");
+    assert!(
+        err.contains("nixl.enabled: NIXL unavailable: built without the nixl feature"),
+        "{err}"
+    );
+    assert!(!err.contains("listening"), "{err}");
+    for args in [&["get", "x", "--nixl"][..], &["put", "x", "--nixl"][..]] {
+        let out = gpucache(args, Some(b"value"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("--nixl: NIXL unavailable: built without the nixl feature"), "{err}");
+    }
+}

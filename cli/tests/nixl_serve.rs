@@ -15,7 +15,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
@@ -36,6 +36,10 @@ use gpucache_nic::nixl::{
     BlockMem, NixlAgent, NixlBackend, NixlClient, NixlClientConfig, NixlLimits, NixlOutcome,
     NixlSlots, NixlTransfers, RemoteBlock,
 };
+
+mod common;
+
+use common::Serve;
 
 const ROLE_ENV: &str = "GPUCACHE_NIXL_SERVE_ROLE";
 const ADDR_ENV: &str = "GPUCACHE_NIXL_SERVE_ADDR";
@@ -104,51 +108,11 @@ fn write_config(dir: &Path, stage_lease_ms: u64) -> std::path::PathBuf {
     path
 }
 
-struct Running {
-    child: Child,
-    native: SocketAddr,
-}
-
-impl Running {
-    fn pid(&self) -> i32 {
-        i32::try_from(self.child.id()).expect("pid")
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name))
-        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
-/// Starts `gpucache serve` and waits for its start line, which must name NIXL staging.
-fn start(config: &Path) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn gpucache serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let line = lines.next().expect("serve said nothing").expect("read stderr");
-    assert!(line.contains("listening"), "serve did not start: {line}");
-    assert!(field(&line, "staging=").starts_with("nixl:"), "staging not active: {line}");
-    std::thread::spawn(move || for _ in lines {});
-    Running { native: field(&line, "native=").parse().expect("native addr"), child }
-}
-
-fn stop(mut r: Running) {
-    // SAFETY: sends SIGTERM to our own child process.
-    assert_eq!(unsafe { libc::kill(r.pid(), libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = r.child.try_wait().expect("wait") {
-            assert!(status.success(), "serve exited with {status}");
-            return;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop after SIGTERM");
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+/// Starts `gpucache serve` and checks that its start line names NIXL staging.
+fn start(config: &Path) -> Serve {
+    let serve = Serve::start(config);
+    assert!(serve.field("staging=").starts_with("nixl:"), "staging not active: {}", serve.line);
+    serve
 }
 
 /// SIGSTOP, confirmed by waitpid(WUNTRACED): the process runs no more code after this.
@@ -233,10 +197,10 @@ fn blocks_move_over_nixl_between_serve_and_clients_byte_for_byte() {
         deadline: Duration::from_secs(30),
         huge_pages: HugePagePolicy::default().lock(Lock::Off),
     };
-    let nixl = NixlClient::new(tcp(server.native), config).expect("NIXL client");
+    let nixl = NixlClient::new(tcp(server.native()), config).expect("NIXL client");
     nixl.attach(&who).expect("attach");
-    let plain = tcp(server.native);
-    let native = server.native.to_string();
+    let plain = tcp(server.native());
+    let native = server.native().to_string();
     for (i, len) in (0u64..).zip(SIZES) {
         let name = format!("nixl-block-{len}");
         let k = key_of(&name);
@@ -286,7 +250,7 @@ fn blocks_move_over_nixl_between_serve_and_clients_byte_for_byte() {
     assert_eq!(stats.committed, 6, "{stats:?}");
     let c = nixl.counters();
     assert_eq!((c.puts, c.hits, c.unknown, c.checksum_mismatches), (3, 6, 0, 0));
-    stop(server);
+    server.stop();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -306,7 +270,7 @@ fn role_server_kill() {
     let server = start(&write_config(dir.path(), 60_000));
     let pid = server.pid();
     let who = caller();
-    let control = tcp(server.native);
+    let control = tcp(server.native());
     let k = key_of("read-while-the-server-dies");
     let data = payload(77, 1 << 20);
     assert!(matches!(control.put(&who, &k, &data, None).expect("put"), Put::Committed(_)));
@@ -363,9 +327,8 @@ fn role_server_kill() {
     assert!(quarantined(&pool));
     assert!(pool.slot_bytes_mut(&l[1]).is_none(), "a quarantined slot's bytes are out of reach");
 
-    let mut server = server;
     kill_process(pid);
-    let _ = server.child.try_wait();
+    server.forget();
     // Whatever NIXL reports for the dead peer, and the lease running out, free nothing.
     xfers.poll_abandoned(&agent, &mut pool).expect("poll");
     pool.expire_leases(lease_deadline_ms + 1);
@@ -394,9 +357,9 @@ fn a_client_killed_before_commit_leaves_the_server_slot_quarantined_until_a_fenc
     let dir = tempfile::tempdir().expect("temp dir");
     let lease_ms = 300;
     let server = start(&write_config(dir.path(), lease_ms));
-    let native = server.native.to_string();
+    let native = server.native().to_string();
     let name = "put-by-a-client-that-dies";
-    let control = tcp(server.native);
+    let control = tcp(server.native());
     let who = caller();
 
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
@@ -480,7 +443,7 @@ fn a_client_killed_before_commit_leaves_the_server_slot_quarantined_until_a_fenc
         matches!(control.get_into(&who, &k, &mut buf).expect("get"), Get::Hit { len, .. } if len == data.len() as u64)
     );
     assert!(buf[..data.len()] == data[..]);
-    stop(server);
+    server.stop();
 }
 
 /// RESERVE_PUT and a NIXL WRITE of the slot, then wait (never commit) until killed.

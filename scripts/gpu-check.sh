@@ -82,7 +82,7 @@ esac
 plan
 declare -a summary=()
 failed=0
-record() { summary+=("$1: $2"); [ "$2" = ok ] || failed=1; }
+record() { summary+=("$1: $2"); case "$2" in ok*) ;; *) failed=1 ;; esac; }
 run_step() {
     local name="$1"; shift
     printf '\n== %s\n' "$name"
@@ -99,7 +99,7 @@ else
     for b in e2e probe gpucache-gpu-bench; do
         [ -x "$PREBUILT/$b" ] || { echo "no cargo and no $PREBUILT/$b: run --prepare where cargo is, then carry $PREBUILT" >&2; exit 1; }
     done
-    record build "prebuilt ($PREBUILT)"
+    record build "ok (prebuilt, $PREBUILT)"
 fi
 
 printf '\n== gpu\n'

@@ -72,6 +72,10 @@ pub enum GpuError {
     DeviceMismatch { region: RegionId, device: u32, staging_device: u32 },
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// NIXL refused (unavailable, registration failed); only with the `nixl` feature.
+    #[cfg(feature = "nixl")]
+    #[error(transparent)]
+    Nixl(gpucache_nic::NicError),
 }
 
 pub(crate) fn driver(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {

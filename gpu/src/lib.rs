@@ -15,12 +15,16 @@
 
 pub mod error;
 pub mod memory;
+#[cfg(feature = "nixl")]
+pub mod nixl;
 pub mod probe;
 pub mod retire;
 pub mod stream;
 
 pub use error::{DriverCode, GpuError, GpuUnavailable};
 pub use memory::{GpuDevice, GpuSlots, PinnedStaging};
+#[cfg(feature = "nixl")]
+pub use nixl::NixlGpuSlots;
 pub use probe::{DeviceInfo, driver_ready, probe};
 pub use retire::{CompletionEvent, EventStatus, RetireLimits, Retirement, TransferBook};
 pub use stream::{CudaEvent, Direction, GpuStream};

@@ -130,6 +130,7 @@ cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --fea
     # run it on demand.
     cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service
     cargo test -p gpucache-cli --features nixl --locked --test bench_nixl --test nixl_serve
+    cargo test -p gpucache-gpu --features nixl --locked --test nixl_vram
 )
 
 # loom swaps the executor's locks for its model checker's, so this build differs from the one

@@ -1,0 +1,42 @@
+//! The registration conformance suite over NIXL-registered pool memory: a huge-page pool
+//! registered with an agent's UCX backend as one DRAM descriptor ([`NixlSlots`]) keeps every
+//! rule of the contract (bound slots first, quarantine on an unknown completion, nothing freed
+//! by expiry, idle reports or late completions, only a fence or a drained attestation returns a
+//! slot, region ids never reused).
+//!
+//! Needs `libnixl_capi.so`: without it each case skips with the typed reason, or fails when
+//! `GPUCACHE_REQUIRE_NIXL=1` (CI).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
+use gpucache_nic::nixl::{BlockMem, NixlAgent, NixlBackend, NixlSlots};
+
+const SLOTS: usize = 6;
+const SLOT_BYTES: usize = 64 << 10;
+
+fn ready() -> Result<(), String> {
+    match gpucache_nic::nixl::probe() {
+        Ok(_) => Ok(()),
+        Err(reason) => {
+            assert!(
+                std::env::var("GPUCACHE_REQUIRE_NIXL").as_deref() != Ok("1"),
+                "GPUCACHE_REQUIRE_NIXL=1 but NIXL is unavailable: {reason}"
+            );
+            Err(format!("NIXL unavailable: {reason}"))
+        }
+    }
+}
+
+/// A fresh agent per pool: the registration handle keeps the agent alive as long as the slots.
+fn make() -> NixlSlots {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = format!("pool-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let mut agent = NixlAgent::new(&name).expect("agent");
+    agent.enable(NixlBackend::Ucx).expect("UCX backend");
+    let memory = HugePagePool::new(SLOTS, SLOT_BYTES, HugePagePolicy::default().lock(Lock::Off))
+        .expect("host pool");
+    NixlSlots::register(&agent, memory, BlockMem::Dram).expect("registration")
+}
+
+gpucache_dataplane::pool_conformance_suite!(make, skip_unless = ready);

@@ -88,6 +88,12 @@ cargo clippy -p gpucache-nic --all-targets --features verbs --locked -- -D warni
 cargo build -p gpucache-nic --features verbs --locked
 cargo test -p gpucache-nic --features verbs --locked
 
+# SPDK and DOCA are absent here: with their features the DPU agent's native queues must fail
+# closed, naming what is missing (the conformance suite already ran in the workspace step).
+step "dpu spdk/doca features (clippy, fail-closed tests)"
+cargo clippy -p gpucache-dpu --all-targets --features spdk,doca --locked -- -D warnings
+cargo test -p gpucache-dpu --features spdk,doca --locked --lib --test agent
+
 # NIXL (nixl-sys in stub mode, libnixl_capi.so from the nixl-cu12 wheel loaded at run time):
 # a venv under the build folder holds the wheel; its bundled libraries go on LD_LIBRARY_PATH
 # for this step only, with UCX_MODULES=^ib (the bundled libnl crashes at exit without it). In CI

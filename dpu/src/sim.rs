@@ -1,0 +1,142 @@
+//! The simulated DPU queue: blocks kept in memory, completions disturbed by seeded faults
+//! (lost, late, duplicated, error completions, queue stalls). The same seed, configuration
+//! and calls give the same faults, so a failing test replays from its seed.
+//!
+//! It is a simulation and says so: its backend name is `"sim-dpu"`, an agent with a simulated
+//! queue reports [`crate::Offload::Simulated`] with the seed, and its slab is marked simulated.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::queue::{BlockId, Done, MissCause, QueueBackend, Staged};
+
+pub use crate::queue::Fault;
+
+/// Most blocks one simulated queue keeps.
+pub const SIM_BLOCKS_MAX: usize = 1 << 16;
+/// Most scripted faults one simulated queue accepts.
+pub const SIM_SCRIPT_MAX: usize = 1024;
+
+/// Fault rates in parts per million of submissions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultRates {
+    pub lost_ppm: u32,
+    pub late_ppm: u32,
+    pub duplicated_ppm: u32,
+    pub error_ppm: u32,
+    pub stall_ppm: u32,
+}
+
+/// How to build a simulated queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub rates: FaultRates,
+    /// Faults for the next submissions, in order, ahead of the seeded draws.
+    pub script: Vec<Fault>,
+    /// Longest a late completion or a stall lasts, in reactor polls.
+    pub polls_max: u32,
+    /// Most blocks kept (beyond it a write fails with an error completion).
+    pub blocks_max: usize,
+}
+
+impl SimConfig {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            rates: FaultRates::default(),
+            script: Vec::new(),
+            polls_max: 4,
+            blocks_max: 4096,
+        }
+    }
+}
+
+/// SplitMix64: small, seedable, good enough for fault draws.
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u32) -> u32 {
+        // n > 0; the remainder is below n, so it fits u32.
+        u32::try_from(self.next() % u64::from(n.max(1))).unwrap_or(0)
+    }
+}
+
+/// The simulated queue backend.
+#[derive(Debug)]
+pub(crate) struct SimQueue {
+    config: SimConfig,
+    rng: SplitMix64,
+    script: VecDeque<Fault>,
+    blocks: BTreeMap<BlockId, Vec<u8>>,
+}
+
+impl SimQueue {
+    pub(crate) fn new(config: SimConfig) -> Self {
+        let mut script: VecDeque<Fault> = config.script.iter().copied().collect();
+        script.truncate(SIM_SCRIPT_MAX);
+        Self { rng: SplitMix64(config.seed), script, blocks: BTreeMap::new(), config }
+    }
+}
+
+impl QueueBackend for SimQueue {
+    fn name(&self) -> &'static str {
+        "sim-dpu"
+    }
+    fn simulated(&self) -> Option<u64> {
+        Some(self.config.seed)
+    }
+    fn next_fault(&mut self) -> Fault {
+        if let Some(f) = self.script.pop_front() {
+            return f;
+        }
+        let r = self.config.rates;
+        let polls = 1 + self.rng.below(self.config.polls_max.max(1));
+        let draw = self.rng.below(1_000_000);
+        let mut edge = 0u32;
+        for (ppm, fault) in [
+            (r.lost_ppm, Fault::Lost),
+            (r.late_ppm, Fault::Late { polls }),
+            (r.duplicated_ppm, Fault::Duplicated),
+            (r.error_ppm, Fault::Error),
+            (r.stall_ppm, Fault::Stall { polls }),
+        ] {
+            edge = edge.saturating_add(ppm);
+            if draw < edge {
+                return fault;
+            }
+        }
+        Fault::None
+    }
+    fn write(&mut self, block: BlockId, data: &[u8], _tag: u64) -> Result<Staged, String> {
+        let cap = self.config.blocks_max.min(SIM_BLOCKS_MAX);
+        if self.blocks.len() >= cap && !self.blocks.contains_key(&block) {
+            return Err(format!("simulated queue holds {cap} blocks, its limit"));
+        }
+        Ok(Box::new((block, data.to_vec())))
+    }
+    fn publish(&mut self, staged: Staged) -> Result<(), String> {
+        let (block, bytes) =
+            *staged.downcast::<(BlockId, Vec<u8>)>().map_err(|_| "foreign staged write")?;
+        self.blocks.insert(block, bytes);
+        Ok(())
+    }
+    fn discard(&mut self, _staged: Staged) {}
+    fn read(&mut self, block: BlockId, dst: &mut [u8]) -> Result<Done, String> {
+        match self.blocks.get(&block) {
+            None => Ok(Done::Miss(MissCause::Absent)),
+            Some(b) if b.len() > dst.len() => Ok(Done::Miss(MissCause::Corrupt)),
+            Some(b) => {
+                dst[..b.len()].copy_from_slice(b);
+                Ok(Done::Read { len: b.len() })
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! [`DpuStore`]: the dataplane [`Store`] over an agent. Every call that touches a key runs on
+//! the reactor that owns the key's queue (queue chosen by a stable hash of the encoded key), as
+//! a job against the store the agent fronts (a FileStore with the io_uring engine in the
+//! service). Payload bytes pass through a leased slab slot, so the caller's buffers are never
+//! held past a call: every failure retires them.
+//!
+//! Lifecycle, admission and identity stay in the backing store. A lost or failed completion on a
+//! read is a clean miss; on a write it is a backend error (the backing store's reservation then
+//! follows its own contract: abort, lease expiry, fence).
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::{Refusal, RequestId};
+use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::store::{
+    Abort, Committed, Get, Implementation, Invalidate, Lookup, MissReason, Reclaimed, Reservation,
+    Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+};
+
+use crate::agent::Agent;
+use crate::error::DpuError;
+
+/// How a [`DpuStore`] waits on its agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DpuStoreConfig {
+    /// Longest one call waits for its completion before the slot is quarantined.
+    pub op_deadline: Duration,
+}
+
+impl Default for DpuStoreConfig {
+    fn default() -> Self {
+        Self { op_deadline: Duration::from_secs(30) }
+    }
+}
+
+/// A store whose key operations run on the agent's reactors.
+pub struct DpuStore {
+    agent: Arc<Agent>,
+    backing: Arc<dyn Store>,
+    config: DpuStoreConfig,
+}
+
+impl std::fmt::Debug for DpuStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DpuStore(agent epoch {}, offload {:?})",
+            self.agent.epoch(),
+            self.agent.offload()
+        )
+    }
+}
+
+fn copy_reservation(r: &Reservation) -> Reservation {
+    Reservation { region: r.region, epoch: r.epoch, len: r.len, request: r.request }
+}
+
+fn backend_err(operation: &'static str, e: DpuError) -> StoreError {
+    StoreError::Backend { operation, detail: e.to_string(), retirement: Retirement::Retired }
+}
+
+impl DpuStore {
+    pub fn new(agent: Arc<Agent>, backing: Arc<dyn Store>, config: DpuStoreConfig) -> Self {
+        Self { agent, backing, config }
+    }
+
+    pub fn agent(&self) -> &Arc<Agent> {
+        &self.agent
+    }
+
+    /// Runs `job` on the reactor owning `hash`'s queue with `payload` in the slot; `take` sees
+    /// the job's output and the slot afterwards.
+    fn run<T: Any + Send, R>(
+        &self,
+        hash: u64,
+        payload: &[u8],
+        job: impl FnOnce(&dyn Store, &mut [u8]) -> T + Send + 'static,
+        take: impl FnOnce(T, &[u8]) -> R,
+    ) -> Result<R, DpuError> {
+        let (reactor, queue) = self.agent.route(hash);
+        let backing = Arc::clone(&self.backing);
+        let ticket = self.agent.submit_job(
+            reactor,
+            queue,
+            |slot| slot[..payload.len()].copy_from_slice(payload),
+            Box::new(move |slot| Box::new(job(&*backing, slot)) as Box<dyn Any + Send>),
+        )?;
+        let deadline = Instant::now() + self.config.op_deadline;
+        self.agent.wait_job(ticket, deadline, |out, slot| match out.downcast::<T>() {
+            Ok(t) => Ok(take(*t, slot)),
+            Err(_) => Err(DpuError::Config("job answered a foreign type".into())),
+        })?
+    }
+
+    fn key_hash(key: &PhysicalKey) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(key.encoded())
+    }
+}
+
+impl Store for DpuStore {
+    fn info(&self) -> StoreInfo {
+        let inner = self.backing.info();
+        let implementation = match self.agent.offload() {
+            crate::Offload::Simulated { seed, .. } => Implementation::Simulated { seed },
+            _ => inner.implementation,
+        };
+        StoreInfo {
+            name: "dpu",
+            implementation,
+            failures_retire: true,
+            full_policy: inner.full_policy,
+        }
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.backing.epoch()
+    }
+
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        let (c, k) = (caller.clone(), key.clone());
+        self.run(Self::key_hash(key), &[], move |s, _| s.lookup(&c, &k), |r, _| r)
+            .unwrap_or_else(|e| Err(backend_err("lookup", e)))
+    }
+
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        let slot_bytes = self.agent.slot_bytes();
+        let room = dst.len().min(slot_bytes);
+        let (c, k) = (caller.clone(), key.clone());
+        let answer = self.run(
+            Self::key_hash(key),
+            &[],
+            move |s, slot| s.get_into(&c, &k, &mut slot[..room]),
+            |r, slot| {
+                if let Ok(Get::Hit { len, .. }) = &r {
+                    // len <= room <= dst.len(): the backing store wrote that much.
+                    let n = usize::try_from(*len).unwrap_or(usize::MAX).min(room);
+                    dst[..n].copy_from_slice(&slot[..n]);
+                }
+                if let Ok(Get::Miss(MissReason::Corrupt)) = &r {
+                    // The backing store zeroed what it read; so does the caller's buffer.
+                    dst[..room].fill(0);
+                }
+                r
+            },
+        );
+        match answer {
+            Ok(Err(StoreError::BufferTooSmall { needed, provided }))
+                if usize::try_from(needed).is_ok_and(|n| n > slot_bytes)
+                    && usize::try_from(provided).is_ok_and(|p| p == room)
+                    && dst.len() >= slot_bytes =>
+            {
+                // Larger than one slab slot: this agent cannot carry it.
+                Ok(Get::Miss(MissReason::Absent))
+            }
+            Ok(r) => r,
+            // A lost or failed completion on a read is a clean miss.
+            Err(_) => Ok(Get::Miss(MissReason::Absent)),
+        }
+    }
+
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        let max = self.agent.slot_bytes() as u64;
+        if len > max {
+            return Ok(Reserve::Refused(Refusal::ObjectTooLarge { bytes: len, max }));
+        }
+        let (c, k) = (caller.clone(), key.clone());
+        self.run(Self::key_hash(key), &[], move |s, _| s.reserve(&c, &k, len, request), |r, _| r)
+            .unwrap_or_else(|e| Err(backend_err("reserve", e)))
+    }
+
+    fn write(
+        &self,
+        caller: &Caller,
+        reservation: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        let slot_bytes = self.agent.slot_bytes();
+        let mut done = 0usize;
+        // Pieces larger than a slot go slot by slot; an empty write still goes once.
+        loop {
+            let n = (src.len() - done).min(slot_bytes);
+            let (c, r) = (caller.clone(), copy_reservation(reservation));
+            let at = offset + done as u64;
+            self.run(
+                reservation.region.0,
+                &src[done..done + n],
+                move |s, slot| s.write(&c, &r, at, &slot[..n]),
+                |r, _| r,
+            )
+            .unwrap_or_else(|e| Err(backend_err("write", e)))?;
+            done += n;
+            if done >= src.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
+        let (c, r) = (caller.clone(), copy_reservation(reservation));
+        self.run(reservation.region.0, &[], move |s, _| s.commit(&c, &r), |r, _| r)
+            .unwrap_or_else(|e| Err(backend_err("commit", e)))
+    }
+
+    fn abort(
+        &self,
+        caller: &Caller,
+        reservation: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        let c = caller.clone();
+        let hash = reservation.region.0;
+        self.run(hash, &[], move |s, _| s.abort(&c, reservation, outcome), |r, _| r)
+            .unwrap_or_else(|e| Err(backend_err("abort", e)))
+    }
+
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        let (c, k) = (caller.clone(), key.clone());
+        self.run(Self::key_hash(key), &[], move |s, _| s.invalidate(&c, &k), |r, _| r)
+            .unwrap_or_else(|e| Err(backend_err("invalidate", e)))
+    }
+
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        self.backing.expire_leases()
+    }
+
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        self.backing.attest_drained(caller, region)
+    }
+
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        self.backing.bump_epoch()
+    }
+
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        self.backing.reclaim_fenced(epoch)
+    }
+
+    fn stats(&self) -> StoreStats {
+        self.backing.stats()
+    }
+}

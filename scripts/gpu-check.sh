@@ -42,7 +42,7 @@ build() {
     local json
     json="$(cargo test --release --locked -p gpucache-gpu --no-run --message-format=json)"
     mkdir -p "$PREBUILT"
-    for t in e2e probe; do
+    for t in e2e probe pool_conformance; do
         local exe
         exe="$(printf '%s\n' "$json" | grep '"reason":"compiler-artifact"' \
             | grep "\"name\":\"$t\"" | grep '"kind":\["test"\]' \
@@ -52,7 +52,8 @@ build() {
     done
     cp "${CARGO_TARGET_DIR:-target}/release/gpucache-gpu-bench" "$PREBUILT/gpucache-gpu-bench"
     if command -v strip >/dev/null 2>&1; then
-        strip --strip-debug "$PREBUILT"/e2e "$PREBUILT"/probe "$PREBUILT"/gpucache-gpu-bench
+        strip --strip-debug "$PREBUILT"/e2e "$PREBUILT"/probe "$PREBUILT"/pool_conformance \
+            "$PREBUILT"/gpucache-gpu-bench
     fi
     ls -l "$PREBUILT"
 }
@@ -65,7 +66,7 @@ plan() {
         echo "  1. build: none (no cargo); use the prebuilt binaries in $PREBUILT"
     fi
     echo "  2. gpu: nvidia-smi, and the driver folders on LD_LIBRARY_PATH"
-    echo "  3. probe: GPUCACHE_REQUIRE_GPU=1 $PREBUILT/probe (device description, typed errors)"
+    echo "  3. probe: GPUCACHE_REQUIRE_GPU=1 $PREBUILT/probe (device description, typed errors), then $PREBUILT/pool_conformance (the registration contract over device and pinned slots)"
     echo "  4. e2e: GPUCACHE_REQUIRE_GPU=1 $PREBUILT/e2e --test-threads=1 --nocapture (writer and reader processes, exact bytes, sentinel, misses)"
     echo "  5. bench: $PREBUILT/gpucache-gpu-bench --bytes-per-point $BENCH_BYTES_PER_POINT (pinned vs pageable, H2D/D2H, 64 KiB..64 MiB)"
     echo "  6. summary: one line per step, exit status 1 if any failed"
@@ -96,7 +97,7 @@ printf '\n== build\n'
 if [ "$use_cargo" = 1 ]; then
     if build; then record build ok; else record build FAILED; fi
 else
-    for b in e2e probe gpucache-gpu-bench; do
+    for b in e2e probe pool_conformance gpucache-gpu-bench; do
         [ -x "$PREBUILT/$b" ] || { echo "no cargo and no $PREBUILT/$b: run --prepare where cargo is, then carry $PREBUILT" >&2; exit 1; }
     done
     record build "ok (prebuilt, $PREBUILT)"
@@ -114,6 +115,7 @@ fi
 
 export GPUCACHE_REQUIRE_GPU=1
 run_step probe "$PREBUILT/probe" --test-threads=1 --nocapture
+run_step pool "$PREBUILT/pool_conformance" --test-threads=1
 run_step e2e "$PREBUILT/e2e" --test-threads=1 --nocapture
 run_step bench "$PREBUILT/gpucache-gpu-bench" --bytes-per-point "$BENCH_BYTES_PER_POINT"
 

@@ -1,0 +1,14 @@
+//! The registration conformance suite over the DPU agent's slab ([`SlabMemory`], kind
+//! `MemoryKind::DpuSlab`, host huge-page memory here): every rule of the contract holds for the
+//! memory the agent's queues lease.
+
+use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
+use gpucache_dpu::SlabMemory;
+
+fn make() -> SlabMemory {
+    let pool =
+        HugePagePool::new(6, 64 << 10, HugePagePolicy::default().lock(Lock::Off)).expect("slab");
+    SlabMemory::new(pool, false)
+}
+
+gpucache_dataplane::pool_conformance_suite!(make);

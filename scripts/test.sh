@@ -117,7 +117,7 @@ if ! command -v c++ >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get 
     apt-get install -y --no-install-recommends g++ >/dev/null 2>&1 \
         || { apt-get update >/dev/null && apt-get install -y --no-install-recommends g++ >/dev/null; }
 fi
-cargo clippy -p gpucache-nic -p gpucache-cli --all-targets --features gpucache-nic/nixl,gpucache-cli/nixl --locked -- -D warnings
+cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --features gpucache-nic/nixl,gpucache-cli/nixl,gpucache-gpu/nixl --locked -- -D warnings
 (
     if [ -n "$nixl_libs" ]; then
         export LD_LIBRARY_PATH="$nixl_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -129,7 +129,7 @@ cargo clippy -p gpucache-nic -p gpucache-cli --all-targets --features gpucache-n
     # The conformance suite through the NIXL client (tests/nixl_conformance.rs) takes minutes:
     # run it on demand.
     cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service
-    cargo test -p gpucache-cli --features nixl --locked --test bench_nixl
+    cargo test -p gpucache-cli --features nixl --locked --test bench_nixl --test nixl_serve
 )
 
 # loom swaps the executor's locks for its model checker's, so this build differs from the one

@@ -7,6 +7,12 @@
 //! move through the segment. `get --shm` reads into a buffer inside the segment (no copy on the
 //! client before the bytes are written out). A server that offers no socket is an error, never a
 //! silent fallback to TCP.
+//!
+//! With `--nixl` the block's bytes move over NIXL (PROTOCOL.md section 11): the command creates
+//! its own NIXL agent and one registered slot, attaches to the server's agent, and READs a
+//! staged block (`get`) or WRITEs a leased slot (`put`); the GPCW connection carries control
+//! only. A build without the `nixl` feature, a missing `libnixl_capi.so`, or a server without
+//! `[nixl] enabled` is an error naming the reason, never a silent fallback to TCP.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -58,6 +64,92 @@ pub(crate) struct Target {
     /// Back the segment with 2 MiB huge pages (needs vm.nr_hugepages; see docs/OPERATIONS.md).
     #[arg(long, requires = "shm")]
     huge_pages: bool,
+    /// Move the block's bytes over NIXL (the server needs `[nixl] enabled = true`; this build
+    /// needs the `nixl` feature and libnixl_capi.so, see docs/OPERATIONS.md).
+    #[arg(long, conflicts_with = "shm")]
+    nixl: bool,
+    /// With --nixl: the largest value `get --nixl` receives (this side's registered slot; the
+    /// server's nixl.slot_bytes bounds it as well).
+    #[arg(long, requires = "nixl", default_value = "4M", value_parser = parse_nixl_slot)]
+    nixl_slot_bytes: u64,
+}
+
+fn parse_nixl_slot(text: &str) -> Result<u64, String> {
+    let bytes = crate::units::parse_size(text)?;
+    if (1..=GET_BYTES_MAX as u64).contains(&bytes) {
+        Ok(bytes)
+    } else {
+        Err(format!("{text:?} is outside 1..={GET_BYTES_MAX} bytes"))
+    }
+}
+
+/// A NIXL client over `store`, attached to the server's agent, with one slot of `slot_bytes`.
+#[cfg(feature = "nixl")]
+fn nixl_client(
+    target: &Target,
+    store: TcpStore,
+    caller: &Caller,
+    slot_bytes: usize,
+) -> Result<gpucache_nic::nixl::NixlClient, String> {
+    use gpucache_backends::pool::{HugePagePolicy, Lock, Tier};
+    use gpucache_nic::nixl::{NixlClient, NixlClientConfig};
+    let config = NixlClientConfig {
+        agent_name: format!("gpucache-cli-{}", std::process::id()),
+        slot_bytes: slot_bytes.max(1),
+        slots: 1,
+        deadline: Duration::from_secs(target.deadline_s.max(1)),
+        huge_pages: HugePagePolicy::default().prefer(Tier::Huge2M).lock(Lock::Off),
+    };
+    let client = NixlClient::new(store, config).map_err(|e| format!("--nixl: {e}"))?;
+    client.attach(caller).map_err(|e| format!("--nixl: attaching to the server's agent: {e}"))?;
+    Ok(client)
+}
+
+/// Without the feature `--nixl` is refused with the typed reason.
+#[cfg(not(feature = "nixl"))]
+fn nixl_unavailable() -> String {
+    let reason = gpucache_nic::NixlUnavailable::NotBuilt;
+    format!("--nixl: {}", gpucache_nic::NicError::NixlUnavailable { reason })
+}
+
+/// PUT over NIXL: one slot of the value's size, RESERVE_PUT, WRITE, COMMIT_PUT.
+fn nixl_put(
+    target: &Target,
+    store: TcpStore,
+    caller: &Caller,
+    key: &gpucache_dataplane::key::PhysicalKey,
+    data: &[u8],
+) -> Result<Put, String> {
+    #[cfg(feature = "nixl")]
+    {
+        let client = nixl_client(target, store, caller, data.len())?;
+        client.put(caller, key, data, None).map_err(|e| format!("--nixl: {e}"))
+    }
+    #[cfg(not(feature = "nixl"))]
+    {
+        let _ = (target, store, caller, key, data);
+        Err(nixl_unavailable())
+    }
+}
+
+/// GET over NIXL into `dst`: STAGE_GET, READ into this side's slot, verify, copy, RELEASE.
+fn nixl_get(
+    target: &Target,
+    store: TcpStore,
+    caller: &Caller,
+    key: &gpucache_dataplane::key::PhysicalKey,
+    dst: &mut [u8],
+) -> Result<Get, String> {
+    #[cfg(feature = "nixl")]
+    {
+        let client = nixl_client(target, store, caller, dst.len())?;
+        client.get(caller, key, dst).map_err(|e| format!("--nixl: {e}"))
+    }
+    #[cfg(not(feature = "nixl"))]
+    {
+        let _ = (target, store, caller, key, dst);
+        Err(nixl_unavailable())
+    }
 }
 
 fn parse_segment(text: &str) -> Result<u64, String> {
@@ -137,7 +229,15 @@ pub(crate) fn put(target: &Target, name: &str, file: Option<&PathBuf>) -> ExitCo
             None
         };
         let src: &[u8] = shared.as_deref().unwrap_or(&data);
-        match store.put(&caller, &key, src, None).map_err(|e| e.to_string())? {
+        let put = if target.nixl {
+            if data.is_empty() {
+                return Err("--nixl: an empty value cannot be stored".into());
+            }
+            nixl_put(target, store, &caller, &key, &data)?
+        } else {
+            store.put(&caller, &key, src, None).map_err(|e| e.to_string())?
+        };
+        match put {
             Put::Committed(sum) => {
                 Ok(format!("stored {} bytes (checksum {:016x})", data.len(), sum.0))
             }
@@ -163,11 +263,19 @@ pub(crate) fn get(target: &Target, name: &str) -> ExitCode {
                 format!("cannot take {len} bytes of the shared segment (--shm-segment)")
             })?;
             &mut shared
+        } else if target.nixl {
+            plain = vec![0u8; usize::try_from(target.nixl_slot_bytes).unwrap_or(GET_BYTES_MAX)];
+            &mut plain
         } else {
             plain = vec![0u8; GET_BYTES_MAX];
             &mut plain
         };
-        match store.get_into(&caller, &key, buf).map_err(|e| e.to_string())? {
+        let got = if target.nixl {
+            nixl_get(target, store, &caller, &key, buf)?
+        } else {
+            store.get_into(&caller, &key, buf).map_err(|e| e.to_string())?
+        };
+        match got {
             Get::Hit { len, .. } => {
                 let len = usize::try_from(len).unwrap_or(0);
                 std::io::stdout().write_all(&buf[..len]).map_err(|e| e.to_string())?;

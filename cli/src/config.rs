@@ -19,10 +19,12 @@ use serde::de::{self, Deserializer, Visitor};
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::{EngineChoice, EngineConfig};
 use gpucache_backends::file::{Durability, FileStoreConfig, FileStoreError};
+use gpucache_backends::pool::POOL_BYTES_MAX;
 use gpucache_backends::shm::SEGMENT_BYTES_MIN;
 use gpucache_backends::tcp::auth::{KeyFileError, TenantAuth, TenantKeys};
 use gpucache_backends::tcp::proto::SealAlgorithm;
 use gpucache_backends::tcp::server::CLOCK_SKEW_MAX_DEFAULT;
+use gpucache_backends::tcp::staging::StagingLimits;
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::clock::Clock;
 use gpucache_dataplane::identity::{IdentityError, TenantId};
@@ -45,6 +47,18 @@ pub const LOCAL_SOCKET_NAME: &str = "gpucache.sock";
 pub const SHM_MAPPED_BYTES_MAX_DEFAULT: u64 = 16 << 30;
 /// Mode of the local socket after binding: the service's user and group may connect.
 pub const LOCAL_SOCKET_MODE: u32 = 0o660;
+/// Default `nixl.slot_bytes`: the largest block that moves over NIXL.
+pub const NIXL_SLOT_BYTES_DEFAULT: u64 = 4 << 20;
+/// Default `nixl.pool_bytes`: 64 slots of the default size.
+pub const NIXL_POOL_BYTES_DEFAULT: u64 = 256 << 20;
+/// Smallest `nixl.slot_bytes`: one page.
+pub const NIXL_SLOT_BYTES_MIN: u64 = 4096;
+/// Largest `nixl.slot_bytes`.
+pub const NIXL_SLOT_BYTES_MAX: u64 = 1 << 30;
+/// Most slots `nixl.pool_bytes / nixl.slot_bytes` may give (the staging pool's table bound).
+pub const NIXL_SLOTS_MAX: u64 = 65_536;
+/// Longest `nixl.agent` name.
+pub const NIXL_AGENT_BYTES_MAX: usize = 128;
 
 /// Why a configuration was refused. Display starts with the key path it is about.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +112,16 @@ pub enum ConfigError {
     /// directory that does not exist.
     #[error("listen.local: {path}: {why}")]
     LocalSocket { path: PathBuf, why: String },
+    /// `nixl.agent` is empty, too long, or has characters other than letters, digits, `-`,
+    /// `_` and `.`.
+    #[error("nixl.agent: {name:?} {why}")]
+    NixlAgentName { name: String, why: &'static str },
+    /// `nixl.pool_bytes` is not a whole number of `nixl.slot_bytes` slots.
+    #[error(
+        "nixl.pool_bytes: {pool_bytes} is not a multiple of nixl.slot_bytes ({slot_bytes}); \
+         the pool is carved into whole slots"
+    )]
+    NixlPoolNotWhole { pool_bytes: u64, slot_bytes: u64 },
 }
 
 fn parse_display(key: &str, message: &str, line: usize, column: usize) -> String {
@@ -129,6 +153,8 @@ impl ConfigError {
             Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::OpenFileStore { .. } => Some("store.root"),
             Self::LocalSocket { .. } => Some("listen.local"),
+            Self::NixlAgentName { .. } => Some("nixl.agent"),
+            Self::NixlPoolNotWhole { .. } => Some("nixl.pool_bytes"),
         }
     }
 }
@@ -142,6 +168,7 @@ pub struct ServeConfig {
     pub limits: LimitsSection,
     pub listen: ListenSection,
     pub tenants: Vec<TenantConfig>,
+    pub nixl: NixlSection,
 }
 
 impl Default for ServeConfig {
@@ -158,6 +185,7 @@ impl Default for ServeConfig {
                 secret_file: None,
                 seal_algorithms: None,
             }],
+            nixl: NixlSection::default(),
         }
     }
 }
@@ -364,6 +392,100 @@ impl Default for ListenSection {
     }
 }
 
+/// `[nixl]`: block staging over NIXL between GPUCache nodes (docs/adr/0018, PROTOCOL.md
+/// section 11). Off by default; when `enabled`, `gpucache serve` registers a staging pool of
+/// `pool_bytes` with a NIXL agent and answers the stage ops, or refuses to start with the
+/// reason NIXL cannot run (never serving without it).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NixlSection {
+    pub enabled: bool,
+    /// The agent's name, unique among the agents that exchange metadata; `gpucache-<pid>`
+    /// when unset.
+    pub agent: Option<String>,
+    /// Bytes of host memory registered for staging (a whole number of slots).
+    #[serde(deserialize_with = "byte_count")]
+    pub pool_bytes: u64,
+    /// Bytes per slot: the largest block that moves over NIXL.
+    #[serde(deserialize_with = "byte_count")]
+    pub slot_bytes: u64,
+    /// How long a stage's slot is lent; past it the slot is quarantined until a fence.
+    pub stage_lease_ms: u64,
+    /// Open stages of one connection.
+    pub per_connection_max: u32,
+    /// Open stages of the whole server.
+    pub staged_max: u32,
+}
+
+impl Default for NixlSection {
+    fn default() -> Self {
+        let limits = StagingLimits::default();
+        Self {
+            enabled: false,
+            agent: None,
+            pool_bytes: NIXL_POOL_BYTES_DEFAULT,
+            slot_bytes: NIXL_SLOT_BYTES_DEFAULT,
+            stage_lease_ms: limits.stage_lease_ms,
+            per_connection_max: u32::try_from(limits.per_connection_max).unwrap_or(u32::MAX),
+            staged_max: u32::try_from(limits.staged_max).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+impl NixlSection {
+    /// Slots of the staging pool.
+    pub fn slots(&self) -> u64 {
+        self.pool_bytes / self.slot_bytes.max(1)
+    }
+
+    /// The agent's name: `agent`, or `gpucache-<pid>`.
+    pub fn agent_name(&self) -> String {
+        self.agent.clone().unwrap_or_else(|| format!("gpucache-{}", std::process::id()))
+    }
+
+    /// The stage limits the server enforces.
+    pub fn limits(&self) -> StagingLimits {
+        StagingLimits {
+            per_connection_max: usize::try_from(self.per_connection_max).unwrap_or(usize::MAX),
+            staged_max: usize::try_from(self.staged_max).unwrap_or(usize::MAX),
+            stage_lease_ms: self.stage_lease_ms,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range("nixl.slot_bytes", self.slot_bytes, NIXL_SLOT_BYTES_MIN, NIXL_SLOT_BYTES_MAX)?;
+        in_range("nixl.pool_bytes", self.pool_bytes, self.slot_bytes, POOL_BYTES_MAX)?;
+        if !self.pool_bytes.is_multiple_of(self.slot_bytes) {
+            return Err(ConfigError::NixlPoolNotWhole {
+                pool_bytes: self.pool_bytes,
+                slot_bytes: self.slot_bytes,
+            });
+        }
+        in_range("nixl.pool_bytes / nixl.slot_bytes", self.slots(), 1, NIXL_SLOTS_MAX)?;
+        in_range("nixl.stage_lease_ms", self.stage_lease_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
+        in_range("nixl.per_connection_max", self.per_connection_max.into(), 1, NIXL_SLOTS_MAX)?;
+        in_range(
+            "nixl.staged_max",
+            self.staged_max.into(),
+            self.per_connection_max.into(),
+            NIXL_SLOTS_MAX,
+        )?;
+        if let Some(name) = &self.agent {
+            let refuse = |why| ConfigError::NixlAgentName { name: name.clone(), why };
+            if name.is_empty() {
+                return Err(refuse("is empty"));
+            }
+            if name.len() > NIXL_AGENT_BYTES_MAX {
+                return Err(refuse("is longer than 128 bytes"));
+            }
+            if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+                return Err(refuse("may hold only letters, digits, '-', '_' and '.'"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A right as spelt in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -480,6 +602,7 @@ impl ServeConfig {
         )?;
         self.validate_listen()?;
         self.validate_local()?;
+        self.nixl.validate()?;
         self.validate_tenants()?;
         self.resp_tenant().map(|_| ())
     }

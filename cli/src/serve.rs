@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use gpucache_backends::metered::{MeteredStore, Metrics};
 use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
+use gpucache_backends::tcp::staging::BlockStaging;
 use gpucache_backends::tcp::{Server, ServerConfig};
 use gpucache_cli::config::{LOCAL_SOCKET_MODE, ServeConfig};
 use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
@@ -27,6 +28,40 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         set
+    }
+}
+
+/// The block staging `[nixl]` asks for, with how the start line names it. Enabled but unable to
+/// run here (built without the feature, `libnixl_capi.so` not found, no UCX plugin) is an
+/// error with the typed reason: the service never starts without the staging it was told to
+/// offer.
+fn staging(config: &ServeConfig) -> Result<(Option<Arc<dyn BlockStaging>>, String), String> {
+    let n = &config.nixl;
+    if !n.enabled {
+        return Ok((None, "none".to_owned()));
+    }
+    #[cfg(feature = "nixl")]
+    {
+        use gpucache_backends::pool::{HugePagePolicy, Tier};
+        use gpucache_nic::nixl::NixlStagingConfig;
+        let agent = n.agent_name();
+        let built = NixlStagingConfig {
+            agent_name: agent.clone(),
+            slot_bytes: usize::try_from(n.slot_bytes).map_err(|e| e.to_string())?,
+            slots: usize::try_from(n.slots()).map_err(|e| e.to_string())?,
+            limits: n.limits(),
+            // 2 MiB pages at best: 1 GiB pages would round a small pool up to a whole GiB.
+            huge_pages: HugePagePolicy::default().prefer(Tier::Huge2M),
+        }
+        .build()
+        .map_err(|e| e.to_string())?;
+        let staging: Arc<dyn BlockStaging> = Arc::new(built);
+        Ok((Some(staging), format!("nixl:{agent}")))
+    }
+    #[cfg(not(feature = "nixl"))]
+    {
+        let reason = gpucache_nic::NixlUnavailable::NotBuilt;
+        Err(gpucache_nic::NicError::NixlUnavailable { reason }.to_string())
     }
 }
 
@@ -49,6 +84,11 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) } != 0 {
         return fail("signals", std::io::Error::last_os_error());
     }
+    // After the signal mask: the NIXL agent starts threads, and they must inherit it.
+    let (staging, staging_name) = match staging(&config) {
+        Ok(s) => s,
+        Err(e) => return fail("nixl.enabled", e),
+    };
     let store = match config.open_store(Arc::new(MonotonicClock::default())) {
         Ok(s) => s,
         Err(e) => return fail("store", e),
@@ -73,6 +113,7 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         server_config.auth.iter().map(|(t, a)| (t.clone(), Arc::clone(&a.keys))).collect();
     server_config.local = config.local_socket();
     server_config.shm_mapped_bytes_max = config.listen.shm_mapped_bytes_max;
+    server_config.staging = staging;
     let shared: Arc<dyn Store> = metered.clone();
     // The local socket is bound with no access for others (the umask gains 007 for the moment
     // of binding), then chmod gives it LOCAL_SOCKET_MODE whatever the umask was.
@@ -130,7 +171,7 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     let local = server.local_path().map_or_else(|| "none".to_owned(), |p| p.display().to_string());
     eprintln!(
         "gpucache serve: listening native={} local={local} resp={} metrics={} store={} epoch={} \
-         resp_tenant={} sealed_tenants={sealed}",
+         resp_tenant={} sealed_tenants={sealed} staging={staging_name}",
         server.local_addr(),
         resp.local_addr(),
         http.local_addr(),
@@ -138,6 +179,18 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         shared.epoch().0,
         resp_tenant,
     );
+    if config.nixl.enabled {
+        let n = &config.nixl;
+        eprintln!(
+            "gpucache serve: block staging over NIXL ({staging_name}): {} slots of {} bytes, \
+             stage lease {} ms, stages per connection {}, stages in all {}",
+            n.slots(),
+            n.slot_bytes,
+            n.stage_lease_ms,
+            n.per_connection_max,
+            n.staged_max
+        );
+    }
     let mut signal: libc::c_int = 0;
     // SAFETY: waits for one of the blocked signals; `signal` is a valid out pointer.
     let waited = unsafe { libc::sigwait(&signals, &mut signal) };

@@ -1,19 +1,10 @@
 //! `gpucache bench file` runs end to end on a small working set and prints its table. This is a
 //! smoke check of the harness: it asserts the output's structure, never a speed.
 
-use std::process::Command;
+mod common;
 
 fn bench(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["bench", "file"])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::gpucache(&[&["bench", "file"], args].concat())
 }
 
 fn cells(line: &str) -> Vec<String> {

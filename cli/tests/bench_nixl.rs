@@ -7,17 +7,10 @@
 
 use std::process::Command;
 
+mod common;
+
 fn bench(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["bench", "nixl"])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::gpucache(&[&["bench", "nixl"], args].concat())
 }
 
 #[test]

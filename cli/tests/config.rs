@@ -407,3 +407,43 @@ fn every_error_display_names_its_key() {
         "/x.toml: larger than 1 bytes; not a configuration file"
     );
 }
+
+#[test]
+fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
+    let d = ServeConfig::default().nixl;
+    assert!(!d.enabled, "NIXL staging is off unless asked for");
+    assert_eq!((d.pool_bytes, d.slot_bytes, d.slots()), (256 << 20, 4 << 20, 64));
+    assert_eq!((d.stage_lease_ms, d.per_connection_max, d.staged_max), (30_000, 64, 1024));
+    assert_eq!(d.agent_name(), format!("gpucache-{}", std::process::id()));
+
+    let c = ServeConfig::from_toml_str(
+        "[nixl]\nenabled = true\nagent = \"node-a.0\"\npool_bytes = \"8MiB\"\nslot_bytes = \"1M\"\n\
+         stage_lease_ms = 500\nper_connection_max = 4\nstaged_max = 8\n",
+    )
+    .expect("a full [nixl] section");
+    let n = &c.nixl;
+    assert!(n.enabled);
+    assert_eq!((n.agent_name().as_str(), n.slots(), n.slot_bytes), ("node-a.0", 8, 1 << 20));
+    let l = n.limits();
+    assert_eq!((l.per_connection_max, l.staged_max, l.stage_lease_ms), (4, 8, 500));
+
+    let e = refused_at("[nixl]\nenabled = true\npool = 5\n", "nixl.pool");
+    assert!(e.to_string().contains("unknown field"), "{e}");
+    refused_at("[nixl]\nslot_bytes = 100\n", "nixl.slot_bytes");
+    refused_at("[nixl]\nslot_bytes = \"2G\"\n", "nixl.slot_bytes");
+    refused_at("[nixl]\nslot_bytes = \"4M\"\npool_bytes = \"1M\"\n", "nixl.pool_bytes");
+    let e = refused_at("[nixl]\nslot_bytes = \"1M\"\npool_bytes = \"1536K\"\n", "nixl.pool_bytes");
+    assert!(e.to_string().contains("not a multiple of nixl.slot_bytes"), "{e}");
+    refused_at(
+        "[nixl]\nslot_bytes = 4096\npool_bytes = \"1G\"\n",
+        "nixl.pool_bytes / nixl.slot_bytes",
+    );
+    refused_at("[nixl]\nstage_lease_ms = 0\n", "nixl.stage_lease_ms");
+    refused_at("[nixl]\nper_connection_max = 0\n", "nixl.per_connection_max");
+    refused_at("[nixl]\nper_connection_max = 8\nstaged_max = 4\n", "nixl.staged_max");
+    refused_at("[nixl]\nagent = \"\"\n", "nixl.agent");
+    let e = refused_at("[nixl]\nagent = \"a b\"\n", "nixl.agent");
+    assert!(e.to_string().contains("only letters, digits"), "{e}");
+    refused_at(&format!("[nixl]\nagent = \"{}\"\n", "a".repeat(129)), "nixl.agent");
+    refused_at("[nixl]\nenabled = \"yes\"\n", "nixl.enabled");
+}

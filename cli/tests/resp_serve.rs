@@ -4,11 +4,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpucache_cli::config::{ConfigError, ServeConfig};
 use gpucache_dataplane::caller::Rights;
+
+mod common;
+
+use common::{Serve, field};
 
 const TWO_TENANTS: &str = "[[tenants]]\nname = \"team-a\"\nrights = [\"read\"]\n\n\
                            [[tenants]]\nname = \"team-b\"\nrights = [\"read\", \"write\"]\n";
@@ -47,12 +50,6 @@ fn resp_tenant_defaults_to_the_first_and_must_exist() {
     assert_eq!(e.key(), Some("listen.resp_tenant"));
 }
 
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name))
-        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
 fn request(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
@@ -84,21 +81,12 @@ fn serve_answers_redis_clients_as_the_resp_tenant() {
         ),
     )
     .expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn gpucache serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let line = lines.next().expect("serve said nothing").expect("read stderr");
-    assert!(line.contains("listening"), "serve did not start: {line}");
-    std::thread::spawn(move || for _ in lines {});
+    let running = Serve::start(&config);
+    let line = running.line.clone();
     // The fields other tools parse are all there.
-    let _native: SocketAddr = field(&line, "native=").parse().expect("native addr");
-    let _metrics: SocketAddr = field(&line, "metrics=").parse().expect("metrics addr");
-    let _epoch: u64 = field(&line, "epoch=").parse().expect("epoch");
+    let _native = running.native();
+    let _metrics = running.metrics();
+    let _epoch = running.epoch();
     assert_eq!(field(&line, "resp_tenant="), "team-b");
     let resp: SocketAddr = field(&line, "resp=").parse().expect("resp addr");
 
@@ -120,19 +108,7 @@ fn serve_answers_redis_clients_as_the_resp_tenant() {
     assert!(info.contains("gpucache_store:memory"), "{info}");
     drop(reader);
 
-    // SAFETY: sends SIGTERM to our own child process.
-    assert_eq!(unsafe { libc::kill(i32::try_from(child.id()).unwrap_or(0), libc::SIGTERM) }, 0);
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(status) => {
-            let status = status.expect("wait");
-            assert!(status.success(), "serve exited with {status}");
-        }
-        Err(_) => panic!("serve did not stop within 20 s of SIGTERM"),
-    }
+    running.stop();
     // The open RESP connection was closed by the shutdown.
     let mut byte = [0u8; 1];
     assert!(matches!(s.read(&mut byte), Ok(0) | Err(_)), "a RESP connection outlived serve");

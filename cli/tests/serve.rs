@@ -2,11 +2,11 @@
 //! stops cleanly on SIGTERM, and a restart keeps committed blocks under a new epoch while a
 //! client of the stopped server gets a transport error, never a stale hit.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpucache_backends::tcp::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
@@ -14,54 +14,9 @@ use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::store::{Get, Put, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{key, payload};
 
-struct Running {
-    child: Child,
-    native: SocketAddr,
-    metrics: SocketAddr,
-    epoch: u64,
-}
+mod common;
 
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(name))
-        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
-fn start(config: &std::path::Path) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn gpucache serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    // The first line says where it listens (or why it could not start: then the test fails).
-    let line = lines.next().expect("serve said nothing").expect("read stderr");
-    assert!(line.contains("listening"), "serve did not start: {line}");
-    // Keep draining stderr in the background so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    Running {
-        native: field(&line, "native=").parse().expect("native addr"),
-        metrics: field(&line, "metrics=").parse().expect("metrics addr"),
-        epoch: field(&line, "epoch=").parse().expect("epoch"),
-        child,
-    }
-}
-
-fn stop(mut r: Running) {
-    // SAFETY: sends SIGTERM to our own child process.
-    assert_eq!(unsafe { libc::kill(i32::try_from(r.child.id()).unwrap_or(0), libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = r.child.try_wait().expect("wait") {
-            assert!(status.success(), "serve exited with {status}");
-            return;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop within 20 s of SIGTERM");
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
-}
+use common::{Serve, field};
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
@@ -88,21 +43,21 @@ fn serve_round_trip_restart_and_stale_client() {
     )
     .expect("write config");
 
-    let first = start(&config);
+    let first = Serve::start(&config);
     let caller = Caller::new(TenantId::parse("tenant-a").expect("tenant"), Rights::READ_WRITE);
-    let client = TcpStore::new(ClientConfig::new(first.native, caller.clone()));
+    let client = TcpStore::new(ClientConfig::new(first.native(), caller.clone()));
     let k = key(0, &[7, 7], KvDtype::Bf16, 16);
     let data = payload(77, 300_000);
     assert!(matches!(client.put(&caller, &k, &data, None).expect("put"), Put::Committed(_)));
     let mut buf = vec![0u8; data.len()];
     assert!(matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Hit { .. }));
     assert_eq!(buf, data);
-    let health = http_get(first.metrics, "/healthz");
+    let health = http_get(first.metrics(), "/healthz");
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-    let metrics = http_get(first.metrics, "/metrics");
+    let metrics = http_get(first.metrics(), "/metrics");
     assert!(metrics.contains("gpucache_ops_total"), "metrics lack op counters");
-    let first_epoch = first.epoch;
-    stop(first);
+    let first_epoch = first.epoch();
+    first.stop();
 
     // The client of the stopped server: a transport error, never a stale hit.
     buf.fill(0);
@@ -114,12 +69,12 @@ fn serve_round_trip_restart_and_stale_client() {
     }
     assert!(buf.iter().all(|b| *b == 0), "a failed get wrote the destination");
 
-    let second = start(&config);
-    assert!(second.epoch > first_epoch, "restart did not bump the epoch");
-    let client = Arc::new(TcpStore::new(ClientConfig::new(second.native, caller.clone())));
+    let second = Serve::start(&config);
+    assert!(second.epoch() > first_epoch, "restart did not bump the epoch");
+    let client = Arc::new(TcpStore::new(ClientConfig::new(second.native(), caller.clone())));
     assert!(matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Hit { .. }));
     assert_eq!(buf, data, "a committed block changed across the restart");
-    stop(second);
+    second.stop();
 }
 
 #[test]
@@ -166,23 +121,9 @@ fn put_get_stat_and_redis_cli_round_trip() {
         ),
     )
     .expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let line = lines.next().expect("serve said nothing").expect("read");
-    std::thread::spawn(move || for _ in lines {});
-    let native = field(&line, "native=").to_owned();
-    let resp: SocketAddr = field(&line, "resp=").parse().expect("resp addr");
-    let running = Running {
-        native: native.parse().expect("native"),
-        metrics: field(&line, "metrics=").parse().expect("metrics"),
-        epoch: 0,
-        child,
-    };
+    let running = Serve::start(&config);
+    let native = running.field("native=").to_owned();
+    let resp: SocketAddr = running.field("resp=").parse().expect("resp addr");
 
     let value = b"prefix KV bytes \r\n with a CRLF inside".to_vec();
     let out = gpucache(&["put", "layer0/block7", "--addr", &native], Some(&value));
@@ -227,23 +168,7 @@ fn put_get_stat_and_redis_cli_round_trip() {
         );
         eprintln!("SKIPPED redis-cli part: redis-cli is not installed");
     }
-    stop(running);
-}
-
-/// Starts `gpucache serve --config CONFIG` in `cwd`; returns the child and its "listening" line.
-fn start_in(cwd: &std::path::Path, config: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .current_dir(cwd)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let line = lines.next().expect("serve said nothing").expect("read");
-    assert!(line.contains("listening"), "serve did not start: {line}");
-    std::thread::spawn(move || for _ in lines {});
-    (child, line)
+    running.stop();
 }
 
 #[test]
@@ -258,7 +183,8 @@ fn the_default_exposes_the_local_socket_and_shm_commands_round_trip() {
         "[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n",
     )
     .expect("config");
-    let (child, line) = start_in(dir.path(), &config);
+    let running = Serve::start_in(dir.path(), &config);
+    let line = running.line.clone();
     let socket = dir.path().join("gpucache-data").join("gpucache.sock");
     let shown = std::path::PathBuf::from(field(&line, "local="));
     assert_eq!(
@@ -269,12 +195,6 @@ fn the_default_exposes_the_local_socket_and_shm_commands_round_trip() {
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o660, "socket mode");
     let native = field(&line, "native=").to_owned();
-    let running = Running {
-        native: native.parse().expect("native"),
-        metrics: field(&line, "metrics=").parse().expect("metrics"),
-        epoch: 0,
-        child,
-    };
 
     let value = payload(5, 3 << 20);
     let out = gpucache(
@@ -305,7 +225,7 @@ fn the_default_exposes_the_local_socket_and_shm_commands_round_trip() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && text.contains("committed blocks: 2"), "stat --shm: {text}");
     assert!(text.contains("shared segment: 67108864 bytes"), "stat --shm: {text}");
-    stop(running);
+    running.stop();
     assert!(!socket.exists(), "the socket outlived the service");
 }
 
@@ -319,15 +239,10 @@ fn shm_commands_fail_clearly_when_the_server_has_no_local_socket() {
          metrics = \"127.0.0.1:0\"\nlocal = \"\"\n",
     )
     .expect("config");
-    let (child, line) = start_in(dir.path(), &config);
+    let running = Serve::start_in(dir.path(), &config);
+    let line = running.line.clone();
     assert_eq!(field(&line, "local="), "none");
     let native = field(&line, "native=").to_owned();
-    let running = Running {
-        native: native.parse().expect("native"),
-        metrics: field(&line, "metrics=").parse().expect("metrics"),
-        epoch: 0,
-        child,
-    };
     let out = gpucache(&["put", "x", "--addr", &native], Some(b"tcp works"));
     assert!(out.status.success(), "put: {}", String::from_utf8_lossy(&out.stderr));
     for args in [&["get", "x"][..], &["put", "y"][..]] {
@@ -339,5 +254,39 @@ fn shm_commands_fail_clearly_when_the_server_has_no_local_socket() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("offers no local socket"), "{argv:?}: {err}");
     }
-    stop(running);
+    running.stop();
+}
+
+/// Without the `nixl` feature, `[nixl] enabled = true` stops `serve` with the typed reason, and
+/// `--nixl` on the client commands is refused the same way: never a silent start without it.
+#[cfg(not(feature = "nixl"))]
+#[test]
+fn nixl_enabled_without_the_feature_fails_closed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("gpucache.toml");
+    std::fs::write(
+        &config,
+        "[store]\nkind = \"memory\"\n\n\
+         [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
+         [nixl]\nenabled = true\n",
+    )
+    .expect("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "serve started without NIXL: {err}");
+    assert!(
+        err.contains("nixl.enabled: NIXL unavailable: built without the nixl feature"),
+        "{err}"
+    );
+    assert!(!err.contains("listening"), "{err}");
+    for args in [&["get", "x", "--nixl"][..], &["put", "x", "--nixl"][..]] {
+        let out = gpucache(args, Some(b"value"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("--nixl: NIXL unavailable: built without the nixl feature"), "{err}");
+    }
 }

@@ -126,3 +126,60 @@ impl PoolMemory for NixlSlots {
         self.memory.slot_mut(slot)
     }
 }
+
+/// Device memory (VRAM) that another crate owns, registered with a NIXL agent once, as one
+/// descriptor; dropping it deregisters. The GPU crate builds its NIXL-visible slots on this.
+#[derive(Debug)]
+pub struct NixlVramRegistration {
+    registration: RegistrationHandle,
+    agent: String,
+    addr: u64,
+    len_bytes: u64,
+    dev_id: u64,
+}
+
+impl NixlVramRegistration {
+    /// Registers `len_bytes` of device memory at device address `addr` on GPU `dev_id` with
+    /// `agent`'s enabled backends as [`MemType::Vram`].
+    ///
+    /// # Safety
+    /// `addr..addr + len_bytes` must be one live device allocation on GPU `dev_id`, and it must
+    /// outlive the returned registration (drop the registration first).
+    pub unsafe fn register(
+        agent: &NixlAgent,
+        addr: u64,
+        len_bytes: u64,
+        dev_id: u64,
+    ) -> Result<Self, NicError> {
+        let too_long = NicError::TooLong { len_bytes, slot_bytes: usize::MAX as u64 };
+        let span = Span {
+            addr: usize::try_from(addr).map_err(|_| too_long.clone())?,
+            len: usize::try_from(len_bytes).map_err(|_| too_long)?,
+            mem: MemType::Vram,
+            dev_id,
+        };
+        let registration = agent
+            .raw()
+            .register_memory(&span, None)
+            .map_err(super::agent::call_failed("registerMem"))?;
+        Ok(Self { registration, agent: agent.name().to_owned(), addr, len_bytes, dev_id })
+    }
+
+    /// The agent the memory is registered with.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+    pub fn dev_id(&self) -> u64 {
+        self.dev_id
+    }
+    /// True while the registration is held (always, until drop); for tests.
+    pub fn registered(&self) -> bool {
+        self.registration.agent_name().is_some()
+    }
+}

@@ -52,7 +52,7 @@ pub use client::{NixlClient, NixlClientConfig, NixlClientCounters, NixlClientErr
 #[cfg(feature = "nixl")]
 pub use file::NixlFile;
 #[cfg(feature = "nixl")]
-pub use memory::NixlSlots;
+pub use memory::{NixlSlots, NixlVramRegistration};
 #[cfg(feature = "nixl")]
 pub use service::{NixlStaging, NixlStagingConfig};
 #[cfg(feature = "nixl")]

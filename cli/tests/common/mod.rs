@@ -1,0 +1,118 @@
+//! What the cli's integration tests share: running the `gpucache` binary, and a `gpucache serve`
+//! child that is stopped by PID (SIGTERM, checked) or, when a test fails first, killed on drop
+//! so no server outlives its test.
+// Each test binary uses part of this module.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a stopped server may take to exit.
+pub(crate) const STOP_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Runs `gpucache ARGS`; returns its exit code (-1 when killed by a signal), stdout and stderr.
+pub(crate) fn gpucache(args: &[&str]) -> (i32, String, String) {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_gpucache")).args(args).output().expect("run gpucache");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The value of `name` (`name` includes its `=`) among a line's space-separated fields.
+pub(crate) fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(name))
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
+/// A running `gpucache serve` and the start line it printed.
+#[derive(Debug)]
+pub(crate) struct Serve {
+    child: Child,
+    /// The first line on stderr: where it listens, its epoch, what staging is active.
+    pub(crate) line: String,
+    done: bool,
+}
+
+impl Serve {
+    /// Starts `gpucache serve --config CONFIG` and waits for its start line; fails the test
+    /// when the first line is not one (it then says why the server could not start).
+    pub(crate) fn start(config: &Path) -> Self {
+        Self::start_in(Path::new("."), config)
+    }
+
+    /// [`Serve::start`] with `cwd` as the server's working directory.
+    pub(crate) fn start_in(cwd: &Path, config: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .current_dir(cwd)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gpucache serve");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let line = lines.next().expect("serve said nothing").expect("read stderr");
+        let serve = Self { child, line, done: false };
+        assert!(serve.line.contains("listening"), "serve did not start: {}", serve.line);
+        // Keep draining stderr so the server never blocks writing to it.
+        std::thread::spawn(move || for _ in lines {});
+        serve
+    }
+
+    pub(crate) fn field(&self, name: &str) -> &str {
+        field(&self.line, name)
+    }
+
+    pub(crate) fn native(&self) -> SocketAddr {
+        self.field("native=").parse().expect("native addr")
+    }
+
+    pub(crate) fn metrics(&self) -> SocketAddr {
+        self.field("metrics=").parse().expect("metrics addr")
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.field("epoch=").parse().expect("epoch")
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid")
+    }
+
+    /// Marks the process as gone (a test killed and reaped it itself), so drop leaves it be.
+    pub(crate) fn forget(mut self) {
+        self.done = true;
+    }
+
+    /// SIGTERM, then waits for a clean exit within [`STOP_PATIENCE`].
+    pub(crate) fn stop(mut self) {
+        // SAFETY: sends SIGTERM to our own child process.
+        assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + STOP_PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                self.done = true;
+                assert!(status.success(), "serve exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop after SIGTERM");
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if !self.done {
+            // A test that failed before stopping its server: take the server down with it.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

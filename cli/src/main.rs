@@ -53,6 +53,14 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Run the DPU agent as its own process: `serve` with a configuration whose
+    /// `[store] kind = "dpu"` (any other kind is refused, exit status 2). GET and PUT are served
+    /// over the same GPCW and RESP listeners; the start line reports the offload truthfully.
+    DpuAgent {
+        /// A TOML configuration with `[store] kind = "dpu"` and a `[dpu]` section.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Store a value under a plain NAME in a running service (from FILE, or standard input).
     Put {
         name: String,
@@ -135,6 +143,7 @@ fn main() -> ExitCode {
         Command::Key { hex } => key_command(&hex),
         Command::Fsck { dir, repair } => fsck::run(&dir, repair),
         Command::Serve { config } => serve::run(config.as_deref()),
+        Command::DpuAgent { config } => serve::run_agent(&config),
         Command::Put { name, file, target } => client_cmd::put(&target, &name, file.as_ref()),
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),

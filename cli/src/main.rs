@@ -2,9 +2,10 @@
 //!
 //! Owns argument parsing and wiring backends together from validated configuration; no data
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
-//! directory (`fsck`), measures the FileStore against fio (`bench file`) and the service beside
+//! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
 //! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), and talks to a running service (`put`, `get`, `stat`).
 
+mod bench_dpu;
 mod bench_file;
 mod bench_nixl;
 mod bench_service;
@@ -88,6 +89,9 @@ enum Command {
 enum BenchCommand {
     /// FileStore PUT and GET per engine and block size, beside fio with the same parameters.
     File(bench_file::FileBenchArgs),
+    /// GET and PUT through the DPU agent (DpuStore and its own io_uring queues) beside the
+    /// FileStore used directly and fio, 64 KiB to 4 MiB; JSON on stdout, a table on stderr.
+    Dpu(bench_dpu::DpuBenchArgs),
     /// Our service beside Redis, Mooncake Store, iperf3 and memcpy, with ratios and aims.
     Service(bench_service::ServiceBenchArgs),
     /// Blocks over NIXL (ours and bare) beside our TCP path and memcpy, 64 KiB to 4 MiB.
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),
         Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
+        Command::Bench(BenchCommand::Dpu(args)) => bench_dpu::run(&args),
         Command::Bench(BenchCommand::Service(args)) => bench_service::run(&args),
         Command::Bench(BenchCommand::Nixl(args)) => bench_nixl::run(&args),
         Command::Bench(BenchCommand::NixlPeer(args)) => bench_nixl::peer(&args),

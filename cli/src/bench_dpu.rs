@@ -453,8 +453,8 @@ fn fio_path(ctx: &Ctx, size: u64) -> Result<(Phase, Phase), String> {
     let phase = |o: fio::Outcome| Phase {
         bytes: o.io_bytes,
         secs: o.runtime_ms as f64 / 1e3,
-        p50_us: o.clat_p50_ns.map_or(0.0, |n| n as f64 / 1e3),
-        p99_us: o.clat_p99_ns.map_or(0.0, |n| n as f64 / 1e3),
+        p50_us: o.lat_p50_ns.map_or(0.0, |n| n as f64 / 1e3),
+        p99_us: o.lat_p99_ns.map_or(0.0, |n| n as f64 / 1e3),
     };
     let w = job(fio::Direction::Write).run()?;
     let r = job(fio::Direction::Read).run()?;

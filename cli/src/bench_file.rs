@@ -846,8 +846,8 @@ mod tests {
             bw_bytes: bw,
             io_bytes: 0,
             runtime_ms: 1000,
-            clat_p50_ns: None,
-            clat_p99_ns: None,
+            lat_p50_ns: None,
+            lat_p99_ns: None,
         };
         let round = |put: u64, fio_write: f64| Round {
             store: Ok((phase(put), phase(3_000_000_000))),

@@ -88,6 +88,9 @@ cargo clippy -p gpucache-nic --all-targets --features verbs --locked -- -D warni
 cargo build -p gpucache-nic --features verbs --locked
 cargo test -p gpucache-nic --features verbs --locked
 
+echo "== dpu: spdk and doca backends fail closed"
+cargo test -p gpucache-dpu --features spdk,doca --locked
+
 # NIXL (nixl-sys in stub mode, libnixl_capi.so from the nixl-cu12 wheel loaded at run time):
 # a venv under the build folder holds the wheel; its bundled libraries go on LD_LIBRARY_PATH
 # for this step only, with UCX_MODULES=^ib (the bundled libnl crashes at exit without it). In CI

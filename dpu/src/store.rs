@@ -145,6 +145,10 @@ impl Store for DpuStore {
                     let n = usize::try_from(*len).unwrap_or(usize::MAX).min(room);
                     dst[..n].copy_from_slice(&slot[..n]);
                 }
+                if let Ok(Get::Miss(MissReason::Corrupt)) = &r {
+                    // The backing store zeroed what it read; so does the caller's buffer.
+                    dst[..room].fill(0);
+                }
                 r
             },
         );

@@ -1,0 +1,329 @@
+//! Agent behaviour: reactors and affinity, back-pressure, slab quarantine and fence, restart
+//! fencing (graceful and kill -9), native backends failing closed, and accounting under faults.
+
+// Test indices and byte patterns are small and truncation is what the patterns want.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpucache_backends::file::engine::EngineChoice;
+use gpucache_backends::pool::{HugePagePolicy, Tier};
+use gpucache_dpu::sim::{Fault, FaultRates, SimConfig};
+use gpucache_dpu::{
+    AgentConfig, BlockId, DpuError, MissCause, Offload, Outcome, PinPolicy, Pinning, QueueId,
+    QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
+};
+
+const SLOT: usize = 4096;
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(20)
+}
+
+fn config(dir: &Path, kinds: Vec<QueueKind>, depth_max: usize, slots: usize) -> AgentConfig {
+    let reactors = vec![
+        ReactorSpec { id: ReactorId(0), core: Some(0) },
+        ReactorSpec { id: ReactorId(1), core: Some(1) },
+    ];
+    let queues = kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| QueueSpec {
+            id: QueueId(i as u32),
+            owner: ReactorId((i % 2) as u16),
+            depth_max,
+            kind,
+        })
+        .collect();
+    AgentConfig {
+        state_dir: dir.join("state"),
+        reactors,
+        queues,
+        pin: PinPolicy::BestEffort,
+        slab: SlabConfig {
+            slots,
+            slot_bytes: SLOT,
+            lease_ms: 60_000,
+            policy: HugePagePolicy::only(Tier::Plain),
+        },
+        idle_park: Duration::from_millis(1),
+    }
+}
+
+fn host(dir: &Path, i: usize) -> QueueKind {
+    QueueKind::Host { root: dir.join(format!("q{i}")), engine: EngineChoice::Auto, sync: false }
+}
+
+fn payload(q: u32, b: u64) -> Vec<u8> {
+    (0..SLOT - 7).map(|i| (i as u64 ^ b.wrapping_mul(31) ^ (u64::from(q) * 7)) as u8).collect()
+}
+
+#[test]
+fn two_reactors_carry_traffic_and_report_pinning_truthfully() {
+    let dir = tempfile::tempdir().unwrap();
+    let kinds = (0..4).map(|i| host(dir.path(), i)).collect();
+    let agent = config(dir.path(), kinds, 16, 64).start().unwrap();
+    let mut tickets = Vec::new();
+    for q in 0..4u32 {
+        let owner = ReactorId((q % 2) as u16);
+        for b in 0..6u64 {
+            tickets
+                .push(agent.submit_write(owner, QueueId(q), BlockId(b), &payload(q, b)).unwrap());
+        }
+    }
+    for t in tickets {
+        assert_eq!(agent.wait(t, deadline(), &mut []).unwrap(), Outcome::Written);
+    }
+    let mut buf = vec![0u8; SLOT];
+    for q in 0..4u32 {
+        for b in 0..6u64 {
+            let t = agent.submit_read(ReactorId((q % 2) as u16), QueueId(q), BlockId(b)).unwrap();
+            let out = agent.wait(t, deadline(), &mut buf).unwrap();
+            let want = payload(q, b);
+            assert_eq!(out, Outcome::Read { len: want.len() });
+            assert_eq!(&buf[..want.len()], &want[..]);
+        }
+    }
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(99)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
+    // Both reactors did work.
+    let stats = agent.stats();
+    for s in &stats.queues {
+        let extra = u64::from(s.queue == Some(QueueId(0)));
+        assert_eq!(s.reaped, 12 + extra, "{s:?}");
+    }
+    // Pinning is reported as it is: a reactor is Pinned only if its mask reads back as one core.
+    let pinned = agent.reactors().iter().filter(|r| matches!(r.pinning, Pinning::Pinned { .. }));
+    let pinned = pinned.count();
+    assert_eq!(agent.offload(), Offload::HostThreads { reactors: 2, pinned });
+    assert!(!agent.offload().active());
+    assert_eq!(stats.slab.free, 64, "every slot came back");
+}
+
+#[test]
+fn affinity_violation_is_typed_and_submits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent =
+        config(dir.path(), vec![host(dir.path(), 0), host(dir.path(), 1)], 4, 8).start().unwrap();
+    let err = agent.submit_write(ReactorId(1), QueueId(0), BlockId(1), b"x").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DpuError::AffinityViolation {
+                queue: QueueId(0),
+                owner: ReactorId(0),
+                asked: ReactorId(1)
+            }
+        ),
+        "{err}"
+    );
+    let s = agent.queue_stats(QueueId(0)).unwrap();
+    assert_eq!((s.submitted, s.outstanding, s.affinity_violations), (0, 0, 1));
+    assert_eq!(agent.slab().free, 8);
+}
+
+#[test]
+fn full_queue_answers_queue_full_until_one_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = config(dir.path(), vec![host(dir.path(), 0)], 3, 8).start().unwrap();
+    let r = ReactorId(0);
+    let mut t: Vec<_> =
+        (0..3).map(|b| agent.submit_write(r, QueueId(0), BlockId(b), b"abc").unwrap()).collect();
+    let err = agent.submit_write(r, QueueId(0), BlockId(9), b"abc").unwrap_err();
+    assert!(matches!(err, DpuError::QueueFull { queue: QueueId(0), depth_max: 3 }), "{err}");
+    assert_eq!(agent.slab().free, 5, "the refused submission leased nothing");
+    assert_eq!(agent.wait(t.remove(0), deadline(), &mut []).unwrap(), Outcome::Written);
+    let next = agent.submit_write(r, QueueId(0), BlockId(9), b"abc").unwrap();
+    for x in t.into_iter().chain([next]) {
+        assert_eq!(agent.wait(x, deadline(), &mut []).unwrap(), Outcome::Written);
+    }
+}
+
+#[test]
+fn lost_completion_quarantines_until_the_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sim = SimConfig::new(7);
+    sim.script = vec![Fault::Lost];
+    let agent = config(dir.path(), vec![QueueKind::Sim(sim)], 4, 4).start().unwrap();
+    assert!(matches!(agent.offload(), Offload::Simulated { seed: 7, .. }));
+    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(1), b"lost").unwrap();
+    let err = agent.wait(t, Instant::now() + Duration::from_millis(200), &mut []).unwrap_err();
+    assert!(matches!(err, DpuError::Lost { .. }), "{err}");
+    let s = agent.slab();
+    assert_eq!((s.free, s.regions.quarantined), (3, 1));
+    // Lease expiry never frees a quarantined slot.
+    agent.expire_slab_leases(u64::MAX);
+    let s = agent.slab();
+    assert_eq!((s.free, s.regions.quarantined), (3, 1));
+    let e = agent.bump_epoch().unwrap();
+    assert_eq!(agent.reclaim_fenced(e, deadline()).unwrap(), 1);
+    assert_eq!(agent.slab().free, 4);
+    // The lost write never became readable.
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(1)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut [0; 8]).unwrap(), Outcome::Miss(MissCause::Absent));
+}
+
+#[test]
+fn error_completion_quarantines_and_late_one_stays_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sim = SimConfig::new(3);
+    sim.script = vec![Fault::Error, Fault::Late { polls: 1_000_000 }];
+    let agent = config(dir.path(), vec![QueueKind::Sim(sim)], 4, 4).start().unwrap();
+    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(1), b"e").unwrap();
+    assert!(matches!(agent.wait(t, deadline(), &mut []), Err(DpuError::Completion { .. })));
+    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(2), b"l").unwrap();
+    assert!(matches!(
+        agent.wait(t, Instant::now() + Duration::from_millis(100), &mut []),
+        Err(DpuError::Lost { .. })
+    ));
+    assert_eq!(agent.slab().regions.quarantined, 2);
+}
+
+#[test]
+fn restart_bumps_epoch_and_in_flight_work_is_a_clean_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let make = || config(dir.path(), vec![host(dir.path(), 0)], 4, 4);
+    let agent = make().start().unwrap();
+    let first = agent.epoch();
+    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(1), b"kept").unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut []).unwrap(), Outcome::Written);
+    let in_flight = agent.submit_write(ReactorId(0), QueueId(0), BlockId(2), b"never").unwrap();
+    drop(agent);
+    let agent = make().start().unwrap();
+    assert!(agent.epoch() > first);
+    assert_eq!(
+        agent.wait(in_flight, deadline(), &mut []).unwrap(),
+        Outcome::Miss(MissCause::Fenced)
+    );
+    let mut buf = [0u8; 16];
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(2)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(1)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Read { len: 4 });
+    assert_eq!(&buf[..4], b"kept");
+}
+
+const CHILD_ENV: &str = "GPUCACHE_DPU_TEST_CHILD_DIR";
+
+/// Runs the agent in a child process (when the parent test asks for it), then waits on stdin
+/// until it is killed.
+#[test]
+fn child_agent_process() {
+    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+    let dir = Path::new(&dir);
+    let agent = config(dir, vec![host(dir, 0)], 4, 4).start().unwrap();
+    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(1), b"kept").unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut []).unwrap(), Outcome::Written);
+    let _in_flight = agent.submit_write(ReactorId(0), QueueId(0), BlockId(2), b"never").unwrap();
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "READY {}", agent.epoch().0).unwrap();
+        out.flush().unwrap();
+    }
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn kill_9_then_restart_fences_what_was_in_flight() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_agent_process", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let child_epoch = loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended before READY");
+        if let Some(at) = line.find("READY ") {
+            let e = line[at + 6..].trim();
+            break e.parse::<u64>().unwrap();
+        }
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let agent = config(dir.path(), vec![host(dir.path(), 0)], 4, 4).start().unwrap();
+    assert_eq!(agent.epoch().0, child_epoch + 1);
+    let mut buf = [0u8; 16];
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(2)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(1)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Read { len: 4 });
+    assert_eq!(&buf[..4], b"kept");
+}
+
+#[test]
+fn seeded_faults_keep_slab_accounting_against_a_model() {
+    for seed in 0..6u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sim = SimConfig::new(seed);
+        sim.rates = FaultRates {
+            lost_ppm: 100_000,
+            late_ppm: 100_000,
+            duplicated_ppm: 100_000,
+            error_ppm: 100_000,
+            stall_ppm: 100_000,
+        };
+        let agent = config(dir.path(), vec![QueueKind::Sim(sim)], 8, 16).start().unwrap();
+        let (mut ok, mut bad) = (0usize, 0usize);
+        for b in 0..12u64 {
+            let t =
+                agent.submit_write(ReactorId(0), QueueId(0), BlockId(b), &[b as u8; 9]).unwrap();
+            match agent.wait(t, Instant::now() + Duration::from_millis(100), &mut []) {
+                Ok(Outcome::Written) => ok += 1,
+                Ok(o) => panic!("seed {seed}: {o:?}"),
+                Err(DpuError::Lost { .. } | DpuError::Completion { .. }) => bad += 1,
+                Err(e) => panic!("seed {seed}: {e}"),
+            }
+            let s = agent.slab();
+            // Model: every failed submission holds one quarantined slot, every success none.
+            assert_eq!(s.regions.quarantined, bad, "seed {seed}");
+            assert_eq!(s.free + s.regions.quarantined, 16, "seed {seed}");
+        }
+        assert_eq!(ok + bad, 12);
+        let e = agent.bump_epoch().unwrap();
+        assert_eq!(agent.reclaim_fenced(e, deadline()).unwrap(), bad, "seed {seed}");
+        assert_eq!(agent.slab().free, 16, "seed {seed}");
+    }
+}
+
+#[cfg(feature = "spdk")]
+#[test]
+fn spdk_fails_closed_naming_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let kind = QueueKind::Spdk(gpucache_dpu::SpdkConfig { pci_addr: "0000:ff:1f.7".into() });
+    let err = config(dir.path(), vec![kind], 4, 4).start().unwrap_err();
+    match &err {
+        DpuError::NativeUnavailable { backend: "spdk", missing } => {
+            assert!(
+                missing.iter().any(|m| matches!(m, gpucache_dpu::NativeMissing::Device { .. }))
+            );
+        }
+        e => panic!("{e}"),
+    }
+    assert!(err.to_string().contains("spdk backend unavailable"), "{err}");
+    assert!(!dir.path().join("state").join(gpucache_dpu::EPOCH_FILE).exists(), "nothing started");
+}
+
+#[cfg(feature = "doca")]
+#[test]
+fn doca_fails_closed_naming_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let kind = QueueKind::Doca(gpucache_dpu::DocaConfig { device: "no-such-bf3".into() });
+    let err = config(dir.path(), vec![kind], 4, 4).start().unwrap_err();
+    match &err {
+        DpuError::NativeUnavailable { backend: "doca", missing } => {
+            assert!(
+                missing.iter().any(|m| matches!(m, gpucache_dpu::NativeMissing::Device { .. }))
+            );
+        }
+        e => panic!("{e}"),
+    }
+}

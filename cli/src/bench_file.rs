@@ -39,7 +39,7 @@ use gpucache_dataplane::store::{Get, Put, Store};
 use crate::fio;
 use crate::units::{KIB, MIB, human_bytes, narrow, parse_size, parse_size_list, size_label, wide};
 
-const TENANT: &str = "bench-tenant";
+pub(crate) const TENANT: &str = "bench-tenant";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum EngineArg {
@@ -751,7 +751,7 @@ fn digest(seed: u64) -> Digest32 {
 }
 
 /// A realistic key whose one-link chain comes from `seed` (distinct seeds, distinct keys).
-fn bench_key(seed: u64) -> PhysicalKey {
+pub(crate) fn bench_key(seed: u64) -> PhysicalKey {
     let id = CacheIdentity::builder()
         .tenant(TENANT)
         .trust_domain("bench")
@@ -775,7 +775,7 @@ fn bench_key(seed: u64) -> PhysicalKey {
 }
 
 /// Pseudo-random bytes (no zero pages), the same for every call of one size.
-fn payload(bytes: usize) -> Vec<u8> {
+pub(crate) fn payload(bytes: usize) -> Vec<u8> {
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
     (0..bytes)
         .map(|_| {
@@ -842,7 +842,13 @@ mod tests {
     fn table_prints_medians_ratios_and_dashes() {
         let phase =
             |bytes| Phase { ops: 1, bytes, elapsed: Duration::from_secs(1), complete: true };
-        let outcome = |bw| fio::Outcome { bw_bytes: bw, io_bytes: 0, runtime_ms: 1000 };
+        let outcome = |bw| fio::Outcome {
+            bw_bytes: bw,
+            io_bytes: 0,
+            runtime_ms: 1000,
+            lat_p50_ns: None,
+            lat_p99_ns: None,
+        };
         let round = |put: u64, fio_write: f64| Round {
             store: Ok((phase(put), phase(3_000_000_000))),
             fio: FioRun::Ran { write: Ok(outcome(fio_write)), read: Ok(outcome(4e9)) },

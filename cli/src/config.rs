@@ -116,6 +116,13 @@ pub enum ConfigError {
     /// `_` and `.`.
     #[error("nixl.agent: {name:?} {why}")]
     NixlAgentName { name: String, why: &'static str },
+    /// A `[dpu]` key (or a `[[dpu.reactors]]` entry) that cannot describe an agent.
+    #[error("{key}: {why}")]
+    Dpu { key: String, why: String },
+    /// The DPU agent (or the store it fronts) did not start: a native backend failed closed,
+    /// a core could not be pinned under `dpu.pin = "required"`, the state dir is unwritable.
+    #[error("{key}: {source}")]
+    DpuStart { key: &'static str, source: gpucache_dpu::DpuError },
     /// `nixl.pool_bytes` is not a whole number of `nixl.slot_bytes` slots.
     #[error(
         "nixl.pool_bytes: {pool_bytes} is not a multiple of nixl.slot_bytes ({slot_bytes}); \
@@ -155,6 +162,8 @@ impl ConfigError {
             Self::LocalSocket { .. } => Some("listen.local"),
             Self::NixlAgentName { .. } => Some("nixl.agent"),
             Self::NixlPoolNotWhole { .. } => Some("nixl.pool_bytes"),
+            Self::Dpu { key, .. } => Some(key),
+            Self::DpuStart { key, .. } => Some(key),
         }
     }
 }
@@ -169,6 +178,7 @@ pub struct ServeConfig {
     pub listen: ListenSection,
     pub tenants: Vec<TenantConfig>,
     pub nixl: NixlSection,
+    pub dpu: DpuSection,
 }
 
 impl Default for ServeConfig {
@@ -186,6 +196,7 @@ impl Default for ServeConfig {
                 seal_algorithms: None,
             }],
             nixl: NixlSection::default(),
+            dpu: DpuSection::default(),
         }
     }
 }
@@ -198,6 +209,9 @@ pub enum StoreKind {
     File,
     /// Host memory; empty at every start.
     Memory,
+    /// The DPU agent (`[dpu]`) in-process, its reactors running every call against a file
+    /// store under `root` (the `[store]` file keys apply to it).
+    Dpu,
 }
 
 /// `store.engine`: the FileStore's I/O engine.
@@ -486,6 +500,185 @@ impl NixlSection {
     }
 }
 
+/// Default `dpu.state_dir`.
+pub const DPU_STATE_DIR_DEFAULT: &str = "./gpucache-dpu";
+/// Default `dpu.slab_slot_bytes`: the largest block the agent carries.
+pub const DPU_SLOT_BYTES_DEFAULT: u64 = 4 << 20;
+/// Smallest `dpu.slab_slot_bytes`: one page.
+pub const DPU_SLOT_BYTES_MIN: u64 = 4096;
+/// Largest `dpu.slab_slot_bytes`.
+pub const DPU_SLOT_BYTES_MAX: u64 = 1 << 30;
+/// Highest core id `[[dpu.reactors]] core` may name (the kernel's `CPU_SETSIZE` less one).
+pub const DPU_CORE_MAX: u64 = 1023;
+
+/// `dpu.backend`: what moves the agent's queue bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum DpuBackendName {
+    /// Host threads with io_uring: runs anywhere io_uring does; never offload.
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// SPDK NVMe queues; fails closed at start in this build (no binding).
+    #[serde(rename = "spdk")]
+    Spdk,
+    /// DOCA queues on a BlueField; fails closed at start in this build (no binding).
+    #[serde(rename = "doca")]
+    Doca,
+}
+
+impl DpuBackendName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IoUring => "io_uring",
+            Self::Spdk => "spdk",
+            Self::Doca => "doca",
+        }
+    }
+}
+
+/// `dpu.pin`: what to do when a reactor's core cannot be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PinName {
+    /// Run that reactor unpinned and report it (`pinned=` leaves its core out).
+    BestEffort,
+    /// Refuse to start.
+    Required,
+}
+
+/// One `[[dpu.reactors]]` entry: a reactor thread and the core it is pinned to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpuReactorConfig {
+    pub id: u16,
+    /// The core to pin to; unset runs the reactor unpinned.
+    #[serde(default)]
+    pub core: Option<u64>,
+}
+
+/// `[dpu]`: the DPU agent `store.kind = "dpu"` runs in-process (docs/OPERATIONS.md). Ignored
+/// for other store kinds, but still checked.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpuSection {
+    /// Holds the agent's persisted epoch (bumped at every start) and its queue files.
+    pub state_dir: PathBuf,
+    pub backend: DpuBackendName,
+    /// The reactors, each with its core; one unpinned reactor when the list is left out.
+    pub reactors: Vec<DpuReactorConfig>,
+    /// Queues each reactor owns (a key's queue is chosen by a stable hash of the key).
+    pub queues_per_reactor: u32,
+    /// Submissions one queue holds outstanding at most.
+    pub queue_depth: u32,
+    /// Slots of the agent's slab; every call in flight holds one.
+    pub slab_slots: u32,
+    /// Bytes per slab slot: the largest block the agent carries (larger PUTs are refused as
+    /// too large, larger blocks read as misses).
+    #[serde(deserialize_with = "byte_count")]
+    pub slab_slot_bytes: u64,
+    /// How long one call may hold its slab slot before the slot is quarantined.
+    pub slab_lease_ms: u64,
+    pub pin: PinName,
+    /// Longest one call waits for its reactor's completion.
+    pub op_deadline_ms: u64,
+    /// `backend = "spdk"`: the NVMe controller's PCI address.
+    pub spdk_pci_addr: Option<String>,
+    /// `backend = "doca"`: the BlueField's RDMA device name.
+    pub doca_device: Option<String>,
+}
+
+impl Default for DpuSection {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from(DPU_STATE_DIR_DEFAULT),
+            backend: DpuBackendName::IoUring,
+            reactors: vec![DpuReactorConfig { id: 0, core: None }],
+            queues_per_reactor: 1,
+            queue_depth: 64,
+            slab_slots: 64,
+            slab_slot_bytes: DPU_SLOT_BYTES_DEFAULT,
+            slab_lease_ms: 60_000,
+            pin: PinName::BestEffort,
+            op_deadline_ms: 30_000,
+            spdk_pci_addr: None,
+            doca_device: None,
+        }
+    }
+}
+
+impl DpuSection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let refuse = |key: String, why: String| Err(ConfigError::Dpu { key, why });
+        let reactors_max = gpucache_dpu::REACTORS_MAX as u64;
+        in_range("dpu.reactors (entries)", self.reactors.len() as u64, 1, reactors_max)?;
+        let mut ids = std::collections::BTreeMap::new();
+        for (i, r) in self.reactors.iter().enumerate() {
+            if let Some(first) = ids.insert(r.id, i) {
+                return refuse(
+                    format!("dpu.reactors[{i}].id"),
+                    format!("reactor {} is already defined by dpu.reactors[{first}]", r.id),
+                );
+            }
+            if let Some(core) = r.core
+                && core > DPU_CORE_MAX
+            {
+                return refuse(
+                    format!("dpu.reactors[{i}].core"),
+                    format!("{core} is outside 0..={DPU_CORE_MAX}"),
+                );
+            }
+        }
+        let queues_max = (gpucache_dpu::QUEUES_MAX / self.reactors.len()) as u64;
+        in_range("dpu.queues_per_reactor", self.queues_per_reactor.into(), 1, queues_max)?;
+        in_range(
+            "dpu.queue_depth",
+            self.queue_depth.into(),
+            1,
+            gpucache_dpu::QUEUE_DEPTH_MAX as u64,
+        )?;
+        in_range("dpu.slab_slots", self.slab_slots.into(), 1, gpucache_dpu::SLAB_SLOTS_MAX as u64)?;
+        in_range(
+            "dpu.slab_slot_bytes",
+            self.slab_slot_bytes,
+            DPU_SLOT_BYTES_MIN,
+            DPU_SLOT_BYTES_MAX,
+        )?;
+        let slab_bytes = u64::from(self.slab_slots).saturating_mul(self.slab_slot_bytes);
+        in_range("dpu.slab_slots * dpu.slab_slot_bytes", slab_bytes, 1, POOL_BYTES_MAX)?;
+        in_range("dpu.slab_lease_ms", self.slab_lease_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
+        in_range("dpu.op_deadline_ms", self.op_deadline_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
+        if self.state_dir.as_os_str().is_empty() {
+            return refuse("dpu.state_dir".into(), "is empty".into());
+        }
+        let native = [
+            ("dpu.spdk_pci_addr", &self.spdk_pci_addr, DpuBackendName::Spdk),
+            ("dpu.doca_device", &self.doca_device, DpuBackendName::Doca),
+        ];
+        for (key, value, wants) in native {
+            match value {
+                Some(v) if self.backend != wants => {
+                    return refuse(
+                        key.into(),
+                        format!(
+                            "{v:?} is set but dpu.backend is {:?}; it applies to {:?} only",
+                            self.backend.as_str(),
+                            wants.as_str()
+                        ),
+                    );
+                }
+                Some(v) if v.is_empty() => return refuse(key.into(), "is empty".into()),
+                None if self.backend == wants => {
+                    return refuse(
+                        key.into(),
+                        format!("required when dpu.backend = {:?}", wants.as_str()),
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A right as spelt in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -603,6 +796,7 @@ impl ServeConfig {
         self.validate_listen()?;
         self.validate_local()?;
         self.nixl.validate()?;
+        self.dpu.validate()?;
         self.validate_tenants()?;
         self.resp_tenant().map(|_| ())
     }
@@ -646,7 +840,7 @@ impl ServeConfig {
             return Err(refuse("names no file".into()));
         }
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let store_creates = self.store.kind == StoreKind::File
+        let store_creates = matches!(self.store.kind, StoreKind::File | StoreKind::Dpu)
             && parent.components().eq(self.store.root.components());
         if !store_creates && !parent.is_dir() {
             return Err(refuse(format!(
@@ -665,7 +859,7 @@ impl ServeConfig {
             Some(p) if p.as_os_str().is_empty() => None,
             Some(p) => Some(p.clone()),
             None => match self.store.kind {
-                StoreKind::File => Some(self.store.root.join(LOCAL_SOCKET_NAME)),
+                StoreKind::File | StoreKind::Dpu => Some(self.store.root.join(LOCAL_SOCKET_NAME)),
                 StoreKind::Memory => None,
             },
         }
@@ -809,6 +1003,7 @@ impl ServeConfig {
                 })?;
                 Ok(Arc::new(store))
             }
+            StoreKind::Dpu => Ok(crate::dpu::open(self, clock)?),
         }
     }
 }

@@ -44,6 +44,11 @@ pub(crate) struct Outcome {
     pub(crate) bw_bytes: f64,
     pub(crate) io_bytes: u64,
     pub(crate) runtime_ms: u64,
+    /// Latency percentiles of each I/O from submission to completion (fio's `lat_ns`, asked
+    /// for with `--lat_percentiles=1`; `clat_ns` when only that is reported), in nanoseconds.
+    /// An fsync after a write is not part of it.
+    pub(crate) lat_p50_ns: Option<u64>,
+    pub(crate) lat_p99_ns: Option<u64>,
 }
 
 /// fio's version string, or `None` when fio is not on PATH (or does not run).
@@ -74,6 +79,9 @@ impl Job<'_> {
             // The store writes new files without preallocating; so does fio here.
             "--fallocate=none".to_owned(),
             "--output-format=json".to_owned(),
+            // Percentiles of the whole I/O: a buffered io_uring read that hits the page cache
+            // completes at submission, so its completion latency alone reads as zero.
+            "--lat_percentiles=1".to_owned(),
         ];
         if self.fsync_each && self.direction == Direction::Write {
             args.push("--fsync=1".to_owned());
@@ -135,7 +143,21 @@ pub(crate) fn parse_outcome(stdout: &str, direction: Direction) -> Result<Outcom
         .and_then(serde_json::Value::as_f64)
         .ok_or_else(|| format!("fio's report has no jobs[0].{}.bw_bytes", direction.rw()))?;
     let number = |name: &str| side.get(name).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    Ok(Outcome { bw_bytes, io_bytes: number("io_bytes"), runtime_ms: number("runtime") })
+    let percentile = |p: &str| {
+        ["lat_ns", "clat_ns"].iter().find_map(|kind| {
+            side.get(kind)
+                .and_then(|c| c.get("percentile"))
+                .and_then(|c| c.get(p))
+                .and_then(serde_json::Value::as_u64)
+        })
+    };
+    Ok(Outcome {
+        bw_bytes,
+        io_bytes: number("io_bytes"),
+        runtime_ms: number("runtime"),
+        lat_p50_ns: percentile("50.000000"),
+        lat_p99_ns: percentile("99.000000"),
+    })
 }
 
 #[cfg(test)]
@@ -147,10 +169,18 @@ mod tests {
         let out = "fio: note, something\n{\n \"fio version\": \"fio-3.33\",\n \"jobs\": [ {\
                    \"jobname\": \"w\", \"error\": 0,\
                    \"read\": {\"io_bytes\": 0, \"bw_bytes\": 0, \"runtime\": 0},\
-                   \"write\": {\"io_bytes\": 1048576, \"bw_bytes\": 2097152, \"runtime\": 500}\
+                   \"write\": {\"io_bytes\": 1048576, \"bw_bytes\": 2097152, \"runtime\": 500,\
+                   \"clat_ns\": {\"percentile\": {\"50.000000\": 1000, \"99.000000\": 9000}}}\
                    } ] }\n";
         let w = parse_outcome(out, Direction::Write).expect("parses");
-        assert_eq!(w, Outcome { bw_bytes: 2_097_152.0, io_bytes: 1 << 20, runtime_ms: 500 });
+        let want = Outcome {
+            bw_bytes: 2_097_152.0,
+            io_bytes: 1 << 20,
+            runtime_ms: 500,
+            lat_p50_ns: Some(1000),
+            lat_p99_ns: Some(9000),
+        };
+        assert_eq!(w, want);
         assert_eq!(parse_outcome(out, Direction::Read).expect("parses").bw_bytes, 0.0);
         assert!(parse_outcome("no json here", Direction::Read).is_err());
         assert!(parse_outcome("{\"jobs\": []}", Direction::Read).is_err());

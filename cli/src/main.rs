@@ -2,9 +2,10 @@
 //!
 //! Owns argument parsing and wiring backends together from validated configuration; no data
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
-//! directory (`fsck`), measures the FileStore against fio (`bench file`) and the service beside
+//! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
 //! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), and talks to a running service (`put`, `get`, `stat`).
 
+mod bench_dpu;
 mod bench_file;
 mod bench_nixl;
 mod bench_service;
@@ -53,6 +54,14 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Run the DPU agent as its own process: `serve` with a configuration whose
+    /// `[store] kind = "dpu"` (any other kind is refused, exit status 2). GET and PUT are served
+    /// over the same GPCW and RESP listeners; the start line reports the offload truthfully.
+    DpuAgent {
+        /// A TOML configuration with `[store] kind = "dpu"` and a `[dpu]` section.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Store a value under a plain NAME in a running service (from FILE, or standard input).
     Put {
         name: String,
@@ -80,6 +89,9 @@ enum Command {
 enum BenchCommand {
     /// FileStore PUT and GET per engine and block size, beside fio with the same parameters.
     File(bench_file::FileBenchArgs),
+    /// GET and PUT through the DPU agent (DpuStore and its own io_uring queues) beside the
+    /// FileStore used directly and fio, 64 KiB to 4 MiB; JSON on stdout, a table on stderr.
+    Dpu(bench_dpu::DpuBenchArgs),
     /// Our service beside Redis, Mooncake Store, iperf3 and memcpy, with ratios and aims.
     Service(bench_service::ServiceBenchArgs),
     /// Blocks over NIXL (ours and bare) beside our TCP path and memcpy, 64 KiB to 4 MiB.
@@ -135,10 +147,12 @@ fn main() -> ExitCode {
         Command::Key { hex } => key_command(&hex),
         Command::Fsck { dir, repair } => fsck::run(&dir, repair),
         Command::Serve { config } => serve::run(config.as_deref()),
+        Command::DpuAgent { config } => serve::run_agent(&config),
         Command::Put { name, file, target } => client_cmd::put(&target, &name, file.as_ref()),
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),
         Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
+        Command::Bench(BenchCommand::Dpu(args)) => bench_dpu::run(&args),
         Command::Bench(BenchCommand::Service(args)) => bench_service::run(&args),
         Command::Bench(BenchCommand::Nixl(args)) => bench_nixl::run(&args),
         Command::Bench(BenchCommand::NixlPeer(args)) => bench_nixl::peer(&args),

@@ -15,7 +15,8 @@ use gpucache_backends::metered::{MeteredStore, Metrics};
 use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
 use gpucache_backends::tcp::staging::BlockStaging;
 use gpucache_backends::tcp::{Server, ServerConfig};
-use gpucache_cli::config::{LOCAL_SOCKET_MODE, ServeConfig};
+use gpucache_cli::config::{LOCAL_SOCKET_MODE, ServeConfig, StoreKind};
+use gpucache_cli::dpu;
 use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::store::Store;
@@ -70,6 +71,18 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// `gpucache dpu-agent`: `serve` for a configuration of `store.kind = "dpu"` only.
+pub(crate) fn run_agent(config_path: &Path) -> ExitCode {
+    match ServeConfig::load(config_path) {
+        Ok(c) if c.store.kind == StoreKind::Dpu => run(Some(config_path)),
+        Ok(c) => fail(
+            "store.kind",
+            format!("dpu-agent runs store.kind = \"dpu\" only, this file has {:?}", c.store.kind),
+        ),
+        Err(e) => fail("invalid configuration", e),
+    }
+}
+
 pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     let config = match config_path {
         Some(p) => ServeConfig::load(p),
@@ -89,11 +102,23 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("nixl.enabled", e),
     };
-    let store = match config.open_store(Arc::new(MonotonicClock::default())) {
-        Ok(s) => s,
-        Err(e) => return fail("store", e),
-    };
-    let metrics = Arc::new(Metrics::new());
+    let clock = Arc::new(MonotonicClock::default());
+    // The DPU store is kept by its type as well, for the agent's offload report.
+    let (store, dpu): (Arc<dyn Store>, Option<Arc<gpucache_dpu::DpuStore>>) =
+        match config.store.kind {
+            StoreKind::Dpu => match config.validate().and_then(|()| dpu::open(&config, clock)) {
+                Ok(s) => (Arc::clone(&s) as Arc<dyn Store>, Some(s)),
+                Err(e) => return fail("store", e),
+            },
+            _ => match config.open_store(clock) {
+                Ok(s) => (s, None),
+                Err(e) => return fail("store", e),
+            },
+        };
+    let metrics = Arc::new(match &dpu {
+        Some(d) => Metrics::with_registry(dpu::offload_registry(d.agent())),
+        None => Metrics::new(),
+    });
     let metered = MeteredStore::shared(store, Arc::clone(&metrics));
     let tenants = match config.callers() {
         Ok(t) => t,
@@ -169,16 +194,35 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     };
     let info = shared.info();
     let local = server.local_path().map_or_else(|| "none".to_owned(), |p| p.display().to_string());
+    // The agent's own report, never a claim of its own: `offload=host-threads` on host threads.
+    let offload = dpu.as_ref().map(|d| format!(" {}", dpu::offload_fields(d.agent())));
     eprintln!(
         "gpucache serve: listening native={} local={local} resp={} metrics={} store={} epoch={} \
-         resp_tenant={} sealed_tenants={sealed} staging={staging_name}",
+         resp_tenant={} sealed_tenants={sealed} staging={staging_name}{}",
         server.local_addr(),
         resp.local_addr(),
         http.local_addr(),
         info.name,
         shared.epoch().0,
         resp_tenant,
+        offload.unwrap_or_default(),
     );
+    if let Some(d) = &dpu {
+        let c = &config.dpu;
+        eprintln!(
+            "gpucache serve: dpu agent backend={} state_dir={} queues_per_reactor={} \
+             queue_depth={} slab={}x{} bytes",
+            c.backend.as_str(),
+            c.state_dir.display(),
+            c.queues_per_reactor,
+            c.queue_depth,
+            c.slab_slots,
+            c.slab_slot_bytes
+        );
+        for line in dpu::reactor_lines(d.agent()) {
+            eprintln!("gpucache serve: dpu {line}");
+        }
+    }
     if config.nixl.enabled {
         let n = &config.nixl;
         eprintln!(
@@ -202,6 +246,8 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     let http_left = http.shutdown();
     drop(shared);
     drop(metered);
+    // The agent's reactors are joined when its last holder goes.
+    drop(dpu);
     if left + http_left > 0 {
         eprintln!("gpucache serve: {} connection threads did not stop in time", left + http_left);
         return ExitCode::from(1);

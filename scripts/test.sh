@@ -91,8 +91,9 @@ cargo test -p gpucache-nic --features verbs --locked
 # SPDK and DOCA are absent here: with their features the DPU agent's native queues must fail
 # closed, naming what is missing (the conformance suite already ran in the workspace step).
 step "dpu spdk/doca features (clippy, fail-closed tests)"
-cargo clippy -p gpucache-dpu --all-targets --features spdk,doca --locked -- -D warnings
+cargo clippy -p gpucache-dpu -p gpucache-cli --all-targets --features gpucache-dpu/spdk,gpucache-dpu/doca,gpucache-cli/spdk,gpucache-cli/doca --locked -- -D warnings
 cargo test -p gpucache-dpu --features spdk,doca --locked --lib --test agent
+cargo test -p gpucache-cli --features spdk,doca --locked --test dpu_serve
 
 # NIXL (nixl-sys in stub mode, libnixl_capi.so from the nixl-cu12 wheel loaded at run time):
 # a venv under the build folder holds the wheel; its bundled libraries go on LD_LIBRARY_PATH

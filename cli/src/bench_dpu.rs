@@ -325,7 +325,10 @@ fn open_agent(ctx: &Ctx, size: u64) -> Result<(Arc<Agent>, DpuStore), String> {
         ..DpuSection::default()
     };
     let agent = Arc::new(
-        gpucache_cli::dpu::agent_config(&section).start().map_err(|e| format!("agent: {e}"))?,
+        gpucache_cli::dpu::agent_config(&section)
+            .map_err(|e| format!("agent: {e}"))?
+            .start()
+            .map_err(|e| format!("agent: {e}"))?,
     );
     let backing = open_file_store(ctx, &ctx.root.join("dpu-store"), size)?;
     let store = DpuStore::new(

@@ -123,6 +123,12 @@ pub enum ConfigError {
     /// a core could not be pinned under `dpu.pin = "required"`, the state dir is unwritable.
     #[error("{key}: {source}")]
     DpuStart { key: &'static str, source: gpucache_dpu::DpuError },
+    /// `dpu.backend` names a native backend this binary was built without.
+    #[error(
+        "dpu.backend: {backend} backend unavailable: built without the {backend} feature \
+         (cargo build -p gpucache-cli --features {backend})"
+    )]
+    DpuNotBuilt { backend: &'static str },
     /// `nixl.pool_bytes` is not a whole number of `nixl.slot_bytes` slots.
     #[error(
         "nixl.pool_bytes: {pool_bytes} is not a multiple of nixl.slot_bytes ({slot_bytes}); \
@@ -164,6 +170,7 @@ impl ConfigError {
             Self::NixlPoolNotWhole { .. } => Some("nixl.pool_bytes"),
             Self::Dpu { key, .. } => Some(key),
             Self::DpuStart { key, .. } => Some(key),
+            Self::DpuNotBuilt { .. } => Some("dpu.backend"),
         }
     }
 }

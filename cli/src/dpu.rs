@@ -12,9 +12,13 @@ use std::time::Duration;
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::pool::{HugePagePolicy, Tier};
 use gpucache_dataplane::clock::Clock;
+#[cfg(feature = "doca")]
+use gpucache_dpu::DocaConfig;
+#[cfg(feature = "spdk")]
+use gpucache_dpu::SpdkConfig;
 use gpucache_dpu::{
-    Agent, AgentConfig, DocaConfig, DpuError, DpuStore, DpuStoreConfig, Offload, PinPolicy,
-    Pinning, QueueId, QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig, SpdkConfig,
+    Agent, AgentConfig, DpuError, DpuStore, DpuStoreConfig, Offload, PinPolicy, Pinning, QueueId,
+    QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
 };
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
@@ -26,8 +30,9 @@ use crate::config::{ConfigError, DpuBackendName, DpuSection, PinName, ServeConfi
 const IDLE_PARK: Duration = Duration::from_millis(1);
 
 /// The agent configuration `[dpu]` describes: reactors in file order, `queues_per_reactor`
-/// queues each (ids numbered across all reactors), every queue of the configured backend.
-pub fn agent_config(dpu: &DpuSection) -> AgentConfig {
+/// queues each (ids numbered across all reactors), every queue of the configured backend. A
+/// native backend this binary was built without is refused ([`ConfigError::DpuNotBuilt`]).
+pub fn agent_config(dpu: &DpuSection) -> Result<AgentConfig, ConfigError> {
     let reactors: Vec<ReactorSpec> = dpu
         .reactors
         .iter()
@@ -48,12 +53,18 @@ pub fn agent_config(dpu: &DpuSection) -> AgentConfig {
                     engine: EngineChoice::Uring,
                     sync: true,
                 },
+                #[cfg(feature = "spdk")]
                 DpuBackendName::Spdk => QueueKind::Spdk(SpdkConfig {
                     pci_addr: dpu.spdk_pci_addr.clone().unwrap_or_default(),
                 }),
+                #[cfg(not(feature = "spdk"))]
+                DpuBackendName::Spdk => return Err(ConfigError::DpuNotBuilt { backend: "spdk" }),
+                #[cfg(feature = "doca")]
                 DpuBackendName::Doca => QueueKind::Doca(DocaConfig {
                     device: dpu.doca_device.clone().unwrap_or_default(),
                 }),
+                #[cfg(not(feature = "doca"))]
+                DpuBackendName::Doca => return Err(ConfigError::DpuNotBuilt { backend: "doca" }),
             };
             queues.push(QueueSpec {
                 id: QueueId(n),
@@ -63,7 +74,7 @@ pub fn agent_config(dpu: &DpuSection) -> AgentConfig {
             });
         }
     }
-    AgentConfig {
+    Ok(AgentConfig {
         state_dir: dpu.state_dir.clone(),
         reactors,
         queues,
@@ -79,13 +90,13 @@ pub fn agent_config(dpu: &DpuSection) -> AgentConfig {
             policy: HugePagePolicy::default().prefer(Tier::Huge2M),
         },
         idle_park: IDLE_PARK,
-    }
+    })
 }
 
 /// Starts the agent (a native backend fails closed here, before the file store is opened),
 /// then opens the file store `[store]` describes and fronts it with a [`DpuStore`].
 pub fn open(config: &ServeConfig, clock: Arc<dyn Clock>) -> Result<Arc<DpuStore>, ConfigError> {
-    let agent = agent_config(&config.dpu).start().map_err(|source| {
+    let agent = agent_config(&config.dpu)?.start().map_err(|source| {
         let key = match &source {
             DpuError::NativeUnavailable { .. } => "dpu.backend",
             DpuError::PinRefused { .. } => "dpu.pin",
@@ -218,7 +229,7 @@ mod tests {
             queues_per_reactor: 2,
             ..DpuSection::default()
         };
-        let c = agent_config(&dpu);
+        let c = agent_config(&dpu).expect("io_uring is always built");
         let owners: Vec<(u32, u16)> = c.queues.iter().map(|q| (q.id.0, q.owner.0)).collect();
         assert_eq!(owners, [(0, 4), (1, 4), (2, 7), (3, 7)]);
         assert_eq!(c.reactors[0].core, Some(0));
@@ -237,7 +248,7 @@ mod tests {
             slab_slot_bytes: 1 << 16,
             ..DpuSection::default()
         };
-        let agent = agent_config(&dpu).start().expect("start agent");
+        let agent = agent_config(&dpu).expect("config").start().expect("start agent");
         let fields = offload_fields(&agent);
         assert!(fields.starts_with("offload=host-threads reactors=1 pinned=none"), "{fields}");
         let mut text = String::new();

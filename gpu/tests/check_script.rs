@@ -13,7 +13,9 @@ fn the_dry_run_plan_names_every_step() {
     for step in ["1. build", "2. gpu", "3. probe", "4. e2e", "5. bench", "6. summary"] {
         assert!(plan.contains(step), "plan lacks {step:?}:\n{plan}");
     }
-    for needle in ["GPUCACHE_REQUIRE_GPU=1", "gpucache-gpu-bench", "pinned vs pageable", "pool_conformance"] {
+    for needle in
+        ["GPUCACHE_REQUIRE_GPU=1", "gpucache-gpu-bench", "pinned vs pageable", "pool_conformance"]
+    {
         assert!(plan.contains(needle), "plan lacks {needle:?}:\n{plan}");
     }
     let bad = Command::new("bash").arg(&script).arg("--bogus").output().expect("bash runs");

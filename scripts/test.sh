@@ -128,7 +128,7 @@ cargo clippy -p gpucache-nic -p gpucache-cli --all-targets --features gpucache-n
     fi
     # The conformance suite through the NIXL client (tests/nixl_conformance.rs) takes minutes:
     # run it on demand.
-    cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service
+    cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service --test nixl_conformance
     cargo test -p gpucache-cli --features nixl --locked --test bench_nixl
 )
 

@@ -19,7 +19,6 @@ use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, MissReason, Put, Store, StoreError};
-use gpucache_dataplane::testing::Subject;
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_nic::nixl::{NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig};
 

@@ -124,6 +124,13 @@ impl NixlClient {
         })
     }
 
+    /// Moves the control channel to `store`, keeping this side's agent, its registered pool and
+    /// the server agent it attached to. Over the new connection the server must serve the same
+    /// staging agent, or [`Self::attach`] must run again (a server restarted with a new agent).
+    pub fn reconnect(self, store: TcpStore) -> Self {
+        Self { store, inner: self.inner }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }

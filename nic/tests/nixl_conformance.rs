@@ -8,8 +8,8 @@
 //! registrations and exchanging metadata costs about a quarter of a second, and the model
 //! properties build one subject per generated case; that, not the transfers, is what made the
 //! suite take minutes. A spare comes back only when its server has shut down (so no late
-//! connection close can settle the next server's stages) and both pools are clean; a pool with
-//! quarantined slots is fenced first, and the client attaches again.
+//! connection close can settle the next server's stages) and both pools are clean; a pair with
+//! open stages or quarantined slots is fenced and dropped, and the next subject builds its own.
 //!
 //! Run it with `cargo test -p gpucache-nic --features nixl --test nixl_conformance` (NIXL on
 //! `LD_LIBRARY_PATH`, `UCX_MODULES=^ib`). Without NIXL the subjects cannot be built: it panics

@@ -133,9 +133,10 @@ cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --fea
     if [ "${CI:-}" = "true" ]; then
         export GPUCACHE_REQUIRE_NIXL=1
     fi
-    # The conformance suite through the NIXL client (tests/nixl_conformance.rs) takes minutes:
-    # run it on demand.
-    cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service --test nixl_pool
+    # nixl_conformance: the store conformance suite through the NIXL client (about 1-2 minutes
+    # on two cores: each generated case starts a fresh server).
+    cargo test -p gpucache-nic --features nixl --locked --lib --test nixl --test nixl_service \
+        --test nixl_pool --test nixl_conformance
     cargo test -p gpucache-cli --features nixl --locked --test bench_nixl --test nixl_serve
     cargo test -p gpucache-gpu --features nixl --locked --test nixl_vram
 )

@@ -1693,7 +1693,7 @@ fn bad_names_text_and_tags_are_typed() {
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
         (Op::Error, &[27], "wire error"),
-        (Op::Error, &[26, 7], "staging failure"),
+        (Op::Error, &[26, 8], "staging failure"),
         (Op::Error, &[21, 8], "auth failure"),
         (Op::Hello, &[2, 0, 0, 0, 0, 9], "hello credentials"),
     ];

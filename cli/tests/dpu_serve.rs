@@ -166,7 +166,10 @@ fn spdk_and_doca_fail_closed_at_start_naming_what_is_missing() {
         assert_eq!(code, 2, "{backend}: stdout {out} stderr {err}");
         assert!(!err.contains("listening"), "{backend} served: {err}");
         assert!(err.contains(&format!("dpu.backend: {backend} backend unavailable")), "{err}");
-        let built = if backend == "spdk" { cfg!(feature = "spdk") } else { cfg!(feature = "doca") };
+        let built = match backend {
+            "spdk" => cfg!(feature = "spdk"),
+            _ => cfg!(feature = "doca"),
+        };
         if built {
             // Built with the feature: the agent probes and names each missing piece.
             assert!(err.contains(what), "{backend}: the missing device is not named: {err}");

@@ -585,6 +585,12 @@ impl<M: PoolMemory> RegisteredPool<M> {
     pub fn memory(&self) -> &M {
         &self.memory
     }
+
+    /// The memory itself, mutably: for what it does outside the slot contract (a NIC pool
+    /// re-registering its mapping). Slot count and size must not change.
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.memory
+    }
     pub fn table(&self) -> &RegionTable {
         &self.table
     }

@@ -2,12 +2,20 @@
 //! payload over NIXL (READ of a staged server slot, WRITE into a leased one) against a server
 //! with [`NixlStaging`] over a MemoryStore, both in this process with their own agents.
 //!
-//! Each subject builds two agents and a server, so the suite takes minutes; scripts/test.sh
-//! leaves it out of its NIXL step. Run it with
-//! `cargo test -p gpucache-nic --features nixl --test nixl_conformance` (NIXL on
+//! Every subject gets a fresh MemoryStore and a fresh server, but the NIXL side is reused: a
+//! test thread keeps one spare pair (the server's staging, the client with its agent and pool)
+//! and hands it to its next subject. Creating two agents, their UCX workers and their
+//! registrations and exchanging metadata costs about a quarter of a second, and the model
+//! properties build one subject per generated case; that, not the transfers, is what made the
+//! suite take minutes. A spare comes back only when its server has shut down (so no late
+//! connection close can settle the next server's stages) and both pools are clean; a pair with
+//! open stages or quarantined slots is fenced and dropped, and the next subject builds its own.
+//!
+//! Run it with `cargo test -p gpucache-nic --features nixl --test nixl_conformance` (NIXL on
 //! `LD_LIBRARY_PATH`, `UCX_MODULES=^ib`). Without NIXL the subjects cannot be built: it panics
 //! with the reason.
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +30,7 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::Store;
 use gpucache_dataplane::testing::Subject;
 use gpucache_dataplane::testing::fixture::tenant;
-use gpucache_nic::nixl::{NixlClient, NixlClientConfig, NixlStagingConfig};
+use gpucache_nic::nixl::{NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig};
 
 const SLOT_BYTES: usize = 1 << 20;
 
@@ -32,9 +40,29 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
-fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+/// The reusable NIXL side of a subject.
+struct Spare {
+    staging: Arc<NixlStaging>,
+    client: NixlClient,
+}
+
+thread_local! {
+    /// At most one spare per test thread.
+    static SPARE: RefCell<Option<Spare>> = const { RefCell::new(None) };
+}
+
+fn control() -> Caller {
+    Caller::new(tenant(0), Rights::ALL)
+}
+
+fn control_config(addr: SocketAddr) -> ClientConfig {
+    let mut config = ClientConfig::new(addr, control());
+    config.deadline = Duration::from_secs(10);
+    config
+}
+
+fn fresh_spare(addr: SocketAddr) -> (Spare, bool) {
     let huge = HugePagePolicy::default().lock(Lock::Off);
-    let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
     let staging = NixlStagingConfig {
         agent_name: unique("svc"),
         slot_bytes: SLOT_BYTES,
@@ -44,16 +72,8 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     }
     .build()
     .expect("staging (NIXL must be available)");
-    let tenants = (0..3).map(|t| Caller::new(tenant(t), Rights::ALL)).collect();
-    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let mut config = ServerConfig::new(addr, tenants);
-    config.staging = Some(Arc::new(staging) as Arc<dyn BlockStaging>);
-    let server = Server::start(config, Arc::clone(&store) as Arc<dyn Store>).expect("server");
-    let control = Caller::new(tenant(0), Rights::ALL);
-    let mut client = ClientConfig::new(server.local_addr(), control.clone());
-    client.deadline = Duration::from_secs(10);
-    let nixl = NixlClient::new(
-        TcpStore::new(client),
+    let client = NixlClient::new(
+        TcpStore::new(control_config(addr)),
         NixlClientConfig {
             agent_name: unique("cli"),
             slot_bytes: SLOT_BYTES,
@@ -63,9 +83,73 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
         },
     )
     .expect("client");
-    nixl.attach(&control).expect("attach");
+    (Spare { staging: Arc::new(staging), client }, true)
+}
+
+/// Gives the spare back when the subject ends: its server is shut down first, then anything
+/// left quarantined on either side is fenced.
+struct Lent {
+    server: Option<Server>,
+    client: Option<Arc<NixlClient>>,
+    staging: Arc<NixlStaging>,
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let (Some(server), Some(client)) = (self.server.take(), self.client.take()) else {
+            return;
+        };
+        // The subject's store (the other reference) is dropped before its corruption hook.
+        let Ok(client) = Arc::try_unwrap(client) else { return };
+        // Close the control connection before the server stops; connect nowhere until reused.
+        let idle: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let client = client.reconnect(TcpStore::new(control_config(idle)));
+        if server.shutdown() != 0 {
+            return;
+        }
+        let staged = self.staging.stats();
+        let mut fenced = false;
+        if staged.open != 0 || staged.quarantined_slots != 0 {
+            if self.staging.fence().is_err() {
+                return;
+            }
+            fenced = true;
+        }
+        if client.abandoned() != 0 || client.region_counts().quarantined != 0 {
+            if client.fence().is_err() {
+                return;
+            }
+            fenced = true;
+        }
+        let spare = Spare { staging: Arc::clone(&self.staging), client };
+        if !fenced {
+            SPARE.with(|s| *s.borrow_mut() = Some(spare));
+        }
+        // A fenced pair is dropped: a fresh one costs less to reason about than a re-attach.
+    }
+}
+
+fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+    let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+    let unbound: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+    let (spare, new) = match SPARE.with(|s| s.borrow_mut().take()) {
+        Some(spare) => (spare, false),
+        None => fresh_spare(unbound),
+    };
+    let tenants = (0..3).map(|t| Caller::new(tenant(t), Rights::ALL)).collect();
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let mut config = ServerConfig::new(addr, tenants);
+    config.staging = Some(Arc::clone(&spare.staging) as Arc<dyn BlockStaging>);
+    let server = Server::start(config, Arc::clone(&store) as Arc<dyn Store>).expect("server");
+    let nixl = spare.client.reconnect(TcpStore::new(control_config(server.local_addr())));
+    if new {
+        nixl.attach(&control()).expect("attach");
+    }
+    let nixl = Arc::new(nixl);
+    let lent =
+        Lent { server: Some(server), client: Some(Arc::clone(&nixl)), staging: spare.staging };
     let corrupt = move |key: &gpucache_dataplane::PhysicalKey| {
-        let _serving = &server;
+        let _lent = &lent;
         store.corrupt_for_test(key, 17)
     };
     Subject { store: Box::new(nixl), corrupt: Box::new(corrupt) }

@@ -235,3 +235,65 @@ fn an_expired_put_stage_is_quarantined_until_the_fence() {
     let s = rig.staging.stats();
     assert_eq!((s.quarantined_slots, s.free_slots, s.fenced), (0, 2, 1));
 }
+
+#[test]
+fn a_fence_reregisters_staging_and_stale_peers_must_reattach() {
+    if !nixl_here() {
+        return;
+    }
+    let rig = rig(memory_store(), 4, 1 << 20, StagingLimits::default());
+    let addr = rig.server.local_addr();
+    let nixl = client(addr, 2, 1 << 20);
+    let admin = tcp(addr);
+    let who = Caller::new(tenant(0), Rights::ALL);
+    let k1 = key(0, b"before", KvDtype::Bf16, 16);
+    let data = payload(31, 200_000);
+    nixl.put(&who, &k1, &data, None).unwrap();
+
+    // A second peer attaches on its own connection and opens a PUT stage.
+    let mut stale_agent = gpucache_nic::nixl::NixlAgent::new(&unique("stale")).unwrap();
+    stale_agent.enable(gpucache_nic::nixl::NixlBackend::Ucx).unwrap();
+    let stale = tcp(addr);
+    stale.nixl_attach(&who, &stale_agent.local_metadata().unwrap()).unwrap();
+    let k2 = key(0, b"stale", KvDtype::Bf16, 16);
+    let open = stale.reserve_put(&who, &k2, 64, Checksum::of(&[9u8; 64]), None).unwrap();
+    assert_eq!(rig.staging.registration(), 1);
+
+    // The fence, as an operator runs it.
+    let epoch = admin.bump_epoch().unwrap();
+    admin.reclaim_fenced(epoch).unwrap();
+    assert_eq!(rig.staging.registration(), 2, "the fence registers the staging memory anew");
+    assert_eq!(rig.staging.stats().free_slots, 4);
+
+    // The stale connection: its stage ended, and new stage ops are refused, typed, until it
+    // attaches again; the server's metadata it gets then is new.
+    let err = stale.commit_put(&who, open.stage).unwrap_err();
+    assert_eq!(err.refusal(), Some(StagingFailure::UnknownStage), "{err}");
+    let err = stale.reserve_put(&who, &k2, 64, Checksum(1), None).unwrap_err();
+    assert_eq!(err.refusal(), Some(StagingFailure::Reattach), "{err}");
+    let item = gpucache_backends::tcp::proto::GetItem { key: k1.clone(), capacity: 1 << 20 };
+    let err = stale.stage_get(&who, std::slice::from_ref(&item)).unwrap_err();
+    assert_eq!(err.refusal(), Some(StagingFailure::Reattach), "{err}");
+    assert_eq!(rig.staging.stats().open, 0, "a refused stale op leases nothing");
+    stale.nixl_attach(&who, &stale_agent.local_metadata().unwrap()).unwrap();
+    let again = stale.reserve_put(&who, &k2, 64, Checksum(1), None).unwrap();
+    assert_eq!(stale.release_stages(&who, &[again.stage]).unwrap(), vec![true]);
+
+    // The NIXL client re-attaches once by itself and its GET and PUT work.
+    let mut back = vec![0u8; data.len()];
+    assert!(matches!(nixl.get(&who, &k1, &mut back).unwrap(), Get::Hit { .. }));
+    assert!(back == data);
+    assert_eq!(nixl.counters().reattached, 1);
+    let k3 = key(0, b"after", KvDtype::Bf16, 16);
+    let data3 = payload(32, 100_000);
+    assert_eq!(nixl.put(&who, &k3, &data3, None).unwrap(), Put::Committed(Checksum::of(&data3)));
+    assert_eq!(nixl.counters().reattached, 1, "one re-attach serves every later op");
+
+    // The client's own fence re-registers its pool; its next op attaches again by itself.
+    assert_eq!(nixl.fence().unwrap(), 0);
+    let mut back3 = vec![0u8; data3.len()];
+    assert!(matches!(nixl.get(&who, &k3, &mut back3).unwrap(), Get::Hit { .. }));
+    assert!(back3 == data3);
+    let c = nixl.counters();
+    assert_eq!((c.reattached, c.unknown, c.checksum_mismatches), (2, 0, 0));
+}

@@ -669,7 +669,9 @@ fn answer_staging(
     let owner = StageOwner { connection, tenant: who.tenant.clone() };
     let now_ms = shared.config.clock.now_ms();
     Ok(match request {
-        Request::NixlAttach { metadata } => Response::NixlAttach(staging.attach(&metadata)?),
+        Request::NixlAttach { metadata } => {
+            Response::NixlAttach(staging.attach(&owner, &metadata)?)
+        }
         Request::StageGet { items } => {
             let mut fills: Vec<_> = items
                 .iter()

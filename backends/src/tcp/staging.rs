@@ -154,11 +154,14 @@ pub enum StagingFailure {
     Peer,
     /// The staging memory failed (a slot no longer usable, a transport call refused).
     Memory,
+    /// The connection attached before a fence re-registered the staging memory: its metadata
+    /// and descriptors are stale. Attach again, then retry.
+    Reattach,
 }
 
 impl StagingFailure {
     /// Every reason, in code order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::NotEnabled,
         Self::OverBudget,
         Self::UnknownStage,
@@ -166,6 +169,7 @@ impl StagingFailure {
         Self::TooLarge,
         Self::Peer,
         Self::Memory,
+        Self::Reattach,
     ];
 
     pub fn code(self) -> u8 {
@@ -177,6 +181,7 @@ impl StagingFailure {
             Self::TooLarge => 4,
             Self::Peer => 5,
             Self::Memory => 6,
+            Self::Reattach => 7,
         }
     }
 
@@ -195,6 +200,7 @@ impl fmt::Display for StagingFailure {
             Self::TooLarge => "the block does not fit a staging slot",
             Self::Peer => "the peer's metadata was refused",
             Self::Memory => "the staging memory failed",
+            Self::Reattach => "the staging memory was re-registered since this peer attached",
         })
     }
 }
@@ -217,6 +223,11 @@ pub enum StagingError {
     Peer { detail: String },
     #[error("staging memory: {detail}")]
     Memory { detail: String },
+    #[error(
+        "this connection attached to registration {attached}; a fence re-registered the staging \
+         memory (now {current}): attach again"
+    )]
+    Reattach { attached: u64, current: u64 },
 }
 
 impl StagingError {
@@ -229,6 +240,7 @@ impl StagingError {
             Self::TooLarge { .. } => StagingFailure::TooLarge,
             Self::Peer { .. } => StagingFailure::Peer,
             Self::Memory { .. } => StagingFailure::Memory,
+            Self::Reattach { .. } => StagingFailure::Reattach,
         }
     }
 }
@@ -269,8 +281,10 @@ pub type StoreSlot<'a> = dyn FnMut(&PutIntent, &[u8]) -> Result<Put, StoreError>
 
 /// Registered memory the server stages blocks in. Shared by every connection thread.
 pub trait BlockStaging: Send + Sync + fmt::Debug {
-    /// Loads a peer agent's metadata; answers this side's.
-    fn attach(&self, peer_metadata: &[u8]) -> Result<Vec<u8>, StagingError>;
+    /// Loads a peer agent's metadata for `owner`'s connection; answers this side's. The
+    /// connection's stage ops are refused with [`StagingError::Reattach`] once a fence has
+    /// re-registered the memory since, until it attaches again.
+    fn attach(&self, owner: &StageOwner, peer_metadata: &[u8]) -> Result<Vec<u8>, StagingError>;
 
     /// Bytes per slot: the largest block that can be staged.
     fn slot_bytes(&self) -> u64;
@@ -312,8 +326,9 @@ pub trait BlockStaging: Send + Sync + fmt::Debug {
     /// Quarantines the slots whose lease ran out by `now_ms`; answers how many.
     fn expire(&self, now_ms: u64) -> usize;
 
-    /// The fence: drops every peer's metadata, advances the staging epoch and reclaims every
-    /// slot lent before it (open stages included: they end). Answers how many came back.
+    /// The fence: drops every peer's metadata, advances the staging epoch, reclaims every slot
+    /// lent before it (open stages included: they end) and registers the memory anew, so
+    /// attached peers must attach again. Answers how many slots came back.
     fn fence(&self) -> Result<usize, StagingError>;
 
     fn stats(&self) -> StagingStats;

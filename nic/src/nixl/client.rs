@@ -14,7 +14,9 @@ use std::time::Duration;
 use gpucache_backends::pool::{HugePagePolicy, HugePagePool};
 use gpucache_backends::tcp::TcpStore;
 use gpucache_backends::tcp::proto::GetItem;
-use gpucache_backends::tcp::staging::{StageCallError, StageId, StagedGet};
+use gpucache_backends::tcp::staging::{
+    StageCallError, StageId, StagedGet, StagedSlot, StagingFailure,
+};
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
@@ -78,6 +80,8 @@ pub struct NixlClientCounters {
     pub checksum_mismatches: u64,
     /// Transfers whose outcome is unknown.
     pub unknown: u64,
+    /// Attaches made again because the server's or this side's fence re-registered memory.
+    pub reattached: u64,
     pub transfers: NixlCounters,
 }
 
@@ -88,6 +92,8 @@ struct Inner {
     xfers: NixlTransfers,
     /// The server's agent, once attached.
     server: Option<String>,
+    /// This side's fence re-registered the pool: the server must load its metadata again.
+    reattach_due: bool,
     counters: NixlClientCounters,
 }
 
@@ -119,9 +125,17 @@ impl NixlClient {
                 pool,
                 xfers: NixlTransfers::new(limits),
                 server: None,
+                reattach_due: false,
                 counters: NixlClientCounters::default(),
             }),
         })
+    }
+
+    /// Moves the control channel to `store`, keeping this side's agent, its registered pool and
+    /// the server agent it attached to. Over the new connection the server must serve the same
+    /// staging agent, or [`Self::attach`] must run again (a server restarted with a new agent).
+    pub fn reconnect(self, store: TcpStore) -> Self {
+        Self { store, inner: self.inner }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -136,11 +150,46 @@ impl NixlClient {
     /// Exchanges metadata with the server's agent (NIXL_ATTACH) as `caller`.
     pub fn attach(&self, caller: &Caller) -> Result<String, NixlClientError> {
         let mut inner = self.lock();
+        self.attach_locked(&mut inner, caller)
+    }
+
+    fn attach_locked(&self, inner: &mut Inner, caller: &Caller) -> Result<String, NixlClientError> {
         let ours = inner.agent.local_metadata()?;
         let theirs = self.store.nixl_attach(caller, &ours)?;
         let server = inner.agent.load_peer(&theirs)?;
         inner.server = Some(server.clone());
+        inner.reattach_due = false;
         Ok(server)
+    }
+
+    /// Attaches again when this side's fence asked for it.
+    fn ready(&self, inner: &mut Inner, caller: &Caller) -> Result<(), NixlClientError> {
+        if inner.server.is_none() {
+            return Err(NixlClientError::NotAttached);
+        }
+        if inner.reattach_due {
+            self.attach_locked(inner, caller)?;
+            inner.counters.reattached += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs a stage op; when the server answers that a fence re-registered its memory since
+    /// this side attached, attaches again (new metadata both ways) and runs it once more.
+    fn staged<T>(
+        &self,
+        inner: &mut Inner,
+        caller: &Caller,
+        op: impl Fn() -> Result<T, StageCallError>,
+    ) -> Result<T, NixlClientError> {
+        match op() {
+            Err(e) if e.refusal() == Some(StagingFailure::Reattach) => {
+                self.attach_locked(inner, caller)?;
+                inner.counters.reattached += 1;
+                Ok(op()?)
+            }
+            other => Ok(other?),
+        }
     }
 
     pub fn counters(&self) -> NixlClientCounters {
@@ -168,12 +217,14 @@ impl NixlClient {
     }
 
     /// The client's fence: releases abandoned requests, drops the metadata of the peers they
-    /// targeted, advances the pool's epoch and reclaims every slot lent before it. Attach again
-    /// afterwards to talk to the server.
+    /// targeted, advances the pool's epoch, reclaims every slot lent before it and registers
+    /// the pool anew. The next GET or PUT attaches again (the server must load the new
+    /// metadata); if the server's metadata was dropped, call [`Self::attach`].
     pub fn fence(&self) -> Result<usize, NicError> {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let proofs = inner.xfers.fence(&mut inner.agent, &mut inner.pool)?;
+        inner.reattach_due = true;
         if let Some(server) = &inner.server
             && !inner.agent.knows_peer(server)
         {
@@ -192,11 +243,10 @@ impl NixlClient {
         let mut guard = self.lock();
         let inner = &mut *guard;
         inner.counters.gets += 1;
-        if inner.server.is_none() {
-            return Err(NixlClientError::NotAttached);
-        }
+        self.ready(inner, caller)?;
         let item = GetItem { key: key.clone(), capacity: dst.len() as u64 };
-        let mut staged = self.store.stage_get(caller, &[item])?;
+        let mut staged = self
+            .staged(inner, caller, || self.store.stage_get(caller, std::slice::from_ref(&item)))?;
         let (slot, len, checksum) = match staged.pop() {
             Some(Ok(StagedGet::Staged { slot, len, checksum })) => (slot, len, checksum),
             Some(Ok(StagedGet::Miss(m))) => {
@@ -244,20 +294,18 @@ impl NixlClient {
         let mut guard = self.lock();
         let inner = &mut *guard;
         inner.counters.puts += 1;
-        if inner.server.is_none() {
-            return Err(NixlClientError::NotAttached);
-        }
+        self.ready(inner, caller)?;
         if src.is_empty() {
             return Err(StoreError::EmptyObject.into());
         }
         let checksum = Checksum::of(src);
         let lease = checkout(inner, &caller.tenant)?;
-        let staged = match self.store.reserve_put(caller, key, src.len() as u64, checksum, request)
-        {
+        let reserve = || self.store.reserve_put(caller, key, src.len() as u64, checksum, request);
+        let staged: StagedSlot = match self.staged(inner, caller, reserve) {
             Ok(s) => s,
             Err(e) => {
                 let _ = inner.xfers.release(&mut inner.pool, &lease);
-                return Err(e.into());
+                return Err(e);
             }
         };
         let remote = match RemoteBlock::decode(&staged.descriptor) {

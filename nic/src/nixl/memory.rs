@@ -17,10 +17,11 @@ use crate::error::NicError;
 #[derive(Debug)]
 pub struct NixlSlots {
     // Field order is drop order: the registration goes before the mapping it names.
-    registration: RegistrationHandle,
+    registration: Option<RegistrationHandle>,
     memory: HugePagePool,
     agent: String,
     binds: u64,
+    generation: u64,
 }
 
 impl NixlSlots {
@@ -47,7 +48,47 @@ impl NixlSlots {
             .raw()
             .register_memory(&span, None)
             .map_err(super::agent::call_failed("registerMem"))?;
-        Ok(Self { registration, memory, agent: agent.name().to_owned(), binds: 0 })
+        Ok(Self {
+            registration: Some(registration),
+            memory,
+            agent: agent.name().to_owned(),
+            binds: 0,
+            generation: 1,
+        })
+    }
+
+    /// Deregisters the mapping from `agent` and registers it again: a new registration, so
+    /// the agent's metadata changes and peers must load it again. What this revokes depends on
+    /// the transport (see ADR 0018). On failure the previous registration is gone and the
+    /// slots are unregistered until a later call succeeds.
+    pub fn reregister(&mut self, agent: &NixlAgent) -> Result<(), NicError> {
+        if agent.name() != self.agent {
+            return Err(NicError::NixlCall {
+                call: "registerMem",
+                detail: format!("the pool belongs to agent {}, not {}", self.agent, agent.name()),
+            });
+        }
+        let span = Span {
+            addr: self.memory.addr(),
+            len: self.memory.mapped_bytes(),
+            mem: MemType::Dram,
+            dev_id: 0,
+        };
+        if let Some(mut old) = self.registration.take() {
+            old.deregister().map_err(super::agent::call_failed("deregisterMem"))?;
+        }
+        let fresh = agent
+            .raw()
+            .register_memory(&span, None)
+            .map_err(super::agent::call_failed("registerMem"))?;
+        self.registration = Some(fresh);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// How many times the mapping was registered (1 after [`Self::register`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The agent the memory is registered with.
@@ -94,9 +135,9 @@ impl NixlSlots {
         })
     }
 
-    /// True while the registration is held (always, until drop); for tests.
+    /// True while a registration is held (until drop, or a failed [`Self::reregister`]).
     pub fn registered(&self) -> bool {
-        self.registration.agent_name().is_some()
+        self.registration.as_ref().is_some_and(|r| r.agent_name().is_some())
     }
 }
 

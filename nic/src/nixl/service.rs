@@ -33,6 +33,9 @@ use crate::error::NicError;
 pub const STAGING_SLOTS_MIN: usize = 1;
 /// Most slots a staging pool may have (each is a region in the pool's table).
 pub const STAGING_SLOTS_MAX: usize = 65_536;
+/// Most connections whose attach this side remembers (one per peer connection that attached;
+/// a closed connection's entry goes).
+pub const ATTACHED_MAX: usize = super::PEERS_MAX;
 
 /// How to build a [`NixlStaging`].
 #[derive(Debug, Clone)]
@@ -76,6 +79,7 @@ impl NixlStagingConfig {
                 agent,
                 pool,
                 stages: BTreeMap::new(),
+                attached: BTreeMap::new(),
                 next_stage: 1,
                 stats: StagingStats::default(),
             }),
@@ -96,6 +100,8 @@ struct Inner {
     agent: NixlAgent,
     pool: RegisteredPool<NixlSlots>,
     stages: BTreeMap<StageId, Stage>,
+    /// Connection → the registration generation it attached to (at most [`ATTACHED_MAX`]).
+    attached: BTreeMap<u64, u64>,
     next_stage: u64,
     stats: StagingStats,
 }
@@ -123,9 +129,25 @@ impl NixlStaging {
     pub fn agent_name(&self) -> String {
         self.lock().agent.name().to_owned()
     }
+
+    /// How many times the staging memory was registered (1, plus one per fence).
+    pub fn registration(&self) -> u64 {
+        self.lock().pool.memory().generation()
+    }
 }
 
 impl Inner {
+    /// Refuses the stage ops of a connection that attached before the current registration.
+    fn current(&self, owner: &StageOwner) -> Result<(), StagingError> {
+        let current = self.pool.memory().generation();
+        match self.attached.get(&owner.connection) {
+            Some(&attached) if attached != current => {
+                Err(StagingError::Reattach { attached, current })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Refuses `asked` more stages past a limit or the free slots.
     fn budget(
         &self,
@@ -197,14 +219,23 @@ impl Inner {
 }
 
 impl BlockStaging for NixlStaging {
-    fn attach(&self, peer_metadata: &[u8]) -> Result<Vec<u8>, StagingError> {
+    fn attach(&self, owner: &StageOwner, peer_metadata: &[u8]) -> Result<Vec<u8>, StagingError> {
         let mut inner = self.lock();
+        let known = inner.attached.contains_key(&owner.connection);
+        if !known && inner.attached.len() >= ATTACHED_MAX {
+            return Err(StagingError::Peer {
+                detail: format!("{} connections attached (limit {ATTACHED_MAX})", ATTACHED_MAX),
+            });
+        }
         let peer = inner
             .agent
             .load_peer(peer_metadata)
             .map_err(|e| StagingError::Peer { detail: e.to_string() })?;
         tracing::debug!(%peer, "NIXL peer attached");
-        inner.agent.local_metadata().map_err(memory_error)
+        let metadata = inner.agent.local_metadata().map_err(memory_error)?;
+        let generation = inner.pool.memory().generation();
+        inner.attached.insert(owner.connection, generation);
+        Ok(metadata)
     }
 
     fn slot_bytes(&self) -> u64 {
@@ -218,6 +249,7 @@ impl BlockStaging for NixlStaging {
         fills: &mut [&mut FillSlot<'_>],
     ) -> Result<Vec<Result<StagedGet, StoreError>>, StagingError> {
         let mut inner = self.lock();
+        inner.current(owner)?;
         inner.budget(&self.limits, owner, fills.len())?;
         let deadline = now_ms.saturating_add(self.limits.stage_lease_ms);
         let leases =
@@ -303,6 +335,7 @@ impl BlockStaging for NixlStaging {
             });
         }
         let mut inner = self.lock();
+        inner.current(owner)?;
         inner.budget(&self.limits, owner, 1)?;
         let deadline = now_ms.saturating_add(self.limits.stage_lease_ms);
         let lease = inner.pool.checkout(&owner.tenant, 1, Some(deadline)).map_err(|e| {
@@ -381,6 +414,7 @@ impl BlockStaging for NixlStaging {
 
     fn connection_closed(&self, connection: u64) {
         let mut inner = self.lock();
+        inner.attached.remove(&connection);
         let ids: Vec<StageId> = inner
             .stages
             .iter()
@@ -414,6 +448,10 @@ impl BlockStaging for NixlStaging {
         // Every stage was lent before the new epoch: all of them ended.
         inner.stages.clear();
         inner.stats.fenced += proofs.len() as u64;
+        // A new registration: descriptors and metadata handed out before it are stale, and
+        // every attached connection must attach again before staging more.
+        let Inner { agent, pool, .. } = &mut *inner;
+        pool.memory_mut().reregister(agent).map_err(memory_error)?;
         Ok(proofs.len())
     }
 

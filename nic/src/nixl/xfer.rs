@@ -384,7 +384,8 @@ impl NixlTransfers {
 
     /// The epoch fence: releases every abandoned request (NIXL aborts one still in flight),
     /// invalidates the metadata of the peers they targeted (reload it to talk to them again),
-    /// advances the pool's epoch, then reclaims every slot lent before it. If the epoch cannot
+    /// advances the pool's epoch, reclaims every slot lent before it, then deregisters the
+    /// pool's memory and registers it again (peers must load this agent's new metadata). If the epoch cannot
     /// advance, nothing comes back (the requests are released either way; fence again).
     pub fn fence(
         &mut self,
@@ -406,6 +407,9 @@ impl NixlTransfers {
         let epoch = pool.bump_epoch()?;
         let proofs = pool.reclaim_fenced(epoch)?;
         self.counters.fenced += proofs.len() as u64;
+        // A new registration: what peers hold of the old one is stale (see ADR 0018 for what
+        // that revokes on which transport).
+        pool.memory_mut().reregister(agent)?;
         Ok(proofs)
     }
 }

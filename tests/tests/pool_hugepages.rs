@@ -335,7 +335,11 @@ fn hugetlb_tiers_run_or_name_nr_hugepages() {
                 assert_truthful(&r.pool);
             }
             Err(e) => {
-                assert!(!is_root(), "root could not reserve {tier}: {e}");
+                // Root can always reserve 2 MiB pages; a free 1 GiB page also needs unfragmented
+                // memory, so it is demanded only where the host opted in (as for the 1 GiB suite).
+                let demanded =
+                    tier == Tier::Huge2M || std::env::var_os("GPUCACHE_TEST_1G_PAGES").is_some();
+                assert!(!(is_root() && demanded), "root could not reserve {tier}: {e}");
                 assert!(e.contains("vm.nr_hugepages"), "{e}");
             }
         }

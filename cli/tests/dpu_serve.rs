@@ -5,10 +5,7 @@
 //! keeps the committed block (the backing FileStore's restart rule, which DpuStore forwards);
 //! spdk and doca fail closed; `[dpu]` mistakes are refused with the key they are about.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::Duration;
 
 use gpucache_backends::tcp::{ClientConfig, TcpStore};
 use gpucache_cli::config::ServeConfig;
@@ -19,7 +16,7 @@ use gpucache_dataplane::testing::fixture::{key, payload};
 
 mod common;
 
-use common::{Serve, gpucache};
+use common::{Serve, gpucache, http_get};
 
 const LISTEN: &str = "[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\n\
                       metrics = \"127.0.0.1:0\"\n\n[[tenants]]\nname = \"tenant-a\"\n\
@@ -43,15 +40,6 @@ const TWO_REACTORS: &str =
 
 fn caller() -> Caller {
     Caller::new(TenantId::parse("tenant-a").expect("tenant"), Rights::READ_WRITE)
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    out
 }
 
 /// SIGKILL, reaped by waitpid: the process ran no more code after this returns.

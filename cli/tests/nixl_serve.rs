@@ -12,7 +12,7 @@
 //! parent that stops and kills.
 #![cfg(feature = "nixl")]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -39,7 +39,7 @@ use gpucache_nic::nixl::{
 
 mod common;
 
-use common::Serve;
+use common::{Serve, gpucache_with_input as gpucache};
 
 const ROLE_ENV: &str = "GPUCACHE_NIXL_SERVE_ROLE";
 const ADDR_ENV: &str = "GPUCACHE_NIXL_SERVE_ADDR";
@@ -137,21 +137,6 @@ fn kill_process(pid: i32) {
             && libc::WIFSIGNALED(status)
     };
     assert!(killed, "process {pid} did not die");
-}
-
-fn gpucache(args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn gpucache");
-    if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
-    }
-    drop(child.stdin.take());
-    child.wait_with_output().expect("wait")
 }
 
 fn client_pool(agent: &NixlAgent, slots: usize) -> RegisteredPool<NixlSlots> {

@@ -2,11 +2,9 @@
 //! stops cleanly on SIGTERM, and a restart keeps committed blocks under a new epoch while a
 //! client of the stopped server gets a transport error, never a stale hit.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
+use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpucache_backends::tcp::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
@@ -16,16 +14,7 @@ use gpucache_dataplane::testing::fixture::{key, payload};
 
 mod common;
 
-use common::{Serve, field};
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    out
-}
+use common::{Serve, field, gpucache_with_input as gpucache, http_get};
 
 #[test]
 fn serve_round_trip_restart_and_stale_client() {
@@ -90,21 +79,6 @@ fn serve_refuses_a_bad_config_naming_the_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nativ"), "the error does not name the bad key: {err}");
-}
-
-fn gpucache(args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn gpucache");
-    if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
-    }
-    drop(child.stdin.take());
-    child.wait_with_output().expect("wait")
 }
 
 #[test]

@@ -4,10 +4,10 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a stopped server may take to exit.
@@ -22,6 +22,37 @@ pub(crate) fn gpucache(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Runs `gpucache ARGS` with `stdin` (or nothing) on its standard input.
+pub(crate) fn gpucache_with_input(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpucache");
+    if let Some(input) = stdin {
+        // A command that refuses before reading its input closes the pipe: not this helper's
+        // failure (the caller checks the exit status and messages).
+        match child.stdin.take().expect("stdin").write_all(input) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("write stdin: {e}"),
+            _ => {}
+        }
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("wait")
+}
+
+/// One HTTP/1.1 GET on a fresh connection (the metrics listener); the whole reply.
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
 }
 
 /// The value of `name` (`name` includes its `=`) among a line's space-separated fields.

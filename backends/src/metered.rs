@@ -299,6 +299,59 @@ impl StoreGauges {
     }
 }
 
+/// Block staging's counters and slot gauges, read from the staging at every scrape
+/// (`gpucache_staging_*`): what an operator watches for slots stuck in quarantine.
+#[derive(Debug)]
+pub struct StagingGauges {
+    staging: Arc<dyn crate::tcp::staging::BlockStaging>,
+}
+
+impl StagingGauges {
+    /// Registers the staging's metrics into `registry`.
+    pub fn register(registry: &mut Registry, staging: Arc<dyn crate::tcp::staging::BlockStaging>) {
+        registry.register_collector(Box::new(Self { staging }));
+    }
+}
+
+impl Collector for StagingGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        let s = self.staging.stats();
+        let e = &mut encoder;
+        StoreGauges::counter(
+            e,
+            "gpucache_staging_staged",
+            "Stages opened (GET and PUT)",
+            s.staged,
+        )?;
+        StoreGauges::counter(
+            e,
+            "gpucache_staging_committed",
+            "PUT stages stored through the store",
+            s.committed,
+        )?;
+        StoreGauges::counter(
+            e,
+            "gpucache_staging_released",
+            "Stages returned by RELEASE, a refused commit, or a GET stage open at close",
+            s.released,
+        )?;
+        StoreGauges::counter(
+            e,
+            "gpucache_staging_quarantined",
+            "Staging slots quarantined (lease expiry, a PUT stage open at close)",
+            s.quarantined,
+        )?;
+        StoreGauges::counter(
+            e,
+            "gpucache_staging_fenced",
+            "Staging slots returned by fences",
+            s.fenced,
+        )?;
+        StoreGauges::gauge(e, "gpucache_staging_open", "Stages open now", s.open)?;
+        StoreGauges::gauge(e, "gpucache_staging_free_slots", "Staging slots free now", s.free_slots)
+    }
+}
+
 impl Collector for StoreGauges {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
         let store = self.store.read().unwrap_or_else(PoisonError::into_inner).clone();

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use gpucache_backends::metered::{MeteredStore, Metrics};
+use gpucache_backends::metered::{MeteredStore, Metrics, StagingGauges};
 use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
 use gpucache_backends::tcp::staging::BlockStaging;
 use gpucache_backends::tcp::{Server, ServerConfig};
@@ -20,6 +20,7 @@ use gpucache_cli::dpu;
 use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::store::Store;
+use prometheus_client::registry::Registry;
 
 fn stop_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own.
@@ -115,10 +116,14 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
                 Err(e) => return fail("store", e),
             },
         };
-    let metrics = Arc::new(match &dpu {
-        Some(d) => Metrics::with_registry(dpu::offload_registry(d.agent())),
-        None => Metrics::new(),
-    });
+    let mut registry = match &dpu {
+        Some(d) => dpu::offload_registry(d.agent()),
+        None => Registry::default(),
+    };
+    if let Some(staging) = &staging {
+        StagingGauges::register(&mut registry, Arc::clone(staging));
+    }
+    let metrics = Arc::new(Metrics::with_registry(registry));
     let metered = MeteredStore::shared(store, Arc::clone(&metrics));
     let tenants = match config.callers() {
         Ok(t) => t,

@@ -39,7 +39,7 @@ use gpucache_nic::nixl::{
 
 mod common;
 
-use common::{Serve, gpucache_with_input as gpucache};
+use common::{Serve, gpucache_with_input as gpucache, http_get};
 
 const ROLE_ENV: &str = "GPUCACHE_NIXL_SERVE_ROLE";
 const ADDR_ENV: &str = "GPUCACHE_NIXL_SERVE_ADDR";
@@ -403,6 +403,10 @@ fn a_client_killed_before_commit_leaves_the_server_slot_quarantined_until_a_fenc
     let stats = control.stage_stats().expect("stats");
     assert_eq!((stats.free_slots, stats.quarantined_slots), (SERVER_SLOTS - 1, 1), "{stats:?}");
     assert_eq!(control.get_into(&who, &k, &mut buf).expect("get"), Get::Miss(MissReason::Absent));
+    // The operator sees the same on /metrics.
+    let scrape = http_get(server.metrics(), "/metrics");
+    assert!(scrape.contains("gpucache_staging_quarantined_total 1\n"), "{scrape}");
+    assert!(scrape.contains(&format!("gpucache_staging_free_slots {}\n", SERVER_SLOTS - 1)));
 
     // Only the fence returns it.
     let epoch = control.bump_epoch().expect("BUMP_EPOCH");
@@ -414,6 +418,9 @@ fn a_client_killed_before_commit_leaves_the_server_slot_quarantined_until_a_fenc
         "{stats:?}"
     );
     assert!(stats.fenced >= 1, "{stats:?}");
+    let scrape = http_get(server.metrics(), "/metrics");
+    assert!(scrape.contains(&format!("gpucache_staging_free_slots {SERVER_SLOTS}\n")), "{scrape}");
+    assert!(!scrape.contains("gpucache_staging_fenced_total 0\n"), "{scrape}");
     assert_eq!(control.get_into(&who, &k, &mut buf).expect("get"), Get::Miss(MissReason::Absent));
     // The server still serves NIXL after its fence.
     let data = payload(5, 64 << 10);

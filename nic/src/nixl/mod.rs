@@ -70,6 +70,24 @@ pub const ABANDONED_MAX: usize = 1024;
 /// The transport name NIXL-registered pools report in `MemoryKind::NicRegistered`.
 pub const TRANSPORT: &str = "nixl";
 
+/// Set to `1` where NIXL must be usable (CI): [`probe_or_skip`] then fails instead of
+/// answering a reason to skip.
+pub const REQUIRE_NIXL_ENV: &str = "GPUCACHE_REQUIRE_NIXL";
+
+/// For tests and checks that need NIXL: [`probe`]'s answer, with the reason as the error to skip
+/// on. Panics with that reason when [`REQUIRE_NIXL_ENV`] is `1`, so a host that must have NIXL
+/// cannot pass by skipping.
+pub fn probe_or_skip() -> Result<NixlProbe, NixlUnavailable> {
+    let answer = probe();
+    if let Err(reason) = &answer {
+        assert!(
+            std::env::var(REQUIRE_NIXL_ENV).as_deref() != Ok("1"),
+            "{REQUIRE_NIXL_ENV}=1 but NIXL is unavailable: {reason}"
+        );
+    }
+    answer
+}
+
 /// What [`probe`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NixlProbe {

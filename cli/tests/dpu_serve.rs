@@ -42,20 +42,6 @@ fn caller() -> Caller {
     Caller::new(TenantId::parse("tenant-a").expect("tenant"), Rights::READ_WRITE)
 }
 
-/// SIGKILL, reaped by waitpid: the process ran no more code after this returns.
-fn kill_9(serve: Serve) {
-    let pid = serve.pid();
-    // SAFETY: plain syscalls on our own child's pid; the status pointer is a live local.
-    let killed = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGKILL) == 0
-            && libc::waitpid(pid, &mut status, 0) == pid
-            && libc::WIFSIGNALED(status)
-    };
-    assert!(killed, "process {pid} did not die");
-    serve.forget();
-}
-
 #[test]
 fn dpu_store_round_trips_exact_bytes_and_reports_host_threads() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -120,7 +106,7 @@ fn kill_9_restart_bumps_the_agent_epoch_drops_in_flight_and_keeps_committed() {
         panic!("reserve was not granted");
     };
     client.write(&c, &r, 0, &half).expect("write half");
-    kill_9(first);
+    first.kill_9();
 
     let second = Serve::start(&path);
     let agent_epoch: u64 = second.field("agent_epoch=").parse().expect("agent_epoch");

@@ -39,7 +39,7 @@ use gpucache_nic::nixl::{
 
 mod common;
 
-use common::{Serve, gpucache_with_input as gpucache, http_get};
+use common::{Serve, gpucache_with_input as gpucache, http_get, kill_process, stop_process};
 
 const ROLE_ENV: &str = "GPUCACHE_NIXL_SERVE_ROLE";
 const ADDR_ENV: &str = "GPUCACHE_NIXL_SERVE_ADDR";
@@ -109,30 +109,6 @@ fn start(config: &Path) -> Serve {
     let serve = Serve::start(config);
     assert!(serve.field("staging=").starts_with("nixl:"), "staging not active: {}", serve.line);
     serve
-}
-
-/// SIGSTOP, confirmed by waitpid(WUNTRACED): the process runs no more code after this.
-fn stop_process(pid: i32) {
-    // SAFETY: plain syscalls on our own child's pid; the status pointer is a live local.
-    let stopped = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGSTOP) == 0
-            && libc::waitpid(pid, &mut status, libc::WUNTRACED) == pid
-            && libc::WIFSTOPPED(status)
-    };
-    assert!(stopped, "process {pid} did not stop");
-}
-
-/// SIGKILL, reaped by waitpid.
-fn kill_process(pid: i32) {
-    // SAFETY: as in `stop_process`.
-    let killed = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGKILL) == 0
-            && libc::waitpid(pid, &mut status, 0) == pid
-            && libc::WIFSIGNALED(status)
-    };
-    assert!(killed, "process {pid} did not die");
 }
 
 fn client_pool(agent: &NixlAgent, slots: usize) -> RegisteredPool<NixlSlots> {

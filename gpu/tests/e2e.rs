@@ -16,7 +16,7 @@ use std::num::NonZeroUsize;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::file::{Durability, FileStoreConfig};
@@ -30,7 +30,7 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::registry::{Completion, LocalEpochs, RegisteredPool, SlotLease};
 use gpucache_dataplane::store::{Invalidate, MissReason, Store};
-use gpucache_dataplane::testing::fixture::{key, tenant};
+use gpucache_dataplane::testing::fixture::{self, key, tenant};
 use gpucache_gpu::retire::{IN_FLIGHT_MAX, RetireLimits};
 use gpucache_gpu::{Direction, GpuDevice, GpuSlots, GpuStream, PinnedStaging, REQUIRE_GPU_ENV};
 
@@ -98,16 +98,10 @@ fn host_range(slot: usize) -> HostRange {
 }
 
 fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        assert!(Instant::now() < deadline, "no result for {operation}");
-        let poll = exec.poll_wait(WAIT);
-        if let Some(result) = poll.results.into_iter().find(|r| r.operation == operation) {
-            assert_eq!(result.ending, Ending::Ran);
-            assert!(result.retired, "{operation} retired");
-            return result;
-        }
-    }
+    let result = fixture::wait_for(exec, operation, WAIT);
+    assert_eq!(result.ending, Ending::Ran);
+    assert!(result.retired, "{operation} retired");
+    result
 }
 
 struct Gpu {

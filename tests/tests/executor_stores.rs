@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::EngineChoice;
@@ -20,7 +20,7 @@ use gpucache_dataplane::executor::{
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{MissReason, Store};
-use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_dataplane::testing::fixture::{self, key, payload, tenant};
 
 const SLOT_BYTES: usize = 8192;
 const SLOTS: usize = 16;
@@ -37,16 +37,10 @@ fn slot(n: usize, len: u64) -> HostRange {
 }
 
 fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        assert!(Instant::now() < deadline, "no result for {operation}");
-        let poll = exec.poll_wait(WAIT);
-        if let Some(result) = poll.results.into_iter().find(|r| r.operation == operation) {
-            assert_eq!(result.ending, Ending::Ran);
-            assert!(result.retired, "{operation} retired");
-            return result;
-        }
-    }
+    let result = fixture::wait_for(exec, operation, WAIT);
+    assert_eq!(result.ending, Ending::Ran);
+    assert!(result.retired, "{operation} retired");
+    result
 }
 
 /// PUT four objects from slots 0..4, QUERY them and one absent key, GET them into slots 8..12

@@ -219,14 +219,7 @@ fn wait_mounted(store: &MooncakeStore) {
 }
 
 fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
-    let deadline = Instant::now() + Duration::from_millis(LISTEN_MS);
-    loop {
-        assert!(Instant::now() < deadline, "no result for {operation}");
-        let poll = exec.poll_wait(Duration::from_millis(LISTEN_MS));
-        if let Some(r) = poll.results.into_iter().find(|r| r.operation == operation) {
-            return r;
-        }
-    }
+    fixture::wait_for(exec, operation, Duration::from_millis(LISTEN_MS))
 }
 
 fn executor_round_trip(store: &Arc<MooncakeStore>) {

@@ -80,3 +80,22 @@ pub fn payload(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Waits for `operation`'s result from `exec`, failing the test once `patience` has passed.
+/// Results of other operations that arrive meanwhile are dropped: use it for one operation at a
+/// time.
+pub fn wait_for(
+    exec: &crate::executor::Executor,
+    operation: crate::executor::OperationId,
+    patience: std::time::Duration,
+) -> crate::executor::OperationResult {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "no result for {operation} within {patience:?}");
+        let poll = exec.poll_wait(left);
+        if let Some(result) = poll.results.into_iter().find(|r| r.operation == operation) {
+            return result;
+        }
+    }
+}

@@ -69,8 +69,24 @@ fi
 
 export GPUCACHE_CONFORMANCE_CASES="${GPUCACHE_CONFORMANCE_CASES:-1000}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Disk: this suite builds the workspace four times (plain, verbs, spdk/doca, nixl), and with full
+# debug info and incremental caches that came to about 8 GB, more than a CI machine may have
+# free. Line tables keep file:line in panics and backtraces at a fraction of the size; a
+# one-shot run gains nothing from incremental caches. Either can be overridden from outside.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
+target_dir="${CARGO_TARGET_DIR:-target}"
 
-step() { printf '\n== %s\n' "$*"; }
+step() {
+    # Each step reports what the build folder holds and what the disk has left, so a full disk
+    # shows up in the log before it fails a step.
+    if [ -d "$target_dir" ]; then
+        printf '\n(build folder %s; %s free on its disk)\n' \
+            "$(du -sh "$target_dir" 2>/dev/null | cut -f1)" \
+            "$(df -h --output=avail "$target_dir" 2>/dev/null | tail -1 | tr -d ' ')"
+    fi
+    printf '\n== %s\n' "$*"
+}
 
 step "format"
 cargo fmt --all -- --check
@@ -146,3 +162,4 @@ cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --fea
 step "loom model checks (executor health monitor, admission credits)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test -p gpucache-dataplane --release --locked --lib loom
+printf '\n(build folder %s at the end)\n' "$(du -sh "$target_dir" 2>/dev/null | cut -f1)"

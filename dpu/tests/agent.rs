@@ -259,38 +259,124 @@ fn kill_9_then_restart_fences_what_was_in_flight() {
     assert_eq!(&buf[..4], b"kept");
 }
 
-#[test]
-fn seeded_faults_keep_slab_accounting_against_a_model() {
-    for seed in 0..6u64 {
+/// One step of [`slab_accounting_and_bytes_follow_a_model_under_seeded_faults`].
+#[derive(Debug, Clone)]
+enum Step {
+    Write { block: u64, fill: u8 },
+    Read { block: u64 },
+    Fence,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0..4u64, any::<u8>()).prop_map(|(block, fill)| Step::Write { block, fill }),
+        4 => (0..4u64).prop_map(|block| Step::Read { block }),
+        1 => Just(Step::Fence),
+    ]
+}
+
+/// What a read of one block may answer, by the model.
+#[derive(Debug, Clone, Default)]
+struct Expect {
+    /// The bytes of the last write that completed, if any.
+    committed: Option<Vec<u8>>,
+    /// Bytes of writes that failed since: each may or may not have landed, but nothing else may.
+    maybe: Vec<Vec<u8>>,
+}
+
+/// A 9-to-40-byte block of `fill` bytes, its length varied with `fill` so that a mixed-up
+/// block cannot pass as another.
+fn block_bytes(fill: u8) -> Vec<u8> {
+    vec![fill; 9 + usize::from(fill % 32)]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 24,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Writes, reads and fences through a simulated queue with seeded faults (lost, late,
+    /// duplicated and error completions, stalls), against a model: every failed call holds one
+    /// quarantined slot and every completed one none; a fence returns exactly the quarantined
+    /// slots; a read answers the last completed write's bytes, or a failed write's, or a miss,
+    /// never other bytes.
+    #[test]
+    fn slab_accounting_and_bytes_follow_a_model_under_seeded_faults(
+        seed in proptest::prelude::any::<u64>(),
+        rates in proptest::array::uniform5(0..150_000u32),
+        steps in proptest::collection::vec(step(), 1..16),
+    ) {
+        const SLOTS: usize = 8;
         let dir = tempfile::tempdir().unwrap();
         let mut sim = SimConfig::new(seed);
         sim.rates = FaultRates {
-            lost_ppm: 100_000,
-            late_ppm: 100_000,
-            duplicated_ppm: 100_000,
-            error_ppm: 100_000,
-            stall_ppm: 100_000,
+            lost_ppm: rates[0],
+            late_ppm: rates[1],
+            duplicated_ppm: rates[2],
+            error_ppm: rates[3],
+            stall_ppm: rates[4],
         };
-        let agent = config(dir.path(), vec![QueueKind::Sim(sim)], 8, 16).start().unwrap();
-        let (mut ok, mut bad) = (0usize, 0usize);
-        for b in 0..12u64 {
-            let t =
-                agent.submit_write(ReactorId(0), QueueId(0), BlockId(b), &[b as u8; 9]).unwrap();
-            match agent.wait(t, Instant::now() + Duration::from_millis(100), &mut []) {
-                Ok(Outcome::Written) => ok += 1,
-                Ok(o) => panic!("seed {seed}: {o:?}"),
-                Err(DpuError::Lost { .. } | DpuError::Completion { .. }) => bad += 1,
-                Err(e) => panic!("seed {seed}: {e}"),
+        let agent = config(dir.path(), vec![QueueKind::Sim(sim)], 8, SLOTS).start().unwrap();
+        let mut model: [Expect; 4] = Default::default();
+        let mut quarantined = 0usize;
+        let mut dst = vec![0u8; SLOT];
+        // Short per call: a lost completion costs this much wall time.
+        let wait_deadline = || Instant::now() + Duration::from_millis(100);
+        for (i, st) in steps.iter().enumerate() {
+            match *st {
+                Step::Write { block, fill } => {
+                    let bytes = block_bytes(fill);
+                    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(block), &bytes);
+                    let t = t.unwrap();
+                    let expect = &mut model[block as usize];
+                    match agent.wait(t, wait_deadline(), &mut []) {
+                        Ok(Outcome::Written) => {
+                            expect.committed = Some(bytes);
+                            expect.maybe.clear();
+                        }
+                        Ok(o) => panic!("step {i}: a write answered {o:?}"),
+                        Err(DpuError::Lost { .. } | DpuError::Completion { .. }) => {
+                            quarantined += 1;
+                            expect.maybe.push(bytes);
+                        }
+                        Err(e) => panic!("step {i}: {e}"),
+                    }
+                }
+                Step::Read { block } => {
+                    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(block)).unwrap();
+                    let expect = &model[block as usize];
+                    match agent.wait(t, wait_deadline(), &mut dst) {
+                        Ok(Outcome::Read { len }) => {
+                            let got = &dst[..len];
+                            let known = expect.committed.as_deref() == Some(got)
+                                || expect.maybe.iter().any(|m| m == got);
+                            proptest::prop_assert!(known, "step {i}: block {block} read bytes no write put there: {got:?}, model {expect:?}");
+                        }
+                        // Absent when nothing completed there yet; never a wrong hit.
+                        Ok(Outcome::Miss(MissCause::Absent)) => proptest::prop_assert!(
+                            expect.committed.is_none(),
+                            "step {i}: block {block} missed after a completed write"
+                        ),
+                        Ok(o) => panic!("step {i}: a read answered {o:?}"),
+                        Err(DpuError::Lost { .. } | DpuError::Completion { .. }) => {
+                            quarantined += 1;
+                        }
+                        Err(e) => panic!("step {i}: {e}"),
+                    }
+                }
+                Step::Fence => {
+                    let e = agent.bump_epoch().unwrap();
+                    let reclaimed = agent.reclaim_fenced(e, deadline()).unwrap();
+                    proptest::prop_assert_eq!(reclaimed, quarantined, "step {}: fence", i);
+                    quarantined = 0;
+                }
             }
             let s = agent.slab();
-            // Model: every failed submission holds one quarantined slot, every success none.
-            assert_eq!(s.regions.quarantined, bad, "seed {seed}");
-            assert_eq!(s.free + s.regions.quarantined, 16, "seed {seed}");
+            proptest::prop_assert_eq!(s.regions.quarantined, quarantined, "step {}", i);
+            proptest::prop_assert_eq!(s.free + quarantined, SLOTS, "step {}", i);
         }
-        assert_eq!(ok + bad, 12);
-        let e = agent.bump_epoch().unwrap();
-        assert_eq!(agent.reclaim_fenced(e, deadline()).unwrap(), bad, "seed {seed}");
-        assert_eq!(agent.slab().free, 16, "seed {seed}");
     }
 }
 

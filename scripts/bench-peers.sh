@@ -36,6 +36,9 @@ if [[ ${#missing_debs[@]} -gt 0 ]]; then
     installed+=("${missing_debs[@]}")
 fi
 
+# The release the live tests and the bench were checked against (its start-up order matters to
+# tests/tests/mooncake_live.rs: the client mounts its segment before it listens).
+MOONCAKE_VERSION="${MOONCAKE_VERSION:-0.3.13.post1}"
 mooncake_bins=(mooncake_master mooncake_http_metadata_server mooncake_client)
 have_mooncake() {
     [[ -x "$venv/bin/python" ]] || return 1
@@ -52,8 +55,9 @@ if ! have_mooncake; then
         "$python" -m venv "$venv"
         installed+=("venv $venv")
     fi
-    step "pip install mooncake-transfer-engine-non-cuda into $venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check mooncake-transfer-engine-non-cuda >&2
+    step "pip install mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION into $venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION" >&2
     installed+=(mooncake-transfer-engine-non-cuda)
     for b in "${mooncake_bins[@]}"; do
         if [[ ! -x "$venv/bin/$b" ]]; then

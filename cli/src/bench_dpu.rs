@@ -34,20 +34,12 @@ use serde_json::{Value, json};
 
 use crate::bench_file::{TENANT, bench_key, payload};
 use crate::fio;
-use crate::units::{narrow, parse_size_list, size_label};
+use crate::units::{SizeList, narrow, size_label, size_list};
 
 /// Longest a single agent call may wait for its completion.
 const OP_DEADLINE: Duration = Duration::from_secs(30);
 /// Slab slots of the bench agent: one caller holds one at a time.
 const SLAB_SLOTS: u32 = 8;
-
-/// Block sizes as given on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Sizes(Vec<u64>);
-
-fn sizes(text: &str) -> Result<Sizes, String> {
-    parse_size_list(text).map(Sizes)
-}
 
 #[derive(Debug, Args)]
 pub(crate) struct DpuBenchArgs {
@@ -56,8 +48,8 @@ pub(crate) struct DpuBenchArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Block sizes, comma-separated (K, M, G are binary).
-    #[arg(long, default_value = "64K,256K,1M,4M", value_parser = sizes)]
-    sizes: Sizes,
+    #[arg(long, default_value = "64K,256K,1M,4M", value_parser = size_list)]
+    sizes: SizeList,
     /// MiB written (then read) per path and block size; at least one block each.
     #[arg(long, default_value_t = 64)]
     mib: u64,

@@ -37,7 +37,9 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Put, Store};
 
 use crate::fio;
-use crate::units::{KIB, MIB, human_bytes, narrow, parse_size, parse_size_list, size_label, wide};
+use crate::units::{
+    KIB, MIB, SizeList, human_bytes, narrow, parse_size, size_label, size_list, wide,
+};
 
 pub(crate) const TENANT: &str = "bench-tenant";
 
@@ -56,14 +58,6 @@ pub(crate) enum DurabilityArg {
     PerBlock,
     /// One shared syncfs per group of commits (fio: --fsync=1, the same with one writer).
     Group,
-}
-
-/// Block sizes as given on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SizeList(Vec<u64>);
-
-fn size_list(text: &str) -> Result<SizeList, String> {
-    parse_size_list(text).map(SizeList)
 }
 
 #[derive(Debug, Args)]

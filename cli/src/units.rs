@@ -42,6 +42,15 @@ pub(crate) fn parse_size_list(text: &str) -> Result<Vec<u64>, String> {
     Ok(sizes)
 }
 
+/// Block sizes as given on a bench's command line (a clap value, parsed by [`size_list`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SizeList(pub(crate) Vec<u64>);
+
+/// [`parse_size_list`] as a clap `value_parser`.
+pub(crate) fn size_list(text: &str) -> Result<SizeList, String> {
+    parse_size_list(text).map(SizeList)
+}
+
 /// `64K`, `1M`, `1536K`, `100B`: the shortest exact binary label.
 pub(crate) fn size_label(bytes: u64) -> String {
     if bytes >= GIB && bytes.is_multiple_of(GIB) {

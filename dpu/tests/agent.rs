@@ -380,36 +380,35 @@ proptest::proptest! {
     }
 }
 
-#[cfg(feature = "spdk")]
-#[test]
-fn spdk_fails_closed_naming_what_is_missing() {
+/// A native backend without its library or device: `start` refuses with the backend's name and
+/// the missing device among what it lists, and starts nothing (no epoch persisted).
+#[cfg(any(feature = "spdk", feature = "doca"))]
+fn assert_fails_closed(kind: QueueKind, backend: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let kind = QueueKind::Spdk(gpucache_dpu::SpdkConfig { pci_addr: "0000:ff:1f.7".into() });
     let err = config(dir.path(), vec![kind], 4, 4).start().unwrap_err();
     match &err {
-        DpuError::NativeUnavailable { backend: "spdk", missing } => {
+        DpuError::NativeUnavailable { backend: named, missing } if *named == backend => {
             assert!(
-                missing.iter().any(|m| matches!(m, gpucache_dpu::NativeMissing::Device { .. }))
+                missing.iter().any(|m| matches!(m, gpucache_dpu::NativeMissing::Device { .. })),
+                "{err}"
             );
         }
         e => panic!("{e}"),
     }
-    assert!(err.to_string().contains("spdk backend unavailable"), "{err}");
+    assert!(err.to_string().contains(&format!("{backend} backend unavailable")), "{err}");
     assert!(!dir.path().join("state").join(gpucache_dpu::EPOCH_FILE).exists(), "nothing started");
+}
+
+#[cfg(feature = "spdk")]
+#[test]
+fn spdk_fails_closed_naming_what_is_missing() {
+    let pci_addr = "0000:ff:1f.7".into();
+    assert_fails_closed(QueueKind::Spdk(gpucache_dpu::SpdkConfig { pci_addr }), "spdk");
 }
 
 #[cfg(feature = "doca")]
 #[test]
 fn doca_fails_closed_naming_what_is_missing() {
-    let dir = tempfile::tempdir().unwrap();
-    let kind = QueueKind::Doca(gpucache_dpu::DocaConfig { device: "no-such-bf3".into() });
-    let err = config(dir.path(), vec![kind], 4, 4).start().unwrap_err();
-    match &err {
-        DpuError::NativeUnavailable { backend: "doca", missing } => {
-            assert!(
-                missing.iter().any(|m| matches!(m, gpucache_dpu::NativeMissing::Device { .. }))
-            );
-        }
-        e => panic!("{e}"),
-    }
+    let device = "no-such-bf3".into();
+    assert_fails_closed(QueueKind::Doca(gpucache_dpu::DocaConfig { device }), "doca");
 }

@@ -34,7 +34,7 @@ use gpucache_dataplane::testing::fixture::payload;
 use gpucache_nic::nixl::xfer::UnknownCause;
 use gpucache_nic::nixl::{
     BlockMem, NixlAgent, NixlBackend, NixlClient, NixlClientConfig, NixlLimits, NixlOutcome,
-    NixlSlots, NixlTransfers, RemoteBlock,
+    NixlSlots, NixlTransfers, RemoteBlock, unique_agent_name, usable_or_skip,
 };
 
 mod common;
@@ -51,22 +51,6 @@ const SERVER_SLOTS: u64 = 4;
 const SIZES: [usize; 3] = [64 << 10, 1 << 20, 4 << 20];
 /// How long a test waits for a process or a condition before it fails.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn nixl_here() -> bool {
-    match gpucache_nic::nixl::probe_or_skip() {
-        Ok(_) => true,
-        Err(reason) => {
-            eprintln!("skipping: NIXL unavailable: {reason}");
-            false
-        }
-    }
-}
-
-fn unique(name: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
 
 fn caller() -> Caller {
     Caller::new(TenantId::parse(TENANT).expect("tenant"), Rights::ALL)
@@ -96,7 +80,7 @@ fn write_config(dir: &Path, stage_lease_ms: u64) -> std::path::PathBuf {
              [[tenants]]\nname = \"{TENANT}\"\nrights = [\"read\", \"write\", \"admin\"]\n\n\
              [nixl]\nenabled = true\nagent = \"{}\"\npool_bytes = {}\nslot_bytes = {SLOT_BYTES}\n\
              stage_lease_ms = {stage_lease_ms}\nper_connection_max = 4\nstaged_max = 4\n",
-            unique("serve"),
+            unique_agent_name("serve"),
             SERVER_SLOTS * SLOT_BYTES as u64,
         ),
     )
@@ -141,14 +125,14 @@ fn run_role(role: &str, envs: &[(&str, &str)]) -> String {
 
 #[test]
 fn blocks_move_over_nixl_between_serve_and_clients_byte_for_byte() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let server = start(&write_config(dir.path(), 30_000));
     let who = caller();
     let config = NixlClientConfig {
-        agent_name: unique("client"),
+        agent_name: unique_agent_name("client"),
         slot_bytes: SLOT_BYTES,
         slots: 2,
         deadline: Duration::from_secs(30),
@@ -215,7 +199,7 @@ fn blocks_move_over_nixl_between_serve_and_clients_byte_for_byte() {
 
 #[test]
 fn a_server_killed_mid_read_leaves_the_client_slot_quarantined_until_its_fence() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     run_role("server-kill", &[("UCX_TLS", "tcp")]);
@@ -232,7 +216,7 @@ fn role_server_kill() {
     let data = payload(77, 1 << 20);
     assert!(matches!(control.put(&who, &k, &data, None).expect("put"), Put::Committed(_)));
 
-    let mut agent = NixlAgent::new(&unique("kill-client")).expect("agent");
+    let mut agent = NixlAgent::new(&unique_agent_name("kill-client")).expect("agent");
     agent.enable(NixlBackend::Ucx).expect("UCX");
     let mut pool = client_pool(&agent, 2);
     let theirs =
@@ -308,7 +292,7 @@ fn role_server_kill() {
 
 #[test]
 fn a_client_killed_before_commit_leaves_the_server_slot_quarantined_until_a_fence() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -416,7 +400,7 @@ fn role_put_then_wait() {
     let k = key_of(&std::env::var(NAME_ENV).expect("name"));
     let who = caller();
     let control = tcp(addr);
-    let mut agent = NixlAgent::new(&unique("dying-client")).expect("agent");
+    let mut agent = NixlAgent::new(&unique_agent_name("dying-client")).expect("agent");
     agent.enable(NixlBackend::Ucx).expect("UCX");
     let mut pool = client_pool(&agent, 1);
     let theirs =

@@ -30,15 +30,11 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::Store;
 use gpucache_dataplane::testing::Subject;
 use gpucache_dataplane::testing::fixture::tenant;
-use gpucache_nic::nixl::{NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig};
+use gpucache_nic::nixl::{
+    NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig, unique_agent_name,
+};
 
 const SLOT_BYTES: usize = 1 << 20;
-
-fn unique(name: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
 
 /// The reusable NIXL side of a subject.
 struct Spare {
@@ -64,7 +60,7 @@ fn control_config(addr: SocketAddr) -> ClientConfig {
 fn fresh_spare(addr: SocketAddr) -> (Spare, bool) {
     let huge = HugePagePolicy::default().lock(Lock::Off);
     let staging = NixlStagingConfig {
-        agent_name: unique("svc"),
+        agent_name: unique_agent_name("svc"),
         slot_bytes: SLOT_BYTES,
         slots: 16,
         limits: StagingLimits::default(),
@@ -75,7 +71,7 @@ fn fresh_spare(addr: SocketAddr) -> (Spare, bool) {
     let client = NixlClient::new(
         TcpStore::new(control_config(addr)),
         NixlClientConfig {
-            agent_name: unique("cli"),
+            agent_name: unique_agent_name("cli"),
             slot_bytes: SLOT_BYTES,
             slots: 4,
             deadline: Duration::from_secs(5),

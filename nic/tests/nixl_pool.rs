@@ -7,8 +7,6 @@
 //! Needs `libnixl_capi.so`: without it each case skips with the typed reason, or fails when
 //! `GPUCACHE_REQUIRE_NIXL=1` (CI).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
 use gpucache_nic::nixl::{BlockMem, NixlAgent, NixlBackend, NixlSlots};
 
@@ -21,9 +19,7 @@ fn ready() -> Result<(), String> {
 
 /// A fresh agent per pool: the registration handle keeps the agent alive as long as the slots.
 fn make() -> NixlSlots {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = format!("pool-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-    let mut agent = NixlAgent::new(&name).expect("agent");
+    let mut agent = NixlAgent::new(&gpucache_nic::nixl::unique_agent_name("pool")).expect("agent");
     agent.enable(NixlBackend::Ucx).expect("UCX backend");
     let memory = HugePagePool::new(SLOTS, SLOT_BYTES, HugePagePolicy::default().lock(Lock::Off))
         .expect("host pool");

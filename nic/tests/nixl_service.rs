@@ -20,26 +20,12 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, MissReason, Put, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
-use gpucache_nic::nixl::{NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig};
+use gpucache_nic::nixl::{
+    NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig, unique_agent_name, usable_or_skip,
+};
 
 const SLOT_BYTES: usize = 4 << 20;
 const SIZES: [usize; 3] = [64 << 10, 1 << 20, 4 << 20];
-
-fn nixl_here() -> bool {
-    match gpucache_nic::nixl::probe_or_skip() {
-        Ok(_) => true,
-        Err(reason) => {
-            eprintln!("skipping: NIXL unavailable: {reason}");
-            false
-        }
-    }
-}
-
-fn unique(name: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
-}
 
 fn huge() -> HugePagePolicy {
     HugePagePolicy::default().lock(Lock::Off)
@@ -53,7 +39,7 @@ struct Rig {
 
 fn rig(store: Arc<dyn Store>, slots: usize, slot_bytes: usize, limits: StagingLimits) -> Rig {
     let staging = NixlStagingConfig {
-        agent_name: unique("svc"),
+        agent_name: unique_agent_name("svc"),
         slot_bytes,
         slots,
         limits,
@@ -83,7 +69,7 @@ fn tcp(addr: SocketAddr) -> TcpStore {
 
 fn client(addr: SocketAddr, slots: usize, slot_bytes: usize) -> NixlClient {
     let config = NixlClientConfig {
-        agent_name: unique("cli"),
+        agent_name: unique_agent_name("cli"),
         slot_bytes,
         slots,
         deadline: Duration::from_secs(5),
@@ -96,7 +82,7 @@ fn client(addr: SocketAddr, slots: usize, slot_bytes: usize) -> NixlClient {
 
 #[test]
 fn blocks_move_both_ways_over_nixl_and_match_plain_tcp() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     let rig = rig(memory_store(), 4, SLOT_BYTES, StagingLimits::default());
@@ -137,7 +123,7 @@ fn blocks_move_both_ways_over_nixl_and_match_plain_tcp() {
 
 #[test]
 fn refusals_are_typed_and_leave_nothing_behind() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     let limits = StagingLimits { per_connection_max: 2, staged_max: 3, stage_lease_ms: 60_000 };
@@ -205,7 +191,7 @@ fn refusals_are_typed_and_leave_nothing_behind() {
 
 #[test]
 fn an_expired_put_stage_is_quarantined_until_the_fence() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     // A lease of 1 ms: the admin op sees it expired on the server's clock at once.
@@ -234,7 +220,7 @@ fn an_expired_put_stage_is_quarantined_until_the_fence() {
 
 #[test]
 fn a_fence_reregisters_staging_and_stale_peers_must_reattach() {
-    if !nixl_here() {
+    if !usable_or_skip() {
         return;
     }
     let rig = rig(memory_store(), 4, 1 << 20, StagingLimits::default());
@@ -247,7 +233,7 @@ fn a_fence_reregisters_staging_and_stale_peers_must_reattach() {
     nixl.put(&who, &k1, &data, None).unwrap();
 
     // A second peer attaches on its own connection and opens a PUT stage.
-    let mut stale_agent = gpucache_nic::nixl::NixlAgent::new(&unique("stale")).unwrap();
+    let mut stale_agent = gpucache_nic::nixl::NixlAgent::new(&unique_agent_name("stale")).unwrap();
     stale_agent.enable(gpucache_nic::nixl::NixlBackend::Ucx).unwrap();
     let stale = tcp(addr);
     stale.nixl_attach(&who, &stale_agent.local_metadata().unwrap()).unwrap();

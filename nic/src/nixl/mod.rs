@@ -88,6 +88,27 @@ pub fn probe_or_skip() -> Result<NixlProbe, NixlUnavailable> {
     answer
 }
 
+/// For tests and checks: whether NIXL can be used here. When not, prints the reason to skip on
+/// (or panics, as [`probe_or_skip`] does, when [`REQUIRE_NIXL_ENV`] is `1`).
+pub fn usable_or_skip() -> bool {
+    match probe_or_skip() {
+        Ok(_) => true,
+        Err(reason) => {
+            eprintln!("skipping: NIXL unavailable: {reason}");
+            false
+        }
+    }
+}
+
+/// `prefix-<pid>-<n>`, a name no other agent of this process has had. Peers tell agents apart
+/// by name, so every agent one process makes (a server's and a client's in one test, say)
+/// needs its own.
+pub fn unique_agent_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 /// What [`probe`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NixlProbe {

@@ -354,18 +354,23 @@ fn block_payload(base: &[u8], i: u64) -> Vec<u8> {
     p
 }
 
-fn store_path(ctx: &Ctx, store: &dyn Store, size: u64) -> Result<PathRun, String> {
+/// One path at one size: every block PUT (timed per call), then every block read back (timed
+/// per call) and checked outside the timing. `get` answers the length read, or what it got
+/// instead (a miss, a wrong length: counted unverified and printed); `Err` from either stops
+/// the path.
+fn timed_path(
+    ctx: &Ctx,
+    size: u64,
+    mut put: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    mut get: impl FnMut(u64, &mut [u8]) -> Result<Result<u64, String>, String>,
+) -> Result<PathRun, String> {
     let base = payload(narrow(size));
     let mut lat = Vec::with_capacity(narrow(ctx.blocks));
     let started = Instant::now();
     for i in 0..ctx.blocks {
         let data = block_payload(&base, i);
         let t = Instant::now();
-        match store.put(&ctx.caller, &bench_key(i), &data, None) {
-            Ok(Put::Committed(_)) => {}
-            Ok(other) => return Err(format!("put {i}: not committed: {other:?}")),
-            Err(e) => return Err(format!("put {i}: {e}")),
-        }
+        put(i, &data)?;
         lat.push(t.elapsed());
     }
     let put = Phase::from_latencies(ctx.blocks * size, started, lat);
@@ -375,61 +380,62 @@ fn store_path(ctx: &Ctx, store: &dyn Store, size: u64) -> Result<PathRun, String
     let started = Instant::now();
     for i in 0..ctx.blocks {
         let t = Instant::now();
-        let got = store.get_into(&ctx.caller, &bench_key(i), &mut buf);
+        let got = get(i, &mut buf)?;
         lat.push(t.elapsed());
         match got {
-            Ok(Get::Hit { len, .. }) if len == size && buf == block_payload(&base, i) => {
-                verified += len;
-            }
-            Ok(other) => eprintln!("gpucache bench dpu: get {i}: {other:?} or wrong bytes"),
-            Err(e) => return Err(format!("get {i}: {e}")),
+            Ok(len) if len == size && buf == block_payload(&base, i) => verified += len,
+            Ok(len) => eprintln!("gpucache bench dpu: get {i}: {len} bytes or wrong bytes"),
+            Err(other) => eprintln!("gpucache bench dpu: get {i}: {other}"),
         }
     }
     let get = Phase::from_latencies(ctx.blocks * size, started, lat);
     Ok(PathRun { put, get, verified_bytes: verified })
 }
 
+fn store_path(ctx: &Ctx, store: &dyn Store, size: u64) -> Result<PathRun, String> {
+    timed_path(
+        ctx,
+        size,
+        |i, data| match store.put(&ctx.caller, &bench_key(i), data, None) {
+            Ok(Put::Committed(_)) => Ok(()),
+            Ok(other) => Err(format!("put {i}: not committed: {other:?}")),
+            Err(e) => Err(format!("put {i}: {e}")),
+        },
+        |i, buf| match store.get_into(&ctx.caller, &bench_key(i), buf) {
+            Ok(Get::Hit { len, .. }) => Ok(Ok(len)),
+            Ok(other) => Ok(Err(format!("{other:?}"))),
+            Err(e) => Err(format!("get {i}: {e}")),
+        },
+    )
+}
+
 fn agent_queue_path(ctx: &Ctx, agent: &Agent, size: u64) -> Result<PathRun, String> {
-    let base = payload(narrow(size));
-    let mut lat = Vec::with_capacity(narrow(ctx.blocks));
-    let started = Instant::now();
-    for i in 0..ctx.blocks {
-        let data = block_payload(&base, i);
-        let (reactor, queue) = agent.route(i);
-        let t = Instant::now();
-        let ticket = agent
-            .submit_write(reactor, queue, BlockId(i), &data)
-            .map_err(|e| format!("submit_write {i}: {e}"))?;
-        match agent.wait(ticket, Instant::now() + OP_DEADLINE, &mut [0u8; 0]) {
-            Ok(Outcome::Written) => {}
-            Ok(other) => return Err(format!("write {i}: {other:?}")),
-            Err(e) => return Err(format!("write {i}: {e}")),
-        }
-        lat.push(t.elapsed());
-    }
-    let put = Phase::from_latencies(ctx.blocks * size, started, lat);
-    let mut lat = Vec::with_capacity(narrow(ctx.blocks));
-    let mut buf = vec![0u8; narrow(size)];
-    let mut verified = 0u64;
-    let started = Instant::now();
-    for i in 0..ctx.blocks {
-        let (reactor, queue) = agent.route(i);
-        let t = Instant::now();
-        let ticket = agent
-            .submit_read(reactor, queue, BlockId(i))
-            .map_err(|e| format!("submit_read {i}: {e}"))?;
-        let got = agent.wait(ticket, Instant::now() + OP_DEADLINE, &mut buf);
-        lat.push(t.elapsed());
-        match got {
-            Ok(Outcome::Read { len }) if len as u64 == size && buf == block_payload(&base, i) => {
-                verified += size;
+    timed_path(
+        ctx,
+        size,
+        |i, data| {
+            let (reactor, queue) = agent.route(i);
+            let ticket = agent
+                .submit_write(reactor, queue, BlockId(i), data)
+                .map_err(|e| format!("submit_write {i}: {e}"))?;
+            match agent.wait(ticket, Instant::now() + OP_DEADLINE, &mut [0u8; 0]) {
+                Ok(Outcome::Written) => Ok(()),
+                Ok(other) => Err(format!("write {i}: {other:?}")),
+                Err(e) => Err(format!("write {i}: {e}")),
             }
-            Ok(other) => eprintln!("gpucache bench dpu: read {i}: {other:?} or wrong bytes"),
-            Err(e) => return Err(format!("read {i}: {e}")),
-        }
-    }
-    let get = Phase::from_latencies(ctx.blocks * size, started, lat);
-    Ok(PathRun { put, get, verified_bytes: verified })
+        },
+        |i, buf| {
+            let (reactor, queue) = agent.route(i);
+            let ticket = agent
+                .submit_read(reactor, queue, BlockId(i))
+                .map_err(|e| format!("submit_read {i}: {e}"))?;
+            match agent.wait(ticket, Instant::now() + OP_DEADLINE, buf) {
+                Ok(Outcome::Read { len }) => Ok(Ok(len as u64)),
+                Ok(other) => Ok(Err(format!("{other:?}"))),
+                Err(e) => Err(format!("read {i}: {e}")),
+            }
+        },
+    )
 }
 
 fn fio_path(ctx: &Ctx, size: u64) -> Result<(Phase, Phase), String> {

@@ -249,6 +249,30 @@ impl<E: CompletionEvent> TransferBook<E> {
         id
     }
 
+    /// Records a submitted copy whose completion event could not be made: nothing will say when
+    /// the DMA engine is done with either slot, so both are quarantined at once (as an unknown
+    /// completion would) and only a drain-proven fence returns them. Answers `error`.
+    pub fn unobservable<D: PoolMemory, S: PoolMemory>(
+        &mut self,
+        device_pool: &mut RegisteredPool<D>,
+        device: &SlotLease,
+        staging_pool: &mut RegisteredPool<S>,
+        staging: &SlotLease,
+        error: GpuError,
+    ) -> GpuError {
+        self.counters.submitted += 1;
+        self.counters.unknown += 1;
+        for (outcome, region) in [
+            (device_pool.complete(device.region, Completion::Unknown), device.region),
+            (staging_pool.complete(staging.region, Completion::Unknown), staging.region),
+        ] {
+            if let Err(e) = outcome {
+                tracing::warn!(%region, error = %e, "quarantine after a lost completion event");
+            }
+        }
+        error
+    }
+
     /// Waits for `transfer`'s event and applies the outcome: retired leaves both leases with the
     /// caller; unknown quarantines both slots in their pools.
     pub fn settle<D: PoolMemory, S: PoolMemory>(
@@ -470,6 +494,36 @@ mod tests {
         assert_eq!(device.free_slots(), 4);
         assert_eq!(staging.free_slots(), 4);
         assert_eq!(device.table().counts().quarantined, 0);
+    }
+
+    /// A copy submitted whose event could not be made: the caller gets the error, both slots
+    /// are quarantined at once (a release frees neither), and the drain-proven fence returns them.
+    #[test]
+    fn an_unobservable_copy_quarantines_both_slots_until_the_fence() {
+        let owner = tenant(0);
+        let mut device = pool(2);
+        let mut staging = pool(2);
+        let d = device.checkout(&owner, 1, None).expect("device slot");
+        let s = staging.checkout(&owner, 1, None).expect("staging slot");
+        let mut book =
+            TransferBook::<Scripted>::new(NonZeroUsize::new(2).expect("nonzero"), LIMITS);
+        book.admit(&device, &d[0], &staging, &s[0]).expect("room");
+        let lost = GpuError::NotLent { region: d[0].region };
+        let e = book.unobservable(&mut device, &d[0], &mut staging, &s[0], lost.clone());
+        assert_eq!(e, lost);
+        assert!(matches!(state(&device, &d[0]), Some(RegionState::Quarantined { .. })));
+        assert!(matches!(state(&staging, &s[0]), Some(RegionState::Quarantined { .. })));
+        assert_eq!(book.counters(), TransferCounters { submitted: 1, retired: 0, unknown: 1 });
+        assert_eq!(book.in_flight(), 0);
+        assert_eq!(
+            staging.complete(s[0].region, Completion::Retired),
+            Ok(CompleteOutcome::StillQuarantined)
+        );
+        assert_eq!((device.free_slots(), staging.free_slots()), (1, 1));
+        let report =
+            book.fence(StreamDrained::observed(), &mut device, &mut staging).expect("fence");
+        assert_eq!((report.device.len(), report.staging.len()), (1, 1));
+        assert_eq!((device.free_slots(), staging.free_slots()), (2, 2));
     }
 
     #[test]

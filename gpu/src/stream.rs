@@ -148,8 +148,11 @@ impl GpuStream {
             Direction::DeviceToHost => "cuMemcpyDtoHAsync",
         };
         submitted.result().map_err(driver(call))?;
-        let event = CudaEvent::record_on(self.raw)?;
-        Ok(self.book.record(device.region, staging.region, event))
+        match CudaEvent::record_on(self.raw) {
+            Ok(event) => Ok(self.book.record(device.region, staging.region, event)),
+            // The copy is queued but nothing can tell when it ends.
+            Err(e) => Err(self.book.unobservable(device_pool, device, staging_pool, staging, e)),
+        }
     }
 
     /// Waits for one copy; see [`TransferBook::settle`].

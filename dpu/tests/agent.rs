@@ -59,6 +59,17 @@ fn payload(q: u32, b: u64) -> Vec<u8> {
     (0..SLOT - 7).map(|i| (i as u64 ^ b.wrapping_mul(31) ^ (u64::from(q) * 7)) as u8).collect()
 }
 
+/// After a restart: block 1 (written and completed before) reads back as `kept`; block 2 (in
+/// flight when the agent went) is a clean miss.
+fn assert_only_the_committed_block(agent: &gpucache_dpu::Agent) {
+    let mut buf = [0u8; 16];
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(2)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
+    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(1)).unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Read { len: 4 });
+    assert_eq!(&buf[..4], b"kept");
+}
+
 #[test]
 fn two_reactors_carry_traffic_and_report_pinning_truthfully() {
     let dir = tempfile::tempdir().unwrap();
@@ -196,12 +207,7 @@ fn restart_bumps_epoch_and_in_flight_work_is_a_clean_miss() {
         agent.wait(in_flight, deadline(), &mut []).unwrap(),
         Outcome::Miss(MissCause::Fenced)
     );
-    let mut buf = [0u8; 16];
-    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(2)).unwrap();
-    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
-    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(1)).unwrap();
-    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Read { len: 4 });
-    assert_eq!(&buf[..4], b"kept");
+    assert_only_the_committed_block(&agent);
 }
 
 const CHILD_ENV: &str = "GPUCACHE_DPU_TEST_CHILD_DIR";
@@ -251,12 +257,7 @@ fn kill_9_then_restart_fences_what_was_in_flight() {
     child.wait().unwrap();
     let agent = config(dir.path(), vec![host(dir.path(), 0)], 4, 4).start().unwrap();
     assert_eq!(agent.epoch().0, child_epoch + 1);
-    let mut buf = [0u8; 16];
-    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(2)).unwrap();
-    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
-    let t = agent.submit_read(ReactorId(0), QueueId(0), BlockId(1)).unwrap();
-    assert_eq!(agent.wait(t, deadline(), &mut buf).unwrap(), Outcome::Read { len: 4 });
-    assert_eq!(&buf[..4], b"kept");
+    assert_only_the_committed_block(&agent);
 }
 
 /// One step of [`slab_accounting_and_bytes_follow_a_model_under_seeded_faults`].

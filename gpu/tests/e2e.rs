@@ -23,8 +23,7 @@ use gpucache_backends::file::{Durability, FileStoreConfig};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::{
-    Ending, Executor, ExecutorConfig, HostBuffer, HostRange, KeyResult, OperationId,
-    OperationResult,
+    Ending, Executor, HostBuffer, HostRange, KeyResult, OperationId, OperationResult,
 };
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
@@ -81,16 +80,7 @@ fn store(dir: &Path) -> Arc<dyn Store> {
 }
 
 fn executor(store: Arc<dyn Store>, host_slots: usize) -> (Executor, Arc<HostBuffer>) {
-    let host = Arc::new(HostBuffer::new(n(host_slots), n(BLOCK_BYTES)).expect("host buffer"));
-    let exec = Executor::start(
-        ExecutorConfig::default(),
-        store,
-        caller(),
-        Arc::clone(&host),
-        Arc::new(ManualClock::default()),
-    )
-    .expect("executor starts");
-    (exec, host)
+    fixture::executor(store, host_slots, BLOCK_BYTES)
 }
 
 fn host_range(slot: usize) -> HostRange {

@@ -2,19 +2,17 @@
 //! the store metrics: queued and running work, health, unproven retirement and counters, read at
 //! scrape time without calling the store, labelled by deployment only, gone with the executor.
 
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpucache_backends::MemoryStore;
 use gpucache_backends::executor_metrics::{ExecutorLabels, register_executor};
 use gpucache_backends::metered::{ExpositionFormat, Metrics};
-use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::executor::{Executor, ExecutorConfig, HostBuffer, HostRange};
+use gpucache_dataplane::executor::HostRange;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_dataplane::testing::fixture::{self, key, payload};
 use prometheus_client::registry::Registry;
 
 fn value(text: &str, series: &str) -> Option<u64> {
@@ -23,22 +21,12 @@ fn value(text: &str, series: &str) -> Option<u64> {
 
 #[test]
 fn executor_series_follow_its_work_and_vanish_with_it() {
-    let n = |v| NonZeroUsize::new(v).expect("nonzero");
     let store = Arc::new(
         MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
             .expect("store"),
     );
-    let host = Arc::new(HostBuffer::new(n(4), n(4096)).expect("host"));
-    let exec = Arc::new(
-        Executor::start(
-            ExecutorConfig::default(),
-            store,
-            Caller::new(tenant(0), Rights::ALL),
-            Arc::clone(&host),
-            Arc::new(ManualClock::default()),
-        )
-        .expect("executor"),
-    );
+    let (exec, host) = fixture::executor(store, 4, 4096);
+    let exec = Arc::new(exec);
     let mut registry = Registry::default();
     let labels =
         ExecutorLabels { model: "m".into(), role: "prefill".into(), dp_rank: 1, tp_rank: 2 };

@@ -3,7 +3,6 @@
 //! in-process server, checking exact bytes after the round trip.
 
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +13,7 @@ use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::{
-    Ending, Executor, ExecutorConfig, HostBuffer, HostRange, KeyFailure, KeyResult, OperationId,
-    OperationResult,
+    Ending, Executor, HostRange, KeyFailure, KeyResult, OperationId, OperationResult,
 };
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -46,16 +44,7 @@ fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
 /// PUT four objects from slots 0..4, QUERY them and one absent key, GET them into slots 8..12
 /// and compare every byte, then PUT them again: create-only duplicates are idempotent success.
 fn workload(store: Arc<dyn Store>) {
-    let n = |v| NonZeroUsize::new(v).expect("nonzero");
-    let host = Arc::new(HostBuffer::new(n(SLOTS), n(SLOT_BYTES)).expect("host"));
-    let exec = Executor::start(
-        ExecutorConfig::default(),
-        store,
-        caller(),
-        Arc::clone(&host),
-        Arc::new(ManualClock::default()),
-    )
-    .expect("executor starts");
+    let (exec, host) = fixture::executor(store, SLOTS, SLOT_BYTES);
     let keys: Vec<_> = (0..SIZES.len())
         .map(|i| key(0, &[u8::try_from(i).expect("small") + 1], KvDtype::F16, 16))
         .collect();

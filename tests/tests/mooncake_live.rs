@@ -17,10 +17,7 @@ use std::time::{Duration, Instant};
 use gpucache_backends::mooncake::{
     MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
 };
-use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::executor::{
-    Executor, ExecutorConfig, HostBuffer, HostRange, KeyResult, OperationId, OperationResult,
-};
+use gpucache_dataplane::executor::{Executor, HostRange, KeyResult, OperationId, OperationResult};
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::store::{
     Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
@@ -211,16 +208,7 @@ fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
 }
 
 fn executor_round_trip(store: &Arc<MooncakeStore>) {
-    let n = |v| NonZeroUsize::new(v).expect("nonzero");
-    let host = Arc::new(HostBuffer::new(n(4), n(PAGE_BYTES)).expect("host"));
-    let exec = Executor::start(
-        ExecutorConfig::default(),
-        Arc::clone(store) as Arc<dyn Store>,
-        fixture::caller(0),
-        Arc::clone(&host),
-        Arc::new(ManualClock::default()),
-    )
-    .expect("executor starts");
+    let (exec, host) = fixture::executor(Arc::clone(store) as Arc<dyn Store>, 4, PAGE_BYTES);
     let slot = |i: u64, len: usize| HostRange::new(i * PAGE_BYTES as u64, len as u64);
     let data = page(7);
     host.write(slot(0, PAGE_BYTES), &data).expect("source");

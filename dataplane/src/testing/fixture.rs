@@ -81,6 +81,28 @@ pub fn payload(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// An executor with the default configuration over `store`, acting for tenant 0 with every
+/// right, on a fresh host buffer of `slots` slots of `slot_bytes` and a manual clock.
+pub fn executor(
+    store: std::sync::Arc<dyn crate::store::Store>,
+    slots: usize,
+    slot_bytes: usize,
+) -> (crate::executor::Executor, std::sync::Arc<crate::executor::HostBuffer>) {
+    use crate::executor::{Executor, ExecutorConfig, HostBuffer};
+    use std::num::NonZeroUsize;
+    let n = |v| NonZeroUsize::new(v).expect("executor fixture: sizes must be nonzero");
+    let host = std::sync::Arc::new(HostBuffer::new(n(slots), n(slot_bytes)).expect("host buffer"));
+    let exec = Executor::start(
+        ExecutorConfig::default(),
+        store,
+        Caller::new(tenant(0), Rights::ALL),
+        std::sync::Arc::clone(&host),
+        std::sync::Arc::new(crate::clock::ManualClock::default()),
+    )
+    .expect("executor starts");
+    (exec, host)
+}
+
 /// Waits for `operation`'s result from `exec`, failing the test once `patience` has passed.
 /// Results of other operations that arrive meanwhile are dropped: use it for one operation at a
 /// time.

@@ -329,8 +329,9 @@ proptest::proptest! {
             match *st {
                 Step::Write { block, fill } => {
                     let bytes = block_bytes(fill);
-                    let t = agent.submit_write(ReactorId(0), QueueId(0), BlockId(block), &bytes);
-                    let t = t.unwrap();
+                    let t = agent
+                        .submit_write(ReactorId(0), QueueId(0), BlockId(block), &bytes)
+                        .unwrap();
                     let expect = &mut model[block as usize];
                     match agent.wait(t, wait_deadline(), &mut []) {
                         Ok(Outcome::Written) => {

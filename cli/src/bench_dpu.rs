@@ -27,12 +27,14 @@ use gpucache_cli::config::{DpuReactorConfig, DpuSection};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Put, Store};
-use gpucache_dpu::{Agent, BlockId, DpuStore, DpuStoreConfig, Outcome};
+use gpucache_dpu::{Agent, BlockId, DpuStore, DpuStoreConfig, Outcome, QueueKind};
 use serde_json::{Value, json};
 
-use crate::bench_file::{TENANT, bench_key, payload};
+use crate::bench_file::{TENANT, bench_key};
+use crate::bench_service::load::{ValuePattern, percentile};
 use crate::fio;
 use crate::units::{SizeList, narrow, size_label, size_list};
 
@@ -77,19 +79,15 @@ struct Phase {
 }
 
 impl Phase {
-    fn from_latencies(bytes: u64, started: Instant, mut lat: Vec<Duration>) -> Self {
-        let secs = started.elapsed().as_secs_f64();
+    /// `bytes` moved by calls that took `lat`: the rate is over the calls' own time (payload
+    /// stamping and byte checks between calls are not in it), the percentiles nearest-rank.
+    fn from_latencies(bytes: u64, mut lat: Vec<Duration>) -> Self {
+        let secs = lat.iter().map(Duration::as_secs_f64).sum();
         lat.sort_unstable();
-        let pick = |per_mille: usize| {
-            if lat.is_empty() {
-                return 0.0;
-            }
-            // Nearest rank: the smallest latency with at least that share of the samples at or
-            // below it.
-            let rank = (per_mille * lat.len()).div_ceil(1000).max(1);
-            lat[rank.min(lat.len()) - 1].as_secs_f64() * 1e6
-        };
-        Self { bytes, secs, p50_us: pick(500), p99_us: pick(990) }
+        let nanos: Vec<u64> =
+            lat.iter().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).collect();
+        let pick = |p| percentile(&nanos, p).map_or(0.0, |n| n as f64 / 1e3);
+        Self { bytes, secs, p50_us: pick(50.0), p99_us: pick(99.0) }
     }
 
     fn gbps(&self) -> f64 {
@@ -316,12 +314,15 @@ fn open_agent(ctx: &Ctx, size: u64) -> Result<(Arc<Agent>, DpuStore), String> {
         slab_slot_bytes: size.max(4096),
         ..DpuSection::default()
     };
-    let agent = Arc::new(
-        gpucache_cli::dpu::agent_config(&section)
-            .map_err(|e| format!("agent: {e}"))?
-            .start()
-            .map_err(|e| format!("agent: {e}"))?,
-    );
+    let mut config =
+        gpucache_cli::dpu::agent_config(&section).map_err(|e| format!("agent: {e}"))?;
+    // The service's queues always fsync; here they follow --no-sync like every other path.
+    for queue in &mut config.queues {
+        if let QueueKind::Host { sync, .. } = &mut queue.kind {
+            *sync = ctx.sync;
+        }
+    }
+    let agent = Arc::new(config.start().map_err(|e| format!("agent: {e}"))?);
     let backing = open_file_store(ctx, &ctx.root.join("dpu-store"), size)?;
     let store = DpuStore::new(
         Arc::clone(&agent),
@@ -345,63 +346,57 @@ fn allowed_cores() -> Vec<u64> {
         .collect()
 }
 
-/// Block `i`'s payload: the shared pseudo-random bytes with `i` stamped in front, so that a
-/// block served under another's key fails verification.
-fn block_payload(base: &[u8], i: u64) -> Vec<u8> {
-    let mut p = base.to_vec();
-    let n = p.len().min(8);
-    p[..n].copy_from_slice(&i.to_le_bytes()[..n]);
-    p
-}
-
-/// One path at one size: every block PUT (timed per call), then every block read back (timed
-/// per call) and checked outside the timing. `get` answers the length read, or what it got
-/// instead (a miss, a wrong length: counted unverified and printed); `Err` from either stops
-/// the path.
+/// One path at one size: every block PUT, then every block read back and checked. Each call is
+/// timed on its own and the rate is over those times only; block `i` carries `i` in its first
+/// bytes ([`ValuePattern`]), so a block served under another's key fails the check. `get`
+/// answers the length read, or what it got instead (a miss: counted unverified and printed);
+/// `Err` from either stops the path.
 fn timed_path(
     ctx: &Ctx,
     size: u64,
     mut put: impl FnMut(u64, &[u8]) -> Result<(), String>,
     mut get: impl FnMut(u64, &mut [u8]) -> Result<Result<u64, String>, String>,
 ) -> Result<PathRun, String> {
-    let base = payload(narrow(size));
+    let pattern = ValuePattern::new(narrow(size));
+    let mut data = pattern.buffer();
     let mut lat = Vec::with_capacity(narrow(ctx.blocks));
-    let started = Instant::now();
     for i in 0..ctx.blocks {
-        let data = block_payload(&base, i);
+        ValuePattern::stamp(&mut data, i);
         let t = Instant::now();
         put(i, &data)?;
         lat.push(t.elapsed());
     }
-    let put = Phase::from_latencies(ctx.blocks * size, started, lat);
+    let put = Phase::from_latencies(ctx.blocks * size, lat);
     let mut lat = Vec::with_capacity(narrow(ctx.blocks));
     let mut buf = vec![0u8; narrow(size)];
     let mut verified = 0u64;
-    let started = Instant::now();
     for i in 0..ctx.blocks {
         let t = Instant::now();
         let got = get(i, &mut buf)?;
         lat.push(t.elapsed());
         match got {
-            Ok(len) if len == size && buf == block_payload(&base, i) => verified += len,
+            Ok(len) if len == size && pattern.matches(&buf, i) => verified += len,
             Ok(len) => eprintln!("gpucache bench dpu: get {i}: {len} bytes or wrong bytes"),
             Err(other) => eprintln!("gpucache bench dpu: get {i}: {other}"),
         }
     }
-    let get = Phase::from_latencies(ctx.blocks * size, started, lat);
+    let get = Phase::from_latencies(ctx.blocks * size, lat);
     Ok(PathRun { put, get, verified_bytes: verified })
 }
 
 fn store_path(ctx: &Ctx, store: &dyn Store, size: u64) -> Result<PathRun, String> {
+    // Made before the timed calls, as the agent's queues name blocks by index.
+    let keys: Vec<PhysicalKey> = (0..ctx.blocks).map(bench_key).collect();
+    let key = |i: u64| &keys[narrow(i)];
     timed_path(
         ctx,
         size,
-        |i, data| match store.put(&ctx.caller, &bench_key(i), data, None) {
+        |i, data| match store.put(&ctx.caller, key(i), data, None) {
             Ok(Put::Committed(_)) => Ok(()),
             Ok(other) => Err(format!("put {i}: not committed: {other:?}")),
             Err(e) => Err(format!("put {i}: {e}")),
         },
-        |i, buf| match store.get_into(&ctx.caller, &bench_key(i), buf) {
+        |i, buf| match store.get_into(&ctx.caller, key(i), buf) {
             Ok(Get::Hit { len, .. }) => Ok(Ok(len)),
             Ok(other) => Ok(Err(format!("{other:?}"))),
             Err(e) => Err(format!("get {i}: {e}")),
@@ -505,18 +500,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles_are_nearest_rank() {
+    fn percentiles_are_nearest_rank_and_the_rate_is_over_call_time() {
         let lat: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        let p = Phase::from_latencies(100, Instant::now(), lat);
+        let p = Phase::from_latencies(5050, lat);
         assert_eq!((p.p50_us.round(), p.p99_us.round()), (50.0, 99.0));
-        let one = Phase::from_latencies(1, Instant::now(), vec![Duration::from_micros(7)]);
+        // 5050 bytes over 5050 us of calls: 1e6 B/s.
+        assert!((p.gbps() - 1e-3).abs() < 1e-9, "{}", p.gbps());
+        let one = Phase::from_latencies(1, vec![Duration::from_micros(7)]);
         assert_eq!((one.p50_us.round(), one.p99_us.round()), (7.0, 7.0));
-    }
-
-    #[test]
-    fn block_payloads_differ_by_index() {
-        let base = payload(64);
-        assert_ne!(block_payload(&base, 1), block_payload(&base, 2));
-        assert_eq!(block_payload(&base, 3)[8..], base[8..]);
     }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::Plan;
+use crate::bench_service::load::percentile;
 use crate::units::narrow;
 
 /// One path at one block size.
@@ -42,18 +43,15 @@ impl Point {
         samples.sort_unstable();
         let total: f64 = samples.iter().map(Duration::as_secs_f64).sum();
         let n = samples.len();
-        // The nearest-rank percentile, `permille` of 1000.
-        let at = |permille: usize| -> Option<f64> {
-            let last = n.checked_sub(1)?;
-            let i = (permille * n).div_ceil(1000).saturating_sub(1).min(last);
-            Some(samples[i].as_secs_f64() * 1e6)
-        };
+        let nanos: Vec<u64> =
+            samples.iter().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).collect();
+        let at = |p| percentile(&nanos, p).map(|v| v as f64 / 1e3);
         Self {
             size,
             iterations: u32::try_from(n).unwrap_or(u32::MAX),
             gib_s: (total > 0.0).then(|| size as f64 * n as f64 / total / (1u64 << 30) as f64),
-            p50_us: at(500),
-            p99_us: at(990),
+            p50_us: at(50.0),
+            p99_us: at(99.0),
             verified,
             error: None,
         }
@@ -122,19 +120,9 @@ pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
-/// FNV-1a over the bytes, 8 at a time (fast enough for a check per size, not a hash to trust).
+/// The block's checksum (the data plane's xxh3), compared at both ends once per size.
 pub(crate) fn checksum(bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325_u64;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        h = (h ^ u64::from_le_bytes(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    for b in words.remainder() {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
-    h ^ bytes.len() as u64
+    gpucache_dataplane::checksum::Checksum::of(bytes).0
 }
 
 /// memcpy between two host buffers of the block's size, in this process: the machine's limit

@@ -19,7 +19,7 @@
 //!
 //! [`TcpStore`]: gpucache_backends::tcp::TcpStore
 
-mod load;
+pub(crate) mod load;
 pub(crate) mod ours;
 mod peers;
 pub(crate) mod process;

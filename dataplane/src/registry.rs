@@ -710,15 +710,19 @@ impl<M: PoolMemory> RegisteredPool<M> {
         Ok(proofs)
     }
 
+    /// Whether `lease` still holds its slot and the slot is lent (not quarantined, not
+    /// returned, not fenced and lent again): the condition for touching the slot's bytes.
+    pub fn holds(&self, lease: &SlotLease) -> bool {
+        match (self.slots.get(lease.slot), self.table.get(lease.region)) {
+            (Some(Slot::Out { region, .. }), Some(r)) => {
+                *region == lease.region && matches!(r.state, RegionState::Lent { .. })
+            }
+            _ => false,
+        }
+    }
+
     /// The host bytes of a slot, only while `lease` still holds it and it is not quarantined.
     pub fn slot_bytes_mut(&mut self, lease: &SlotLease) -> Option<&mut [u8]> {
-        match (self.slots.get(lease.slot), self.table.get(lease.region)) {
-            (Some(Slot::Out { region, .. }), Some(r))
-                if *region == lease.region && matches!(r.state, RegionState::Lent { .. }) =>
-            {
-                self.memory.host_bytes_mut(lease.slot)
-            }
-            _ => None,
-        }
+        if self.holds(lease) { self.memory.host_bytes_mut(lease.slot) } else { None }
     }
 }

@@ -447,11 +447,21 @@ impl Agent {
                     self.settle(&lease, Completion::Retired);
                     return Err(DpuError::BufferTooSmall { needed: len, provided: dst.len() });
                 }
-                // SAFETY: the completion is posted, so the reactor is done with the slot, and
-                // this thread holds its lease until `settle` below.
+                // Copied under the slab lock, and only while the lease still holds the slot: a
+                // fence between the completion and this wait may have reclaimed it and lent it
+                // to another submission, whose bytes these would be.
+                let mut pool = self.pool();
+                if !pool.holds(&lease) {
+                    return Ok(Outcome::Miss(MissCause::Fenced));
+                }
+                // SAFETY: the completion is posted, so the reactor is done with the slot; the
+                // lease holds it and the slab lock keeps it from being reclaimed meanwhile.
                 let slot = unsafe { self.raw.slot_mut(lease.slot) };
                 dst[..len].copy_from_slice(&slot[..len]);
-                Outcome::Read { len }
+                if let Err(e) = pool.complete(lease.region, Completion::Retired) {
+                    tracing::debug!(region = %lease.region, error = %e, "slab slot already settled");
+                }
+                return Ok(Outcome::Read { len });
             }
             Done::Miss(cause) => Outcome::Miss(cause),
             Done::Job(_) => Outcome::Miss(MissCause::Absent),
@@ -472,9 +482,21 @@ impl Agent {
         let (lease, done) = self.reap(&q, &ticket, deadline)?;
         let r = match done {
             Done::Job(out) => {
-                // SAFETY: as in `wait`: posted, so the reactor is done; the lease is ours.
+                // As in `wait`: only while the lease still holds the slot, under the slab lock.
+                let pool = self.pool();
+                if !pool.holds(&lease) {
+                    return Err(DpuError::Completion {
+                        queue: q.id,
+                        seq: ticket.seq,
+                        detail: "fenced".into(),
+                    });
+                }
+                // SAFETY: posted, so the reactor is done; the lease holds the slot and the slab
+                // lock keeps it from being reclaimed while `take` reads it.
                 let slot = unsafe { self.raw.slot_mut(lease.slot) };
-                Ok(take(out, slot))
+                let r = Ok(take(out, slot));
+                drop(pool);
+                r
             }
             Done::Miss(_) | Done::Read { .. } | Done::Staged(_) => {
                 Err(DpuError::Completion { queue: q.id, seq: ticket.seq, detail: "fenced".into() })

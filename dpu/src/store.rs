@@ -235,20 +235,32 @@ impl Store for DpuStore {
             .unwrap_or_else(|e| Err(backend_err("invalidate", e)))
     }
 
+    /// The store's leases, and the agent's slab slots whose lease ran out (quarantined).
     fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.backing.expire_leases()
+        let slab = self.agent.expire_slab_leases(self.agent.now_ms());
+        Ok(self.backing.expire_leases()? + slab)
     }
 
     fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
         self.backing.attest_drained(caller, region)
     }
 
+    /// Fences the agent's slab with the store: slab slots quarantined by lost or failed calls
+    /// come back only through this fence, as the store's own do.
     fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        self.agent.bump_epoch().map_err(|e| backend_err("bump_epoch", e))?;
         self.backing.bump_epoch()
     }
 
+    /// The store's fenced regions and the agent's slab slots leased before its current epoch
+    /// (after the calls still running on them end, within the op deadline), counted together.
     fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.backing.reclaim_fenced(epoch)
+        let deadline = Instant::now() + self.config.op_deadline;
+        let slab = self
+            .agent
+            .reclaim_fenced(self.agent.slab().epoch, deadline)
+            .map_err(|e| backend_err("reclaim_fenced", e))?;
+        Ok(self.backing.reclaim_fenced(epoch)? + slab)
     }
 
     fn stats(&self) -> StoreStats {

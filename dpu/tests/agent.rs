@@ -5,14 +5,21 @@
 #![allow(clippy::cast_possible_truncation)]
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpucache_backends::MemoryStore;
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::pool::{HugePagePolicy, Tier};
+use gpucache_dataplane::clock::ManualClock;
+use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::store::{Lookup, MissReason};
+use gpucache_dataplane::testing::fixture;
 use gpucache_dpu::sim::{Fault, FaultRates, SimConfig};
 use gpucache_dpu::{
-    AgentConfig, BlockId, DpuError, MissCause, Offload, Outcome, PinPolicy, Pinning, QueueId,
-    QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
+    AgentConfig, BlockId, DpuError, DpuStore, DpuStoreConfig, MissCause, Offload, Outcome,
+    PinPolicy, Pinning, QueueId, QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
 };
 
 const SLOT: usize = 4096;
@@ -258,6 +265,61 @@ fn kill_9_then_restart_fences_what_was_in_flight() {
     let agent = config(dir.path(), vec![host(dir.path(), 0)], 4, 4).start().unwrap();
     assert_eq!(agent.epoch().0, child_epoch + 1);
     assert_only_the_committed_block(&agent);
+}
+
+/// A read whose completion is posted but not yet collected when a fence reclaims its slot, and
+/// the slot is lent again and filled: the late waiter gets a clean fenced miss, never the next
+/// owner's bytes.
+#[test]
+fn a_fence_between_completion_and_wait_is_a_miss_not_the_next_owners_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = config(dir.path(), vec![host(dir.path(), 0)], 8, 2).start().unwrap();
+    let (r, q) = (ReactorId(0), QueueId(0));
+    let t = agent.submit_write(r, q, BlockId(1), b"mine").unwrap();
+    assert_eq!(agent.wait(t, deadline(), &mut []).unwrap(), Outcome::Written);
+    let early = agent.submit_read(r, q, BlockId(1)).unwrap();
+    let later = agent.submit_read(r, q, BlockId(9)).unwrap();
+    // One queue runs in order: once the later read is answered, the early one is posted too.
+    let mut buf = [0u8; 16];
+    assert_eq!(agent.wait(later, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Absent));
+    let e = agent.bump_epoch().unwrap();
+    assert_eq!(agent.reclaim_fenced(e, deadline()).unwrap(), 1, "the early read's slot");
+    // Both slots lent again and filled with someone else's bytes.
+    let theirs: Vec<_> =
+        (0..2).map(|i| agent.submit_write(r, q, BlockId(10 + i), b"THEIRS").unwrap()).collect();
+    assert_eq!(agent.wait(early, deadline(), &mut buf).unwrap(), Outcome::Miss(MissCause::Fenced));
+    assert_eq!(buf, [0u8; 16], "nothing was copied out");
+    for t in theirs {
+        assert_eq!(agent.wait(t, deadline(), &mut []).unwrap(), Outcome::Written);
+    }
+    assert_eq!(agent.slab().free, 2);
+}
+
+/// A DpuStore call whose completion is lost quarantines its slab slot; the store's own fence
+/// (BUMP_EPOCH then RECLAIM_FENCED, as the service's admin ops call it) returns the slot.
+#[test]
+fn the_store_fence_returns_the_slab_slots_of_lost_calls() {
+    use gpucache_dataplane::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sim = SimConfig::new(7);
+    sim.script = vec![Fault::Lost];
+    let agent = Arc::new(config(dir.path(), vec![QueueKind::Sim(sim)], 4, 4).start().unwrap());
+    let backing = Arc::new(
+        MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default())).unwrap(),
+    );
+    let store = DpuStore::new(
+        Arc::clone(&agent),
+        backing,
+        DpuStoreConfig { op_deadline: Duration::from_millis(200) },
+    );
+    let (caller, key) = (fixture::caller(0), fixture::key(0, &[1], KvDtype::Bf16, 16));
+    assert!(store.lookup(&caller, &key).is_err(), "the lost call fails");
+    assert_eq!((agent.slab().free, agent.slab().regions.quarantined), (3, 1));
+    assert_eq!(store.expire_leases().unwrap(), 0, "lease expiry frees nothing");
+    let e = store.bump_epoch().unwrap();
+    assert_eq!(store.reclaim_fenced(e).unwrap(), 1);
+    assert_eq!((agent.slab().free, agent.slab().regions.quarantined), (4, 0));
+    assert_eq!(store.lookup(&caller, &key), Ok(Lookup::Miss(MissReason::Absent)));
 }
 
 /// One step of [`slab_accounting_and_bytes_follow_a_model_under_seeded_faults`].

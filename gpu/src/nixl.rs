@@ -12,7 +12,6 @@ use gpucache_nic::nixl::{NixlAgent, NixlVramRegistration};
 
 use crate::error::GpuError;
 use crate::memory::GpuSlots;
-use crate::retire::lease_is_lent;
 
 /// Device block slots visible to NIXL as one VRAM registration.
 #[derive(Debug)]
@@ -53,7 +52,7 @@ impl NixlGpuSlots {
         lease: &SlotLease,
         len_bytes: u64,
     ) -> Result<RemoteBlock, GpuError> {
-        if !lease_is_lent(pool, lease) {
+        if !pool.holds(lease) {
             return Err(GpuError::NotLent { region: lease.region });
         }
         let memory = pool.memory();

@@ -186,12 +186,6 @@ pub struct TransferBook<E> {
 /// Copies one stream may have in flight by default.
 pub const IN_FLIGHT_MAX: usize = 64;
 
-/// Whether `lease` still holds a lent (not quarantined, not fenced) slot of `pool`.
-pub fn lease_is_lent<M: PoolMemory>(pool: &RegisteredPool<M>, lease: &SlotLease) -> bool {
-    use gpucache_dataplane::registry::RegionState;
-    matches!(pool.table().get(lease.region).map(|r| r.state), Some(RegionState::Lent { .. }))
-}
-
 impl<E: CompletionEvent> TransferBook<E> {
     pub fn new(in_flight_max: NonZeroUsize, limits: RetireLimits) -> Self {
         Self {
@@ -229,8 +223,8 @@ impl<E: CompletionEvent> TransferBook<E> {
             });
         }
         for (lent, region) in [
-            (lease_is_lent(device_pool, device), device.region),
-            (lease_is_lent(staging_pool, staging), staging.region),
+            (device_pool.holds(device), device.region),
+            (staging_pool.holds(staging), staging.region),
         ] {
             if !lent {
                 return Err(GpuError::NotLent { region });

@@ -115,12 +115,8 @@ impl NixlSlots {
         lease: &SlotLease,
         len_bytes: u64,
     ) -> Result<RemoteBlock, NicError> {
-        let lent = pool
-            .table()
-            .get(lease.region)
-            .is_some_and(|r| matches!(r.state, RegionState::Lent { .. }));
         let memory = pool.memory();
-        let addr = memory.slot_addr(lease.slot).filter(|_| lent);
+        let addr = memory.slot_addr(lease.slot).filter(|_| pool.holds(lease));
         let addr = addr.ok_or(NicError::LeaseNotUsable { region: lease.region })?;
         let slot_bytes = PoolMemory::slot_bytes(memory) as u64;
         if len_bytes == 0 || len_bytes > slot_bytes {

@@ -186,6 +186,19 @@ pub struct TransferBook<E> {
 /// Copies one stream may have in flight by default.
 pub const IN_FLIGHT_MAX: usize = 64;
 
+/// Quarantines the two slots of a copy whose end is unknown. Both pools are asked whatever the
+/// first answers, so a refusal from one never leaves the other slot lent.
+fn quarantine_both<D: PoolMemory, S: PoolMemory>(
+    device_pool: &mut RegisteredPool<D>,
+    device: RegionId,
+    staging_pool: &mut RegisteredPool<S>,
+    staging: RegionId,
+) -> Result<(CompleteOutcome, CompleteOutcome), GpuError> {
+    let device = device_pool.complete(device, Completion::Unknown);
+    let staging = staging_pool.complete(staging, Completion::Unknown);
+    Ok((device?, staging?))
+}
+
 impl<E: CompletionEvent> TransferBook<E> {
     pub fn new(in_flight_max: NonZeroUsize, limits: RetireLimits) -> Self {
         Self {
@@ -256,13 +269,8 @@ impl<E: CompletionEvent> TransferBook<E> {
     ) -> GpuError {
         self.counters.submitted += 1;
         self.counters.unknown += 1;
-        for (outcome, region) in [
-            (device_pool.complete(device.region, Completion::Unknown), device.region),
-            (staging_pool.complete(staging.region, Completion::Unknown), staging.region),
-        ] {
-            if let Err(e) = outcome {
-                tracing::warn!(%region, error = %e, "quarantine after a lost completion event");
-            }
+        if let Err(e) = quarantine_both(device_pool, device.region, staging_pool, staging.region) {
+            tracing::warn!(error = %e, "quarantine after a lost completion event");
         }
         error
     }
@@ -290,8 +298,8 @@ impl<E: CompletionEvent> TransferBook<E> {
             }
             Completion::Unknown => {
                 self.counters.unknown += 1;
-                let device_outcome = device_pool.complete(device, Completion::Unknown)?;
-                let staging_outcome = staging_pool.complete(staging, Completion::Unknown)?;
+                let (device_outcome, staging_outcome) =
+                    quarantine_both(device_pool, device, staging_pool, staging)?;
                 Ok(Settled {
                     transfer,
                     retirement,

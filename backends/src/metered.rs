@@ -332,13 +332,13 @@ impl Collector for StagingGauges {
         StoreGauges::counter(
             e,
             "gpucache_staging_released",
-            "Stages returned by RELEASE, a refused commit, or a GET stage open at close",
+            "Stages returned by RELEASE or a refused commit",
             s.released,
         )?;
         StoreGauges::counter(
             e,
             "gpucache_staging_quarantined",
-            "Staging slots quarantined (lease expiry, a PUT stage open at close)",
+            "Staging slots quarantined (lease expiry, a stage open at close)",
             s.quarantined,
         )?;
         StoreGauges::counter(

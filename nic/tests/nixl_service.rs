@@ -218,6 +218,41 @@ fn an_expired_put_stage_is_quarantined_until_the_fence() {
     assert_eq!((s.quarantined_slots, s.free_slots, s.fenced), (0, 2, 1));
 }
 
+/// A connection that closes with a GET and a PUT stage open: both slots are quarantined (the
+/// peer may still be reading the one and writing the other), nothing is stored, and only the
+/// fence returns them.
+#[test]
+fn stages_open_at_close_are_quarantined_until_the_fence() {
+    if !usable_or_skip() {
+        return;
+    }
+    use gpucache_backends::tcp::staging::{PutIntent, StageOwner, StagedGet};
+    let rig = rig(memory_store(), 3, 1 << 20, StagingLimits::default());
+    let owner = StageOwner { connection: 77, tenant: tenant(0) };
+    let data = payload(5, 4096);
+    let mut fill = |slot: &mut [u8]| {
+        slot[..data.len()].copy_from_slice(&data);
+        Ok(Get::Hit { len: data.len() as u64, checksum: Checksum::of(&data) })
+    };
+    let staged = rig.staging.stage_get(&owner, 0, &mut [&mut fill]).unwrap();
+    assert!(matches!(staged[..], [Ok(StagedGet::Staged { .. })]), "{staged:?}");
+    let k = key(0, b"open-at-close", KvDtype::Bf16, 16);
+    let intent = PutIntent { key: k.clone(), len: 64, checksum: Checksum(1), request: None };
+    rig.staging.reserve_put(&owner, 0, intent).unwrap();
+    assert_eq!((rig.staging.stats().open, rig.staging.stats().free_slots), (2, 1));
+
+    rig.staging.connection_closed(owner.connection);
+    let s = rig.staging.stats();
+    assert_eq!((s.open, s.quarantined_slots, s.free_slots, s.released), (0, 2, 1, 0));
+    assert!(matches!(
+        rig.store.lookup(&Caller::new(tenant(0), Rights::ALL), &k).unwrap(),
+        gpucache_dataplane::store::Lookup::Miss(_)
+    ));
+    assert_eq!(rig.staging.fence().unwrap(), 2);
+    let s = rig.staging.stats();
+    assert_eq!((s.quarantined_slots, s.free_slots), (0, 3));
+}
+
 #[test]
 fn a_fence_reregisters_staging_and_stale_peers_must_reattach() {
     if !usable_or_skip() {

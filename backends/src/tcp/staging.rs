@@ -11,8 +11,10 @@
 //! Slot rules every implementation keeps:
 //! - A staged slot is lent under a lease of `stage_lease_ms`. Only RELEASE (or COMMIT_PUT) of
 //!   the stage returns it. A lease that runs out quarantines the slot (the peer may still be
-//!   transferring); so does a connection that closes with a PUT stage open (the peer may still
-//!   be writing). A GET stage open at close is returned: the peer can only read it.
+//!   transferring); so does a connection that closes with any stage open: the peer may still be
+//!   writing a PUT stage, or reading a GET stage whose READ it gave up on (a client does not
+//!   RELEASE a stage its READ of may still be running), and a freed slot would be refilled with
+//!   another block under that READ.
 //! - A quarantined slot comes back only through [`BlockStaging::fence`] (BUMP_EPOCH followed by
 //!   RECLAIM_FENCED): the epoch advances, every peer's metadata is dropped, and every slot lent
 //!   before the new epoch is reclaimed.
@@ -117,9 +119,9 @@ pub struct StagingStats {
     pub staged: u64,
     /// PUT stages stored through the store.
     pub committed: u64,
-    /// Stages returned by RELEASE, a refused commit, or a GET stage open at close.
+    /// Stages returned by RELEASE or a refused commit.
     pub released: u64,
-    /// Slots quarantined (lease expiry, PUT stage open at close).
+    /// Slots quarantined (lease expiry, a stage open at close).
     pub quarantined: u64,
     /// Slots returned by fences.
     pub fenced: u64,
@@ -320,7 +322,8 @@ pub trait BlockStaging: Send + Sync + fmt::Debug {
     /// quarantined slot stays quarantined).
     fn release(&self, owner: &StageOwner, stages: &[StageId]) -> Vec<bool>;
 
-    /// The connection closed: its GET stages are returned, its PUT stages quarantined.
+    /// The connection closed: its open stages are quarantined (the peer may still be moving
+    /// their bytes).
     fn connection_closed(&self, connection: u64);
 
     /// Quarantines the slots whose lease ran out by `now_ms`; answers how many.

@@ -263,7 +263,7 @@ impl NixlClient {
         let result = read_verified(inner, caller, &slot.descriptor, len, checksum, dst);
         match &result {
             // The server's slot may still be read by our abandoned request: it must not hear
-            // "done" from us; its lease (or our connection's close) settles it.
+            // "done" from us; its lease running out (or our connection's close) quarantines it.
             Err(NixlClientError::Unknown { .. }) => inner.counters.unknown += 1,
             _ => {
                 let _ = self.store.release_stages(caller, &[stage]);

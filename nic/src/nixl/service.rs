@@ -423,10 +423,9 @@ impl BlockStaging for NixlStaging {
             .collect();
         for id in ids {
             let Some(open) = inner.stages.remove(&id) else { continue };
-            // The peer may still be writing a PUT stage; a GET stage it can only read.
-            let completion =
-                if open.put.is_some() { Completion::Unknown } else { Completion::Retired };
-            inner.settle(&open.lease, completion);
+            // The peer may still be writing a PUT stage, or reading a GET stage it never
+            // released because its READ's end is unknown: neither slot may be lent again.
+            inner.settle(&open.lease, Completion::Unknown);
         }
     }
 

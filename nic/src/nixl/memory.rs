@@ -4,7 +4,7 @@
 
 use gpucache_backends::pool::HugePagePool;
 use gpucache_dataplane::registry::{
-    BindError, Binding, MemoryKind, PoolMemory, RegionState, RegisteredPool, SlotLease,
+    BindError, Binding, MemoryKind, PoolMemory, RegisteredPool, SlotLease,
 };
 use nixl_sys::{MemType, RegistrationHandle};
 

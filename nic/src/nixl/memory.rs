@@ -3,6 +3,7 @@
 //! costly registration happened up front and lasts as long as the slots.
 
 use gpucache_backends::pool::HugePagePool;
+use gpucache_dataplane::lifecycle::ReclaimProof;
 use gpucache_dataplane::registry::{
     BindError, Binding, MemoryKind, PoolMemory, RegisteredPool, SlotLease,
 };
@@ -59,8 +60,10 @@ impl NixlSlots {
 
     /// Deregisters the mapping from `agent` and registers it again: a new registration, so
     /// the agent's metadata changes and peers must load it again. What this revokes depends on
-    /// the transport (see ADR 0018). On failure the previous registration is gone and the
-    /// slots are unregistered until a later call succeeds.
+    /// the transport (see ADR 0018). The generation advances as soon as the old registration is
+    /// dropped, so whatever was handed out under it is stale even if the new one fails; on
+    /// failure the slots stay unregistered (and [`Self::block`] refuses) until a later call
+    /// succeeds.
     pub fn reregister(&mut self, agent: &NixlAgent) -> Result<(), NicError> {
         if agent.name() != self.agent {
             return Err(NicError::NixlCall {
@@ -75,6 +78,7 @@ impl NixlSlots {
             dev_id: 0,
         };
         if let Some(mut old) = self.registration.take() {
+            self.generation += 1;
             old.deregister().map_err(super::agent::call_failed("deregisterMem"))?;
         }
         let fresh = agent
@@ -82,11 +86,23 @@ impl NixlSlots {
             .register_memory(&span, None)
             .map_err(super::agent::call_failed("registerMem"))?;
         self.registration = Some(fresh);
-        self.generation += 1;
         Ok(())
     }
 
-    /// How many times the mapping was registered (1 after [`Self::register`]).
+    /// The pool half of an epoch fence: registers the memory anew (what peers hold of the old
+    /// registration is stale), then advances the epoch and reclaims every slot lent before it.
+    /// If the registration fails nothing is reclaimed: quarantined slots stay so; fence again.
+    pub fn fence(
+        pool: &mut RegisteredPool<Self>,
+        agent: &NixlAgent,
+    ) -> Result<Vec<ReclaimProof>, NicError> {
+        pool.memory_mut().reregister(agent)?;
+        let epoch = pool.bump_epoch()?;
+        Ok(pool.reclaim_fenced(epoch)?)
+    }
+
+    /// Which registration the mapping is under: 1 after [`Self::register`], one more at each
+    /// [`Self::reregister`].
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -116,7 +132,8 @@ impl NixlSlots {
         len_bytes: u64,
     ) -> Result<RemoteBlock, NicError> {
         let memory = pool.memory();
-        let addr = memory.slot_addr(lease.slot).filter(|_| pool.holds(lease));
+        let usable = pool.holds(lease) && memory.registered();
+        let addr = memory.slot_addr(lease.slot).filter(|_| usable);
         let addr = addr.ok_or(NicError::LeaseNotUsable { region: lease.region })?;
         let slot_bytes = PoolMemory::slot_bytes(memory) as u64;
         if len_bytes == 0 || len_bytes > slot_bytes {

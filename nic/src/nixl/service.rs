@@ -442,15 +442,13 @@ impl BlockStaging for NixlStaging {
         for peer in peers {
             inner.agent.forget_peer(&peer).map_err(memory_error)?;
         }
-        let epoch = inner.pool.bump_epoch().map_err(memory_error)?;
-        let proofs = inner.pool.reclaim_fenced(epoch).map_err(memory_error)?;
+        // A new registration (descriptors and metadata handed out before it are stale, and every
+        // attached connection must attach again before staging more), then the new epoch.
+        let Inner { agent, pool, .. } = &mut *inner;
+        let proofs = NixlSlots::fence(pool, agent).map_err(memory_error)?;
         // Every stage was lent before the new epoch: all of them ended.
         inner.stages.clear();
         inner.stats.fenced += proofs.len() as u64;
-        // A new registration: descriptors and metadata handed out before it are stale, and
-        // every attached connection must attach again before staging more.
-        let Inner { agent, pool, .. } = &mut *inner;
-        pool.memory_mut().reregister(agent).map_err(memory_error)?;
         Ok(proofs.len())
     }
 

@@ -301,17 +301,20 @@ impl NixlTransfers {
             self.counters.done += 1;
             return Ok(NixlOutcome::Done { len_bytes, elapsed: started.elapsed() });
         };
-        let outcome = pool.complete(lease.region, Completion::Unknown)?;
-        assert_eq!(outcome, CompleteOutcome::Quarantined, "a lent slot must quarantine");
         match cause {
             UnknownCause::DeadlinePassed => self.counters.unknown_deadline += 1,
             UnknownCause::ErrorAfterPost => self.counters.unknown_error += 1,
         }
         tracing::warn!(region = %lease.region, ?cause, peer = ?target.peer, "NIXL outcome unknown; slot quarantined");
+        // Held before the pool hears of it: whatever the pool answers, the request stays until
+        // the fence and the caller is told the outcome is unknown, never that nothing happened.
         self.abandoned.insert(
             id,
             Abandoned { request, region: lease.region, peer: target.peer, settled: false },
         );
+        if let Err(e) = pool.complete(lease.region, Completion::Unknown) {
+            tracing::warn!(region = %lease.region, error = %e, "the pool refused the quarantine");
+        }
         Ok(NixlOutcome::Unknown { region: lease.region, cause })
     }
 
@@ -384,9 +387,9 @@ impl NixlTransfers {
 
     /// The epoch fence: releases every abandoned request (NIXL aborts one still in flight),
     /// invalidates the metadata of the peers they targeted (reload it to talk to them again),
-    /// advances the pool's epoch, reclaims every slot lent before it, then deregisters the
-    /// pool's memory and registers it again (peers must load this agent's new metadata). If the epoch cannot
-    /// advance, nothing comes back (the requests are released either way; fence again).
+    /// then [`NixlSlots::fence`]: a new registration (peers must load this agent's new
+    /// metadata), a new epoch and every slot lent before it reclaimed. If that fails, nothing
+    /// comes back (the requests are released either way; fence again).
     pub fn fence(
         &mut self,
         agent: &mut NixlAgent,
@@ -404,12 +407,8 @@ impl NixlTransfers {
                 self.counters.peers_invalidated += 1;
             }
         }
-        let epoch = pool.bump_epoch()?;
-        let proofs = pool.reclaim_fenced(epoch)?;
+        let proofs = NixlSlots::fence(pool, agent)?;
         self.counters.fenced += proofs.len() as u64;
-        // A new registration: what peers hold of the old one is stale (see ADR 0018 for what
-        // that revokes on which transport).
-        pool.memory_mut().reregister(agent)?;
         Ok(proofs)
     }
 }

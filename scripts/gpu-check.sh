@@ -22,6 +22,9 @@ cd "$(dirname "$0")/.."
 PREBUILT="${GPUCACHE_GPU_PREBUILT:-target/gpu-check}"
 BENCH_BYTES_PER_POINT="${GPUCACHE_GPU_BENCH_BYTES:-1073741824}"
 STEP_TIMEOUT_S="${GPUCACHE_GPU_STEP_TIMEOUT_S:-240}"
+# The whole run's budget, under the device tool's 540 s timeout above so the summary always
+# prints: each step gets at most what is left of it.
+TOTAL_TIMEOUT_S="${GPUCACHE_GPU_TOTAL_TIMEOUT_S:-500}"
 mode=run
 case "${1:-}" in
     "") ;;
@@ -36,24 +39,27 @@ if [ "${GPUCACHE_GPU_CHECK_CARGO:-1}" = 1 ] && command -v cargo >/dev/null 2>&1;
     use_cargo=1
 fi
 
-# Builds the release binaries and copies them to $PREBUILT under fixed names.
+# Builds the release binaries and copies them to $PREBUILT under fixed names. Every command
+# returns on failure itself: called as `if build`, the function runs without `set -e`.
 build() {
-    cargo build --release --locked -p gpucache-gpu --bin gpucache-gpu-bench
+    cargo build --release --locked -p gpucache-gpu --bin gpucache-gpu-bench || return 1
     local json
-    json="$(cargo test --release --locked -p gpucache-gpu --no-run --message-format=json)"
-    mkdir -p "$PREBUILT"
+    json="$(cargo test --release --locked -p gpucache-gpu --no-run --message-format=json)" \
+        || return 1
+    mkdir -p "$PREBUILT" || return 1
     for t in e2e probe pool_conformance; do
         local exe
         exe="$(printf '%s\n' "$json" | grep '"reason":"compiler-artifact"' \
             | grep "\"name\":\"$t\"" | grep '"kind":\["test"\]' \
             | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
-        [ -n "$exe" ] || { echo "no test binary named $t in cargo's output" >&2; exit 1; }
-        cp "$exe" "$PREBUILT/$t"
+        [ -n "$exe" ] || { echo "no test binary named $t in cargo's output" >&2; return 1; }
+        cp "$exe" "$PREBUILT/$t" || return 1
     done
-    cp "${CARGO_TARGET_DIR:-target}/release/gpucache-gpu-bench" "$PREBUILT/gpucache-gpu-bench"
+    cp "${CARGO_TARGET_DIR:-target}/release/gpucache-gpu-bench" "$PREBUILT/gpucache-gpu-bench" \
+        || return 1
     if command -v strip >/dev/null 2>&1; then
         strip --strip-debug "$PREBUILT"/e2e "$PREBUILT"/probe "$PREBUILT"/pool_conformance \
-            "$PREBUILT"/gpucache-gpu-bench
+            "$PREBUILT"/gpucache-gpu-bench || return 1
     fi
     ls -l "$PREBUILT"
 }
@@ -70,14 +76,14 @@ plan() {
     echo "  4. e2e: GPUCACHE_REQUIRE_GPU=1 $PREBUILT/e2e --test-threads=1 --nocapture (writer and reader processes, exact bytes, sentinel, misses)"
     echo "  5. bench: $PREBUILT/gpucache-gpu-bench --bytes-per-point $BENCH_BYTES_PER_POINT (pinned vs pageable, H2D/D2H, 64 KiB..64 MiB)"
     echo "  6. summary: one line per step, exit status 1 if any failed"
-    echo "each step is limited to ${STEP_TIMEOUT_S}s"
+    echo "each step is limited to ${STEP_TIMEOUT_S}s, and all of them together to ${TOTAL_TIMEOUT_S}s"
 }
 
 case "$mode" in
     dry) plan; exit 0 ;;
     prepare)
         command -v cargo >/dev/null 2>&1 || { echo "--prepare needs cargo" >&2; exit 1; }
-        build; exit 0 ;;
+        build || exit 1; exit 0 ;;
 esac
 
 plan
@@ -87,8 +93,14 @@ record() { summary+=("$1: $2"); case "$2" in ok*) ;; *) failed=1 ;; esac; }
 run_step() {
     local name="$1"; shift
     printf '\n== %s\n' "$name"
+    local left=$((TOTAL_TIMEOUT_S - SECONDS))
+    if [ "$left" -le 0 ]; then
+        record "$name" "SKIPPED (the ${TOTAL_TIMEOUT_S}s budget is spent)"
+        return
+    fi
+    local limit=$((left < STEP_TIMEOUT_S ? left : STEP_TIMEOUT_S))
     local start=$SECONDS rc=0
-    timeout "$STEP_TIMEOUT_S" "$@" || rc=$?
+    timeout "$limit" "$@" || rc=$?
     if [ "$rc" = 0 ]; then record "$name" ok; else record "$name" "FAILED (exit $rc)"; fi
     echo "-- $name took $((SECONDS - start))s"
 }
@@ -108,7 +120,7 @@ for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu
     if [ -e "$d/libcuda.so.1" ]; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 done
 if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 else
     echo "nvidia-smi not found"
 fi

@@ -8,10 +8,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a stopped server may take to exit.
 pub(crate) const STOP_PATIENCE: Duration = Duration::from_secs(20);
+/// How long a starting server may take to print its start line.
+pub(crate) const START_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Runs `gpucache ARGS`; returns its exit code (-1 when killed by a signal), stdout and stderr.
 pub(crate) fn gpucache(args: &[&str]) -> (i32, String, String) {
@@ -111,12 +113,22 @@ impl Serve {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn gpucache serve");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let line = lines.next().expect("serve said nothing").expect("read stderr");
-        let serve = Self { child, line, done: false };
+        // A reader thread hands over the first line, then keeps draining stderr so the server
+        // never blocks writing to it.
+        let stderr = child.stderr.take().expect("stderr");
+        let (first, line) = std::sync::mpsc::sync_channel(1);
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stderr).lines();
+            let _ = first.send(lines.next());
+            for _ in lines {}
+        });
+        let mut serve = Self { child, line: String::new(), done: false };
+        serve.line = match line.recv_timeout(START_PATIENCE) {
+            Ok(Some(Ok(line))) => line,
+            Ok(other) => panic!("serve said nothing: {other:?}"),
+            Err(_) => panic!("serve printed no start line within {START_PATIENCE:?}"),
+        };
         assert!(serve.line.contains("listening"), "serve did not start: {}", serve.line);
-        // Keep draining stderr so the server never blocks writing to it.
-        std::thread::spawn(move || for _ in lines {});
         serve
     }
 
@@ -151,20 +163,28 @@ impl Serve {
         self.forget();
     }
 
-    /// SIGTERM, then waits for a clean exit within [`STOP_PATIENCE`].
+    /// SIGTERM, then waits for a clean exit within [`STOP_PATIENCE`]: a thread blocks in
+    /// waitpid and reports the exit status.
     pub(crate) fn stop(mut self) {
+        let pid = self.pid();
+        let (exited, status) = std::sync::mpsc::sync_channel(1);
+        std::thread::spawn(move || {
+            let mut status = 0;
+            // SAFETY: waits for our own child; the status pointer is a live local.
+            let reaped = unsafe { libc::waitpid(pid, &mut status, 0) };
+            let _ = exited.send((reaped, status));
+        });
         // SAFETY: sends SIGTERM to our own child process.
-        assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + STOP_PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                self.done = true;
-                assert!(status.success(), "serve exited with {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "serve did not stop after SIGTERM");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let (reaped, status) = status
+            .recv_timeout(STOP_PATIENCE)
+            .unwrap_or_else(|_| panic!("serve did not stop within {STOP_PATIENCE:?} of SIGTERM"));
+        self.done = true;
+        assert_eq!(reaped, pid, "waitpid");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "serve exited with wait status {status:#x}"
+        );
     }
 }
 

@@ -28,12 +28,11 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Put, Store};
 use gpucache_dpu::{Agent, BlockId, DpuStore, DpuStoreConfig, Outcome, QueueKind};
 use serde_json::{Value, json};
 
-use crate::bench_file::{TENANT, bench_key};
+use crate::bench_file::{TENANT, bench_key, limits_for};
 use crate::bench_service::load::{ValuePattern, percentile};
 use crate::fio;
 use crate::units::{SizeList, narrow, size_label, size_list};
@@ -275,18 +274,6 @@ impl Row {
     }
 }
 
-fn limits_for(size: u64, blocks: u64) -> ResourceLimits {
-    let d = ResourceLimits::default();
-    let retained = size.saturating_mul(blocks.saturating_add(1)).max(d.retained_bytes_max);
-    ResourceLimits {
-        object_bytes_max: d.object_bytes_max.max(size),
-        tenant_inflight_bytes_max: d.tenant_inflight_bytes_max.max(size),
-        retained_bytes_max: retained,
-        tenant_retained_bytes_max: retained,
-        ..d
-    }
-}
-
 fn open_file_store(ctx: &Ctx, root: &Path, size: u64) -> Result<FileStore, String> {
     let mut config = FileStoreConfig::new(root);
     config.engine = EngineChoice::Uring;
@@ -300,13 +287,13 @@ fn open_file_store(ctx: &Ctx, root: &Path, size: u64) -> Result<FileStore, Strin
 /// The agent as `[dpu]` would start it: io_uring queues, reactors pinned best effort to the
 /// cores this process may use, a slab of slots as large as the block.
 fn open_agent(ctx: &Ctx, size: u64) -> Result<(Arc<Agent>, DpuStore), String> {
-    let cores = allowed_cores();
+    let cores = gpucache_dpu::allowed_cores();
     let section = DpuSection {
         state_dir: ctx.root.join("agent"),
         reactors: (0..ctx.args_reactors)
             .map(|i| DpuReactorConfig {
                 id: i,
-                core: (!cores.is_empty()).then(|| cores[usize::from(i) % cores.len()]),
+                core: (!cores.is_empty()).then(|| cores[usize::from(i) % cores.len()] as u64),
             })
             .collect(),
         queues_per_reactor: ctx.queues_per_reactor,
@@ -330,20 +317,6 @@ fn open_agent(ctx: &Ctx, size: u64) -> Result<(Arc<Agent>, DpuStore), String> {
         DpuStoreConfig { op_deadline: OP_DEADLINE },
     );
     Ok((agent, store))
-}
-
-fn allowed_cores() -> Vec<u64> {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is this thread; `set` is writable and of the size passed.
-    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: c < CPU_SETSIZE; `set` is a valid cpu_set_t.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .map(|c| c as u64)
-        .collect()
 }
 
 /// One path at one size: every block PUT, then every block read back and checked. Each call is

@@ -397,7 +397,8 @@ fn measure(ctx: &Ctx<'_>, engine: Engine, size: u64) -> Row {
     Row { size, engine, rounds }
 }
 
-fn limits_for(size: u64, blocks: u64) -> ResourceLimits {
+/// Limits that let `blocks` blocks of `size` bytes all be retained (the bench DPU store too).
+pub(crate) fn limits_for(size: u64, blocks: u64) -> ResourceLimits {
     let d = ResourceLimits::default();
     let retained = size.saturating_mul(blocks.saturating_add(1)).max(d.retained_bytes_max);
     ResourceLimits {

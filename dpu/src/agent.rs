@@ -84,41 +84,6 @@ pub const REACTORS_MAX: usize = 256;
 pub const QUEUES_MAX: usize = 1024;
 
 impl AgentConfig {
-    /// One reactor per core the process may use (up to `reactors`), one host queue each under
-    /// `state_dir/queues/<id>`, pinning best effort.
-    pub fn host(state_dir: impl Into<PathBuf>, reactors: usize, depth_max: usize) -> Self {
-        let state_dir = state_dir.into();
-        let cores = reactor::allowed_cores();
-        let reactors: Vec<ReactorSpec> = (0..reactors)
-            .map(|i| ReactorSpec {
-                id: ReactorId(u16::try_from(i).unwrap_or(u16::MAX)),
-                core: (!cores.is_empty()).then(|| cores[i % cores.len()]),
-            })
-            .collect();
-        let queues = reactors
-            .iter()
-            .enumerate()
-            .map(|(i, r)| QueueSpec {
-                id: QueueId(u32::try_from(i).unwrap_or(u32::MAX)),
-                owner: r.id,
-                depth_max,
-                kind: QueueKind::Host {
-                    root: state_dir.join("queues").join(i.to_string()),
-                    engine: gpucache_backends::file::engine::EngineChoice::Auto,
-                    sync: true,
-                },
-            })
-            .collect();
-        Self {
-            state_dir,
-            reactors,
-            queues,
-            pin: PinPolicy::BestEffort,
-            slab: SlabConfig::default(),
-            idle_park: Duration::from_millis(1),
-        }
-    }
-
     /// Validates, bumps the persisted epoch, maps the slab, opens the queues and starts the
     /// reactors (waiting for each to report its pinning).
     pub fn start(self) -> Result<Agent, DpuError> {
@@ -209,7 +174,7 @@ impl Agent {
         let simulated = built.iter().find_map(|(_, b)| b.simulated());
         let pool = HugePagePool::new(config.slab.slots, config.slab.slot_bytes, config.slab.policy)
             .map_err(|e| DpuError::Config(format!("slab: {e}")))?;
-        let memory = SlabMemory::new(pool, simulated.is_some());
+        let memory = SlabMemory::new(pool);
         let raw = memory.raw();
         let slab = RegisteredPool::new(memory, Box::new(LocalEpochs));
         let slab_epoch = Arc::new(AtomicU64::new(slab.epoch().0));

@@ -55,7 +55,7 @@ pub use native::spdk::SpdkConfig;
 pub use queue::{
     BlockId, MissCause, Outcome, QUEUE_DEPTH_MAX, QueueId, QueueKind, QueueStats, Ticket,
 };
-pub use reactor::{PinPolicy, Pinning, ReactorId, ReactorReport};
+pub use reactor::{PinPolicy, Pinning, ReactorId, ReactorReport, allowed_cores};
 pub use slab::{SLAB_SLOTS_MAX, SlabMemory};
 pub use store::{DpuStore, DpuStoreConfig};
 pub use uring::BLOCK_HEADER_BYTES;

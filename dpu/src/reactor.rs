@@ -87,8 +87,8 @@ pub(crate) fn pin_current(core: usize) -> Pinning {
     }
 }
 
-/// Cores the calling thread may run on now.
-pub(crate) fn allowed_cores() -> Vec<usize> {
+/// Cores the calling thread may run on now (its affinity mask), ascending.
+pub fn allowed_cores() -> Vec<usize> {
     // SAFETY: the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is the calling thread; `set` is writable and of the size passed.

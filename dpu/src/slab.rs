@@ -16,19 +16,11 @@ pub const SLAB_SLOTS_MAX: usize = 1 << 16;
 #[derive(Debug)]
 pub struct SlabMemory {
     pool: HugePagePool,
-    simulated: bool,
 }
 
 impl SlabMemory {
-    pub fn new(pool: HugePagePool, simulated: bool) -> Self {
-        Self { pool, simulated }
-    }
-    /// Whether this slab stands in for DPU memory in a simulation.
-    pub fn simulated(&self) -> bool {
-        self.simulated
-    }
-    pub fn pool(&self) -> &HugePagePool {
-        &self.pool
+    pub fn new(pool: HugePagePool) -> Self {
+        Self { pool }
     }
     /// A raw view of the whole mapping, for reactors touching leased slots.
     pub(crate) fn raw(&self) -> RawSlab {

@@ -8,7 +8,7 @@ use gpucache_dpu::SlabMemory;
 fn make() -> SlabMemory {
     let pool =
         HugePagePool::new(6, 64 << 10, HugePagePolicy::default().lock(Lock::Off)).expect("slab");
-    SlabMemory::new(pool, false)
+    SlabMemory::new(pool)
 }
 
 gpucache_dataplane::pool_conformance_suite!(make);

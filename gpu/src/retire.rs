@@ -310,18 +310,6 @@ impl<E: CompletionEvent> TransferBook<E> {
         }
     }
 
-    /// Settles every copy in flight, oldest first.
-    pub fn settle_all<D: PoolMemory, S: PoolMemory>(
-        &mut self,
-        device_pool: &mut RegisteredPool<D>,
-        staging_pool: &mut RegisteredPool<S>,
-        clock: &dyn Clock,
-    ) -> Result<Vec<Settled>, GpuError> {
-        let mut ids: Vec<TransferId> = self.pending.iter().map(|p| p.id).collect();
-        ids.sort();
-        ids.into_iter().map(|id| self.settle(id, device_pool, staging_pool, clock)).collect()
-    }
-
     /// After a drain: advances both pools' epochs and returns every slot checked out before them,
     /// quarantined ones included. Leases the caller still holds are void afterwards.
     pub fn fence<D: PoolMemory, S: PoolMemory>(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 use gpucache_dataplane::clock::MonotonicClock;
-use gpucache_dataplane::registry::{Completion, PoolMemory, RegisteredPool, SlotLease};
+use gpucache_dataplane::registry::{PoolMemory, RegisteredPool, SlotLease};
 
 use crate::error::{GpuError, driver};
 use crate::memory::{GpuDevice, GpuSlots, PinnedStaging};
@@ -164,20 +164,6 @@ impl GpuStream {
     ) -> Result<Settled, GpuError> {
         self.device.bind_thread()?;
         self.book.settle(transfer, device_pool, staging_pool, &self.clock)
-    }
-
-    /// Starts one copy and waits for it: the common case of one block at a time.
-    pub fn copy_and_settle(
-        &mut self,
-        direction: Direction,
-        device_pool: &mut RegisteredPool<GpuSlots>,
-        device: &SlotLease,
-        staging_pool: &mut RegisteredPool<PinnedStaging>,
-        staging: &SlotLease,
-        len: usize,
-    ) -> Result<Completion, GpuError> {
-        let id = self.copy(direction, device_pool, device, staging_pool, staging, len)?;
-        Ok(self.settle(id, device_pool, staging_pool)?.completion())
     }
 
     /// Waits until everything submitted on this stream finished: the proof a fence needs.

@@ -142,11 +142,6 @@ impl NixlClient {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The control connection (plain GPCW ops, stage stats).
-    pub fn tcp(&self) -> &TcpStore {
-        &self.store
-    }
-
     /// Exchanges metadata with the server's agent (NIXL_ATTACH) as `caller`.
     pub fn attach(&self, caller: &Caller) -> Result<String, NixlClientError> {
         let mut inner = self.lock();

@@ -65,10 +65,6 @@ impl NixlFile {
         self.registered_bytes
     }
 
-    pub fn file(&self) -> &File {
-        &self.file
-    }
-
     /// Checks a range before a transfer: inside the registration, allowed by the access mode,
     /// and for reads, inside the file as it is now (a short file is refused, not half-read).
     pub(super) fn check(&self, write: bool, offset: u64, len_bytes: u64) -> Result<(), NicError> {

@@ -112,11 +112,6 @@ impl NixlSlots {
         &self.agent
     }
 
-    /// The underlying pool (tier, residency).
-    pub fn hugepages(&self) -> &HugePagePool {
-        &self.memory
-    }
-
     /// A slot's start address.
     pub fn slot_addr(&self, slot: usize) -> Option<u64> {
         let bytes = PoolMemory::slot_bytes(&self.memory);

@@ -89,8 +89,11 @@ pub enum WireError {
     Checksum { stored: u32, computed: u32 },
 }
 
-fn fnv1a32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+/// The descriptor's check: the low 32 bits of the data plane's checksum (as GPCW headers take
+/// theirs).
+fn check32(bytes: &[u8]) -> u32 {
+    let [a, b, c, d, ..] = gpucache_dataplane::checksum::Checksum::of(bytes).0.to_le_bytes();
+    u32::from_le_bytes([a, b, c, d])
 }
 
 impl RemoteBlock {
@@ -114,7 +117,7 @@ impl RemoteBlock {
         out.extend_from_slice(&self.addr.to_le_bytes());
         out.extend_from_slice(&self.len_bytes.to_le_bytes());
         out.extend_from_slice(&self.dev_id.to_le_bytes());
-        let check = fnv1a32(&out);
+        let check = check32(&out);
         out.extend_from_slice(&check.to_le_bytes());
         Ok(out)
     }
@@ -148,7 +151,7 @@ impl RemoteBlock {
         }
         let body = total - 4;
         let stored = u32::from_le_bytes(bytes[body..total].try_into().expect("4 bytes"));
-        let computed = fnv1a32(&bytes[..body]);
+        let computed = check32(&bytes[..body]);
         if stored != computed {
             return Err(WireError::Checksum { stored, computed });
         }

@@ -39,7 +39,8 @@ use gpucache_nic::nixl::{
 
 mod common;
 
-use common::{Serve, gpucache_with_input as gpucache, http_get, kill_process, stop_process};
+use common::{Serve, gpucache_with_input as gpucache, http_get};
+use gpucache_dataplane::testing::process::{kill_process, output_within, stop_process};
 
 const ROLE_ENV: &str = "GPUCACHE_NIXL_SERVE_ROLE";
 const ADDR_ENV: &str = "GPUCACHE_NIXL_SERVE_ADDR";
@@ -113,7 +114,7 @@ fn run_role(role: &str, envs: &[(&str, &str)]) -> String {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run role");
+    let out = output_within(cmd.spawn().expect("run role"), PATIENCE);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "role {role} failed: {err}");
     assert!(err.contains(&format!("role {role}: passed")), "role {role} did not run: {err}");

@@ -15,6 +15,7 @@ use gpucache_dataplane::registry::{
     LocalEpochs, QuarantineCause, RegionState, RegisteredPool, SlotLease,
 };
 use gpucache_dataplane::testing::fixture::tenant;
+use gpucache_dataplane::testing::process::{kill_process, output_within, stop_process};
 use gpucache_nic::nixl::xfer::UnknownCause;
 use gpucache_nic::nixl::{
     BlockMem, NixlAgent, NixlBackend, NixlFile, NixlLimits, NixlOutcome, NixlSlots, NixlTransfers,
@@ -105,7 +106,7 @@ fn rate(len: usize, elapsed: Duration) -> f64 {
 
 #[test]
 fn without_the_library_probe_and_agent_report_library_missing() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "role_entry", "--nocapture", "--test-threads=1"])
         .env(ROLE_ENV, "absent")
         .env_remove("LD_LIBRARY_PATH")
@@ -113,10 +114,9 @@ fn without_the_library_probe_and_agent_report_library_missing() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "child failed: {out}");
+    let output = output_within(child, CONTROL_DEADLINE);
+    let out = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "child failed: {out}");
     assert!(out.contains("role absent: LibraryMissing seen"), "role did not run: {out}");
 }
 
@@ -275,23 +275,11 @@ impl Peer {
             cmd.env("UCX_TLS", "tcp");
         }
         let mut child = cmd.spawn().unwrap();
-        // Accept with a deadline, noticing a child that died before connecting.
-        listener.set_nonblocking(true).unwrap();
-        let started = Instant::now();
-        let mut stream = loop {
-            match listener.accept() {
-                Ok((s, _)) => break s,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if let Some(status) = child.try_wait().unwrap() {
-                        panic!("peer exited before connecting: {status}");
-                    }
-                    assert!(started.elapsed() < CONTROL_DEADLINE, "peer never connected");
-                    std::thread::yield_now();
-                }
-                Err(e) => panic!("accept: {e}"),
-            }
-        };
-        stream.set_nonblocking(false).unwrap();
+        let deadline = Instant::now() + CONTROL_DEADLINE;
+        let mut stream = gpucache_nic::nixl::accept_before(&listener, deadline, || {
+            child.try_wait().unwrap().map(|status| status.to_string())
+        })
+        .unwrap();
         stream.set_read_timeout(Some(CONTROL_DEADLINE)).unwrap();
         let md = recv(&mut stream);
         let block = RemoteBlock::decode(&recv(&mut stream)).unwrap();
@@ -306,10 +294,11 @@ impl Peer {
         String::from_utf8(recv(&mut self.stream)).unwrap()
     }
 
-    fn finish(mut self) {
-        send(&mut self.stream, b"bye");
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "peer failed: {status}");
+    fn finish(self) {
+        let Self { child, mut stream, .. } = self;
+        send(&mut stream, b"bye");
+        let out = output_within(child, CONTROL_DEADLINE);
+        assert!(out.status.success(), "peer failed: {}", out.status);
     }
 }
 
@@ -424,14 +413,7 @@ fn a_stopped_then_killed_peer_leaves_the_slot_quarantined_until_a_fence() {
     assert!(front(&mut pool, &l[0], len) == pattern(PEER_SEED, len));
 
     let pid = i32::try_from(peer.child.id()).unwrap();
-    // SAFETY: plain syscalls on our own child's pid; the status pointer is a live local.
-    let stopped = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGSTOP) == 0
-            && libc::waitpid(pid, &mut status, libc::WUNTRACED) == pid
-            && libc::WIFSTOPPED(status)
-    };
-    assert!(stopped, "peer did not stop");
+    stop_process(pid);
     let free_before = pool.free_slots();
     let outcome = xfers.read(&agent, &mut pool, &l[0], &block_of(&peer.block, SLOT_BYTES)).unwrap();
     assert_eq!(
@@ -453,12 +435,7 @@ fn a_stopped_then_killed_peer_leaves_the_slot_quarantined_until_a_fence() {
     );
 
     let mut peer = peer;
-    // SAFETY: as above.
-    let killed = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGKILL) == 0 && libc::waitpid(pid, &mut status, 0) == pid
-    };
-    assert!(killed, "peer did not die");
+    kill_process(pid);
     let _ = peer.child.try_wait();
 
     // Whatever NIXL says now (still in progress, or an error for the dead peer), it frees

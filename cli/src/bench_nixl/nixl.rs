@@ -11,7 +11,6 @@
 use std::ffi::{CStr, c_char};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -83,31 +82,6 @@ fn recv(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
 
 fn recv_text(stream: &mut TcpStream) -> Result<String, String> {
     String::from_utf8(recv(stream)?).map_err(|e| format!("control frame not UTF-8: {e}"))
-}
-
-/// Waits until `listener` has a connection, `deadline` passes or the peer exits.
-fn accept(
-    listener: &TcpListener,
-    peer: &mut ChildGuard,
-    deadline: Instant,
-) -> Result<TcpStream, String> {
-    loop {
-        if let Some(status) = peer.exited() {
-            return Err(format!("the NIXL peer exited ({status}) before connecting"));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err("the NIXL peer did not connect in time".into());
-        }
-        let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let wait_ms = libc::c_int::try_from(left.as_millis().min(100)).unwrap_or(100);
-        // SAFETY: poll(2) on one pollfd that lives on this stack frame for the whole call.
-        let ready = unsafe { libc::poll(&raw mut fd, 1, wait_ms) };
-        if ready > 0 {
-            let (stream, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
-            return Ok(stream);
-        }
-    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -236,7 +210,11 @@ impl Session {
         command.args(["--slot-bytes", &slot_bytes.to_string()]);
         let log = scratch.join("nixl-peer.log");
         let mut peer = ChildGuard::spawn("gpucache bench nixl-peer", command, &log, false)?;
-        let mut stream = accept(&listener, &mut peer, Instant::now() + CONTROL_DEADLINE)?;
+        let mut stream = gpucache_nic::nixl::accept_before(
+            &listener,
+            Instant::now() + CONTROL_DEADLINE,
+            || peer.exited().map(|status| status.to_string()),
+        )?;
         stream.set_read_timeout(Some(CONTROL_DEADLINE)).map_err(|e| format!("control: {e}"))?;
         let _ = stream.set_nodelay(true);
         let md = recv(&mut stream)?;

@@ -64,29 +64,7 @@ pub(crate) fn field<'a>(line: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} in {line:?}"))
 }
 
-/// SIGSTOP, confirmed by waitpid(WUNTRACED): the process runs no more code after this.
-pub(crate) fn stop_process(pid: i32) {
-    // SAFETY: plain syscalls on our own child's pid; the status pointer is a live local.
-    let stopped = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGSTOP) == 0
-            && libc::waitpid(pid, &mut status, libc::WUNTRACED) == pid
-            && libc::WIFSTOPPED(status)
-    };
-    assert!(stopped, "process {pid} did not stop");
-}
-
-/// SIGKILL, reaped by waitpid.
-pub(crate) fn kill_process(pid: i32) {
-    // SAFETY: as in `stop_process`.
-    let killed = unsafe {
-        let mut status = 0;
-        libc::kill(pid, libc::SIGKILL) == 0
-            && libc::waitpid(pid, &mut status, 0) == pid
-            && libc::WIFSIGNALED(status)
-    };
-    assert!(killed, "process {pid} did not die");
-}
+use gpucache_dataplane::testing::process::kill_process;
 
 /// A running `gpucache serve` and the start line it printed.
 #[derive(Debug)]

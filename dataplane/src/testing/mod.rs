@@ -12,6 +12,7 @@
 pub mod fixture;
 pub mod model;
 pub mod pool;
+pub mod process;
 pub mod rules;
 
 use crate::clock::ManualClock;

@@ -109,6 +109,35 @@ pub fn unique_agent_name(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Waits until `listener` has a connection or `deadline` passes, asking `gone` between waits
+/// (at most 100 ms apart) whether the process expected to connect has exited already; its
+/// answer becomes the error. For the control connection a NIXL peer process opens to its
+/// parent (the bench's peer, the tests' peers).
+#[cfg(feature = "nixl")]
+pub fn accept_before(
+    listener: &std::net::TcpListener,
+    deadline: std::time::Instant,
+    mut gone: impl FnMut() -> Option<String>,
+) -> Result<std::net::TcpStream, String> {
+    use std::os::fd::AsRawFd;
+    loop {
+        if let Some(why) = gone() {
+            return Err(format!("the peer exited ({why}) before connecting"));
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err("the peer did not connect in time".into());
+        }
+        let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let wait_ms = libc::c_int::try_from(left.as_millis().min(100)).unwrap_or(100);
+        // SAFETY: poll(2) on one pollfd that lives on this stack frame for the whole call.
+        if unsafe { libc::poll(&raw mut fd, 1, wait_ms) } > 0 {
+            let (stream, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            return Ok(stream);
+        }
+    }
+}
+
 /// What [`probe`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NixlProbe {

@@ -66,6 +66,8 @@ pub enum GpuError {
     NotLent { region: RegionId },
     #[error("transfer {transfer} is not in flight on this stream")]
     UnknownTransfer { transfer: u64 },
+    #[error("the stream did not drain within {waited_ms} ms: no fence, quarantined slots stay so")]
+    DrainDeadline { waited_ms: u64 },
     #[error(
         "staging lease for region {region} is on device {staging_device}, the slots on {device}"
     )]

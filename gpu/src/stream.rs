@@ -8,11 +8,11 @@ use cudarc::driver::{result, sys};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::registry::{PoolMemory, RegisteredPool, SlotLease};
 
-use crate::error::{GpuError, driver};
+use crate::error::{DriverCode, GpuError, driver};
 use crate::memory::{GpuDevice, GpuSlots, PinnedStaging};
 use crate::retire::{
-    CompletionEvent, EventStatus, FenceReport, RetireLimits, Settled, StreamDrained, TransferBook,
-    TransferCounters, TransferId,
+    CompletionEvent, EventStatus, FenceReport, RetireLimits, Retirement, Settled, StreamDrained,
+    TransferBook, TransferCounters, TransferId, await_event,
 };
 
 /// A recorded `cuEvent`; dropping it destroys the event (the driver lets an incomplete event be
@@ -43,6 +43,20 @@ impl CompletionEvent for CudaEvent {
             Ok(()) => EventStatus::Complete,
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => EventStatus::Pending,
             Err(e) => EventStatus::Failed { code: e.0 as u32 },
+        }
+    }
+}
+
+/// The stream itself as a completion: complete once everything queued on it has finished.
+struct StreamIdle(sys::CUstream);
+
+impl CompletionEvent for StreamIdle {
+    fn query(&mut self) -> EventStatus {
+        // SAFETY: the stream is live for as long as the GpuStream that made this lends it.
+        match unsafe { sys::cuStreamQuery(self.0) } {
+            sys::CUresult::CUDA_SUCCESS => EventStatus::Complete,
+            sys::CUresult::CUDA_ERROR_NOT_READY => EventStatus::Pending,
+            e => EventStatus::Failed { code: e as u32 },
         }
     }
 }
@@ -166,12 +180,19 @@ impl GpuStream {
         self.book.settle(transfer, device_pool, staging_pool, &self.clock)
     }
 
-    /// Waits until everything submitted on this stream finished: the proof a fence needs.
+    /// Waits until everything submitted on this stream finished: the proof a fence needs. The
+    /// stream is polled (cuStreamQuery) under the same deadline as one copy's event, so a hung
+    /// copy makes this fail with [`GpuError::DrainDeadline`] instead of blocking forever.
     pub fn synchronize(&self) -> Result<StreamDrained, GpuError> {
         self.device.bind_thread()?;
-        // SAFETY: `raw` is this stream, alive until Drop.
-        unsafe { result::stream::synchronize(self.raw) }.map_err(driver("cuStreamSynchronize"))?;
-        Ok(StreamDrained::observed())
+        match await_event(&mut StreamIdle(self.raw), &self.clock, self.book.limits()) {
+            Retirement::Retired => Ok(StreamDrained::observed()),
+            Retirement::EventFailed { code } => Err(GpuError::Driver {
+                call: "cuStreamQuery",
+                code: DriverCode { code, name: "stream query failed".to_owned() },
+            }),
+            Retirement::DeadlineMissed { waited_ms } => Err(GpuError::DrainDeadline { waited_ms }),
+        }
     }
 
     /// Drains the stream and returns every slot of both pools checked out before now,

@@ -997,21 +997,47 @@ impl ServeConfig {
 
     /// Validates, then opens the configured store.
     pub fn open_store(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, ConfigError> {
+        self.open(clock).map(|opened| opened.store)
+    }
+
+    /// [`Self::open_store`], keeping the DPU store by its type as well (for the agent's offload
+    /// report) when `store.kind = "dpu"`.
+    pub fn open(&self, clock: Arc<dyn Clock>) -> Result<OpenedStore, ConfigError> {
         self.validate()?;
-        match self.store.kind {
+        let store: Arc<dyn Store> = match self.store.kind {
             StoreKind::Memory => {
                 let store = MemoryStore::new(self.limits(), clock)
                     .map_err(|source| ConfigError::Limits { key: "limits".to_owned(), source })?;
-                Ok(Arc::new(store))
+                Arc::new(store)
             }
             StoreKind::File => {
                 let store = self.file_store_config().open(clock).map_err(|source| {
                     ConfigError::OpenFileStore { root: self.store.root.clone(), source }
                 })?;
-                Ok(Arc::new(store))
+                Arc::new(store)
             }
-            StoreKind::Dpu => Ok(crate::dpu::open(self, clock)?),
-        }
+            StoreKind::Dpu => {
+                let dpu = crate::dpu::open(self, clock)?;
+                return Ok(OpenedStore {
+                    store: Arc::clone(&dpu) as Arc<dyn Store>,
+                    dpu: Some(dpu),
+                });
+            }
+        };
+        Ok(OpenedStore { store, dpu: None })
+    }
+}
+
+/// The store a configuration opened.
+pub struct OpenedStore {
+    pub store: Arc<dyn Store>,
+    /// The same store by its type when it is the DPU agent's.
+    pub dpu: Option<Arc<gpucache_dpu::DpuStore>>,
+}
+
+impl std::fmt::Debug for OpenedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpenedStore({})", self.store.info().name)
     }
 }
 

@@ -15,7 +15,7 @@ use gpucache_backends::metered::{MeteredStore, Metrics, StagingGauges};
 use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
 use gpucache_backends::tcp::staging::BlockStaging;
 use gpucache_backends::tcp::{Server, ServerConfig};
-use gpucache_cli::config::{LOCAL_SOCKET_MODE, ServeConfig, StoreKind};
+use gpucache_cli::config::{LOCAL_SOCKET_MODE, OpenedStore, ServeConfig, StoreKind};
 use gpucache_cli::dpu;
 use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
 use gpucache_dataplane::clock::MonotonicClock;
@@ -75,7 +75,7 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
 /// `gpucache dpu-agent`: `serve` for a configuration of `store.kind = "dpu"` only.
 pub(crate) fn run_agent(config_path: &Path) -> ExitCode {
     match ServeConfig::load(config_path) {
-        Ok(c) if c.store.kind == StoreKind::Dpu => run(Some(config_path)),
+        Ok(c) if c.store.kind == StoreKind::Dpu => serve(c),
         Ok(c) => fail(
             "store.kind",
             format!("dpu-agent runs store.kind = \"dpu\" only, this file has {:?}", c.store.kind),
@@ -89,10 +89,14 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Some(p) => ServeConfig::load(p),
         None => Ok(ServeConfig::default()),
     };
-    let config = match config {
-        Ok(c) => c,
-        Err(e) => return fail("invalid configuration", e),
-    };
+    match config {
+        Ok(c) => serve(c),
+        Err(e) => fail("invalid configuration", e),
+    }
+}
+
+/// Runs the service a loaded (validated) configuration describes until SIGINT or SIGTERM.
+fn serve(config: ServeConfig) -> ExitCode {
     let signals = stop_signals();
     // SAFETY: blocks two signals for this thread (and the threads it starts); no memory shared.
     if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) } != 0 {
@@ -104,18 +108,10 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
         Err(e) => return fail("nixl.enabled", e),
     };
     let clock = Arc::new(MonotonicClock::default());
-    // The DPU store is kept by its type as well, for the agent's offload report.
-    let (store, dpu): (Arc<dyn Store>, Option<Arc<gpucache_dpu::DpuStore>>) =
-        match config.store.kind {
-            StoreKind::Dpu => match config.validate().and_then(|()| dpu::open(&config, clock)) {
-                Ok(s) => (Arc::clone(&s) as Arc<dyn Store>, Some(s)),
-                Err(e) => return fail("store", e),
-            },
-            _ => match config.open_store(clock) {
-                Ok(s) => (s, None),
-                Err(e) => return fail("store", e),
-            },
-        };
+    let OpenedStore { store, dpu } = match config.open(clock) {
+        Ok(opened) => opened,
+        Err(e) => return fail("store", e),
+    };
     let mut registry = match &dpu {
         Some(d) => dpu::offload_registry(d.agent()),
         None => Registry::default(),

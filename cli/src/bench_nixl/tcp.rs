@@ -3,19 +3,15 @@
 //! Every size's first PUT and GET are checked (checksum) and untimed.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Instant;
 
 use gpucache_backends::tcp::{ClientConfig, TcpStore};
-use gpucache_dataplane::caller::{Caller, Rights};
-use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Get, Put, Store};
 
+use super::Plan;
 use super::paths::{PathRun, Point, checksum, pattern, timed};
-use super::{CONTROL_DEADLINE, Plan};
-use crate::bench_service::ours::{TENANT, keys, serve_config};
-use crate::bench_service::process::{ChildGuard, free_port, loopback};
+use crate::bench_service::ours::{Service, keys, start_serve};
 use crate::units::{narrow, size_label};
 
 const NOTE: &str = "gpucache serve (memory store) on 127.0.0.1, one TcpStore (one connection), \
@@ -93,31 +89,17 @@ fn one_size(
     (put_point, get_point)
 }
 
-type Started = (ChildGuard, TcpStore, Caller, Vec<PhysicalKey>);
+type Started = (Service, TcpStore, Caller, Vec<PhysicalKey>);
 
 /// Starts the service with room for every key of the run and connects one client.
 fn start(scratch: &Path, plan: &Plan) -> Result<Started, String> {
     let per = keys_per_size(plan);
     let bytes: u64 = plan.sizes.iter().map(|s| s * per).sum();
-    let ports = [free_port()?, free_port()?, free_port()?];
-    let config = serve_config(ports, plan.largest(), bytes, None);
-    let path = scratch.join("serve-nixl-bench.toml");
-    std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    let mut command = Command::new(exe);
-    command.arg("serve").arg("--config").arg(&path);
-    let log = scratch.join("serve-nixl-bench.log");
-    let mut child = ChildGuard::spawn("gpucache serve", command, &log, false)?;
-    let native = loopback(ports[0]);
-    child.wait_listening(native, Instant::now() + CONTROL_DEADLINE).map_err(|e| {
-        let tail = std::fs::read_to_string(&log).unwrap_or_default();
-        format!("{e}: {}", tail.lines().last().unwrap_or(""))
-    })?;
-    let tenant = TenantId::parse(TENANT).map_err(|e| format!("bench tenant: {e}"))?;
-    let caller = Caller::new(tenant, Rights::READ_WRITE);
-    let mut config = ClientConfig::new(native, caller.clone());
+    let service = start_serve(scratch, "nixl-bench", plan.largest(), bytes, None)?;
+    let mut config = ClientConfig::new(service.native, service.caller.clone());
     config.client_name = "gpucache-bench-nixl".to_owned();
     let store = TcpStore::new(config);
+    let caller = service.caller.clone();
     let keys = keys(per * plan.sizes.len() as u64)?;
-    Ok((child, store, caller, keys))
+    Ok((service, store, caller, keys))
 }

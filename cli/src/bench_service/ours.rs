@@ -125,9 +125,10 @@ struct Shared {
 }
 
 /// A running `gpucache serve`, stopped when dropped.
-struct Service {
-    native: SocketAddr,
-    caller: Caller,
+/// A `gpucache serve` child of a bench, stopped by PID when this drops.
+pub(crate) struct Service {
+    pub(crate) native: SocketAddr,
+    pub(crate) caller: Caller,
     _child: ChildGuard,
 }
 
@@ -245,11 +246,23 @@ fn start_service(
     spec: &LoadSpec,
     working_set_bytes: u64,
 ) -> Result<Service, String> {
-    let ports = [free_port()?, free_port()?, free_port()?];
     let tag = format!("{}-{}-{}", transport.peer_name(), spec.value_bytes, spec.clients);
     let socket = scratch.join(format!("{tag}.sock"));
     let local = transport.is_shared_memory().then_some(socket.as_path());
-    let config = serve_config(ports, spec.value_bytes as u64, working_set_bytes, local);
+    start_serve(scratch, &tag, spec.value_bytes as u64, working_set_bytes, local)
+}
+
+/// Starts `gpucache serve` (this executable) on free loopback ports with the bench's
+/// configuration, its files named after `tag` in `scratch`, and waits until it listens.
+pub(crate) fn start_serve(
+    scratch: &Path,
+    tag: &str,
+    value_bytes: u64,
+    working_set_bytes: u64,
+    local: Option<&Path>,
+) -> Result<Service, String> {
+    let ports = [free_port()?, free_port()?, free_port()?];
+    let config = serve_config(ports, value_bytes, working_set_bytes, local);
     let path = scratch.join(format!("serve-{tag}.toml"));
     std::fs::write(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;

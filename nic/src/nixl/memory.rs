@@ -21,7 +21,6 @@ pub struct NixlSlots {
     registration: Option<RegistrationHandle>,
     memory: HugePagePool,
     agent: String,
-    binds: u64,
     generation: u64,
 }
 
@@ -53,7 +52,6 @@ impl NixlSlots {
             registration: Some(registration),
             memory,
             agent: agent.name().to_owned(),
-            binds: 0,
             generation: 1,
         })
     }
@@ -160,17 +158,12 @@ impl PoolMemory for NixlSlots {
         PoolMemory::slot_bytes(&self.memory)
     }
     fn bind(&mut self, slot: usize) -> Result<Binding, BindError> {
-        if slot >= self.slot_count() {
-            return Err(BindError {
-                slot,
-                kind: self.kind(),
-                detail: format!("the pool has {} slots", self.slot_count()),
-            });
-        }
-        self.binds += 1;
-        Ok(Binding { key: (slot as u64) << 32 | (self.binds & 0xffff_ffff) })
+        // One registration covers every slot: binding is the host pool's bookkeeping.
+        self.memory.bind(slot).map_err(|e| BindError { kind: self.kind(), ..e })
     }
-    fn unbind(&mut self, _slot: usize, _binding: Binding) {}
+    fn unbind(&mut self, slot: usize, binding: Binding) {
+        self.memory.unbind(slot, binding);
+    }
     fn host_bytes_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
         self.memory.slot_mut(slot)
     }

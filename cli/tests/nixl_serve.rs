@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
+use gpucache_backends::pool::{HugePagePolicy, Lock};
 use gpucache_backends::resp::IdentityTemplate;
 use gpucache_backends::tcp::staging::{StagedGet, StagingFailure};
 use gpucache_backends::tcp::{ClientConfig, TcpStore};
@@ -26,15 +26,13 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::registry::{
-    LocalEpochs, QuarantineCause, RegionState, RegisteredPool, SlotLease,
-};
+use gpucache_dataplane::registry::{QuarantineCause, RegionState, RegisteredPool, SlotLease};
 use gpucache_dataplane::store::{Get, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::payload;
 use gpucache_nic::nixl::xfer::UnknownCause;
 use gpucache_nic::nixl::{
-    BlockMem, NixlAgent, NixlBackend, NixlClient, NixlClientConfig, NixlLimits, NixlOutcome,
-    NixlSlots, NixlTransfers, RemoteBlock, unique_agent_name, usable_or_skip,
+    NixlAgent, NixlBackend, NixlClient, NixlClientConfig, NixlLimits, NixlOutcome, NixlSlots,
+    NixlTransfers, RemoteBlock, unique_agent_name, usable_or_skip,
 };
 
 mod common;
@@ -97,10 +95,8 @@ fn start(config: &Path) -> Serve {
 }
 
 fn client_pool(agent: &NixlAgent, slots: usize) -> RegisteredPool<NixlSlots> {
-    let memory = HugePagePool::new(slots, SLOT_BYTES, HugePagePolicy::default().lock(Lock::Off))
-        .expect("host pool");
-    let slots = NixlSlots::register(agent, memory, BlockMem::Dram).expect("registration");
-    RegisteredPool::new(slots, Box::new(LocalEpochs))
+    let policy = HugePagePolicy::default().lock(Lock::Off);
+    NixlSlots::pool(agent, slots, SLOT_BYTES, policy).expect("registered pool")
 }
 
 /// Re-executes this binary in `role` with `envs`; returns its stderr after checking that it

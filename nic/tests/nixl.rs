@@ -11,9 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
-use gpucache_dataplane::registry::{
-    LocalEpochs, QuarantineCause, RegionState, RegisteredPool, SlotLease,
-};
+use gpucache_dataplane::registry::{QuarantineCause, RegionState, RegisteredPool, SlotLease};
 use gpucache_dataplane::testing::fixture::tenant;
 use gpucache_dataplane::testing::process::{kill_process, output_within, stop_process};
 use gpucache_nic::nixl::xfer::UnknownCause;
@@ -70,9 +68,7 @@ fn checksum(bytes: &[u8]) -> u64 {
 
 fn pool_for(agent: &NixlAgent, slots: usize) -> RegisteredPool<NixlSlots> {
     let policy = HugePagePolicy::default().lock(Lock::Off);
-    let memory = HugePagePool::new(slots, SLOT_BYTES, policy).expect("host pool");
-    let slots = NixlSlots::register(agent, memory, BlockMem::Dram).expect("registration");
-    RegisteredPool::new(slots, Box::new(LocalEpochs))
+    NixlSlots::pool(agent, slots, SLOT_BYTES, policy).expect("registered pool")
 }
 
 fn fill(pool: &mut RegisteredPool<NixlSlots>, lease: &SlotLease, bytes: &[u8]) {

@@ -15,12 +15,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
+use gpucache_backends::pool::{HugePagePolicy, Lock};
 use gpucache_dataplane::identity::TenantId;
-use gpucache_dataplane::registry::{LocalEpochs, RegisteredPool, SlotLease};
+use gpucache_dataplane::registry::{RegisteredPool, SlotLease};
 use gpucache_nic::nixl::{
-    BlockMem, NixlAgent, NixlBackend, NixlLimits, NixlOutcome, NixlSlots, NixlTransfers,
-    RemoteBlock,
+    NixlAgent, NixlBackend, NixlLimits, NixlOutcome, NixlSlots, NixlTransfers, RemoteBlock,
 };
 use nixl_sys::{
     Agent, MemType, MemoryRegion, NixlDescriptor, RegistrationHandle, XferDescList, XferOp,
@@ -168,10 +167,7 @@ impl Raw {
 
 fn pool_for(agent: &NixlAgent, slot_bytes: usize) -> Result<RegisteredPool<NixlSlots>, String> {
     let policy = HugePagePolicy::default().lock(Lock::Off);
-    let memory = HugePagePool::new(1, slot_bytes, policy).map_err(|e| format!("host pool: {e}"))?;
-    let slots = NixlSlots::register(agent, memory, BlockMem::Dram)
-        .map_err(|e| format!("NIXL registration: {e}"))?;
-    Ok(RegisteredPool::new(slots, Box::new(LocalEpochs)))
+    NixlSlots::pool(agent, 1, slot_bytes, policy).map_err(|e| format!("NIXL pool: {e}"))
 }
 
 /// A running peer and both agents of this process, connected to it.

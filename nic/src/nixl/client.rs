@@ -11,7 +11,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool};
+use gpucache_backends::pool::HugePagePolicy;
 use gpucache_backends::tcp::TcpStore;
 use gpucache_backends::tcp::proto::GetItem;
 use gpucache_backends::tcp::staging::{
@@ -22,16 +22,14 @@ use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
-use gpucache_dataplane::registry::{
-    Epoch, LocalEpochs, RegionCounts, RegionId, RegisteredPool, SlotLease,
-};
+use gpucache_dataplane::registry::{Epoch, RegionCounts, RegionId, RegisteredPool, SlotLease};
 use gpucache_dataplane::store::{
     Abort, Committed, Get, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
     Retirement, Store, StoreError, StoreInfo, StoreStats,
 };
 
 use super::xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
-use super::{BlockMem, NixlAgent, NixlBackend, NixlSlots, RemoteBlock};
+use super::{NixlAgent, NixlBackend, NixlSlots, RemoteBlock};
 use crate::error::NicError;
 
 /// How to build a [`NixlClient`].
@@ -113,10 +111,7 @@ impl NixlClient {
     pub fn new(store: TcpStore, config: NixlClientConfig) -> Result<Self, NicError> {
         let mut agent = NixlAgent::new(&config.agent_name)?;
         agent.enable(NixlBackend::Ucx)?;
-        let memory = HugePagePool::new(config.slots, config.slot_bytes, config.huge_pages)
-            .map_err(|e| NicError::NixlCall { call: "hugepage pool", detail: e.to_string() })?;
-        let slots = NixlSlots::register(&agent, memory, BlockMem::Dram)?;
-        let pool = RegisteredPool::new(slots, Box::new(LocalEpochs));
+        let pool = NixlSlots::pool(&agent, config.slots, config.slot_bytes, config.huge_pages)?;
         let limits = NixlLimits { deadline: config.deadline, ..NixlLimits::default() };
         Ok(Self {
             store,

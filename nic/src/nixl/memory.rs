@@ -87,6 +87,20 @@ impl NixlSlots {
         Ok(())
     }
 
+    /// A fresh host pool of `slots` slots of `slot_bytes` (huge pages as `policy` allows),
+    /// registered with `agent` as DRAM, under the registration contract with local epochs.
+    pub fn pool(
+        agent: &NixlAgent,
+        slots: usize,
+        slot_bytes: usize,
+        policy: gpucache_backends::pool::HugePagePolicy,
+    ) -> Result<RegisteredPool<Self>, NicError> {
+        let memory = HugePagePool::new(slots, slot_bytes, policy)
+            .map_err(|e| NicError::NixlCall { call: "hugepage pool", detail: e.to_string() })?;
+        let slots = Self::register(agent, memory, BlockMem::Dram)?;
+        Ok(RegisteredPool::new(slots, Box::new(gpucache_dataplane::registry::LocalEpochs)))
+    }
+
     /// The pool half of an epoch fence: registers the memory anew (what peers hold of the old
     /// registration is stale), then advances the epoch and reclaims every slot lent before it.
     /// If the registration fails nothing is reclaimed: quarantined slots stay so; fence again.

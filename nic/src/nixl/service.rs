@@ -15,18 +15,18 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool};
+use gpucache_backends::pool::HugePagePolicy;
 use gpucache_backends::tcp::staging::{
     BlockStaging, FillSlot, PutIntent, StageId, StageOwner, StagedGet, StagedSlot, StagingError,
     StagingLimits, StagingStats, StoreSlot,
 };
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::registry::{
-    CompleteOutcome, Completion, LocalEpochs, PoolMemory, RegisteredPool, SlotLease,
+    CompleteOutcome, Completion, PoolMemory, RegisteredPool, SlotLease,
 };
 use gpucache_dataplane::store::{Get, Put, Retirement, StoreError};
 
-use super::{BlockMem, NixlAgent, NixlBackend, NixlSlots};
+use super::{NixlAgent, NixlBackend, NixlSlots};
 use crate::error::NicError;
 
 /// Fewest slots a staging pool may have.
@@ -62,10 +62,7 @@ impl NixlStagingConfig {
         }
         let mut agent = NixlAgent::new(&self.agent_name)?;
         agent.enable(NixlBackend::Ucx)?;
-        let memory = HugePagePool::new(self.slots, self.slot_bytes, self.huge_pages)
-            .map_err(|e| NicError::NixlCall { call: "hugepage pool", detail: e.to_string() })?;
-        let slots = NixlSlots::register(&agent, memory, BlockMem::Dram)?;
-        let pool = RegisteredPool::new(slots, Box::new(LocalEpochs));
+        let pool = NixlSlots::pool(&agent, self.slots, self.slot_bytes, self.huge_pages)?;
         tracing::info!(
             agent = %self.agent_name,
             slots = self.slots,

@@ -23,6 +23,8 @@ use crate::queue::{BlockId, Done, Fault, MissCause, QueueBackend, Staged};
 
 /// Bytes of a block file's header.
 pub const BLOCK_HEADER_BYTES: usize = 32;
+/// io_uring ring entries of one host queue: its reactor runs one submission at a time.
+const HOST_QUEUE_RING_DEPTH: u32 = 8;
 const MAGIC: [u8; 8] = *b"GCDPUB01";
 
 #[derive(Debug)]
@@ -52,7 +54,11 @@ impl HostQueue {
                 fs::remove_file(&path).map_err(io_at(&path))?;
             }
         }
-        let config = EngineConfig { queue_depth: 8, staging_bytes: 0, ..EngineConfig::default() };
+        let config = EngineConfig {
+            queue_depth: HOST_QUEUE_RING_DEPTH,
+            staging_bytes: 0,
+            ..EngineConfig::default()
+        };
         let engine = engine::build(choice, config).map_err(|e| DpuError::Engine(e.to_string()))?;
         // The run's epoch is the one after the persisted record; tmp names only need uniqueness.
         Ok(Self { root: root.to_owned(), engine, sync, epoch: Epoch(previous.0 + 1) })

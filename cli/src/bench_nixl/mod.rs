@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::units::{MIB, parse_size_list};
+use crate::units::{MIB, parse_size_list, size_label};
 pub(crate) use paths::PathRun;
 
 /// Largest number of timed iterations per size and path.
@@ -125,13 +125,18 @@ impl Plan {
     }
 }
 
+/// Largest block the bench moves (and the peer registers).
+pub(crate) const BLOCK_BYTES_MAX: u64 = 64 * MIB;
+/// Most agents' metadata a peer accepts from its parent (this process has two).
+pub(crate) const PEER_METADATA_MAX: usize = 8;
+
 fn plan(args: &NixlBenchArgs) -> Result<Plan, String> {
     let sizes = parse_size_list(&args.sizes)?;
     if sizes.is_empty() {
         return Err("--sizes names no size".into());
     }
-    if let Some(&s) = sizes.iter().find(|&&s| !(1..=64 * MIB).contains(&s)) {
-        return Err(format!("block size {s} is outside 1 B..=64 MiB"));
+    if let Some(&s) = sizes.iter().find(|&&s| !(1..=BLOCK_BYTES_MAX).contains(&s)) {
+        return Err(format!("block size {s} is outside 1 B..={}", size_label(BLOCK_BYTES_MAX)));
     }
     if args.iterations == 0 || args.iterations > ITERATIONS_MAX {
         return Err(format!("--iterations must be in 1..={ITERATIONS_MAX}"));

@@ -29,8 +29,11 @@ pub(crate) const RATIOS: [(&str, &str, &str); 6] = [
     ("nixl-read/raw", "nixl-read", "nixl-raw-read"),
 ];
 
+/// A row's rate at `size`, only when its bytes were checked and matched: a ratio never rests on
+/// a transfer that moved the wrong bytes.
 fn gib(runs: &[PathRun], name: &str, size: u64) -> Option<f64> {
-    runs.iter().find(|r| r.name == name)?.point(size)?.gib_s
+    let point = runs.iter().find(|r| r.name == name)?.point(size)?;
+    point.gib_s.filter(|_| point.verified)
 }
 
 fn ratio(runs: &[PathRun], num: &str, den: &str, size: u64) -> Option<f64> {
@@ -176,6 +179,10 @@ mod tests {
         let runs = vec![w, m];
         assert_eq!(ratio(&runs, "nixl-write", "memcpy", 1024), Some(0.5));
         assert_eq!(ratio(&runs, "nixl-read", "memcpy", 1024), None);
+        // A row whose bytes did not match gives no ratio.
+        let mut bad = runs.clone();
+        bad[0].points[0].verified = false;
+        assert_eq!(ratio(&bad, "nixl-write", "memcpy", 1024), None);
         let plan = Plan {
             sizes: vec![1024],
             iterations: 1,

@@ -24,12 +24,8 @@ step() { printf '\n== %s\n' "$*" >&2; }
 
 step "the NIXL wheel"
 venv="$target_dir/nixl-venv"
-libs="$(find "$venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit 2>/dev/null || true)"
-if [[ -z "$libs" ]]; then
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --no-deps nixl-cu12==1.5.1 numpy
-    libs="$(find "$venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit)"
-fi
+. scripts/nixl-venv.sh
+libs="$(nixl_libs "$venv")"
 echo "libraries: $libs" >&2
 
 step "building the release CLI with the nixl feature"

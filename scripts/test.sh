@@ -13,15 +13,20 @@ if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
+# Debian packages are installed only where this shell may (root with apt-get).
+can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_install() {
+    echo "installing $*"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends "$@" >/dev/null 2>&1 \
+        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "$@" >/dev/null; }
+}
+
 # The verbs feature's build needs cmake (sideway's loader stub) and libclang (bindgen); they
 # are small Debian packages. libibverbs itself is loaded at run time and is not needed to build.
 if ! command -v cmake >/dev/null 2>&1 || ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing cmake and libclang for the verbs feature"
-        export DEBIAN_FRONTEND=noninteractive
-        pkgs=(cmake libclang1-14 libclang-common-14-dev)
-        apt-get install -y --no-install-recommends "${pkgs[@]}" >/dev/null 2>&1 \
-            || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${pkgs[@]}" >/dev/null; }
+    if can_apt; then
+        apt_install cmake libclang1-14 libclang-common-14-dev
     else
         echo "scripts/test.sh: cmake or libclang missing and cannot be installed here; the verbs step will fail" >&2
     fi
@@ -33,33 +38,25 @@ missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
-            || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+    if can_apt; then
+        apt_install "${missing[@]}"
     else
         echo "scripts/test.sh: ${missing[*]} missing and cannot be installed here; their tests will skip" >&2
     fi
 fi
+# The Mooncake and NIXL venvs below need python3 with venv.
+if can_apt && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    apt_install python3 python3-venv
+fi
 # Mooncake Store for the executor's live test: a venv under the build folder holding
 # mooncake-transfer-engine-non-cuda from PyPI (scripts/bench-peers.sh makes it, with the
-# bench's other peers). Needs python3 with venv.
+# bench's other peers).
 mooncake_venv="${GPUCACHE_MOONCAKE_VENV:-${CARGO_TARGET_DIR:-target}/bench-venv}"
 case "$mooncake_venv" in /*) ;; *) mooncake_venv="$PWD/$mooncake_venv" ;; esac
 if [ ! -x "$mooncake_venv/bin/mooncake_master" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-            echo "installing python3-venv"
-            export DEBIAN_FRONTEND=noninteractive
-            apt-get install -y --no-install-recommends python3 python3-venv >/dev/null 2>&1 \
-                || { apt-get update >/dev/null && apt-get install -y --no-install-recommends python3 python3-venv >/dev/null; }
-        fi
-        echo "installing the Mooncake Store venv at $mooncake_venv"
-        BENCH_VENV="$mooncake_venv" scripts/bench-peers.sh >/dev/null
-    else
-        echo "scripts/test.sh: no Mooncake venv at $mooncake_venv and cannot install here; its live test will skip" >&2
-    fi
+    echo "installing the Mooncake Store venv at $mooncake_venv"
+    BENCH_VENV="$mooncake_venv" scripts/bench-peers.sh >/dev/null \
+        || echo "scripts/test.sh: could not make the Mooncake venv at $mooncake_venv; its live test will skip" >&2
 fi
 export GPUCACHE_MOONCAKE_VENV="$mooncake_venv"
 # In CI the peers must be there: their tests fail instead of skipping.
@@ -124,27 +121,14 @@ cargo test -p gpucache-cli --features spdk,doca --locked --test dpu_serve
 step "nixl feature (clippy, tests)"
 nixl_venv="${CARGO_TARGET_DIR:-target}/nixl-venv"
 case "$nixl_venv" in /*) ;; *) nixl_venv="$PWD/$nixl_venv" ;; esac
-nixl_libs="$(find "$nixl_venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit 2>/dev/null || true)"
-if [ -z "$nixl_libs" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-            export DEBIAN_FRONTEND=noninteractive
-            apt-get install -y --no-install-recommends python3 python3-venv >/dev/null 2>&1 \
-                || { apt-get update >/dev/null && apt-get install -y --no-install-recommends python3 python3-venv >/dev/null; }
-        fi
-        echo "installing the NIXL wheel (nixl-cu12 1.5.1, no dependencies) at $nixl_venv"
-        python3 -m venv "$nixl_venv"
-        "$nixl_venv/bin/pip" install --quiet --no-deps nixl-cu12==1.5.1 numpy
-        nixl_libs="$(find "$nixl_venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit)"
-    else
-        echo "scripts/test.sh: no NIXL venv at $nixl_venv and cannot install here; NIXL tests will skip" >&2
-    fi
+. scripts/nixl-venv.sh
+if ! nixl_libs="$(nixl_libs "$nixl_venv")"; then
+    echo "scripts/test.sh: could not make the NIXL venv at $nixl_venv; NIXL tests will skip" >&2
+    nixl_libs=""
 fi
 # nixl-sys compiles its C++ loader stub (g++) and runs bindgen (libclang, installed above).
-if ! command -v c++ >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y --no-install-recommends g++ >/dev/null 2>&1 \
-        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends g++ >/dev/null; }
+if ! command -v c++ >/dev/null 2>&1 && can_apt; then
+    apt_install g++
 fi
 cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --features gpucache-nic/nixl,gpucache-cli/nixl,gpucache-gpu/nixl --locked -- -D warnings
 (

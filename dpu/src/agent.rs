@@ -128,7 +128,11 @@ pub struct AgentStats {
     pub queues: Vec<QueueStats>,
 }
 
-/// A running agent. Dropping it stops and joins its reactors.
+/// How long dropping an agent waits for its reactors to stop.
+pub const REACTOR_STOP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A running agent. Dropping it stops and joins its reactors; a reactor that does not stop
+/// within [`REACTOR_STOP_PATIENCE`] is left running and the slab it may touch is leaked.
 #[derive(Debug)]
 pub struct Agent {
     epoch: Epoch,
@@ -138,7 +142,13 @@ pub struct Agent {
     reactors: Vec<ReactorReport>,
     threads: Vec<(ReactorId, JoinHandle<()>)>,
     stop: Arc<AtomicBool>,
-    slab: Mutex<RegisteredPool<SlabMemory>>,
+    /// Disconnected once every reactor thread has ended (each holds a sender until it returns).
+    reactors_gone: Mutex<std::sync::mpsc::Receiver<()>>,
+    /// The sender reactors clone at spawn; dropped when the last one is started (or the start
+    /// fails), so that only the reactors keep the channel open.
+    alive: Option<std::sync::mpsc::Sender<()>>,
+    /// Dropped only after every reactor ended: they hold a raw view of it.
+    slab: std::mem::ManuallyDrop<Mutex<RegisteredPool<SlabMemory>>>,
     raw: RawSlab,
     slab_epoch: Arc<AtomicU64>,
     slab_total: usize,
@@ -186,6 +196,7 @@ impl Agent {
             route.push((spec.owner, spec.id));
             queues.insert(spec.id, q);
         }
+        let (alive, reactors_gone) = std::sync::mpsc::channel::<()>();
         let mut agent = Self {
             epoch,
             queues,
@@ -193,7 +204,9 @@ impl Agent {
             reactors: Vec::new(),
             threads: Vec::new(),
             stop: Arc::clone(&stop),
-            slab: Mutex::new(slab),
+            reactors_gone: Mutex::new(reactors_gone),
+            alive: Some(alive),
+            slab: std::mem::ManuallyDrop::new(Mutex::new(slab)),
             raw,
             slab_epoch: Arc::clone(&slab_epoch),
             slab_total: config.slab.slots,
@@ -215,9 +228,12 @@ impl Agent {
             };
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let core = spec.core;
+            let alive = agent.alive.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("dpu-{}", spec.id))
                 .spawn(move || {
+                    // Held until this thread ends, however it ends.
+                    let _alive = alive;
                     let pinning = core.map_or(Pinning::NotRequested, reactor::pin_current);
                     let refused = matches!(pinning, Pinning::Refused { .. });
                     let _ = tx.send(pinning);
@@ -241,6 +257,7 @@ impl Agent {
             }
             agent.reactors.push(ReactorReport { id: spec.id, pinning, queues: ids });
         }
+        agent.alive = None;
         tracing::info!(epoch = %epoch, offload = ?agent.offload(), "dpu agent started");
         Ok(agent)
     }
@@ -580,10 +597,36 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        for (_, t) in self.threads.drain(..) {
+        self.alive = None;
+        for (_, t) in &self.threads {
             t.thread().unpark();
+        }
+        let gone = self.reactors_gone.get_mut().unwrap_or_else(|p| p.into_inner());
+        let deadline = Instant::now() + REACTOR_STOP_PATIENCE;
+        let all_ended = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match gone.recv_timeout(left) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break true,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break false,
+            }
+        };
+        if !all_ended {
+            let stuck: Vec<String> = self
+                .threads
+                .iter()
+                .filter(|(_, t)| !t.is_finished())
+                .map(|(id, _)| id.to_string())
+                .collect();
+            tracing::error!(?stuck, "dpu reactors did not stop; their slab is leaked");
+            return;
+        }
+        for (_, t) in self.threads.drain(..) {
             let _ = t.join();
         }
+        // SAFETY: every reactor thread has ended, so nothing holds a view of the slab; dropped
+        // once, here.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.slab) };
     }
 }
 

@@ -42,8 +42,8 @@ mod store;
 mod uring;
 
 pub use agent::{
-    Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueSpec, REACTORS_MAX, ReactorSpec,
-    SlabConfig, SlabCounts,
+    Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueSpec, REACTOR_STOP_PATIENCE,
+    REACTORS_MAX, ReactorSpec, SlabConfig, SlabCounts,
 };
 pub use epoch::{EPOCH_FILE, read_persisted_epoch};
 pub use error::DpuError;

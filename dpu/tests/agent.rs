@@ -322,6 +322,23 @@ fn the_store_fence_returns_the_slab_slots_of_lost_calls() {
     assert_eq!(store.lookup(&caller, &key), Ok(Lookup::Miss(MissReason::Absent)));
 }
 
+/// With pinning required, a core this process may not use refuses the start with the reactor
+/// and core named; the reactors already started are stopped and nothing is left running.
+#[test]
+fn required_pinning_to_a_core_not_allowed_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), vec![host(dir.path(), 0), host(dir.path(), 1)], 4, 4);
+    c.pin = PinPolicy::Required;
+    c.reactors[0].core = None;
+    c.reactors[1].core = Some(1023);
+    match c.start() {
+        Err(DpuError::PinRefused { reactor, core, .. }) => {
+            assert_eq!((reactor, core), (ReactorId(1), 1023));
+        }
+        other => panic!("expected PinRefused, got {other:?}"),
+    }
+}
+
 /// One step of [`slab_accounting_and_bytes_follow_a_model_under_seeded_faults`].
 #[derive(Debug, Clone)]
 enum Step {

@@ -175,12 +175,13 @@ impl Agent {
     fn start(config: AgentConfig) -> Result<Self, DpuError> {
         validate(&config)?;
         // Queues first: a native backend that fails closed must fail before anything else.
+        // The run's epoch is known before it is persisted, so the queues get the real one.
+        let epoch = crate::epoch::next_epoch(&config.state_dir)?;
         let mut built = Vec::with_capacity(config.queues.len());
-        let epoch_probe = crate::epoch::read_persisted_epoch(&config.state_dir);
         for q in &config.queues {
-            built.push((q.clone(), build_backend(&q.kind, epoch_probe.unwrap_or(Epoch(0)))?));
+            built.push((q.clone(), build_backend(&q.kind, epoch)?));
         }
-        let epoch = crate::epoch::bump_persisted(&config.state_dir)?;
+        crate::epoch::persist(&config.state_dir, epoch)?;
         let simulated = built.iter().find_map(|(_, b)| b.simulated());
         let pool = HugePagePool::new(config.slab.slots, config.slab.slot_bytes, config.slab.policy)
             .map_err(|e| DpuError::Config(format!("slab: {e}")))?;

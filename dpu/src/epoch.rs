@@ -24,22 +24,29 @@ pub fn read_persisted_epoch(state_dir: &Path) -> Option<Epoch> {
 /// How far the epoch jumps past an unreadable record, so no lost epoch is reused.
 const EPOCH_JUMP_AFTER_LOSS: u64 = 1 << 20;
 
-/// Reads the state dir's epoch, persists the next one and returns it.
-pub(crate) fn bump_persisted(state_dir: &Path) -> Result<Epoch, DpuError> {
-    fs::create_dir_all(state_dir).map_err(io_at(state_dir))?;
-    let path = state_dir.join(EPOCH_FILE);
+/// The epoch this run will have: one past the persisted record, or past
+/// [`EPOCH_JUMP_AFTER_LOSS`] when the record is unreadable. Persists nothing.
+pub(crate) fn next_epoch(state_dir: &Path) -> Result<Epoch, DpuError> {
     let previous = match read_persisted_epoch(state_dir) {
         Some(e) => e.0,
-        None if path.exists() => EPOCH_JUMP_AFTER_LOSS,
+        None if state_dir.join(EPOCH_FILE).exists() => EPOCH_JUMP_AFTER_LOSS,
         None => 0,
     };
-    let next = previous
+    previous
         .checked_add(1)
-        .ok_or_else(|| DpuError::Config(format!("agent epoch space exhausted at {previous}")))?;
+        .map(Epoch)
+        .ok_or_else(|| DpuError::Config(format!("agent epoch space exhausted at {previous}")))
+}
+
+/// Persists `epoch` (from [`next_epoch`]) as the state dir's record, durably.
+pub(crate) fn persist(state_dir: &Path, epoch: Epoch) -> Result<(), DpuError> {
+    fs::create_dir_all(state_dir).map_err(io_at(state_dir))?;
+    let path = state_dir.join(EPOCH_FILE);
+    let next = epoch.0;
     let tmp = state_dir.join(format!("{EPOCH_FILE}.tmp"));
     fs::write(&tmp, format!("{MAGIC}\n{next}\n")).map_err(io_at(&tmp))?;
     File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_at(&tmp))?;
     fs::rename(&tmp, &path).map_err(io_at(&path))?;
     File::open(state_dir).and_then(|f| f.sync_all()).map_err(io_at(state_dir))?;
-    Ok(Epoch(next))
+    Ok(())
 }

@@ -45,7 +45,7 @@ impl HostQueue {
         root: &Path,
         choice: EngineChoice,
         sync: bool,
-        previous: Epoch,
+        epoch: Epoch,
     ) -> Result<Self, DpuError> {
         fs::create_dir_all(root).map_err(io_at(root))?;
         for entry in fs::read_dir(root).map_err(io_at(root))? {
@@ -60,8 +60,7 @@ impl HostQueue {
             ..EngineConfig::default()
         };
         let engine = engine::build(choice, config).map_err(|e| DpuError::Engine(e.to_string()))?;
-        // The run's epoch is the one after the persisted record; tmp names only need uniqueness.
-        Ok(Self { root: root.to_owned(), engine, sync, epoch: Epoch(previous.0 + 1) })
+        Ok(Self { root: root.to_owned(), engine, sync, epoch })
     }
 
     fn path(&self, block: BlockId) -> PathBuf {

@@ -20,7 +20,7 @@
 //! The deadline is wall-clock ([`NixlLimits::deadline`]); the wait spins, then yields, and
 //! never sleeps.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::lifecycle::ReclaimProof;
@@ -119,8 +119,7 @@ impl std::fmt::Debug for Abandoned {
 #[derive(Debug)]
 pub struct NixlTransfers {
     limits: NixlLimits,
-    next_id: u64,
-    abandoned: BTreeMap<u64, Abandoned>,
+    abandoned: Vec<Abandoned>,
     counters: NixlCounters,
 }
 
@@ -136,7 +135,7 @@ impl NixlTransfers {
     pub fn new(limits: NixlLimits) -> Self {
         let limits =
             NixlLimits { abandoned_max: limits.abandoned_max.min(ABANDONED_MAX), ..limits };
-        Self { limits, next_id: 1, abandoned: BTreeMap::new(), counters: NixlCounters::default() }
+        Self { limits, abandoned: Vec::new(), counters: NixlCounters::default() }
     }
 
     pub fn counters(&self) -> NixlCounters {
@@ -268,8 +267,6 @@ impl NixlTransfers {
                 depth: self.limits.abandoned_max,
             });
         }
-        let id = self.next_id;
-        let next = id.checked_add(1).ok_or(NicError::RequestIdsExhausted { at: id })?;
         let slot =
             pool.slot_bytes_mut(lease).ok_or(NicError::LeaseNotUsable { region: lease.region })?;
         let slot_bytes = slot.len() as u64;
@@ -294,7 +291,6 @@ impl NixlTransfers {
             self.counters.refused += 1;
             call_failed("postXferReq")(e)
         })?;
-        self.next_id = next;
         self.counters.posted += 1;
         let cause = if in_progress { self.wait(agent, &request, started) } else { None };
         let Some(cause) = cause else {
@@ -308,10 +304,12 @@ impl NixlTransfers {
         tracing::warn!(region = %lease.region, ?cause, peer = ?target.peer, "NIXL outcome unknown; slot quarantined");
         // Held before the pool hears of it: whatever the pool answers, the request stays until
         // the fence and the caller is told the outcome is unknown, never that nothing happened.
-        self.abandoned.insert(
-            id,
-            Abandoned { request, region: lease.region, peer: target.peer, settled: false },
-        );
+        self.abandoned.push(Abandoned {
+            request,
+            region: lease.region,
+            peer: target.peer,
+            settled: false,
+        });
         if let Err(e) = pool.complete(lease.region, Completion::Unknown) {
             tracing::warn!(region = %lease.region, error = %e, "the pool refused the quarantine");
         }
@@ -362,7 +360,7 @@ impl NixlTransfers {
         pool: &mut RegisteredPool<NixlSlots>,
     ) -> Result<usize, NicError> {
         let mut settled = 0;
-        for entry in self.abandoned.values_mut().filter(|a| !a.settled) {
+        for entry in self.abandoned.iter_mut().filter(|a| !a.settled) {
             match agent.raw().get_xfer_status(&entry.request) {
                 Ok(XferStatus::InProgress) => continue,
                 Ok(XferStatus::Success) => self.counters.late_done += 1,
@@ -397,7 +395,7 @@ impl NixlTransfers {
     ) -> Result<Vec<ReclaimProof>, NicError> {
         let abandoned = std::mem::take(&mut self.abandoned);
         let mut peers = BTreeSet::new();
-        for (_, entry) in abandoned {
+        for entry in abandoned {
             peers.extend(entry.peer);
             drop(entry.request);
             self.counters.released += 1;

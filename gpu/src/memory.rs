@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys};
 use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
 
-use crate::error::{GpuError, GpuUnavailable, driver};
+use crate::error::{GpuError, driver};
 use crate::probe;
 
 /// Most slots one allocation is carved into.
@@ -38,13 +38,7 @@ unsafe impl Sync for GpuDevice {}
 impl GpuDevice {
     /// Retains device `ordinal`'s primary context, or says why no GPU can be used.
     pub fn open(ordinal: u32) -> Result<Arc<Self>, GpuError> {
-        let count = probe::device_count()?;
-        let missing = GpuUnavailable::NoSuchDevice { ordinal, count };
-        if ordinal >= count {
-            return Err(missing.into());
-        }
-        let index = i32::try_from(ordinal).map_err(|_| missing)?;
-        let dev = result::device::get(index).map_err(driver("cuDeviceGet"))?;
+        let dev = probe::device_handle(ordinal)?;
         // SAFETY: `dev` is a valid device handle; the retain is released in Drop.
         let ctx = unsafe { result::primary_ctx::retain(dev) }
             .map_err(driver("cuDevicePrimaryCtxRetain"))?;

@@ -70,18 +70,26 @@ pub fn probe() -> Result<Vec<DeviceInfo>, GpuUnavailable> {
     if count == 0 {
         return Err(GpuUnavailable::NoDevice);
     }
-    (0..count).map(describe).collect()
+    (0..count).map(|ordinal| describe_handle(ordinal, handle_of(ordinal, count)?)).collect()
 }
 
 /// One device's description.
 pub fn describe(ordinal: u32) -> Result<DeviceInfo, GpuUnavailable> {
-    let count = device_count()?;
-    if ordinal >= count {
-        return Err(GpuUnavailable::NoSuchDevice { ordinal, count });
-    }
-    let index =
-        i32::try_from(ordinal).map_err(|_| GpuUnavailable::NoSuchDevice { ordinal, count })?;
-    let dev = result::device::get(index).map_err(query(ordinal, "cuDeviceGet"))?;
+    describe_handle(ordinal, device_handle(ordinal)?)
+}
+
+/// The driver's handle of device `ordinal`, refused when the driver reports fewer devices.
+pub(crate) fn device_handle(ordinal: u32) -> Result<sys::CUdevice, GpuUnavailable> {
+    handle_of(ordinal, device_count()?)
+}
+
+fn handle_of(ordinal: u32, count: u32) -> Result<sys::CUdevice, GpuUnavailable> {
+    let missing = GpuUnavailable::NoSuchDevice { ordinal, count };
+    let index = i32::try_from(ordinal).ok().filter(|_| ordinal < count).ok_or(missing)?;
+    result::device::get(index).map_err(query(ordinal, "cuDeviceGet"))
+}
+
+fn describe_handle(ordinal: u32, dev: sys::CUdevice) -> Result<DeviceInfo, GpuUnavailable> {
     let name = result::device::get_name(dev).map_err(query(ordinal, "cuDeviceGetName"))?;
     // SAFETY: `dev` is a handle the driver just returned for an existing ordinal.
     let memory =

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use cudarc::driver::{result, sys};
 use gpucache_dataplane::registry::{LocalEpochs, RegisteredPool};
-use gpucache_gpu::{GpuDevice, GpuError, GpuSlots, PinnedStaging, probe};
+use gpucache_gpu::{Direction, GpuDevice, GpuError, GpuSlots, PinnedStaging, probe};
 
 /// Block sizes measured: 64 KiB, 256 KiB, 1 MiB, 4 MiB, 16 MiB, 64 MiB.
 const BLOCK_BYTES: [usize; 6] = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
@@ -76,20 +76,22 @@ impl Drop for Stream {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dir {
-    H2D,
-    D2H,
-}
-
 /// Queues one copy of `len` bytes between `host` and `dev`.
-fn copy(dir: Dir, host: *mut u8, dev: u64, len: usize, stream: &Stream) -> Result<(), GpuError> {
+fn copy(
+    dir: Direction,
+    host: *mut u8,
+    dev: u64,
+    len: usize,
+    stream: &Stream,
+) -> Result<(), GpuError> {
     // SAFETY: `host` and `dev` each address at least `len` bytes that outlive the stream's next
     // drain, which every caller waits for before touching or freeing them.
     let r = unsafe {
         match dir {
-            Dir::H2D => sys::cuMemcpyHtoDAsync_v2(dev, host.cast_const().cast(), len, stream.0),
-            Dir::D2H => sys::cuMemcpyDtoHAsync_v2(host.cast(), dev, len, stream.0),
+            Direction::HostToDevice => {
+                sys::cuMemcpyHtoDAsync_v2(dev, host.cast_const().cast(), len, stream.0)
+            }
+            Direction::DeviceToHost => sys::cuMemcpyDtoHAsync_v2(host.cast(), dev, len, stream.0),
         }
     };
     r.result().map_err(|e| GpuError::Driver { call: "cuMemcpyAsync", code: e.into() })
@@ -102,7 +104,7 @@ struct Point {
 }
 
 fn measure(
-    dir: Dir,
+    dir: Direction,
     host: *mut u8,
     dev: u64,
     len: usize,
@@ -166,13 +168,16 @@ fn run(args: Args) -> Result<(), GpuError> {
     );
     for len in BLOCK_BYTES {
         for (mode, host) in [("pinned", pinned_ptr), ("pageable", pageable.as_mut_ptr())] {
-            for dir in [Dir::H2D, Dir::D2H] {
+            for dir in [Direction::HostToDevice, Direction::DeviceToHost] {
                 let p = measure(dir, host, dev, len, args, &stream)?;
                 println!(
                     "{:>8}K {:>8} {:>4} {:>9.2} {:>10.1} {:>10.1}",
                     len >> 10,
                     mode,
-                    format!("{dir:?}"),
+                    match dir {
+                        Direction::HostToDevice => "H2D",
+                        Direction::DeviceToHost => "D2H",
+                    },
                     p.gib_s,
                     p.p50_us,
                     p.p99_us

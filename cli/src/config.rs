@@ -115,7 +115,7 @@ pub enum ConfigError {
     /// `nixl.agent` is empty, too long, or has characters other than letters, digits, `-`,
     /// `_` and `.`.
     #[error("nixl.agent: {name:?} {why}")]
-    NixlAgentName { name: String, why: &'static str },
+    NixlAgentName { name: String, why: String },
     /// A `[dpu]` key (or a `[[dpu.reactors]]` entry) that cannot describe an agent.
     #[error("{key}: {why}")]
     Dpu { key: String, why: String },
@@ -492,15 +492,15 @@ impl NixlSection {
             NIXL_SLOTS_MAX,
         )?;
         if let Some(name) = &self.agent {
-            let refuse = |why| ConfigError::NixlAgentName { name: name.clone(), why };
+            let refuse = |why: String| ConfigError::NixlAgentName { name: name.clone(), why };
             if name.is_empty() {
-                return Err(refuse("is empty"));
+                return Err(refuse("is empty".into()));
             }
             if name.len() > NIXL_AGENT_BYTES_MAX {
-                return Err(refuse("is longer than 128 bytes"));
+                return Err(refuse(format!("is longer than {NIXL_AGENT_BYTES_MAX} bytes")));
             }
             if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-                return Err(refuse("may hold only letters, digits, '-', '_' and '.'"));
+                return Err(refuse("may hold only letters, digits, '-', '_' and '.'".into()));
             }
         }
         Ok(())
@@ -509,6 +509,14 @@ impl NixlSection {
 
 /// Default `dpu.state_dir`.
 pub const DPU_STATE_DIR_DEFAULT: &str = "./gpucache-dpu";
+/// Default `dpu.queue_depth`: submissions one queue holds outstanding.
+pub const DPU_QUEUE_DEPTH_DEFAULT: u32 = 64;
+/// Default `dpu.slab_slots`: calls in flight across the agent.
+pub const DPU_SLAB_SLOTS_DEFAULT: u32 = 64;
+/// Default `dpu.slab_lease_ms`.
+pub const DPU_SLAB_LEASE_MS_DEFAULT: u64 = 60_000;
+/// Default `dpu.op_deadline_ms`.
+pub const DPU_OP_DEADLINE_MS_DEFAULT: u64 = 30_000;
 /// Default `dpu.slab_slot_bytes`: the largest block the agent carries.
 pub const DPU_SLOT_BYTES_DEFAULT: u64 = 4 << 20;
 /// Smallest `dpu.slab_slot_bytes`: one page.
@@ -600,12 +608,12 @@ impl Default for DpuSection {
             backend: DpuBackendName::IoUring,
             reactors: vec![DpuReactorConfig { id: 0, core: None }],
             queues_per_reactor: 1,
-            queue_depth: 64,
-            slab_slots: 64,
+            queue_depth: DPU_QUEUE_DEPTH_DEFAULT,
+            slab_slots: DPU_SLAB_SLOTS_DEFAULT,
             slab_slot_bytes: DPU_SLOT_BYTES_DEFAULT,
-            slab_lease_ms: 60_000,
+            slab_lease_ms: DPU_SLAB_LEASE_MS_DEFAULT,
             pin: PinName::BestEffort,
-            op_deadline_ms: 30_000,
+            op_deadline_ms: DPU_OP_DEADLINE_MS_DEFAULT,
             spdk_pci_addr: None,
             doca_device: None,
         }

@@ -46,7 +46,6 @@ use std::time::{Duration, Instant};
 use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
 use crate::tcp::auth::TenantKeys;
 use crate::tcp::auth::keys::unhex;
-use crate::tcp::proto::seal::constant_time_eq;
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::clock::{Clock, UnixClock};
@@ -57,6 +56,7 @@ use gpucache_dataplane::identity::{
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Implementation, Invalidate, Lookup, Put, Store, StoreError};
+use subtle::ConstantTimeEq;
 
 // ---------------------------------------------------------------------------------------------
 // Limits
@@ -850,7 +850,7 @@ impl Session<'_> {
         let now_ms = UnixClock.now_ms();
         let good = match (keys.find(&id), offered) {
             (Some(key), Some(offered)) => {
-                !key.expired(now_ms) && constant_time_eq(key.secret.bytes(), &offered)
+                !key.expired(now_ms) && bool::from(key.secret.bytes().ct_eq(&offered[..]))
             }
             _ => false,
         };

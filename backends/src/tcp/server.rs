@@ -23,6 +23,7 @@ use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError, authorize};
+use subtle::ConstantTimeEq;
 
 use crate::listener::{
     Acceptor, AcceptorConfig, Connection, Gate, LocalListener, ReadTick, read_tick,
@@ -504,7 +505,7 @@ fn hello(
     let key = policy.keys.find(&auth.key_id).ok_or(refuse(AuthFailure::UnknownKey))?;
     let secret = key.secret.bytes();
     let expected = seal::fingerprint(secret, tenant.as_str());
-    if !seal::constant_time_eq(&expected, &auth.fingerprint) {
+    if !bool::from(expected[..].ct_eq(&auth.fingerprint[..])) {
         return Err(refuse(AuthFailure::BadFingerprint));
     }
     frame.verify_seal(&SealKey::hello(secret)).map_err(|_| refuse(AuthFailure::BadSeal))?;

@@ -8,6 +8,7 @@ use std::fmt;
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use subtle::ConstantTimeEq;
 
 use super::{SEAL_BYTES, WireError};
 
@@ -107,11 +108,6 @@ pub fn session_key(
     finish(mac)
 }
 
-/// Whether two byte strings are equal, in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[derive(Clone)]
 enum Keyed {
     Hmac(Box<HmacSha256>),
@@ -154,13 +150,7 @@ impl SealKey {
     /// The MAC of `parts`, concatenated.
     pub fn mac(&self, parts: &[&[u8]]) -> [u8; SEAL_BYTES] {
         match &self.keyed {
-            Keyed::Hmac(m) => {
-                let mut m = (**m).clone();
-                for p in parts {
-                    m.update(p);
-                }
-                finish(m)
-            }
+            Keyed::Hmac(m) => finish(hmac_over(m, parts)),
             Keyed::Blake3(h) => {
                 let mut h = (**h).clone();
                 for p in parts {
@@ -173,9 +163,24 @@ impl SealKey {
     }
 
     /// Checks `seal` against the MAC of `parts`; [`WireError::SealMismatch`] when it differs.
+    /// Both comparisons take time independent of where the seal differs: HMAC's own
+    /// `verify_slice`, and `subtle`'s constant-time equality for BLAKE3.
     pub fn verify(&self, parts: &[&[u8]], seal: &[u8; SEAL_BYTES]) -> Result<(), WireError> {
-        if constant_time_eq(&self.mac(parts), seal) { Ok(()) } else { Err(WireError::SealMismatch) }
+        let good = match &self.keyed {
+            Keyed::Hmac(m) => hmac_over(m, parts).verify_slice(seal).is_ok(),
+            Keyed::Blake3(_) => bool::from(self.mac(parts)[..].ct_eq(&seal[..])),
+        };
+        if good { Ok(()) } else { Err(WireError::SealMismatch) }
     }
+}
+
+/// A copy of the keyed HMAC state, fed `parts` in order.
+fn hmac_over(keyed: &HmacSha256, parts: &[&[u8]]) -> HmacSha256 {
+    let mut m = keyed.clone();
+    for p in parts {
+        m.update(p);
+    }
+    m
 }
 
 #[cfg(test)]

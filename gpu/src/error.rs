@@ -69,6 +69,13 @@ pub enum GpuError {
     #[error("the stream did not drain within {waited_ms} ms: no fence, quarantined slots stay so")]
     DrainDeadline { waited_ms: u64 },
     #[error(
+        "the device context did not drain within {deadline_ms} ms (waited {waited_ms} ms): \
+         memory a copy may still use stays allocated"
+    )]
+    ContextDrainDeadline { waited_ms: u64, deadline_ms: u64 },
+    #[error("the context's drain could not be started on a thread of its own: {detail}")]
+    DrainThread { detail: String },
+    #[error(
         "staging lease for region {region} is on device {staging_device}, the slots on {device}"
     )]
     DeviceMismatch { region: RegionId, device: u32, staging_device: u32 },

@@ -5,21 +5,99 @@
 //! checkout, quarantine and reclaim; this module owns only the bytes.
 //!
 //! Freeing waits for the context to drain: a copy still in flight must never land in freed
-//! memory. When the drain cannot be proven the allocation is leaked, on purpose.
+//! memory. The wait is bounded by [`CONTEXT_DRAIN_DEADLINE_MS`]; when the drain is not observed
+//! in time (or the driver reports an error) the allocation is leaked, on purpose, with a
+//! warning, and so is the context itself when the device is dropped.
 
 use std::num::NonZeroUsize;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys};
+use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
 
-use crate::error::{GpuError, driver};
+use crate::error::{DriverCode, GpuError, driver};
 use crate::probe;
+use crate::retire::{
+    CompletionEvent, EventStatus, RetireLimits, Retirement, SPIN_POLLS, await_event,
+};
 
 /// Most slots one allocation is carved into.
 pub const SLOTS_MAX: usize = 1 << 16;
 /// Largest single allocation: 64 GiB, under half an H200.
 pub const ALLOCATION_BYTES_MAX: u64 = 64 << 30;
+/// How long a whole-context drain may take before it counts as not observed. A stream's full
+/// book ([`crate::retire::IN_FLIGHT_MAX`] copies of a 64 MiB block) is 4 GiB, about 4.3 s at a
+/// pessimistic 1 GB/s; ten seconds covers two such streams sharing the link, and is still short
+/// enough that dropping memory on a hung device gives up (and leaks) instead of hanging.
+pub const CONTEXT_DRAIN_DEADLINE_MS: u64 = 10_000;
+
+/// A context handle carried to the thread that drains it.
+#[derive(Debug, Clone, Copy)]
+struct ContextHandle(sys::CUcontext);
+
+// SAFETY: an opaque driver handle, valid on any thread once made current there; the drain
+// thread does exactly that and nothing else with it.
+unsafe impl Send for ContextHandle {}
+
+/// What the drain thread found: `None` while the driver call has not returned.
+type DrainAnswer = Arc<OnceLock<Result<(), DriverCode>>>;
+
+/// The drain thread's answer as a completion event, so the wait for it is the crate's one
+/// deadline-bounded poll ([`await_event`]).
+struct DrainIdle(DrainAnswer);
+
+impl CompletionEvent for DrainIdle {
+    fn query(&mut self) -> EventStatus {
+        match self.0.get() {
+            None => EventStatus::Pending,
+            Some(Ok(())) => EventStatus::Complete,
+            Some(Err(code)) => EventStatus::Failed { code: code.code },
+        }
+    }
+}
+
+/// Runs `drain` on a thread of its own and waits at most `deadline_ms` for it to return.
+///
+/// The driver offers a blocking whole-context wait (`cuCtxSynchronize`) and no non-blocking
+/// query for a context: the blocking call runs apart so that this caller can give up. A drain
+/// that misses the deadline keeps its thread (blocked in the driver) and whatever `drain`
+/// captured; the caller must then leave alive everything the pending work may touch.
+fn drain_bounded<F>(drain: F, deadline_ms: u64) -> Result<(), GpuError>
+where
+    F: FnOnce() -> Result<(), DriverCode> + Send + 'static,
+{
+    let answer: DrainAnswer = Arc::new(OnceLock::new());
+    let told = Arc::clone(&answer);
+    std::thread::Builder::new()
+        .name("gpucache-ctx-drain".to_owned())
+        .spawn(move || {
+            let _ = told.set(drain());
+        })
+        .map_err(|e| GpuError::DrainThread { detail: e.to_string() })?;
+    let limits = RetireLimits { deadline_ms, spin_polls: SPIN_POLLS };
+    match await_event(&mut DrainIdle(Arc::clone(&answer)), &MonotonicClock::default(), limits) {
+        Retirement::Retired => Ok(()),
+        Retirement::EventFailed { code } => Err(GpuError::Driver {
+            call: "cuCtxSynchronize",
+            code: match answer.get() {
+                Some(Err(named)) => named.clone(),
+                _ => DriverCode { code, name: "unnamed".to_owned() },
+            },
+        }),
+        Retirement::DeadlineMissed { waited_ms } => {
+            Err(GpuError::ContextDrainDeadline { waited_ms, deadline_ms })
+        }
+    }
+}
+
+/// `cuCtxSynchronize` on `ctx`, made current on the calling (drain) thread.
+fn synchronize_context(ctx: ContextHandle) -> Result<(), DriverCode> {
+    // SAFETY: the caller keeps the context retained for as long as this call may run.
+    unsafe { result::ctx::set_current(ctx.0) }?;
+    result::ctx::synchronize()?;
+    Ok(())
+}
 
 /// One device's primary context, retained for as long as anything uses it.
 #[derive(Debug)]
@@ -57,17 +135,39 @@ impl GpuDevice {
         unsafe { result::ctx::set_current(self.ctx) }.map_err(driver("cuCtxSetCurrent"))
     }
 
-    /// Waits until everything on every stream of this context has finished.
-    pub fn synchronize(&self) -> Result<(), GpuError> {
-        self.bind_thread()?;
-        result::ctx::synchronize().map_err(driver("cuCtxSynchronize"))
+    /// Waits until everything on every stream of this context has finished, for at most
+    /// [`CONTEXT_DRAIN_DEADLINE_MS`]: [`GpuError::ContextDrainDeadline`] when it did not. A
+    /// drain still running then holds this device (and so its context) alive.
+    pub fn synchronize(self: &Arc<Self>) -> Result<(), GpuError> {
+        let ctx = ContextHandle(self.ctx);
+        let device = Arc::clone(self);
+        drain_bounded(
+            move || {
+                let _alive = device;
+                synchronize_context(ctx)
+            },
+            CONTEXT_DRAIN_DEADLINE_MS,
+        )
     }
 }
 
 impl Drop for GpuDevice {
     fn drop(&mut self) {
-        // SAFETY: releases the retain taken in `open`; nothing holds the context any more
-        // (every user holds an Arc of this device).
+        // Releasing the last retain destroys the context and every allocation in it, so it
+        // waits for the drain like any free.
+        let ctx = ContextHandle(self.ctx);
+        if let Err(error) =
+            drain_bounded(move || synchronize_context(ctx), CONTEXT_DRAIN_DEADLINE_MS)
+        {
+            tracing::warn!(
+                device = self.ordinal,
+                %error,
+                "GPU context left retained: its drain was not observed, a copy may still use its memory"
+            );
+            return;
+        }
+        // SAFETY: releases the retain taken in `open` after the context drained; nothing holds
+        // the context any more (every user holds an Arc of this device).
         let _ = unsafe { result::primary_ctx::release(self.dev) };
     }
 }
@@ -186,8 +286,14 @@ impl PoolMemory for GpuSlots {
 
 impl Drop for GpuSlots {
     fn drop(&mut self) {
-        if self.device.synchronize().is_err() {
+        if let Err(error) = self.device.synchronize() {
             // The drain is unproven: a copy may still target this memory. Leak it.
+            tracing::warn!(
+                device = self.device.ordinal,
+                bytes = self.total_bytes(),
+                %error,
+                "device slots leaked: the context's drain was not observed, a copy may still use them"
+            );
             return;
         }
         // SAFETY: allocated in `new`, freed once, after the context drained.
@@ -267,10 +373,68 @@ impl PoolMemory for PinnedStaging {
 
 impl Drop for PinnedStaging {
     fn drop(&mut self) {
-        if self.device.synchronize().is_err() {
+        if let Err(error) = self.device.synchronize() {
+            // As for the device slots: a copy may still read or write these pages. Leak them.
+            tracing::warn!(
+                device = self.device.ordinal,
+                bytes = self.slot_count * self.slot_bytes,
+                %error,
+                "pinned staging leaked: the context's drain was not observed, a copy may still use it"
+            );
             return;
         }
         // SAFETY: allocated by cuMemHostAlloc in `new`, freed once, after the context drained.
         let _ = unsafe { result::free_host(self.base.cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// How long a test's stand-in for a hung driver call stays blocked unless released.
+    const HUNG_PATIENCE: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_drain_that_returns_is_observed() {
+        assert_eq!(drain_bounded(|| Ok(()), 1_000), Ok(()));
+    }
+
+    #[test]
+    fn a_failed_drain_carries_the_driver_code() {
+        let code = DriverCode { code: 700, name: "CUDA_ERROR_ILLEGAL_ADDRESS".to_owned() };
+        let failing = code.clone();
+        assert_eq!(
+            drain_bounded(move || Err(failing), 1_000),
+            Err(GpuError::Driver { call: "cuCtxSynchronize", code })
+        );
+    }
+
+    #[test]
+    fn a_hung_drain_gives_up_at_the_deadline() {
+        let (release, hung) = mpsc::channel::<()>();
+        let (exited, exit) = mpsc::channel::<()>();
+        let deadline_ms = 20;
+        let outcome = drain_bounded(
+            move || {
+                let _ = hung.recv_timeout(HUNG_PATIENCE);
+                let _ = exited.send(());
+                Ok(())
+            },
+            deadline_ms,
+        );
+        match outcome {
+            Err(GpuError::ContextDrainDeadline { waited_ms, deadline_ms: d }) => {
+                assert_eq!(d, deadline_ms);
+                assert!(waited_ms >= deadline_ms, "gave up after {waited_ms} ms");
+            }
+            other => panic!("expected the drain deadline, got {other:?}"),
+        }
+        // The drain thread was still blocked when the caller gave up; release it and see it end.
+        release.send(()).expect("the drain thread is still waiting");
+        exit.recv_timeout(HUNG_PATIENCE).expect("the released drain thread ends");
     }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FileStore against fio on this machine: installs fio when it is missing (Debian, as root),
+# FileStore against fio on this machine: installs fio when it is missing (scripts/setup.sh),
 # builds the release CLI, then runs `gpucache bench file` on both engines at 64K, 256K, 1M and
 # 4M blocks, plus a reopen of 100,000 small blocks, and writes everything to one output file.
 #
@@ -31,18 +31,8 @@ fi
 
 step() { printf '\n== %s\n' "$*" >&2; }
 
-if ! command -v fio >/dev/null 2>&1; then
-    step "installing fio"
-    if [[ "$(id -u)" -ne 0 ]]; then
-        echo "scripts/bench-file.sh: fio is missing and this is not root; install fio first" >&2
-        exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y fio >&2; then
-        apt-get update >&2
-        apt-get install -y fio >&2
-    fi
-fi
+step "fio"
+scripts/setup.sh fio >&2
 
 step "building the release CLI"
 cargo build --release --locked -p gpucache-cli >&2

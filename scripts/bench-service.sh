@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The service beside Redis, Mooncake Store, iperf3 and memcpy: installs the peers when they are
-# missing (scripts/bench-peers.sh), builds the release CLI, and runs `gpucache bench service`
+# missing (scripts/setup.sh), builds the release CLI, and runs `gpucache bench service`
 # over the full matrix (64K, 256K, 1M, 4M values; 1 and 8 clients). The report, JSON and SVG
 # chart go to $CARGO_TARGET_DIR/bench-service/ (default target/bench-service/).
 #
@@ -26,7 +26,8 @@ fi
 step() { printf '\n== %s\n' "$*" >&2; }
 
 step "peers"
-scripts/bench-peers.sh >&2
+scripts/setup.sh redis iperf3 mooncake >&2
+. scripts/peers-env.sh
 
 step "building the release CLI"
 cargo build --release --locked -p gpucache-cli >&2
@@ -39,7 +40,7 @@ if [[ ${#quick[@]} -eq 0 ]]; then
     args+=(--sizes 64K,256K,1M,4M --clients 1,8
         --seconds "${BENCH_SECONDS:-3}" --working-set "${BENCH_WORKING_SET:-512M}")
 fi
-args+=(--mooncake-venv "$target_dir/bench-venv"
+args+=(--mooncake-venv "$MOONCAKE_VENV"
     --json "$out_dir/bench-service-$stamp.json" --svg "$out_dir/bench-service-$stamp.svg")
 args+=("$@")
 step "running: gpucache ${args[*]}"

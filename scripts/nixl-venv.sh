@@ -1,18 +1,12 @@
-# Sourced by scripts/test.sh and scripts/bench-nixl.sh: the NIXL wheel in a venv under the build
-# folder. nixl-cu12 ships libnixl_capi.so and the UCX it loads; --no-deps keeps torch and the
-# CUDA wheels out (nothing here needs them).
-NIXL_WHEEL="nixl-cu12==1.5.1"
+# Sourced by scripts/test.sh, scripts/bench-nixl.sh and scripts/gpu-check.sh: the NIXL wheel
+# (nixl-cu12, no dependencies) in a venv under the build folder, made and checked by
+# scripts/setup.sh.
+. scripts/peers-env.sh
 
-# Prints the wheel's library folder under the venv $1 (for LD_LIBRARY_PATH), making the venv
-# and installing the wheel first when it is not there. Prints nothing and returns 1 on failure.
+# Prints the wheel's library folder under the venv $1 (for LD_LIBRARY_PATH), running
+# `scripts/setup.sh nixl` first (which installs it when missing and proves it loads). Prints
+# nothing and returns 1 when it cannot be made ready; setup's reason is on stderr.
 nixl_libs() {
-    local venv="$1" libs
-    libs="$(find "$venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit 2>/dev/null || true)"
-    if [ -z "$libs" ]; then
-        echo "installing the NIXL wheel ($NIXL_WHEEL, no dependencies) at $venv" >&2
-        python3 -m venv "$venv" >&2 || return 1
-        "$venv/bin/pip" install --quiet --no-deps "$NIXL_WHEEL" numpy >&2 || return 1
-        libs="$(find "$venv" -type d -name .nixl_cu12.mesonpy.libs -print -quit)"
-    fi
-    [ -n "$libs" ] && printf '%s\n' "$libs"
+    GPUCACHE_NIXL_VENV="$1" scripts/setup.sh nixl >&2 || return 1
+    nixl_lib_dir "$1"
 }

@@ -13,52 +13,19 @@ if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
-# Debian packages are installed only where this shell may (root with apt-get).
-can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
-apt_install() {
-    echo "installing $*"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y --no-install-recommends "$@" >/dev/null 2>&1 \
-        || { apt-get update >/dev/null && apt-get install -y --no-install-recommends "$@" >/dev/null; }
-}
-
-# The verbs feature's build needs cmake (sideway's loader stub) and libclang (bindgen); they
-# are small Debian packages. libibverbs itself is loaded at run time and is not needed to build.
-if ! command -v cmake >/dev/null 2>&1 || ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
-    if can_apt; then
-        apt_install cmake libclang1-14 libclang-common-14-dev
-    else
-        echo "scripts/test.sh: cmake or libclang missing and cannot be installed here; the verbs step will fail" >&2
+# Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
+# redis, fio, iperf3, the Mooncake and NIXL venvs) is installed and proven to work by
+# scripts/setup.sh. In CI a piece that cannot be made to work stops the run here, with the
+# installer's or the loader's own message; elsewhere its tests skip and say why.
+if ! scripts/setup.sh; then
+    if [ "${CI:-}" = "true" ]; then
+        echo "scripts/test.sh: scripts/setup.sh failed (its reason above)" >&2
+        exit 1
     fi
+    echo "scripts/test.sh: scripts/setup.sh failed; the tests of what it could not install will skip" >&2
 fi
-
-# Real peers the integration tests drive: Prometheus scrapes /metrics, redis-cli and
-# redis-benchmark talk to the RESP listener. Installed from Debian's packages when missing.
-missing=()
-command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-if [ ${#missing[@]} -gt 0 ]; then
-    if can_apt; then
-        apt_install "${missing[@]}"
-    else
-        echo "scripts/test.sh: ${missing[*]} missing and cannot be installed here; their tests will skip" >&2
-    fi
-fi
-# The Mooncake and NIXL venvs below need python3 with venv.
-if can_apt && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    apt_install python3 python3-venv
-fi
-# Mooncake Store for the executor's live test: a venv under the build folder holding
-# mooncake-transfer-engine-non-cuda from PyPI (scripts/bench-peers.sh makes it, with the
-# bench's other peers).
-mooncake_venv="${GPUCACHE_MOONCAKE_VENV:-${CARGO_TARGET_DIR:-target}/bench-venv}"
-case "$mooncake_venv" in /*) ;; *) mooncake_venv="$PWD/$mooncake_venv" ;; esac
-if [ ! -x "$mooncake_venv/bin/mooncake_master" ]; then
-    echo "installing the Mooncake Store venv at $mooncake_venv"
-    BENCH_VENV="$mooncake_venv" scripts/bench-peers.sh >/dev/null \
-        || echo "scripts/test.sh: could not make the Mooncake venv at $mooncake_venv; its live test will skip" >&2
-fi
-export GPUCACHE_MOONCAKE_VENV="$mooncake_venv"
+. scripts/peers-env.sh
+export GPUCACHE_MOONCAKE_VENV="$MOONCAKE_VENV"
 # In CI the peers must be there: their tests fail instead of skipping.
 if [ "${CI:-}" = "true" ]; then
     export GPUCACHE_REQUIRE_PROMETHEUS=1 GPUCACHE_REQUIRE_REDIS_CLI=1 GPUCACHE_REQUIRE_MOONCAKE=1
@@ -73,6 +40,15 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 target_dir="${CARGO_TARGET_DIR:-target}"
+# A fresh clone's run peaks near 2 GB in the build folder; below 3 GiB free it would fail late
+# with "No space left on device" somewhere inside a compiler, so it stops here and says so.
+build_mib_min=3072
+disk_dir="$target_dir"; [ -d "$disk_dir" ] || disk_dir=.
+free_mib="$(df -Pm "$disk_dir" | awk 'NR == 2 { print $4 }')"
+if [ "$free_mib" -lt "$build_mib_min" ]; then
+    echo "scripts/test.sh: the build needs about $build_mib_min MiB free on the disk of $disk_dir; $free_mib MiB are" >&2
+    exit 1
+fi
 
 step() {
     # In CI no step reuses an earlier step's test executables (each feature set links its own),
@@ -119,16 +95,9 @@ cargo test -p gpucache-cli --features spdk,doca --locked --test dpu_serve
 # for this step only, with UCX_MODULES=^ib (the bundled libnl crashes at exit without it). In CI
 # NIXL must be there (GPUCACHE_REQUIRE_NIXL=1); elsewhere its tests skip with the reason.
 step "nixl feature (clippy, tests)"
-nixl_venv="${CARGO_TARGET_DIR:-target}/nixl-venv"
-case "$nixl_venv" in /*) ;; *) nixl_venv="$PWD/$nixl_venv" ;; esac
-. scripts/nixl-venv.sh
-if ! nixl_libs="$(nixl_libs "$nixl_venv")"; then
-    echo "scripts/test.sh: could not make the NIXL venv at $nixl_venv; NIXL tests will skip" >&2
+if ! nixl_libs="$(nixl_lib_dir "$NIXL_VENV")"; then
+    echo "scripts/test.sh: no NIXL venv at $NIXL_VENV; NIXL tests will skip" >&2
     nixl_libs=""
-fi
-# nixl-sys compiles its C++ loader stub (g++) and runs bindgen (libclang, installed above).
-if ! command -v c++ >/dev/null 2>&1 && can_apt; then
-    apt_install g++
 fi
 cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --features gpucache-nic/nixl,gpucache-cli/nixl,gpucache-gpu/nixl --locked -- -D warnings
 (

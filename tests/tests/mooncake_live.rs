@@ -2,7 +2,7 @@
 //! and a separate `mooncake_client` holding a small segment, all started here and killed by
 //! PID on every path.
 //!
-//! Needs the venv with `mooncake-transfer-engine-non-cuda` (scripts/bench-peers.sh makes it):
+//! Needs the venv with `mooncake-transfer-engine-non-cuda` (scripts/setup.sh makes it):
 //! `GPUCACHE_MOONCAKE_VENV`, else `$CARGO_TARGET_DIR/bench-venv`, else `target/bench-venv`.
 //! Without it the test prints why and passes, unless `GPUCACHE_REQUIRE_MOONCAKE=1`.
 
@@ -189,7 +189,7 @@ fn page(seed: u8) -> Vec<u8> {
 }
 
 /// One probe PUT lands at once: `mooncake_client` mounts its segment before it listens (seen
-/// in its log order with the pinned wheel, `scripts/bench-peers.sh`), and the cluster waited
+/// in its log order with the pinned wheel, `scripts/setup.sh`), and the cluster waited
 /// for it to listen. Then the probe is removed.
 fn assert_mounted(store: &MooncakeStore) {
     let caller = fixture::caller(2);

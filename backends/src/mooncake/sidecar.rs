@@ -43,7 +43,7 @@ impl MooncakeVenv {
         let python = root.join("bin").join("python");
         if !python.is_file() {
             return Err(unavailable(format!(
-                "{} not found (scripts/bench-peers.sh makes the venv)",
+                "{} not found (scripts/setup.sh mooncake makes the venv)",
                 python.display()
             )));
         }

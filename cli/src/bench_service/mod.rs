@@ -72,7 +72,7 @@ pub(crate) struct ServiceBenchArgs {
     #[arg(long)]
     quick: bool,
     /// The Python venv holding mooncake-transfer-engine-non-cuda. Default: bench-venv in the
-    /// build folder this executable was built in (scripts/bench-peers.sh makes it).
+    /// build folder this executable was built in (scripts/setup.sh makes it).
     #[arg(long)]
     mooncake_venv: Option<PathBuf>,
     /// Write every raw measurement as JSON here.
@@ -226,8 +226,8 @@ enum Slot {
     Memcpy,
 }
 
-const NO_REDIS: &str = "redis-server not on PATH (run scripts/bench-peers.sh)";
-const NO_IPERF3: &str = "iperf3 not on PATH (run scripts/bench-peers.sh)";
+const NO_REDIS: &str = "redis-server not on PATH (run scripts/setup.sh redis iperf3 mooncake)";
+const NO_IPERF3: &str = "iperf3 not on PATH (run scripts/setup.sh redis iperf3 mooncake)";
 
 /// One Mooncake point: a driver run of its own; the run's version comes from the first one.
 fn mooncake_point(

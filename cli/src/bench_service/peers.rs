@@ -278,13 +278,13 @@ pub(crate) fn mooncake_venv(venv: &Path) -> Result<MooncakeVenv, String> {
     let bin_dir = venv.join("bin");
     let python = bin_dir.join("python");
     if !python.is_file() {
-        return Err(format!("{} not found (run scripts/bench-peers.sh)", python.display()));
+        return Err(format!("{} not found (run scripts/setup.sh mooncake)", python.display()));
     }
     for b in ["mooncake_master", "mooncake_http_metadata_server", "mooncake_client"] {
         if !bin_dir.join(b).is_file() {
             return Err(format!(
                 "{} not found: mooncake-transfer-engine-non-cuda is not installed in {} (run \
-                 scripts/bench-peers.sh)",
+                 scripts/setup.sh mooncake)",
                 bin_dir.join(b).display(),
                 venv.display()
             ));
@@ -483,6 +483,6 @@ mod tests {
     #[test]
     fn a_missing_venv_is_a_reason_not_a_crash() {
         let e = mooncake_venv(Path::new("/nonexistent/venv")).expect_err("missing");
-        assert!(e.contains("bench-peers.sh"), "{e}");
+        assert!(e.contains("scripts/setup.sh"), "{e}");
     }
 }

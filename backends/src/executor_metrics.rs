@@ -3,11 +3,12 @@
 //!
 //! Everything is read at scrape time from the executor's own snapshots: its pressure snapshot
 //! (queued jobs and payload bytes per kind, running jobs, undelivered results, the oldest job's
-//! age), its health snapshot (state and epoch; reading it never takes the recovery probe), its
-//! quarantined operations (the unproven native retirement) and its cumulative counters. A scrape
-//! never calls the store, and no series carries a request id or an object key: the labels name
-//! only the deployment (model, engine role, data-parallel and tensor-parallel rank). The series
-//! disappear when the executor is dropped.
+//! age), its health snapshot (state and outage count; reading it never takes the recovery probe),
+//! its quarantined operations (the unproven native retirement) and its cumulative counters. A
+//! scrape never calls the store, and no series carries a request id or an object key: the labels
+//! name only the deployment (model, engine role, data-parallel and tensor-parallel rank), plus the
+//! job kind or the health state where a family has one series each. Durations are in seconds
+//! (the executor counts whole milliseconds). The series disappear when the executor is dropped.
 
 use std::fmt;
 use std::sync::{Arc, Weak};
@@ -35,6 +36,32 @@ struct KindLabels {
     dp_rank: u32,
     tp_rank: u32,
     kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    model: String,
+    role: String,
+    dp_rank: u32,
+    tp_rank: u32,
+    state: &'static str,
+}
+
+/// The `state` label of each [`HealthState`], in the order the series are written.
+pub const HEALTH_STATES: [&str; 3] = ["healthy", "cooling_down", "probing"];
+
+fn health_state_label(state: HealthState) -> &'static str {
+    match state {
+        HealthState::Healthy => HEALTH_STATES[0],
+        HealthState::CoolingDown { .. } => HEALTH_STATES[1],
+        HealthState::Probing { .. } => HEALTH_STATES[2],
+    }
+}
+
+/// Whole milliseconds as the seconds a Prometheus series carries.
+fn seconds(ms: u64) -> f64 {
+    // Exact below 2^53 ms (about 285,000 years).
+    ms as f64 / 1000.0
 }
 
 /// The scrape-time view of one executor.
@@ -69,7 +96,10 @@ impl ExecutorSeries {
         }
     }
 
-    fn gauge(&self, e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> fmt::Result {
+    fn gauge<N>(&self, e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: N) -> fmt::Result
+    where
+        ConstGauge<N>: EncodeMetric,
+    {
         let g = ConstGauge::new(v);
         let mut family = e.encode_descriptor(name, help, None, g.metric_type())?;
         g.encode(family.encode_family(&self.labels)?)
@@ -85,6 +115,30 @@ impl ExecutorSeries {
         let c = ConstCounter::new(v);
         let mut family = e.encode_descriptor(name, help, None, c.metric_type())?;
         c.encode(family.encode_family(&self.labels)?)
+    }
+
+    /// One gauge per health state, 1 for the executor's current state and 0 for the others.
+    fn health_state(&self, e: &mut DescriptorEncoder<'_>, current: HealthState) -> fmt::Result {
+        let mut family = e.encode_descriptor(
+            "gpucache_executor_health_state",
+            "Backend health: 1 for the current state (healthy, cooling_down after an outage, \
+             probing), 0 for the others",
+            None,
+            ConstGauge::new(0u64).metric_type(),
+        )?;
+        let current = health_state_label(current);
+        for state in HEALTH_STATES {
+            let l = &self.labels;
+            let labels = StateLabels {
+                model: l.model.clone(),
+                role: l.role.clone(),
+                dp_rank: l.dp_rank,
+                tp_rank: l.tp_rank,
+                state,
+            };
+            ConstGauge::new(u64::from(state == current)).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 
     /// One family with a series per job kind; `make` builds the metric of each value.
@@ -145,22 +199,17 @@ impl Collector for ExecutorSeries {
         )?;
         self.gauge(
             e,
-            "gpucache_executor_oldest_job_age_ms",
-            "Age of the oldest queued or running job, in milliseconds",
-            p.oldest_job_age_ms,
+            "gpucache_executor_oldest_job_age_seconds",
+            "Age of the oldest queued or running job, in seconds",
+            seconds(p.oldest_job_age_ms),
         )?;
-        let state = match health.state {
-            HealthState::Healthy => 0,
-            HealthState::CoolingDown { .. } => 1,
-            HealthState::Probing { .. } => 2,
-        };
-        self.gauge(
+        self.health_state(e, health.state)?;
+        self.counter(
             e,
-            "gpucache_executor_health_state",
-            "Backend health: 0 healthy, 1 cooling down after an outage, 2 probing",
-            state,
+            "gpucache_executor_outages",
+            "Backend outages the executor has recorded",
+            health.epoch,
         )?;
-        self.gauge(e, "gpucache_executor_health_epoch", "Outages recorded so far", health.epoch)?;
         self.gauge(
             e,
             "gpucache_executor_unretired_operations",
@@ -171,7 +220,7 @@ impl Collector for ExecutorSeries {
             e,
             "gpucache_executor_quarantined_bytes",
             "Host bytes quarantined by unretired operations",
-            quarantined.iter().flat_map(|q| &q.ranges).map(|r| r.len).sum(),
+            quarantined.iter().flat_map(|q| &q.ranges).map(|r| r.len).sum::<u64>(),
         )?;
         let kinds = |f: fn(&gpucache_dataplane::executor::KindCounters) -> u64| {
             [
@@ -198,20 +247,20 @@ impl Collector for ExecutorSeries {
         self.per_kind(
             e,
             (
-                "gpucache_executor_queue_ms",
-                "Cumulative milliseconds jobs waited in their queue before a worker took them",
+                "gpucache_executor_queue_wait_seconds",
+                "Seconds jobs waited in their queue before a worker took them, summed per kind",
             ),
             kinds(|k| k.queued_ms),
-            ConstCounter::new,
+            |ms| ConstCounter::new(seconds(ms)),
         )?;
         self.per_kind(
             e,
             (
-                "gpucache_executor_backend_ms",
-                "Cumulative milliseconds workers spent in store calls",
+                "gpucache_executor_backend_seconds",
+                "Seconds workers spent in store calls, summed per kind",
             ),
             kinds(|k| k.backend_ms),
-            ConstCounter::new,
+            |ms| ConstCounter::new(seconds(ms)),
         )?;
         self.counter(e, "gpucache_executor_backend_calls", "Store calls made", c.backend_calls)?;
         self.counter(
@@ -245,5 +294,24 @@ impl Collector for ExecutorSeries {
             "PUT keys that succeeded because the object already existed (create-only)",
             c.put_already_stored,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_become_seconds_and_each_state_has_its_own_label() {
+        assert_eq!(seconds(0), 0.0);
+        assert_eq!(seconds(1_500), 1.5);
+        assert_eq!(seconds(86_400_000), 86_400.0);
+        let labels = [
+            HealthState::Healthy,
+            HealthState::CoolingDown { until_ms: 5 },
+            HealthState::Probing { since_ms: 7 },
+        ]
+        .map(health_state_label);
+        assert_eq!(labels, HEALTH_STATES);
     }
 }

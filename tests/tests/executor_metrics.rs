@@ -19,6 +19,11 @@ fn value(text: &str, series: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
+/// A series whose samples are fractional (the seconds ones).
+fn float(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
 #[test]
 fn executor_series_follow_its_work_and_vanish_with_it() {
     let store = Arc::new(
@@ -36,7 +41,16 @@ fn executor_series_follow_its_work_and_vanish_with_it() {
     let who = "{model=\"m\",role=\"prefill\",dp_rank=\"1\",tp_rank=\"2\"}";
 
     let text = scrape();
-    assert_eq!(value(&text, &format!("gpucache_executor_health_state{who}")), Some(0), "{text}");
+    let state = |s: &str| {
+        format!(
+            "gpucache_executor_health_state{{model=\"m\",role=\"prefill\",dp_rank=\"1\",tp_rank=\"2\",state=\"{s}\"}}"
+        )
+    };
+    assert_eq!(value(&text, &state("healthy")), Some(1), "{text}");
+    assert_eq!(value(&text, &state("cooling_down")), Some(0), "{text}");
+    assert_eq!(value(&text, &state("probing")), Some(0), "{text}");
+    assert_eq!(value(&text, &format!("gpucache_executor_outages_total{who}")), Some(0));
+    assert_eq!(float(&text, &format!("gpucache_executor_oldest_job_age_seconds{who}")), Some(0.0));
     assert_eq!(value(&text, &format!("gpucache_executor_put_new_writes_total{who}")), Some(0));
     assert!(text.contains("gpucache_ops_total"), "the store metrics share the registry");
     assert!(!text.contains("gpc"), "no keys in the series");
@@ -75,10 +89,74 @@ fn executor_series_follow_its_work_and_vanish_with_it() {
         Some(4196)
     );
     // The executor's clock is a manual one that never moved: no time queued or in the store.
-    assert_eq!(value(&text, &put_series("gpucache_executor_queue_ms_total")), Some(0));
-    assert_eq!(value(&text, &put_series("gpucache_executor_backend_ms_total")), Some(0));
+    let put_seconds = |name: &str| float(&text, &put_series(name));
+    assert_eq!(put_seconds("gpucache_executor_queue_wait_seconds_total"), Some(0.0), "{text}");
+    assert_eq!(put_seconds("gpucache_executor_backend_seconds_total"), Some(0.0), "{text}");
 
     drop(exec);
     let text = scrape();
     assert!(!text.contains("gpucache_executor_"), "a dropped executor still reports: {text}");
+}
+
+/// `promtool check metrics` on `text`: whether it exited 0, and everything it printed. `None`
+/// when promtool (Debian's `prometheus` package) is not installed, which fails the test instead
+/// when `GPUCACHE_REQUIRE_PROMETHEUS=1`.
+fn promtool_check(text: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let spawned = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("GPUCACHE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
+                "promtool is required (GPUCACHE_REQUIRE_PROMETHEUS=1) but not installed"
+            );
+            eprintln!("SKIPPED: promtool is not installed (Debian package prometheus)");
+            return None;
+        }
+        Err(e) => panic!("run promtool: {e}"),
+    };
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
+    let out = child.wait_with_output().expect("wait for promtool");
+    let printed =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Some((out.status.success(), printed))
+}
+
+#[test]
+fn promtool_accepts_the_executor_series_without_a_warning() {
+    let store = Arc::new(
+        MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
+            .expect("store"),
+    );
+    let (exec, host) = fixture::executor(store, 2, 4096);
+    let exec = Arc::new(exec);
+    let mut registry = Registry::default();
+    let labels =
+        ExecutorLabels { model: "m".into(), role: "decode".into(), dp_rank: 0, tp_rank: 0 };
+    register_executor(&mut registry, &exec, labels);
+    let metrics = Metrics::with_registry(registry);
+    // One finished PUT, so the per-kind counters have a non-zero sample.
+    let data = payload(5, 512);
+    host.write(HostRange::new(0, 512), &data).expect("source");
+    let put = exec
+        .submit_put(vec![(key(0, &[7], KvDtype::F16, 16), HostRange::new(0, 512))])
+        .expect("queued");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !exec.poll_wait(Duration::from_secs(20)).results.iter().any(|r| r.operation == put) {
+        assert!(Instant::now() < deadline, "no result for {put}");
+    }
+    let text = metrics.encode(ExpositionFormat::Prometheus);
+    assert!(text.contains("gpucache_executor_"), "no executor series to check: {text}");
+    let Some((ok, printed)) = promtool_check(&text) else { return };
+    assert!(
+        ok && printed.is_empty(),
+        "promtool check metrics said:\n{printed}\n--- scrape ---\n{text}"
+    );
 }

@@ -13,14 +13,14 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::limits::{Refusal, RequestId};
+use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
     Abort, Committed, Get, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed,
@@ -299,6 +299,42 @@ impl StoreGauges {
     }
 }
 
+/// The configured resource limits as gauges (`gpucache_limit_*`), fixed for the registry's life,
+/// so that a usage gauge can be divided by its limit: `gpucache_retained_bytes /
+/// gpucache_limit_retained_bytes` is how full the store is.
+pub fn register_limits(registry: &mut Registry, limits: &ResourceLimits) {
+    let gauge = |v: u64| {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        g
+    };
+    registry.register(
+        "gpucache_limit_retained_bytes",
+        "limits.retained_bytes_max: bytes all blocks that are not absent may hold",
+        gauge(limits.retained_bytes_max),
+    );
+    registry.register(
+        "gpucache_limit_inflight_requests",
+        "limits.inflight_requests_max: requests admitted and not yet finished",
+        gauge(limits.inflight_requests_max.into()),
+    );
+    registry.register(
+        "gpucache_limit_registrations",
+        "limits.registrations_max: registered regions",
+        gauge(limits.registrations_max.into()),
+    );
+    registry.register(
+        "gpucache_limit_tenants",
+        "limits.tenants_max: tenants holding resources at once",
+        gauge(limits.tenants_max.into()),
+    );
+    registry.register(
+        "gpucache_limit_object_bytes",
+        "limits.object_bytes_max: the largest block",
+        gauge(limits.object_bytes_max),
+    );
+}
+
 /// Block staging's counters and slot gauges, read from the staging at every scrape
 /// (`gpucache_staging_*`): what an operator watches for slots stuck in quarantine.
 #[derive(Debug)]
@@ -348,7 +384,30 @@ impl Collector for StagingGauges {
             s.fenced,
         )?;
         StoreGauges::gauge(e, "gpucache_staging_open", "Stages open now", s.open)?;
-        StoreGauges::gauge(e, "gpucache_staging_free_slots", "Staging slots free now", s.free_slots)
+        StoreGauges::gauge(
+            e,
+            "gpucache_staging_free_slots",
+            "Staging slots free now",
+            s.free_slots,
+        )?;
+        StoreGauges::gauge(
+            e,
+            "gpucache_staging_quarantined_slots",
+            "Staging slots quarantined now (until a fence returns them)",
+            s.quarantined_slots,
+        )?;
+        StoreGauges::gauge(
+            e,
+            "gpucache_staging_peers",
+            "Peer agents whose metadata is loaded now",
+            s.peers,
+        )?;
+        StoreGauges::gauge(
+            e,
+            "gpucache_staging_slot_bytes",
+            "Bytes per staging slot: the largest block that can be staged",
+            s.slot_bytes,
+        )
     }
 }
 
@@ -499,6 +558,12 @@ impl Metrics {
         for op in [Op::Lookup, Op::Get] {
             for reason in MISS_REASONS {
                 let _ = misses.get_or_create_owned(&MissLabels { op: op.as_str(), reason });
+            }
+        }
+        for op in Op::ALL {
+            for retirement in [Retirement::Retired, Retirement::Unknown] {
+                let retirement = retirement_label(retirement);
+                let _ = errors.get_or_create_owned(&ErrorLabels { op: op.as_str(), retirement });
             }
         }
 
@@ -1004,6 +1069,171 @@ mod tests {
         let text = metrics.encode(ExpositionFormat::Prometheus);
         assert!(!text.contains("gpucache_epoch"), "a dropped store still reports gauges");
         assert!(text.contains("gpucache_ops_total"), "counters outlive the store");
+    }
+
+    /// Staging that only reports fixed stats: enough to encode [`StagingGauges`].
+    #[derive(Debug)]
+    struct FixedStaging(crate::tcp::staging::StagingStats);
+
+    impl crate::tcp::staging::BlockStaging for FixedStaging {
+        fn attach(
+            &self,
+            _: &crate::tcp::staging::StageOwner,
+            _: &[u8],
+        ) -> Result<Vec<u8>, crate::tcp::staging::StagingError> {
+            Err(self.refused())
+        }
+
+        fn slot_bytes(&self) -> u64 {
+            self.0.slot_bytes
+        }
+
+        fn stage_get(
+            &self,
+            _: &crate::tcp::staging::StageOwner,
+            _: u64,
+            _: &mut [&mut crate::tcp::staging::FillSlot<'_>],
+        ) -> Result<
+            Vec<Result<crate::tcp::staging::StagedGet, StoreError>>,
+            crate::tcp::staging::StagingError,
+        > {
+            Err(self.refused())
+        }
+
+        fn reserve_put(
+            &self,
+            _: &crate::tcp::staging::StageOwner,
+            _: u64,
+            _: crate::tcp::staging::PutIntent,
+        ) -> Result<crate::tcp::staging::StagedSlot, crate::tcp::staging::StagingError> {
+            Err(self.refused())
+        }
+
+        fn commit_put(
+            &self,
+            _: &crate::tcp::staging::StageOwner,
+            _: crate::tcp::staging::StageId,
+            _: &mut crate::tcp::staging::StoreSlot<'_>,
+        ) -> Result<Result<Put, StoreError>, crate::tcp::staging::StagingError> {
+            Err(self.refused())
+        }
+
+        fn release(
+            &self,
+            _: &crate::tcp::staging::StageOwner,
+            stages: &[crate::tcp::staging::StageId],
+        ) -> Vec<bool> {
+            vec![false; stages.len()]
+        }
+
+        fn connection_closed(&self, _: u64) {}
+
+        fn expire(&self, _: u64) -> usize {
+            0
+        }
+
+        fn fence(&self) -> Result<usize, crate::tcp::staging::StagingError> {
+            Ok(0)
+        }
+
+        fn stats(&self) -> crate::tcp::staging::StagingStats {
+            self.0
+        }
+
+        fn registered(&self) -> bool {
+            true
+        }
+    }
+
+    impl FixedStaging {
+        fn refused(&self) -> crate::tcp::staging::StagingError {
+            crate::tcp::staging::StagingError::NotEnabled { reason: "fixed stats only".into() }
+        }
+    }
+
+    /// `promtool check metrics` on `text`: whether it exited 0 and what it printed, or `None`
+    /// when promtool is not installed (a failure under `GPUCACHE_REQUIRE_PROMETHEUS=1`).
+    fn promtool_check(text: &str) -> Option<(bool, String)> {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let spawned = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                assert!(
+                    std::env::var("GPUCACHE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
+                    "promtool is required (GPUCACHE_REQUIRE_PROMETHEUS=1) but not installed"
+                );
+                eprintln!("SKIPPED: promtool is not installed (Debian package prometheus)");
+                return None;
+            }
+            Err(e) => panic!("run promtool: {e}"),
+        };
+        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
+        let out = child.wait_with_output().expect("wait for promtool");
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some((out.status.success(), printed))
+    }
+
+    #[test]
+    fn staging_and_limit_gauges_encode_and_pass_promtool() {
+        let stats = crate::tcp::staging::StagingStats {
+            staged: 9,
+            committed: 4,
+            released: 3,
+            quarantined: 2,
+            fenced: 1,
+            open: 2,
+            free_slots: 5,
+            quarantined_slots: 1,
+            peers: 3,
+            slot_bytes: 1 << 20,
+        };
+        let mut registry = Registry::default();
+        StagingGauges::register(&mut registry, Arc::new(FixedStaging(stats)));
+        let limits = ResourceLimits {
+            retained_bytes_max: 1 << 30,
+            tenant_retained_bytes_max: 1 << 30,
+            ..ResourceLimits::default()
+        };
+        register_limits(&mut registry, &limits);
+        let metrics = Arc::new(Metrics::with_registry(registry));
+        let memory = MemoryStore::new(limits.clone(), Arc::new(ManualClock::default())).unwrap();
+        let _store = MeteredStore::shared(memory, Arc::clone(&metrics));
+        let text = metrics.encode(ExpositionFormat::Prometheus);
+        assert_lines(
+            &text,
+            &[
+                "gpucache_staging_staged_total 9",
+                "gpucache_staging_committed_total 4",
+                "gpucache_staging_released_total 3",
+                "gpucache_staging_quarantined_total 2",
+                "gpucache_staging_fenced_total 1",
+                "gpucache_staging_open 2",
+                "gpucache_staging_free_slots 5",
+                "gpucache_staging_quarantined_slots 1",
+                "gpucache_staging_peers 3",
+                "gpucache_staging_slot_bytes 1048576",
+                "gpucache_limit_retained_bytes 1073741824",
+                &format!("gpucache_limit_inflight_requests {}", limits.inflight_requests_max),
+                &format!("gpucache_limit_registrations {}", limits.registrations_max),
+                &format!("gpucache_limit_tenants {}", limits.tenants_max),
+                &format!("gpucache_limit_object_bytes {}", limits.object_bytes_max),
+                // Every op's error series exists before any call fails.
+                r#"gpucache_errors_total{op="reclaim_fenced",retirement="unknown"} 0"#,
+            ],
+        );
+        let Some((ok, printed)) = promtool_check(&text) else { return };
+        assert!(ok && printed.is_empty(), "promtool check metrics said:\n{printed}\n{text}");
     }
 
     #[test]

@@ -6,16 +6,17 @@ use std::num::NonZeroUsize;
 
 use gpucache_dataplane::registry::{LocalEpochs, MemoryKind, PoolMemory, RegisteredPool};
 use gpucache_dataplane::testing::fixture::tenant;
-use gpucache_gpu::{GpuDevice, GpuError, GpuSlots, NixlGpuSlots, probe};
+use gpucache_gpu::{GpuDevice, GpuError, GpuSlots, NixlGpuSlots, gpu_required, probe};
 use gpucache_nic::NicError;
-use gpucache_nic::nixl::NixlAgent;
 use gpucache_nic::nixl::wire::BlockMem;
+use gpucache_nic::nixl::{NixlAgent, REQUIRE_NIXL_ENV};
 
 #[test]
 fn vram_registration_fails_closed_or_describes_vram_blocks() {
     let gpu = match probe() {
         Err(why) => {
             assert_eq!(GpuDevice::open(0).map(|_| ()), Err(GpuError::Unavailable(why.clone())));
+            assert!(!gpu_required(), "a GPU is required here but none is usable: {why}");
             eprintln!("SKIP VRAM registration: no usable GPU ({why})");
             return;
         }
@@ -26,6 +27,10 @@ fn vram_registration_fails_closed_or_describes_vram_blocks() {
             assert!(matches!(e, NicError::NixlUnavailable { .. }), "{e}");
             let as_gpu = GpuError::from(e.clone());
             assert_eq!(as_gpu.to_string(), e.to_string());
+            assert!(
+                std::env::var(REQUIRE_NIXL_ENV).as_deref() != Ok("1"),
+                "{REQUIRE_NIXL_ENV}=1 but no NIXL agent can be made: {e}"
+            );
             eprintln!("SKIP VRAM registration: {e}");
             return;
         }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use gpucache_backends::metered::{MeteredStore, Metrics, StagingGauges};
+use gpucache_backends::metered::{MeteredStore, Metrics, StagingGauges, register_limits};
 use gpucache_backends::resp::{RespConfig, RespLimits, RespServer};
 use gpucache_backends::tcp::staging::BlockStaging;
 use gpucache_backends::tcp::{Server, ServerConfig};
@@ -119,6 +119,7 @@ fn serve(config: ServeConfig) -> ExitCode {
     if let Some(staging) = &staging {
         StagingGauges::register(&mut registry, Arc::clone(staging));
     }
+    register_limits(&mut registry, &config.limits());
     let metrics = Arc::new(Metrics::with_registry(registry));
     let metered = MeteredStore::shared(store, Arc::clone(&metrics));
     let tenants = match config.callers() {

@@ -1,6 +1,7 @@
 //! MooncakeStore (directly, and under the executor) against a live Mooncake Store on 127.0.0.1: the metadata server, the master
 //! and a separate `mooncake_client` holding a small segment, all started here and killed by
-//! PID on every path.
+//! PID on every path. The store conformance rules the adapter honours run unchanged against
+//! such a cluster too; the others are departures, each listed with its reason in ADR 0017.
 //!
 //! Needs the venv with `mooncake-transfer-engine-non-cuda` (scripts/setup.sh makes it):
 //! `GPUCACHE_MOONCAKE_VENV`, else `$CARGO_TARGET_DIR/bench-venv`, else `target/bench-venv`.
@@ -9,20 +10,25 @@
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
 use std::num::NonZeroUsize;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpucache_backends::mooncake::{
     MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
+    wire,
 };
+use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::{Executor, HostRange, KeyResult, OperationId, OperationResult};
 use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{
     Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
-use gpucache_dataplane::testing::fixture;
+use gpucache_dataplane::testing::{Subject, fixture, rules};
 
 /// Deadline for each server to listen.
 const LISTEN_MS: u64 = 30_000;
@@ -235,26 +241,37 @@ fn executor_round_trip(store: &Arc<MooncakeStore>) {
     assert!(!report.restart_required, "{report:?}");
 }
 
+/// The adapter's settings against `cluster`, with object keys in `namespace`.
+fn config(
+    venv: &MooncakeVenv,
+    metadata_url: &str,
+    master: &str,
+    namespace: &str,
+) -> MooncakeConfig {
+    MooncakeConfig {
+        sidecar: SidecarConfig {
+            venv: venv.clone(),
+            metadata_url: metadata_url.to_owned(),
+            master: master.to_owned(),
+            buffer_bytes: NonZeroUsize::new(2 * PAGE_BYTES).expect("nonzero"),
+            segment_bytes: 0,
+            startup_ms: 60_000,
+            call_ms: 30_000,
+        },
+        reservations_max: NonZeroUsize::new(16).expect("nonzero"),
+        namespace: namespace.to_owned(),
+    }
+}
+
 #[test]
 fn mooncake_store_against_a_live_cluster() {
     let Some(venv) = venv_or_skip() else { return };
     let logs = tempfile::tempdir().expect("log dir");
     let cluster = start_cluster(&venv, logs.path());
     let store = Arc::new(
-        MooncakeConfig {
-            sidecar: SidecarConfig {
-                venv: venv.clone(),
-                metadata_url: cluster.metadata_url.clone(),
-                master: cluster.master.clone(),
-                buffer_bytes: NonZeroUsize::new(2 * PAGE_BYTES).expect("nonzero"),
-                segment_bytes: 0,
-                startup_ms: 60_000,
-                call_ms: 30_000,
-            },
-            reservations_max: NonZeroUsize::new(16).expect("nonzero"),
-        }
-        .build()
-        .unwrap_or_else(|e| panic!("{e}; logs in {}", logs.keep().display())),
+        config(&venv, &cluster.metadata_url, &cluster.master, "")
+            .build()
+            .unwrap_or_else(|e| panic!("{e}; logs in {}", logs.keep().display())),
     );
     assert!(!store.failures_retire());
     assert_mounted(&store);
@@ -310,6 +327,18 @@ fn mooncake_store_against_a_live_cluster() {
     assert_eq!(store.invalidate(&caller, &unread), Ok(Invalidate::Absent));
     assert_eq!(store.get_into(&caller, &unread, &mut dst), Ok(Get::Miss(MissReason::Absent)));
 
+    // An object whose payload disagrees with its header's checksum (written past the adapter)
+    // is a Corrupt miss, and none of its bytes reach the caller's buffer.
+    let damaged_key = fixture::key(0, &[5, 5], KvDtype::Bf16, 16);
+    let mut damaged = wire::object_header(&first).to_vec();
+    damaged.extend_from_slice(&first);
+    damaged[wire::OBJECT_HEADER_BYTES] ^= 1;
+    let name = store.object_key(&damaged_key);
+    assert_eq!(store.raw_call(Op::Put, &name, 0, &damaged), Ok(Raw::Code(0)));
+    dst.fill(0x5A);
+    assert_eq!(store.get_into(&caller, &damaged_key, &mut dst), Ok(Get::Miss(MissReason::Corrupt)));
+    assert!(dst.iter().all(|b| *b == 0x5A), "a corrupt object's bytes reached the caller");
+
     // Fill the segment until the master refuses: -200, a retired per-page failure.
     let mut refused: Option<StoreError> = None;
     for i in 0..FILL_PAGES_MAX {
@@ -340,6 +369,115 @@ fn mooncake_store_against_a_live_cluster() {
     assert!(matches!(store.get_into(&caller, &k1, &mut dst), Ok(Get::Hit { .. })));
     drop(store);
     drop(cluster);
+}
+
+/// The conformance rules MooncakeStore honours, run unchanged against the live cluster.
+const HONOURED_RULES: [&str; 9] = [
+    "exact_hit_needs_committed_physical_key",
+    "lookup_and_get_refuse_other_tenants",
+    "rights_are_enforced",
+    "get_into_small_buffer_fails_retired",
+    "put_is_create_only",
+    "region_ids_never_recycled",
+    "incomplete_commit_is_refused",
+    "write_bounds_are_checked",
+    "failures_report_retirement",
+];
+
+/// The conformance rules it departs from; ADR 0017 names each with its reason, and this test
+/// checks that each still fails (one that starts to hold belongs in [`HONOURED_RULES`]).
+const DEPARTED_RULES: [&str; 15] = [
+    "same_logical_other_physical_is_incompatible",
+    "prefix_hit_is_whole_block_and_needs_equal_shape",
+    "only_committed_is_readable",
+    "corrupt_block_is_a_miss_and_dropped",
+    "request_replay_is_idempotent",
+    "request_ids_expire_and_are_capped",
+    "abort_retired_frees_everything",
+    "unknown_outcome_quarantines_and_stays_charged",
+    "lease_expiry_quarantines_never_frees",
+    "attestation_needs_owner_or_admin",
+    "fence_reclaims_only_older_epochs",
+    "stale_reservations_refuse_writes_after_bump",
+    "refusals_carry_numbers",
+    "full_store_follows_its_policy",
+    "registrations_count_committed_and_quarantined",
+];
+
+/// The model properties, departures too (ADR 0017): not run here, each generated case would
+/// start a sidecar, and the first usage comparison fails them.
+const DEPARTED_MODELS: [&str; 3] =
+    ["model_single_tenant", "model_multi_tenant", "model_tight_limits"];
+
+/// The ADR that lists the departures.
+fn adr() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/adr/0017-mooncake-adapter.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn every_departure_is_listed_in_the_adr() {
+    let adr = adr();
+    let mut all: Vec<&str> =
+        HONOURED_RULES.iter().chain(&DEPARTED_RULES).chain(&DEPARTED_MODELS).copied().collect();
+    for name in DEPARTED_RULES.iter().chain(&DEPARTED_MODELS) {
+        assert!(adr.contains(&format!("`{name}`")), "ADR 0017 does not list the departure {name}");
+    }
+    for name in HONOURED_RULES {
+        assert!(adr.contains(&format!("`{name}`")), "ADR 0017 does not list the rule {name}");
+    }
+    all.sort_unstable();
+    let count = all.len();
+    all.dedup();
+    assert_eq!(all.len(), count, "a rule is both honoured and departed from");
+    // The suite's 24 rules and 3 model properties, each in one list.
+    assert_eq!(count, 27);
+}
+
+/// Runs the rule `name` with `make`; the panic's message when it fails.
+fn outcome(name: &str, make: &gpucache_dataplane::testing::MakeSubject) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| rules::run(name, make))).map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic without a message".to_owned())
+    })
+}
+
+#[test]
+fn conformance_rules_against_a_live_cluster() {
+    let Some(venv) = venv_or_skip() else { return };
+    let logs = tempfile::tempdir().expect("log dir");
+    let cluster = start_cluster(&venv, logs.path());
+    let (metadata_url, master, venv) =
+        (cluster.metadata_url.clone(), cluster.master.clone(), venv.clone());
+    // Each subject is a fresh adapter (its own sidecar) in a namespace of its own, so that no
+    // subject sees another's objects in the shared cluster. The adapter has no limits and no
+    // clock of its own to take from the suite (ADR 0017).
+    let subjects = AtomicU64::new(0);
+    let make = move |_limits: ResourceLimits, _clock: ManualClock| -> Subject {
+        let namespace = format!("conformance{}", subjects.fetch_add(1, Ordering::Relaxed));
+        let store = config(&venv, &metadata_url, &master, &namespace)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        // No honoured rule damages a block: there is no way to reach one in the cluster.
+        Subject { store: Box::new(store), corrupt: Box::new(|_| false) }
+    };
+    let failed: Vec<String> = HONOURED_RULES
+        .iter()
+        .filter_map(|name| outcome(name, &make).err().map(|why| format!("{name}: {why}")))
+        .collect();
+    let holding: Vec<&str> =
+        DEPARTED_RULES.iter().copied().filter(|name| outcome(name, &make).is_ok()).collect();
+    drop(cluster);
+    assert!(
+        failed.is_empty(),
+        "honoured rules failed (logs were in {}):\n{}",
+        logs.path().display(),
+        failed.join("\n")
+    );
+    assert!(holding.is_empty(), "listed as departures but hold: {holding:?}");
 }
 
 #[test]

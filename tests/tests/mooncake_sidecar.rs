@@ -97,6 +97,7 @@ fn build(venv: MooncakeVenv, call_ms: u64) -> Result<MooncakeStore, MooncakeErro
             call_ms,
         },
         reservations_max: NonZeroUsize::new(4).expect("nonzero"),
+        namespace: String::new(),
     }
     .build()
 }

@@ -36,7 +36,8 @@
 //! reports the interrupted call as if the SDK had raised.
 //!
 //! # Objects
-//! The Mooncake key of a [`gpucache_dataplane::PhysicalKey`] is `gpc1-<tenant hex>-<digest hex>`.
+//! The Mooncake key of a [`gpucache_dataplane::PhysicalKey`] is `gpc1-<tenant hex>-<digest hex>`,
+//! or `gpc1-<namespace>-<tenant hex>-<digest hex>` for a store configured with a namespace.
 //! The object is a 24-byte header (`GPCMOON1`, payload length `u64`, payload checksum `u64`)
 //! followed by the payload, so a GET checks the bytes it hands back.
 
@@ -50,4 +51,4 @@ pub use error::MooncakeError;
 pub use results::Raw;
 pub use sidecar::{MooncakeVenv, SidecarConfig};
 pub use store::{MooncakeConfig, MooncakeStore};
-pub use wire::{Op, object_key};
+pub use wire::{Op, object_key, object_key_in};

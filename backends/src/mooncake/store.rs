@@ -28,6 +28,10 @@ pub struct MooncakeConfig {
     pub sidecar: SidecarConfig,
     /// Most PUTs staged between reserve and commit at once.
     pub reservations_max: NonZeroUsize,
+    /// Prefix of every object key (empty: none), so that several stores share one cluster
+    /// without seeing each other's objects: ASCII letters and digits, at most
+    /// [`wire::NAMESPACE_BYTES_MAX`].
+    pub namespace: String,
 }
 
 impl MooncakeConfig {
@@ -42,16 +46,28 @@ impl MooncakeConfig {
                 ),
             });
         }
+        if !wire::valid_namespace(&self.namespace) {
+            return Err(MooncakeError::Config {
+                detail: format!(
+                    "namespace {:?} must be at most {} ASCII letters and digits",
+                    self.namespace,
+                    wire::NAMESPACE_BYTES_MAX
+                ),
+            });
+        }
         let sidecar = Sidecar::start(&self.sidecar)?;
         tracing::info!(pid = sidecar.pid(), master = %self.sidecar.master, "mooncake sidecar ready");
         Ok(MooncakeStore {
             payload_bytes_max: (self.sidecar.buffer_bytes.get() - wire::OBJECT_HEADER_BYTES) as u64,
             reservations_max: self.reservations_max.get(),
+            namespace: self.namespace,
             inner: Mutex::new(Inner {
                 sidecar,
                 broken: None,
                 payload_halted: None,
-                epoch: 0,
+                // The first epoch is 1, as in every store: `reclaim_fenced(Epoch(0))` names
+                // an epoch that never was current and is refused.
+                epoch: 1,
                 next_region: 1,
                 staged: HashMap::new(),
                 quarantined: HashMap::new(),
@@ -86,6 +102,7 @@ struct Inner {
 pub struct MooncakeStore {
     payload_bytes_max: u64,
     reservations_max: usize,
+    namespace: String,
     inner: Mutex<Inner>,
 }
 
@@ -103,6 +120,11 @@ impl MooncakeStore {
     /// The largest payload one object may hold (the sidecar buffer less the header).
     pub fn payload_bytes_max(&self) -> u64 {
         self.payload_bytes_max
+    }
+
+    /// The Mooncake key this store uses for `key` (within its namespace).
+    pub fn object_key(&self, key: &PhysicalKey) -> String {
+        wire::object_key_in(&self.namespace, key)
     }
 
     /// The sidecar's process id.
@@ -141,7 +163,7 @@ impl MooncakeStore {
     ) -> Result<Put, StoreError> {
         authorize(caller, key, Right::Write)?;
         self.check_len("mooncake put", src.len() as u64)?;
-        let name = wire::object_key(key);
+        let name = self.object_key(key);
         let mut inner = self.lock();
         let (result, checksum) = self.put_object(&mut inner, &name, src)?;
         Ok(result.into_put(checksum))
@@ -258,7 +280,7 @@ impl Store for MooncakeStore {
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         authorize(caller, key, Right::Read)?;
-        let name = wire::object_key(key);
+        let name = self.object_key(key);
         let mut inner = self.lock();
         if !Self::exists(&mut inner, &name)? {
             return Ok(Lookup::Miss(MissReason::Absent));
@@ -277,7 +299,7 @@ impl Store for MooncakeStore {
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
         authorize(caller, key, Right::Read)?;
-        let name = wire::object_key(key);
+        let name = self.object_key(key);
         let mut inner = self.lock();
         let Some(object_bytes) = Self::size(&mut inner, &name)? else {
             return Ok(Get::Miss(MissReason::Absent));
@@ -317,7 +339,7 @@ impl Store for MooncakeStore {
     ) -> Result<Reserve, StoreError> {
         authorize(caller, key, Right::Write)?;
         self.check_len("mooncake reserve", len)?;
-        let name = wire::object_key(key);
+        let name = self.object_key(key);
         let mut inner = self.lock();
         if inner.staged.len() >= self.reservations_max {
             return Err(refused(
@@ -325,12 +347,17 @@ impl Store for MooncakeStore {
                 format!("{} reservations already staged", self.reservations_max),
             ));
         }
+        // Create-only: a key being written under another reservation is busy until that one
+        // commits or aborts.
+        let epoch = inner.epoch;
+        if inner.staged.values().any(|s| s.key == name && s.epoch == epoch) {
+            return Ok(Reserve::Busy);
+        }
         if Self::exists(&mut inner, &name)? {
             return Ok(Reserve::AlreadyCommitted);
         }
         let region = RegionId(inner.next_region);
         inner.next_region += 1;
-        let epoch = inner.epoch;
         let bytes = vec![0_u8; usize::try_from(len).unwrap_or(usize::MAX)];
         inner.staged.insert(
             region,
@@ -357,8 +384,14 @@ impl Store for MooncakeStore {
         let staged = inner
             .staged
             .get_mut(&reservation.region)
-            .filter(|s| s.tenant == caller.tenant && s.epoch == epoch)
+            .filter(|s| s.epoch == epoch)
             .ok_or(StoreError::UnknownReservation { region: reservation.region })?;
+        if staged.tenant != caller.tenant {
+            return Err(StoreError::WrongTenant {
+                caller: caller.tenant.clone(),
+                owner: staged.tenant.clone(),
+            });
+        }
         let capacity = staged.bytes.len() as u64;
         let end = offset
             .checked_add(src.len() as u64)
@@ -427,7 +460,7 @@ impl Store for MooncakeStore {
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         authorize(caller, key, Right::Write)?;
-        let name = wire::object_key(key);
+        let name = self.object_key(key);
         let mut inner = self.lock();
         let (raw, _) = Self::exchange(&mut inner, Call::Remove, Op::Remove, &name, 0, &[])?;
         Ok(match results::remove_result(raw).map_err(|f| Self::fail(&mut inner, f))? {
@@ -489,7 +522,7 @@ impl Store for MooncakeStore {
     ) -> Result<Put, StoreError> {
         authorize(caller, key, Right::Write)?;
         self.check_len("mooncake put", src.len() as u64)?;
-        let name = wire::object_key(key);
+        let name = self.object_key(key);
         let mut inner = self.lock();
         if Self::exists(&mut inner, &name)? {
             return Ok(Put::AlreadyCommitted);

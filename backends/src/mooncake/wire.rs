@@ -41,13 +41,35 @@ const STATUS_CODE: u8 = 0;
 const STATUS_RAISED: u8 = 1;
 const STATUS_REFUSED: u8 = 2;
 
+/// Longest namespace ([`object_key_in`]) a store's object keys may carry.
+pub const NAMESPACE_BYTES_MAX: usize = 32;
+
 /// The Mooncake key of `key`: tenant and digest in hex, so that two tenants can never share
 /// a key string, whatever characters their names hold.
 pub fn object_key(key: &PhysicalKey) -> String {
+    object_key_in("", key)
+}
+
+/// Whether `namespace` may prefix object keys: at most [`NAMESPACE_BYTES_MAX`] ASCII letters
+/// and digits (no dash, so a namespaced key has one field more than a plain one and the two
+/// can never be the same string).
+pub fn valid_namespace(namespace: &str) -> bool {
+    namespace.len() <= NAMESPACE_BYTES_MAX && namespace.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// [`object_key`] within `namespace` (empty: none): `gpc1-<namespace>-<tenant>-<digest>`, so
+/// that stores with different namespaces share one cluster without meeting.
+pub fn object_key_in(namespace: &str, key: &PhysicalKey) -> String {
+    debug_assert!(valid_namespace(namespace));
     let tenant = key.tenant().as_str().as_bytes();
     let digest = key.digest().0;
-    let mut out = String::with_capacity(5 + 2 * tenant.len() + 1 + 2 * digest.len());
+    let mut out =
+        String::with_capacity(5 + namespace.len() + 1 + 2 * tenant.len() + 1 + 2 * digest.len());
     out.push_str("gpc1-");
+    if !namespace.is_empty() {
+        out.push_str(namespace);
+        out.push('-');
+    }
     push_hex(&mut out, tenant);
     out.push('-');
     push_hex(&mut out, &digest);
@@ -223,5 +245,20 @@ mod tests {
         assert!(object_key(&a).starts_with("gpc1-74656e616e742d61-"), "{}", object_key(&a));
         assert_eq!(object_key(&a).len(), 5 + 16 + 1 + 64);
         assert!(object_key(&a).len() <= KEY_BYTES_MAX);
+    }
+
+    #[test]
+    fn namespaces_separate_keys_and_are_checked() {
+        use gpucache_dataplane::identity::KvDtype;
+        use gpucache_dataplane::testing::fixture::key;
+        let a = key(0, &[1, 2], KvDtype::Bf16, 16);
+        assert_eq!(object_key_in("", &a), object_key(&a));
+        let spaced = object_key_in("run7", &a);
+        assert_eq!(spaced, format!("gpc1-run7-{}", &object_key(&a)[5..]));
+        assert_ne!(object_key_in("run8", &a), spaced);
+        assert!(valid_namespace("") && valid_namespace("Ab09") && valid_namespace(&"x".repeat(32)));
+        assert!(
+            !valid_namespace("a-b") && !valid_namespace("a b") && !valid_namespace(&"x".repeat(33))
+        );
     }
 }

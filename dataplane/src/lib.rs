@@ -4,8 +4,9 @@
 //! and physical keys ([`key`]), its lifecycle ([`lifecycle`]), the payload checksum
 //! ([`checksum`]), resource limits and admission ([`limits`]), registered regions with
 //! quarantine and epoch fences ([`registry`]), callers ([`caller`]), the [`store::Store`]
-//! trait, and the pure parts of the engine-facing asynchronous path: the executor's health
-//! monitor and owner agreement ([`executor`]) and the scheduler-side admission ([`admission`]).
+//! trait, and the engine-facing asynchronous path: the executor with its bounded queues and
+//! workers, health monitor and owner agreement ([`executor`]), and the scheduler-side admission
+//! ([`admission`]).
 //! With the `testing` feature it also exports the conformance suite every backend runs
 //! ([`testing`]). It depends on no backend, transport or device library.
 

@@ -12,6 +12,10 @@
 //!
 //! Owns device memory and streams. It must not own block identity or lifecycle: keys, stores
 //! and publication stay with the data plane.
+//!
+//! It builds and its unit tests run everywhere; the device paths run only where a GPU is
+//! (`scripts/gpu-check.sh`), and have not run on one yet. Without the driver every call is a
+//! typed [`GpuUnavailable`], never a panic.
 
 pub mod error;
 pub mod memory;

@@ -1,4 +1,4 @@
-//! The executor's Prometheus series (the seed's Observability section) in the same registry as
+//! The executor's Prometheus series in the same registry as
 //! the store metrics: queued and running work, health, unproven retirement and counters, read at
 //! scrape time without calling the store, labelled by deployment only, gone with the executor.
 

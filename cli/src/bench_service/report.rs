@@ -76,7 +76,7 @@ pub(crate) fn ratio(
 /// The comparison peers, in column order.
 pub(crate) const REFERENCES: [&str; 4] = ["iperf3", "redis", "mooncake", "memcpy"];
 
-/// One aim of the issue: at 1 MiB with one client, ours / `peer` at least `need`.
+/// One aim of the benchmark: at 1 MiB with one client, ours / `peer` at least `need`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Aim {
     pub(crate) ours: String,

@@ -1,10 +1,14 @@
-//! GPUCache stores behind the `gpucache_dataplane::Store` contract.
+//! GPUCache stores behind the `gpucache_dataplane::Store` contract, and the fronts that serve
+//! them.
 //!
-//! Owns one module per backend: [`memory`] (the in-process reference) now; the FileStore, the
-//! TCP client and the cold tier join it with their issues. Backends share the contract's
-//! admission ledger, region table and lifecycle instead of keeping their own. [`resp`] is the
-//! Redis-protocol (RESP2) front over any store. [`mooncake`] drives a live Mooncake Store through
-//! a Python sidecar. [`pool`] is huge-page backed host memory for registered pools.
+//! Owns one module per store: [`memory`] (the in-process reference), [`file`] (the FileStore:
+//! one durable file per block through io_uring or pread/pwrite), [`tcp`] (the GPCW service and
+//! `TcpStore`, its client) and [`mooncake`] (a live Mooncake Store driven through a Python
+//! sidecar). Stores share the contract's admission ledger, region table and lifecycle instead of
+//! keeping their own. [`resp`] is the Redis-protocol (RESP2) front over any store, [`shm`] the
+//! same-host shared-memory segment, [`metered`] and [`executor_metrics`] the Prometheus series,
+//! and [`pool`] huge-page backed host memory for registered pools. The cold object-store tier
+//! does not exist yet.
 
 mod catalog;
 pub mod executor_metrics;

@@ -1,7 +1,7 @@
 //! GPUCache stores behind the `gpucache_dataplane::Store` contract, and the fronts that serve
 //! them.
 //!
-//! Owns one module per store: [`memory`] (the in-process reference), [`file`] (the FileStore:
+//! Owns one module per store: [`memory`] (the in-process reference), [`file`](mod@file) (the FileStore:
 //! one durable file per block through io_uring or pread/pwrite), [`tcp`] (the GPCW service and
 //! `TcpStore`, its client) and [`mooncake`] (a live Mooncake Store driven through a Python
 //! sidecar). Stores share the contract's admission ledger, region table and lifecycle instead of

@@ -11,6 +11,7 @@
 //! does not exist yet.
 
 mod catalog;
+pub mod create_only;
 pub mod executor_metrics;
 pub mod file;
 mod listener;

@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
 use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
 use crate::tcp::auth::TenantKeys;
 use crate::tcp::auth::keys::unhex;
@@ -761,8 +762,10 @@ const RACE_ATTEMPTS: usize = 3;
 const BUSY_WAIT: Duration = Duration::from_secs(2);
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(20);
 
-const EXISTS_TEXT: &str = "key already holds a different value and values are create-only; \
-                           DEL it first, or use SET key value NX";
+/// SET's refusal of another value over a key's: the shared text, and what to do here.
+fn exists_text() -> String {
+    format!("{DIFFERENT_VALUE_TEXT}; DEL it first, or use SET key value NX")
+}
 const BUSY_TEXT: &str = "another client kept writing this key; retry";
 
 fn store_error(e: &StoreError) -> Reply {
@@ -869,12 +872,11 @@ impl Session<'_> {
     /// GET: the value, or nil when nothing usable is there.
     fn get(&self, plain: &[u8]) -> Result<Reply, Reply> {
         let key = self.key(plain)?;
-        Ok(self.read(&key, None)?.map_or(Reply::Nil, Reply::Bulk))
+        Ok(self.read(&key)?.map_or(Reply::Nil, Reply::Bulk))
     }
 
-    /// The value under `key`, `None` when nothing usable is there. With `only_len`, a value of
-    /// another length is not read (and comes back empty).
-    fn read(&self, key: &PhysicalKey, only_len: Option<usize>) -> Result<Option<Vec<u8>>, Reply> {
+    /// The value under `key`, `None` when nothing usable is there.
+    fn read(&self, key: &PhysicalKey) -> Result<Option<Vec<u8>>, Reply> {
         for _ in 0..RACE_ATTEMPTS {
             let len = match self.store.lookup(self.caller, key).map_err(|e| store_error(&e))? {
                 Lookup::Hit { len } => len,
@@ -883,9 +885,6 @@ impl Session<'_> {
             };
             let len = usize::try_from(len)
                 .map_err(|_| Reply::err(format!("a {len}-byte value does not fit this host")))?;
-            if only_len.is_some_and(|want| want != len) {
-                return Ok(Some(Vec::new()));
-            }
             let mut value = vec![0u8; len];
             match self.store.get_into(self.caller, key, &mut value) {
                 Ok(Get::Hit { len: got, .. }) => {
@@ -919,12 +918,14 @@ impl Session<'_> {
                 Ok(Put::Committed(_)) => return Ok(()),
                 Ok(Put::AlreadyCommitted) if nx => return Err(NotStored::Exists),
                 Ok(Put::AlreadyCommitted) => {
-                    match self.read(&key, Some(value.len())).map_err(NotStored::Reply)? {
-                        Some(held) if held == value => return Ok(()),
-                        Some(_) => return Err(NotStored::Exists),
+                    let held = compare_held(self.store, self.caller, &key, value)
+                        .map_err(|e| NotStored::Reply(store_error(&e)))?;
+                    match held {
+                        Held::Same => return Ok(()),
+                        Held::Different => return Err(NotStored::Exists),
                         // Deleted (or found corrupt and dropped) since the put: try again.
-                        None if vanished < RACE_ATTEMPTS => vanished += 1,
-                        None => return Err(NotStored::Reply(Reply::err(BUSY_TEXT))),
+                        Held::Gone if vanished < RACE_ATTEMPTS => vanished += 1,
+                        Held::Gone => return Err(NotStored::Reply(Reply::err(BUSY_TEXT))),
                     }
                 }
                 Ok(Put::Busy) => {
@@ -959,7 +960,7 @@ impl Session<'_> {
         match self.store_value(key, value, nx) {
             Ok(()) => Reply::ok(),
             Err(NotStored::Exists) if nx => Reply::Nil,
-            Err(NotStored::Exists) => Reply::err(EXISTS_TEXT),
+            Err(NotStored::Exists) => Reply::err(exists_text()),
             Err(NotStored::Reply(r)) => r,
         }
     }
@@ -1030,7 +1031,7 @@ impl Session<'_> {
         for (i, pair) in args.chunks_exact(2).enumerate() {
             let why = match self.store_value(&pair[0], &pair[1], false) {
                 Ok(()) => continue,
-                Err(NotStored::Exists) => EXISTS_TEXT.to_owned(),
+                Err(NotStored::Exists) => exists_text(),
                 Err(NotStored::Reply(Reply::Error(text))) => {
                     text.strip_prefix("ERR ").unwrap_or(&text).to_owned()
                 }

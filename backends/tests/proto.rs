@@ -9,7 +9,8 @@ use gpucache_backends::tcp::proto::{
     AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_TRAILER,
     Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES,
     HelloAuth, HelloSession, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL,
-    REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SealAlgorithm, SealKey, SharedGetItem,
+    REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SealAlgorithm, SealKey, ServerLimits,
+    SharedGetItem,
     SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
     decode_put_request, encode_get_response, encode_put_request, header_checksum, intern, offset,
 };
@@ -952,6 +953,7 @@ fn sample_requests() -> Vec<Request> {
         Request::CommitPut { stage: StageId(13) },
         Request::Release { stages: vec![StageId(1), StageId(2)] },
         Request::StageStats,
+        Request::Limits,
     ]
 }
 
@@ -1047,6 +1049,9 @@ fn sample_responses() -> Vec<Response> {
             detail: "the connection holds 2 open stages".into(),
         }),
         Response::Error(WireError::UnsupportedVersion { found: 1, supported: VERSION }),
+        Response::Limits(ServerLimits { object_bytes_max: Some(64 << 20) }),
+        Response::Limits(ServerLimits { object_bytes_max: None }),
+        Response::Error(WireError::UnknownTenant { tenant: t.clone() }),
     ]
 }
 
@@ -1293,7 +1298,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 26), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 27), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;
@@ -1692,7 +1697,7 @@ fn bad_names_text_and_tags_are_typed() {
         (Op::Write, &[1, 12], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[27], "wire error"),
+        (Op::Error, &[28], "wire error"),
         (Op::Error, &[26, 8], "staging failure"),
         (Op::Error, &[21, 8], "auth failure"),
         (Op::Hello, &[2, 0, 0, 0, 0, 9], "hello credentials"),
@@ -1946,6 +1951,7 @@ fn every_wire_error() -> Vec<WireError> {
         WireError::SealMismatch,
         WireError::Replayed { request_id: 1 },
         WireError::SharedMemory { detail: "no segment".into() },
+        WireError::UnknownTenant { tenant: fixture::tenant(1) },
     ]
 }
 

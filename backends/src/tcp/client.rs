@@ -48,8 +48,8 @@ use super::auth::Credentials;
 use super::proto::seal::{self, NONCE_BYTES, SealKey};
 use super::proto::{
     BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HelloAuth, Op, PAYLOAD_BYTES_MAX,
-    RemoteInfo, Request, Response, SharedGetItem, SharedPutItem, WireError, decode_get_response,
-    encode_put_request,
+    RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, WireError,
+    decode_get_response, encode_put_request,
 };
 use super::staging::{StageCallError, StageId, StagedGet, StagedSlot, StagingStats};
 
@@ -58,13 +58,18 @@ const POOL_CONNECTIONS_MAX: usize = 8;
 const READ_CHUNK_BYTES: usize = 256 << 10;
 /// Largest request buffer a connection keeps between requests.
 const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
+/// Default for [`ClientConfig::handshake_deadline`].
+pub const HANDSHAKE_DEADLINE_DEFAULT: Duration = Duration::from_secs(5);
 
 /// How to reach a server.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     pub addr: SocketAddr,
-    /// Connecting, sending a request and receiving its answer each must finish within this.
+    /// Sending a request and receiving its answer each must finish within this.
     pub deadline: Duration,
+    /// Connecting and the HELLO exchange must finish within this, whatever `deadline` is: a
+    /// peer that is not a GPCW server (a RESP or HTTP port) never answers HELLO.
+    pub handshake_deadline: Duration,
     /// The identity used for calls the store trait makes without a caller (epoch, stats,
     /// leases, fences).
     pub control: Caller,
@@ -108,6 +113,7 @@ impl ClientConfig {
         Self {
             addr,
             deadline: Duration::from_secs(30),
+            handshake_deadline: HANDSHAKE_DEADLINE_DEFAULT,
             control,
             client_name: "gpucache-client".into(),
             credentials: HashMap::new(),
@@ -184,6 +190,10 @@ struct Conn {
 
 type PoolKey = (TenantId, bool, bool, bool);
 
+fn pool_key(caller: &Caller) -> PoolKey {
+    (caller.tenant.clone(), caller.rights.read, caller.rights.write, caller.rights.admin)
+}
+
 /// A [`Store`] served by a remote `gpucache serve`.
 #[derive(Debug)]
 pub struct TcpStore {
@@ -233,6 +243,88 @@ fn transport(operation: &'static str, detail: impl std::fmt::Display) -> StoreEr
         operation,
         detail: format!("transport: {detail}"),
         retirement: Retirement::Retired,
+    }
+}
+
+/// How one request and its answer failed, before any answer could be read.
+#[derive(Debug, thiserror::Error)]
+enum ExchangeFailure {
+    #[error("request not encodable: {0}")]
+    Encode(WireError),
+    #[error("{0}")]
+    Io(io::Error),
+    #[error("no answer within {0:?}")]
+    Deadline(Duration),
+    #[error("server closed the connection")]
+    Closed,
+    /// The bytes that came back are not a GPCW frame (or not a sound one).
+    #[error("{0}")]
+    Frame(WireError),
+    #[error("server sent bytes past the answer")]
+    PastTheAnswer,
+    #[error("answer for request {found} ({what}), expected {expected}")]
+    OtherAnswer { found: u64, what: String, expected: u64 },
+}
+
+/// Why a session could not be opened: the socket, or the server's answer to HELLO. As a
+/// [`StoreError`] it is a transport failure whose detail is this message.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot connect to {addr}: {source}")]
+    Unreachable { addr: String, source: io::Error },
+    /// The server has no such tenant in its configuration.
+    #[error("unknown tenant {tenant:?}: the server has no such tenant configured")]
+    UnknownTenant { tenant: TenantId },
+    /// The server is at its connection limit and turned this one away.
+    #[error("the server is busy ({connections} of {max} connections); try again later")]
+    Busy { connections: u32, max: u32 },
+    /// Nothing came back to HELLO within the handshake deadline: most likely not a GPCW
+    /// listener (a RESP or HTTP port waits for more bytes instead of answering).
+    #[error(
+        "{addr} sent no answer to HELLO within {waited:?}: is it the native (GPCW) listener, not \
+         the RESP or metrics one?"
+    )]
+    NoAnswer { addr: String, waited: Duration },
+    /// What came back is not a GPCW frame.
+    #[error("{addr} does not speak GPCW (is it the native listener?): {error}")]
+    NotGpcw { addr: String, error: WireError },
+    /// The server answered HELLO with a refusal (authentication, shutdown, ...).
+    #[error("the server refused the session: {0}")]
+    Refused(WireError),
+    /// The same-host path was asked for and the server offers no Unix socket.
+    #[error(
+        "the server offers no local socket (it runs on another host, or without listen.local); \
+         the same-host path was asked for"
+    )]
+    NoLocalSocket,
+    /// Any other failure while the session was being opened.
+    #[error("{0}")]
+    Session(String),
+}
+
+impl ConnectError {
+    fn from_answer(answer: WireError, tenant: &TenantId) -> Self {
+        match answer {
+            // Servers that predate UnknownTenant answer a HELLO for one this way: HELLO is
+            // the one request that cannot be "before HELLO".
+            WireError::UnknownTenant { tenant } => Self::UnknownTenant { tenant },
+            WireError::NotAuthenticated => Self::UnknownTenant { tenant: tenant.clone() },
+            WireError::Busy { connections, max } => Self::Busy { connections, max },
+            other => Self::Refused(other),
+        }
+    }
+
+    fn from_exchange(failure: ExchangeFailure, addr: String) -> Self {
+        match failure {
+            ExchangeFailure::Deadline(waited) => Self::NoAnswer { addr, waited },
+            ExchangeFailure::Frame(
+                error @ (WireError::BadMagic { .. }
+                | WireError::HeaderChecksum { .. }
+                | WireError::UnsupportedVersion { .. }
+                | WireError::WrongKind { .. }),
+            ) => Self::NotGpcw { addr, error },
+            other => Self::Session(format!("HELLO: {other}")),
+        }
     }
 }
 
@@ -301,67 +393,81 @@ impl TcpStore {
         self.arena("shared_buffer").ok().flatten()?.alloc(len)
     }
 
-    fn tcp_stream(&self, operation: &'static str) -> Result<Stream, StoreError> {
-        let stream = TcpStream::connect_timeout(&self.config.addr, self.config.deadline)
-            .map_err(|e| transport(operation, e))?;
+    fn tcp_stream(&self) -> Result<Stream, ConnectError> {
+        let addr = self.config.addr;
+        let stream = TcpStream::connect_timeout(&addr, self.config.handshake_deadline)
+            .map_err(|source| ConnectError::Unreachable { addr: addr.to_string(), source })?;
         let _ = stream.set_nodelay(true);
         Ok(Stream::Tcp(stream))
     }
 
     /// The server's Unix socket: configured, or learnt from a HELLO over TCP (once).
-    fn local_path(
-        &self,
-        local: &LocalConfig,
-        caller: &Caller,
-        operation: &'static str,
-    ) -> Result<PathBuf, StoreError> {
+    fn local_path(&self, local: &LocalConfig, caller: &Caller) -> Result<PathBuf, ConnectError> {
         if let Some(p) = local.path.as_ref().or_else(|| self.local_path.get()) {
             return Ok(p.clone());
         }
-        let (_, offered) = self.hello(self.tcp_stream(operation)?, caller, operation)?;
-        let Some(path) = offered else {
-            return Err(transport(
-                operation,
-                "the server offers no local socket (it runs on another host, or without \
-                 listen.local); the same-host path was asked for",
-            ));
-        };
+        let (_, offered) = self.hello(self.tcp_stream()?, caller)?;
+        let path = offered.ok_or(ConnectError::NoLocalSocket)?;
         Ok(self.local_path.get_or_init(|| PathBuf::from(path)).clone())
     }
 
+    /// Opens a session as `caller` now and keeps it in the pool for the next request, so that
+    /// a caller learns why the server cannot be used (unreachable, not GPCW, busy, unknown
+    /// tenant, refused credentials) as a typed error before its first request.
+    pub fn handshake(&self, caller: &Caller) -> Result<(), ConnectError> {
+        let conn = self.open(caller)?;
+        self.keep(pool_key(caller), conn);
+        Ok(())
+    }
+
     fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
+        self.open(caller).map_err(|e| transport(operation, e))
+    }
+
+    /// A new connection with its session open (and, on the same-host path, the segment
+    /// attached).
+    fn open(&self, caller: &Caller) -> Result<Conn, ConnectError> {
         let Some(local) = &self.config.local else {
-            return Ok(self.hello(self.tcp_stream(operation)?, caller, operation)?.0);
+            return Ok(self.hello(self.tcp_stream()?, caller)?.0);
         };
-        let path = self.local_path(local, caller, operation)?;
-        let stream = UnixStream::connect(&path)
-            .map(Stream::Local)
-            .map_err(|e| transport(operation, format!("local socket {}: {e}", path.display())))?;
-        let (mut conn, _) = self.hello(stream, caller, operation)?;
-        if let Some(arena) = self.arena(operation)? {
+        let path = self.local_path(local, caller)?;
+        let stream = UnixStream::connect(&path).map(Stream::Local).map_err(|source| {
+            ConnectError::Unreachable { addr: format!("local socket {}", path.display()), source }
+        })?;
+        let (mut conn, _) = self.hello(stream, caller)?;
+        let arena = self.arena("connect").map_err(|e| ConnectError::Session(e.to_string()))?;
+        if let Some(arena) = arena {
             let segment = arena.segment();
             let attach = Request::ShmAttach { len: segment.len() };
-            let frame = self.exchange_with(
-                &mut conn,
-                &Outgoing::Request(&attach),
-                operation,
-                Some(segment),
-            )?;
-            match Response::from_frame(&frame).map_err(|e| transport(operation, e))? {
-                Response::ShmAttach(len) if len == segment.len() => {}
-                other => return Err(unexpected(operation, &other)),
+            let frame = self
+                .exchange_with(&mut conn, &Outgoing::Request(&attach), "connect", Some(segment))
+                .map_err(|e| ConnectError::Session(format!("SHM_ATTACH: {e}")))?;
+            match Response::from_frame(&frame) {
+                Ok(Response::ShmAttach(len)) if len == segment.len() => {}
+                Ok(Response::Error(e)) => return Err(ConnectError::Refused(e)),
+                Ok(other) => {
+                    return Err(ConnectError::Session(format!(
+                        "SHM_ATTACH answered by {}",
+                        other.op()
+                    )));
+                }
+                Err(e) => return Err(ConnectError::Session(format!("SHM_ATTACH answer: {e}"))),
             }
         }
         Ok(conn)
     }
 
-    /// Opens a session on `stream`; returns it and the Unix socket the server offers.
+    /// Opens a session on `stream` within the handshake deadline; returns it and the Unix
+    /// socket the server offers.
     fn hello(
         &self,
         stream: Stream,
         caller: &Caller,
-        operation: &'static str,
-    ) -> Result<(Conn, Option<String>), StoreError> {
+    ) -> Result<(Conn, Option<String>), ConnectError> {
+        let peer = match &stream {
+            Stream::Tcp(_) => self.config.addr.to_string(),
+            Stream::Local(_) => "the local socket".to_owned(),
+        };
         let mut conn = Conn {
             stream,
             out: Vec::new(),
@@ -373,7 +479,7 @@ impl TcpStore {
         let mut client_nonce = [0u8; NONCE_BYTES];
         if credentials.is_some() {
             getrandom::fill(&mut client_nonce)
-                .map_err(|e| transport(operation, format!("no random nonce: {e}")))?;
+                .map_err(|e| ConnectError::Session(format!("no random nonce: {e}")))?;
         }
         let tenant = caller.tenant.as_str();
         let hello = Request::Hello {
@@ -389,14 +495,17 @@ impl TcpStore {
             }),
         };
         let hello_key = credentials.map(|c| SealKey::hello(c.secret.bytes()));
-        let frame = self.exchange_frame(
-            &mut conn,
-            &Outgoing::Request(&hello),
-            hello_key.as_ref(),
-            None,
-            operation,
-        )?;
-        let answer = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
+        let frame = self
+            .exchange_within(
+                &mut conn,
+                &Outgoing::Request(&hello),
+                hello_key.as_ref(),
+                None,
+                self.config.handshake_deadline,
+            )
+            .map_err(|f| ConnectError::from_exchange(f, peer))?;
+        let answer = Response::from_frame(&frame)
+            .map_err(|e| ConnectError::Session(format!("HELLO answer: {e}")))?;
         match (answer, credentials) {
             (Response::Hello { session: None, local, .. }, None) => Ok((conn, local)),
             (Response::Hello { session: Some(s), local, .. }, Some(c)) if s.seal == c.seal => {
@@ -405,14 +514,15 @@ impl TcpStore {
                 let key = SealKey::new(s.seal, &key);
                 frame
                     .verify_seal(&key)
-                    .map_err(|e| transport(operation, format!("HELLO answer: {e}")))?;
+                    .map_err(|e| ConnectError::Session(format!("HELLO answer: {e}")))?;
                 conn.seal = Some(key);
                 Ok((conn, local))
             }
-            (Response::Hello { .. }, _) => {
-                Err(transport(operation, "HELLO answer does not match the credentials offered"))
-            }
-            (other, _) => Err(unexpected(operation, &other)),
+            (Response::Hello { .. }, _) => Err(ConnectError::Session(
+                "HELLO answer does not match the credentials offered".into(),
+            )),
+            (Response::Error(e), _) => Err(ConnectError::from_answer(e, &caller.tenant)),
+            (other, _) => Err(ConnectError::Session(format!("HELLO answered by {}", other.op()))),
         }
     }
 
@@ -444,9 +554,7 @@ impl TcpStore {
     }
 
     /// Sends one request (sealed with `seal` when given, with `segment`'s descriptor when
-    /// given) and returns the frame that answers it. The request is encoded into the
-    /// connection's reused buffer; the rest of a large answer is read straight into the
-    /// decoder's body buffer.
+    /// given) and returns the frame that answers it, within the request deadline.
     fn exchange_frame(
         &self,
         conn: &mut Conn,
@@ -455,17 +563,36 @@ impl TcpStore {
         segment: Option<&Segment>,
         operation: &'static str,
     ) -> Result<Frame, StoreError> {
+        self.exchange_within(conn, outgoing, seal, segment, self.config.deadline).map_err(|f| {
+            match f {
+                ExchangeFailure::Encode(e) => StoreError::Backend {
+                    operation,
+                    detail: format!("request not encodable: {e}"),
+                    retirement: Retirement::Retired,
+                },
+                other => transport(operation, other),
+            }
+        })
+    }
+
+    /// [`Self::exchange_frame`] within `deadline`, failing with what went wrong. The request
+    /// is encoded into the connection's reused buffer; the rest of a large answer is read
+    /// straight into the decoder's body buffer. An ERROR frame with request id 0 answers the
+    /// request too: it is how a server turns a connection away (busy, stopping) or answers a
+    /// frame whose header it could not trust.
+    fn exchange_within(
+        &self,
+        conn: &mut Conn,
+        outgoing: &Outgoing<'_>,
+        seal: Option<&SealKey>,
+        segment: Option<&Segment>,
+        deadline: Duration,
+    ) -> Result<Frame, ExchangeFailure> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         conn.out.clear();
-        outgoing.encode(id, seal, &mut conn.out).map_err(|e| StoreError::Backend {
-            operation,
-            detail: format!("request not encodable: {e}"),
-            retirement: Retirement::Retired,
-        })?;
-        let until = Instant::now() + self.config.deadline;
-        conn.stream
-            .set_write_timeout(Some(self.config.deadline))
-            .map_err(|e| transport(operation, e))?;
+        outgoing.encode(id, seal, &mut conn.out).map_err(ExchangeFailure::Encode)?;
+        let until = Instant::now() + deadline;
+        conn.stream.set_write_timeout(Some(deadline)).map_err(ExchangeFailure::Io)?;
         let sent = match (&conn.stream, segment) {
             (Stream::Local(s), Some(seg)) => send_with_fd(s, &conn.out, seg.fd()),
             (Stream::Tcp(_), Some(_)) => Err(io::Error::other("a descriptor needs a Unix socket")),
@@ -474,23 +601,45 @@ impl TcpStore {
         if conn.out.capacity() > OUT_BUFFER_KEEP_BYTES {
             conn.out = Vec::new();
         }
-        sent.map_err(|e| transport(operation, e))?;
+        if let Err(e) = sent {
+            // A server that turned the connection away wrote why before it closed: read that.
+            return match self.read_answer(conn, id, until, deadline) {
+                Ok(frame) if frame.request_id == 0 && frame.op == Op::Error => Ok(frame),
+                _ => Err(ExchangeFailure::Io(e)),
+            };
+        }
+        self.read_answer(conn, id, until, deadline)
+    }
+
+    /// Reads the frame that answers request `id`, until `until`.
+    fn read_answer(
+        &self,
+        conn: &mut Conn,
+        id: u64,
+        until: Instant,
+        deadline: Duration,
+    ) -> Result<Frame, ExchangeFailure> {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(transport(operation, "deadline passed waiting for the answer"));
+                return Err(ExchangeFailure::Deadline(deadline));
             }
-            conn.stream.set_read_timeout(Some(left)).map_err(|e| transport(operation, e))?;
+            conn.stream.set_read_timeout(Some(left)).map_err(ExchangeFailure::Io)?;
             let direct = conn.decoder.body_window().is_some();
             let read = match conn.decoder.body_window() {
                 Some(window) => conn.stream.read(window),
                 None => conn.stream.read(&mut conn.buf),
             };
             let n = match read {
-                Ok(0) => return Err(transport(operation, "server closed the connection")),
+                Ok(0) => return Err(ExchangeFailure::Closed),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(transport(operation, e)),
+                Err(e)
+                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                {
+                    return Err(ExchangeFailure::Deadline(deadline));
+                }
+                Err(e) => return Err(ExchangeFailure::Io(e)),
             };
             let mut input = if direct {
                 conn.decoder.commit_body(n);
@@ -500,22 +649,21 @@ impl TcpStore {
             };
             match conn.decoder.feed(&mut input) {
                 Ok(None) => continue,
-                Err(e) => return Err(transport(operation, e.error)),
+                Err(e) => return Err(ExchangeFailure::Frame(e.error)),
                 Ok(Some(frame)) => {
                     // One request, one answer: anything else breaks the connection.
                     if !input.is_empty() {
-                        return Err(transport(operation, "server sent bytes past the answer"));
+                        return Err(ExchangeFailure::PastTheAnswer);
                     }
-                    if frame.request_id != id {
+                    let turned_away = frame.request_id == 0 && frame.op == Op::Error;
+                    if frame.request_id != id && !turned_away {
                         let what = Response::from_frame(&frame)
                             .map_or_else(|e| e.to_string(), |r| format!("{:?}", r.op()));
-                        return Err(transport(
-                            operation,
-                            format!(
-                                "answer for request {} ({what}), expected {id}",
-                                frame.request_id
-                            ),
-                        ));
+                        return Err(ExchangeFailure::OtherAnswer {
+                            found: frame.request_id,
+                            what,
+                            expected: id,
+                        });
                     }
                     return Ok(frame);
                 }
@@ -534,8 +682,7 @@ impl TcpStore {
         operation: &'static str,
         decode: impl FnOnce(&Frame) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let key: PoolKey =
-            (caller.tenant.clone(), caller.rights.read, caller.rights.write, caller.rights.admin);
+        let key = pool_key(caller);
         let pooled = self.pools.lock().ok().and_then(|mut p| p.get_mut(&key).and_then(Vec::pop));
         let was_pooled = pooled.is_some();
         let mut conn = match pooled {
@@ -552,6 +699,12 @@ impl TcpStore {
         };
         let answer = decode(&frame);
         conn.decoder.recycle(frame.body);
+        self.keep(key, conn);
+        answer
+    }
+
+    /// Returns an idle connection to its pool (unless the pool is full).
+    fn keep(&self, key: PoolKey, conn: Conn) {
         if conn.decoder.is_idle()
             && let Ok(mut pools) = self.pools.lock()
         {
@@ -560,7 +713,6 @@ impl TcpStore {
                 pool.push(conn);
             }
         }
-        answer
     }
 
     fn call(
@@ -586,6 +738,16 @@ impl TcpStore {
     fn control(&self, request: Request, operation: &'static str) -> Result<Response, StoreError> {
         let control = self.config.control.clone();
         self.call(&control, request, operation)
+    }
+
+    /// The server's limits (LIMITS, as the control identity). A server that predates the op
+    /// answers `UnknownOp`: it states none.
+    pub fn limits(&self) -> Result<ServerLimits, StoreError> {
+        match self.control(Request::Limits, "limits")? {
+            Response::Limits(l) => Ok(l),
+            Response::Error(WireError::UnknownOp { .. }) => Ok(ServerLimits::default()),
+            other => Err(unexpected("limits", &other)),
+        }
     }
 
     fn remote_info(&self) -> Option<&RemoteInfo> {
@@ -954,6 +1116,7 @@ fn retryable(request: &Request) -> bool {
             | Request::GetShared { .. }
             | Request::NixlAttach { .. }
             | Request::StageStats
+            | Request::Limits
     )
 }
 

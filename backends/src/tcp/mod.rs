@@ -15,5 +15,5 @@ pub mod server;
 pub mod staging;
 
 pub use auth::{Credentials, TenantAuth};
-pub use client::{ClientConfig, LocalConfig, SharedStats, TcpStore};
+pub use client::{ClientConfig, ConnectError, LocalConfig, SharedStats, TcpStore};
 pub use server::{Server, ServerConfig};

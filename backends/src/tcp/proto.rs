@@ -36,7 +36,7 @@ pub use frame::{
 };
 pub use message::{
     Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, PutItem, PutRef, RemoteInfo, Request,
-    Response, SharedGetItem, SharedPutItem, decode_get_response, decode_put_request,
+    Response, ServerLimits, SharedGetItem, SharedPutItem, decode_get_response, decode_put_request,
     encode_get_response, encode_put_request,
 };
 pub use seal::{SealAlgorithm, SealKey};
@@ -168,13 +168,15 @@ pub enum Op {
     Release,
     /// The staging counters.
     StageStats,
+    /// The server's limits a client can check before it sends (the largest value).
+    Limits,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 27] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -200,6 +202,7 @@ impl Op {
         Self::CommitPut,
         Self::Release,
         Self::StageStats,
+        Self::Limits,
         Self::Error,
     ];
 
@@ -230,6 +233,7 @@ impl Op {
             Self::CommitPut => 23,
             Self::Release => 24,
             Self::StageStats => 25,
+            Self::Limits => 26,
             Self::Error => 255,
         }
     }
@@ -270,6 +274,7 @@ impl Op {
             Self::CommitPut => "COMMIT_PUT",
             Self::Release => "RELEASE",
             Self::StageStats => "STAGE_STATS",
+            Self::Limits => "LIMITS",
             Self::Error => "ERROR",
         }
     }

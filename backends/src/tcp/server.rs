@@ -34,7 +34,7 @@ use super::auth::{ReplayWindow, TenantAuth};
 use super::proto::seal::{self, NONCE_BYTES, SealKey};
 use super::proto::{
     AuthFailure, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
-    Response, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
+    Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
     encode_get_response,
 };
 use super::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
@@ -79,6 +79,9 @@ pub struct ServerConfig {
     /// Registered memory for one-sided block transfers (NIXL_ATTACH and the stage ops); without
     /// it those ops are refused with `WireError::Staging { reason: NotEnabled, .. }`.
     pub staging: Option<Arc<dyn BlockStaging>>,
+    /// The store's largest value (`limits.object_bytes_max`), stated in the LIMITS answer so
+    /// a client can refuse an oversize value before it reads or sends it. None: not stated.
+    pub object_bytes_max: Option<u64>,
 }
 
 impl ServerConfig {
@@ -97,6 +100,7 @@ impl ServerConfig {
             local: None,
             shm_mapped_bytes_max: 16 << 30,
             staging: None,
+            object_bytes_max: None,
         }
     }
 }
@@ -478,7 +482,7 @@ fn hello(
         .tenants
         .iter()
         .find(|c| c.tenant == tenant)
-        .ok_or(WireError::NotAuthenticated)?
+        .ok_or_else(|| WireError::UnknownTenant { tenant: tenant.clone() })?
         .rights;
     let rights = Rights {
         read: asked.read && granted.read,
@@ -564,6 +568,9 @@ fn answer<'a>(
         Request::Info => Response::Info(store.info().into()),
         Request::Epoch => Response::Epoch(store.epoch()),
         Request::Stats => Response::Stats(store.stats()),
+        Request::Limits => {
+            Response::Limits(ServerLimits { object_bytes_max: shared.config.object_bytes_max })
+        }
         Request::Lookup { keys } => {
             Response::Lookup(keys.iter().map(|k| store.lookup(who, k)).collect())
         }

@@ -56,6 +56,10 @@ pub enum WireError {
     /// A request other than HELLO before HELLO.
     #[error("the connection has not said hello")]
     NotAuthenticated,
+    /// A HELLO naming a tenant the server has no configuration for. Per frame: the client
+    /// may say HELLO again as another tenant.
+    #[error("tenant {tenant:?} is not configured on this server")]
+    UnknownTenant { tenant: gpucache_dataplane::identity::TenantId },
     /// A second HELLO on one connection: the tenant of a connection never changes.
     #[error("the connection already said hello")]
     AlreadyAuthenticated,

@@ -109,6 +109,14 @@ pub struct RemoteInfo {
     pub full_policy: FullPolicy,
 }
 
+/// What a LIMITS answer says of the server's limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// The largest value the store admits (`limits.object_bytes_max`), when the server states
+    /// it; a larger PUT is refused with `ObjectTooLarge`.
+    pub object_bytes_max: Option<u64>,
+}
+
 impl From<StoreInfo> for RemoteInfo {
     fn from(info: StoreInfo) -> Self {
         Self {
@@ -213,6 +221,7 @@ pub enum Request {
         stages: Vec<StageId>,
     },
     StageStats,
+    Limits,
 }
 
 /// What a server answers, with the op of the request (or [`Op::Error`]).
@@ -253,6 +262,7 @@ pub enum Response {
     CommitPut(Result<Put, StoreError>),
     /// Per stage, whether it was open.
     Release(Vec<bool>),
+    Limits(ServerLimits),
     StageStats(StagingStats),
     /// The request could not be served at the protocol level.
     Error(WireError),
@@ -307,6 +317,7 @@ impl Request {
             Self::CommitPut { .. } => Op::CommitPut,
             Self::Release { .. } => Op::Release,
             Self::StageStats => Op::StageStats,
+            Self::Limits => Op::Limits,
         }
     }
 
@@ -346,7 +357,8 @@ impl Request {
             | Self::Stats
             | Self::ExpireLeases
             | Self::BumpEpoch
-            | Self::StageStats => {}
+            | Self::StageStats
+            | Self::Limits => {}
             Self::Lookup { keys } | Self::Invalidate { keys } => {
                 w.count(keys.len());
                 for key in keys {
@@ -469,6 +481,7 @@ impl Request {
             Op::ExpireLeases => Self::ExpireLeases,
             Op::BumpEpoch => Self::BumpEpoch,
             Op::StageStats => Self::StageStats,
+            Op::Limits => Self::Limits,
             Op::NixlAttach => Self::NixlAttach { metadata: get_metadata(r)? },
             Op::StageGet => {
                 let n = r.count()?;
@@ -875,6 +888,7 @@ impl Response {
             Self::CommitPut(_) => Op::CommitPut,
             Self::Release(_) => Op::Release,
             Self::StageStats(_) => Op::StageStats,
+            Self::Limits(_) => Op::Limits,
             Self::Error(_) => Op::Error,
         }
     }
@@ -969,6 +983,7 @@ impl Response {
                     w.bool(*o);
                 }
             }
+            Self::Limits(l) => w.option_u64(l.object_bytes_max),
             Self::StageStats(s) => {
                 for n in [
                     s.staged,
@@ -1076,6 +1091,9 @@ impl Response {
                     peers: r.u64(S)?,
                     slot_bytes: r.u64(S)?,
                 })
+            }
+            Op::Limits => {
+                Self::Limits(ServerLimits { object_bytes_max: r.option_u64(text::INTEGER)? })
             }
             Op::Error => Self::Error(get_wire_error(r)?),
         })

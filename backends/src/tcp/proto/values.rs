@@ -783,6 +783,10 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u8(reason.code());
             w.text(detail);
         }
+        WireError::UnknownTenant { tenant } => {
+            w.u8(27);
+            w.tenant(tenant);
+        }
     }
 }
 
@@ -832,6 +836,7 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
                 .ok_or(WireError::UnknownTag { what: text::STAGING_FAILURE, tag })?;
             WireError::Staging { reason, detail: r.text(text::TEXT)? }
         }
+        27 => WireError::UnknownTenant { tenant: r.tenant()? },
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

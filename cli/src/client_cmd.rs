@@ -20,27 +20,36 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use gpucache_backends::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
 use gpucache_backends::resp::IdentityTemplate;
 use gpucache_backends::shm::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
-use gpucache_backends::tcp::proto::SealAlgorithm;
+use gpucache_backends::tcp::proto::{PAYLOAD_BYTES_MAX, SealAlgorithm};
 use gpucache_backends::tcp::{ClientConfig, Credentials, LocalConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
-use gpucache_dataplane::store::{Get, Put, Store};
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Store, StoreError};
 
 /// Largest value `gpucache get` will receive.
 const GET_BYTES_MAX: usize = 64 << 20;
+/// The shared segment `stat --shm` maps (it moves no values).
+const STAT_SEGMENT_BYTES: u64 = 64 << 20;
+/// How many times `get` looks a name up again when its value was replaced by a longer one
+/// between the lookup and the read.
+const GET_ATTEMPTS: usize = 3;
 
-/// Where and as whom to connect.
+/// Where and as whom to connect: what every client command takes.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Target {
-    /// The native listener of a running `gpucache serve`.
+pub(crate) struct Connection {
+    /// The native (GPCW) listener of a running `gpucache serve` (listen.native), not its RESP
+    /// or metrics port.
     #[arg(long, default_value = "127.0.0.1:7470")]
     addr: SocketAddr,
-    /// The tenant to act as.
+    /// The tenant to act as (one of the server's [[tenants]]).
     #[arg(long, default_value = "default")]
     tenant: String,
-    /// Seconds each request may take.
+    /// Seconds each request may take once connected (connecting and the HELLO exchange have
+    /// their own short deadline, so a wrong port fails fast).
     #[arg(long, default_value_t = 30)]
     deadline_s: u64,
     /// The tenant's key file (the same format `gpucache serve` reads); with --key-id, the
@@ -53,25 +62,78 @@ pub(crate) struct Target {
     /// The seal algorithm to propose: blake3 or hmac-sha256.
     #[arg(long, default_value = "blake3")]
     seal: String,
+}
+
+/// The same-host shared-memory path of `put` and `get`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SharedMemory {
     /// Take the same-host shared-memory path: the Unix socket the server offers over TCP, with
     /// a memfd segment shared with it. Fails when the server offers none.
     #[arg(long)]
     shm: bool,
-    /// Size of the shared segment with --shm (K, M, G are binary); `get --shm` reads values up
-    /// to this size.
+    /// Size of the shared segment with --shm (K, M, G are binary); it bounds the value.
     #[arg(long, requires = "shm", default_value = "64M", value_parser = parse_segment)]
     shm_segment: u64,
     /// Back the segment with 2 MiB huge pages (needs vm.nr_hugepages; see docs/OPERATIONS.md).
     #[arg(long, requires = "shm")]
     huge_pages: bool,
-    /// Move the block's bytes over NIXL (the server needs `[nixl] enabled = true`; this build
+}
+
+impl SharedMemory {
+    fn segment(&self) -> Option<Segment> {
+        self.shm.then_some(Segment {
+            bytes: self.shm_segment,
+            pages: if self.huge_pages { Pages::Huge } else { Pages::Normal },
+        })
+    }
+}
+
+/// The shared segment a command maps with --shm.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    bytes: u64,
+    pages: Pages,
+}
+
+/// `gpucache put`'s connection and data path.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PutTarget {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    shm: SharedMemory,
+    /// Move the value's bytes over NIXL (the server needs `[nixl] enabled = true`; this build
     /// needs the `nixl` feature and libnixl_capi.so, see docs/OPERATIONS.md).
     #[arg(long, conflicts_with = "shm")]
     nixl: bool,
-    /// With --nixl: the largest value `get --nixl` receives (this side's registered slot; the
-    /// server's nixl.slot_bytes bounds it as well).
+}
+
+/// `gpucache get`'s connection and data path.
+#[derive(Debug, clap::Args)]
+pub(crate) struct GetTarget {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    shm: SharedMemory,
+    /// Move the value's bytes over NIXL (the server needs `[nixl] enabled = true`; this build
+    /// needs the `nixl` feature and libnixl_capi.so, see docs/OPERATIONS.md).
+    #[arg(long, conflicts_with = "shm")]
+    nixl: bool,
+    /// With --nixl: the largest value received (this side's registered slot; the server's
+    /// nixl.slot_bytes bounds it as well).
     #[arg(long, requires = "nixl", default_value = "4M", value_parser = parse_nixl_slot)]
     nixl_slot_bytes: u64,
+}
+
+/// `gpucache stat`'s connection.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StatTarget {
+    #[command(flatten)]
+    connection: Connection,
+    /// Connect over the same-host path (the server's Unix socket, with a shared segment) and
+    /// report the segment's use as well.
+    #[arg(long)]
+    shm: bool,
 }
 
 fn parse_nixl_slot(text: &str) -> Result<u64, String> {
@@ -86,7 +148,7 @@ fn parse_nixl_slot(text: &str) -> Result<u64, String> {
 /// A NIXL client over `store`, attached to the server's agent, with one slot of `slot_bytes`.
 #[cfg(feature = "nixl")]
 fn nixl_client(
-    target: &Target,
+    target: &Connection,
     store: TcpStore,
     caller: &Caller,
     slot_bytes: usize,
@@ -114,7 +176,7 @@ fn nixl_unavailable() -> String {
 
 /// PUT over NIXL: one slot of the value's size, RESERVE_PUT, WRITE, COMMIT_PUT.
 fn nixl_put(
-    target: &Target,
+    target: &Connection,
     store: TcpStore,
     caller: &Caller,
     key: &gpucache_dataplane::key::PhysicalKey,
@@ -134,7 +196,7 @@ fn nixl_put(
 
 /// GET over NIXL into `dst`: STAGE_GET, READ into this side's slot, verify, copy, RELEASE.
 fn nixl_get(
-    target: &Target,
+    target: &Connection,
     store: TcpStore,
     caller: &Caller,
     key: &gpucache_dataplane::key::PhysicalKey,
@@ -161,8 +223,22 @@ fn parse_segment(text: &str) -> Result<u64, String> {
     }
 }
 
+/// Refuses --nixl before anything else when this build cannot take it.
+fn nixl_available(nixl: bool) -> Result<(), String> {
+    #[cfg(not(feature = "nixl"))]
+    if nixl {
+        return Err(nixl_unavailable());
+    }
+    let _ = nixl;
+    Ok(())
+}
+
+/// A client of `target` as a new caller with `rights`, its session already open (so an
+/// unreachable, busy or wrong server, or an unknown tenant, is reported before anything else
+/// happens), and the tenant's namespace of plain names.
 fn connect(
-    target: &Target,
+    target: &Connection,
+    segment: Option<Segment>,
     rights: Rights,
 ) -> Result<(TcpStore, Caller, IdentityTemplate), String> {
     let tenant = TenantId::parse(&target.tenant).map_err(|e| format!("--tenant: {e}"))?;
@@ -170,10 +246,10 @@ fn connect(
     let mut config = ClientConfig::new(target.addr, caller.clone());
     config.deadline = Duration::from_secs(target.deadline_s.max(1));
     config.client_name = "gpucache-cli".into();
-    if target.shm {
+    if let Some(segment) = segment {
         let mut local = LocalConfig::negotiated();
-        local.segment_bytes = target.shm_segment;
-        local.pages = if target.huge_pages { Pages::Huge } else { Pages::Normal };
+        local.segment_bytes = segment.bytes;
+        local.pages = segment.pages;
         config.local = Some(local);
     }
     if let (Some(path), Some(key_id)) = (&target.secret_file, &target.key_id) {
@@ -184,7 +260,9 @@ fn connect(
         config = config.with_credentials(tenant.clone(), Credentials { seal, ..credentials });
     }
     let namespace = IdentityTemplate::for_tenant(&tenant).map_err(|e| e.to_string())?;
-    Ok((TcpStore::new(config), caller, namespace))
+    let store = TcpStore::new(config);
+    store.handshake(&caller).map_err(|e| e.to_string())?;
+    Ok((store, caller, namespace))
 }
 
 fn done(result: Result<String, String>, command: &str) -> ExitCode {
@@ -202,25 +280,63 @@ fn done(result: Result<String, String>, command: &str) -> ExitCode {
     }
 }
 
-/// Stores FILE (or standard input) under NAME.
-pub(crate) fn put(target: &Target, name: &str, file: Option<&PathBuf>) -> ExitCode {
-    let result = (|| -> Result<String, String> {
-        let mut data = Vec::new();
-        match file {
-            Some(p) => data = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?,
-            None => {
-                std::io::stdin().read_to_end(&mut data).map_err(|e| format!("stdin: {e}"))?;
+/// The value to store: FILE, refused by its length before it is read when it exceeds `max`,
+/// or at most `max + 1` bytes of standard input (one more says that it is too long).
+fn read_value(file: Option<&PathBuf>, max: u64, limit: &str) -> Result<Vec<u8>, String> {
+    let too_long = |what: String| format!("{what} exceed {limit} of {max} bytes");
+    match file {
+        Some(p) => {
+            let shown = p.display();
+            let len = std::fs::metadata(p).map_err(|e| format!("{shown}: {e}"))?.len();
+            if len > max {
+                return Err(too_long(format!("{shown}: its {len} bytes")));
             }
+            let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+            std::fs::File::open(p)
+                .and_then(|f| f.take(max + 1).read_to_end(&mut data))
+                .map_err(|e| format!("{shown}: {e}"))?;
+            if data.len() as u64 > max {
+                // It grew since its length was read.
+                return Err(too_long(format!("{shown}: more than {max} bytes")));
+            }
+            Ok(data)
         }
-        let (store, caller, ns) = connect(target, Rights::READ_WRITE)?;
+        None => {
+            let mut data = Vec::new();
+            std::io::stdin()
+                .lock()
+                .take(max + 1)
+                .read_to_end(&mut data)
+                .map_err(|e| format!("stdin: {e}"))?;
+            if data.len() as u64 > max {
+                return Err(too_long("standard input: more than that many bytes".into()));
+            }
+            Ok(data)
+        }
+    }
+}
+
+/// Stores FILE (or standard input) under NAME. The store is create-only: a name that already
+/// holds exactly these bytes is success ("already stored"), one that holds other bytes is an
+/// error, as `SET` over RESP answers.
+pub(crate) fn put(target: &PutTarget, name: &str, file: Option<&PathBuf>) -> ExitCode {
+    let result = (|| -> Result<String, String> {
+        nixl_available(target.nixl)?;
+        let connection = &target.connection;
+        let (store, caller, ns) = connect(connection, target.shm.segment(), Rights::READ_WRITE)?;
+        let (max, limit) = match store.limits().map_err(|e| e.to_string())?.object_bytes_max {
+            Some(max) => (max, "the service's object limit (limits.object_bytes_max)"),
+            None => (PAYLOAD_BYTES_MAX, "the protocol's payload limit"),
+        };
+        let data = read_value(file, max, limit)?;
         let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
-        let shared = if target.shm {
+        let shared = if target.shm.shm {
             // The server reads the value straight out of the segment.
             let mut buf = store.shared_buffer(data.len()).ok_or_else(|| {
                 format!(
                     "{} bytes do not fit the {}-byte shared segment; raise --shm-segment",
                     data.len(),
-                    target.shm_segment
+                    target.shm.shm_segment
                 )
             })?;
             buf.copy_from_slice(&data);
@@ -229,19 +345,29 @@ pub(crate) fn put(target: &Target, name: &str, file: Option<&PathBuf>) -> ExitCo
             None
         };
         let src: &[u8] = shared.as_deref().unwrap_or(&data);
-        let put = if target.nixl {
+        let (put, store) = if target.nixl {
             if data.is_empty() {
                 return Err("--nixl: an empty value cannot be stored".into());
             }
-            nixl_put(target, store, &caller, &key, &data)?
+            let put = nixl_put(connection, store, &caller, &key, &data)?;
+            // The NIXL client took the connection; the comparison below needs one.
+            (put, connect(connection, None, Rights::READ_WRITE)?.0)
         } else {
-            store.put(&caller, &key, src, None).map_err(|e| e.to_string())?
+            (store.put(&caller, &key, src, None).map_err(|e| e.to_string())?, store)
         };
         match put {
             Put::Committed(sum) => {
                 Ok(format!("stored {} bytes (checksum {:016x})", data.len(), sum.0))
             }
-            Put::AlreadyCommitted => Ok("already stored (values are create-only)".into()),
+            Put::AlreadyCommitted => {
+                match compare_held(&store, &caller, &key, &data).map_err(|e| e.to_string())? {
+                    Held::Same => Ok("already stored: the name holds this value".into()),
+                    Held::Different => Err(DIFFERENT_VALUE_TEXT.into()),
+                    Held::Gone => Err("the name's value was removed while it was compared with \
+                                       this one; try again"
+                        .into()),
+                }
+            }
             Put::Busy => Err("another writer holds the key; try again".into()),
             Put::Refused(r) => Err(format!("refused: {r}")),
         }
@@ -249,40 +375,71 @@ pub(crate) fn put(target: &Target, name: &str, file: Option<&PathBuf>) -> ExitCo
     done(result, "put")
 }
 
-/// Writes the value under NAME to standard output; exit code 3 on a miss.
-pub(crate) fn get(target: &Target, name: &str) -> ExitCode {
-    let result = (|| -> Result<Option<String>, String> {
-        let (store, caller, ns) = connect(target, Rights::READ_ONLY)?;
-        let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
-        let mut plain;
-        let mut shared;
-        let buf: &mut [u8] = if target.shm {
-            // The server writes the value into the segment; it is written out from there.
-            let len = usize::try_from(target.shm_segment).unwrap_or(usize::MAX).min(GET_BYTES_MAX);
-            shared = store.shared_buffer(len).ok_or_else(|| {
-                format!("cannot take {len} bytes of the shared segment (--shm-segment)")
-            })?;
-            &mut shared
-        } else if target.nixl {
-            plain = vec![0u8; usize::try_from(target.nixl_slot_bytes).unwrap_or(GET_BYTES_MAX)];
-            &mut plain
-        } else {
-            plain = vec![0u8; GET_BYTES_MAX];
-            &mut plain
-        };
-        let got = if target.nixl {
-            nixl_get(target, store, &caller, &key, buf)?
-        } else {
-            store.get_into(&caller, &key, buf).map_err(|e| e.to_string())?
-        };
-        match got {
-            Get::Hit { len, .. } => {
-                let len = usize::try_from(len).unwrap_or(0);
-                std::io::stdout().write_all(&buf[..len]).map_err(|e| e.to_string())?;
-                Ok(None)
-            }
-            Get::Miss(reason) => Ok(Some(format!("miss: {reason:?}"))),
+/// The length of the value under `key`, or the reason there is none.
+fn value_len(
+    store: &TcpStore,
+    caller: &Caller,
+    key: &PhysicalKey,
+) -> Result<Result<usize, MissReason>, String> {
+    match store.lookup(caller, key).map_err(|e| e.to_string())? {
+        Lookup::Hit { len } => {
+            usize::try_from(len).ok().filter(|n| *n <= GET_BYTES_MAX).map(Ok).ok_or_else(|| {
+                format!("the value holds {len} bytes, more than {GET_BYTES_MAX} gpucache get takes")
+            })
         }
+        // A one-link chain has no strict prefix, so a prefix hit cannot be this name.
+        Lookup::PrefixHit { .. } => Ok(Err(MissReason::Absent)),
+        Lookup::Miss(reason) => Ok(Err(reason)),
+    }
+}
+
+/// Writes the value under NAME to standard output; exit code 3 on a miss. The value's length
+/// is looked up first and exactly that much is asked for, so neither side prepares a buffer
+/// of the largest value for a small one.
+pub(crate) fn get(target: &GetTarget, name: &str) -> ExitCode {
+    let result = (|| -> Result<Option<String>, String> {
+        nixl_available(target.nixl)?;
+        let connection = &target.connection;
+        let (store, caller, ns) = connect(connection, target.shm.segment(), Rights::READ_ONLY)?;
+        let key = ns.key_for(name.as_bytes()).map_err(|e| e.to_string())?;
+        if target.nixl {
+            let mut buf =
+                vec![0u8; usize::try_from(target.nixl_slot_bytes).unwrap_or(GET_BYTES_MAX)];
+            return match nixl_get(connection, store, &caller, &key, &mut buf)? {
+                Get::Hit { len, .. } => write_out(&buf, len),
+                Get::Miss(reason) => Ok(Some(format!("miss: {reason:?}"))),
+            };
+        }
+        for _ in 0..GET_ATTEMPTS {
+            let len = match value_len(&store, &caller, &key)? {
+                Ok(len) => len,
+                Err(reason) => return Ok(Some(format!("miss: {reason:?}"))),
+            };
+            let mut plain;
+            let mut shared;
+            let buf: &mut [u8] = if target.shm.shm {
+                // The server writes the value into the segment; it is written out from there.
+                shared = store.shared_buffer(len).ok_or_else(|| {
+                    format!(
+                        "the value's {len} bytes do not fit the {}-byte shared segment; raise \
+                         --shm-segment",
+                        target.shm.shm_segment
+                    )
+                })?;
+                &mut shared
+            } else {
+                plain = vec![0u8; len];
+                &mut plain
+            };
+            match store.get_into(&caller, &key, buf) {
+                Ok(Get::Hit { len, .. }) => return write_out(buf, len),
+                Ok(Get::Miss(reason)) => return Ok(Some(format!("miss: {reason:?}"))),
+                // Deleted and stored again, longer, since the lookup: look it up again.
+                Err(StoreError::BufferTooSmall { .. }) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err(format!("the value kept changing length while it was read ({GET_ATTEMPTS} tries)"))
     })();
     match result {
         Ok(None) => ExitCode::SUCCESS,
@@ -297,15 +454,23 @@ pub(crate) fn get(target: &Target, name: &str) -> ExitCode {
     }
 }
 
+fn write_out(buf: &[u8], len: u64) -> Result<Option<String>, String> {
+    let len = usize::try_from(len).unwrap_or(0).min(buf.len());
+    std::io::stdout().write_all(&buf[..len]).map_err(|e| e.to_string())?;
+    Ok(None)
+}
+
 /// Prints the store's counters.
-pub(crate) fn stat(target: &Target) -> ExitCode {
+pub(crate) fn stat(target: &StatTarget) -> ExitCode {
     let result = (|| -> Result<String, String> {
-        let (store, _, _) = connect(target, Rights::READ_ONLY)?;
+        let segment =
+            target.shm.then_some(Segment { bytes: STAT_SEGMENT_BYTES, pages: Pages::Normal });
+        let (store, _, _) = connect(&target.connection, segment, Rights::READ_ONLY)?;
         let info = store.info();
         let epoch = store.epoch();
         if epoch.0 == 0 {
             let how = if target.shm { " over the same-host path (--shm)" } else { "" };
-            return Err(format!("no answer from {}{how}", target.addr));
+            return Err(format!("no answer from {}{how}", target.connection.addr));
         }
         let s = store.stats();
         let mut text = format!(
@@ -327,7 +492,7 @@ pub(crate) fn stat(target: &Target) -> ExitCode {
             text.push_str(&format!(
                 "\nshared segment: {} bytes ({} free, {} quarantined); items direct {}, bounced {}; \
                  framed batches {}",
-                target.shm_segment,
+                STAT_SEGMENT_BYTES,
                 sh.free_bytes,
                 sh.quarantined_bytes,
                 sh.direct_items,

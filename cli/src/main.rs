@@ -46,9 +46,21 @@ enum Command {
         #[arg(long)]
         repair: bool,
     },
-    /// Run the service: the configured store behind the native listener and the metrics and
-    /// health endpoint, until SIGINT or SIGTERM. Without --config it uses the embedded default:
-    /// a FileStore under ./gpucache-data, native 127.0.0.1:7470, metrics 127.0.0.1:7472.
+    /// Run the service: the configured store behind its listeners, until SIGINT or SIGTERM.
+    ///
+    /// Without --config it uses the embedded default: a FileStore under ./gpucache-data and
+    /// these listeners, each set in [listen] (the start line on stderr says where each one is):
+    ///
+    ///   native   127.0.0.1:7470   GPCW, the native protocol of `gpucache put/get/stat` and the
+    ///                             client library (listen.native)
+    ///   local    ./gpucache-data/gpucache.sock   a Unix socket for clients on this host: GPCW
+    ///                             with payloads in shared memory, `--shm` (listen.local; with a
+    ///                             memory store, none unless set)
+    ///   resp     127.0.0.1:7471   the Redis protocol (RESP2) for redis-cli and Redis clients
+    ///                             (listen.resp)
+    ///   metrics  127.0.0.1:7472   HTTP: /metrics (Prometheus), /livez, /readyz and /healthz
+    ///                             (listen.metrics)
+    #[command(verbatim_doc_comment)]
     Serve {
         /// A TOML configuration (see gpucache.example.toml and docs/OPERATIONS.md).
         #[arg(long)]
@@ -63,22 +75,29 @@ enum Command {
         config: PathBuf,
     },
     /// Store a value under a plain NAME in a running service (from FILE, or standard input).
+    ///
+    /// Values are create-only: storing the same value again succeeds ("already stored"), and
+    /// another value under a NAME that holds one is refused. A value larger than the service's
+    /// object limit is refused before it is read.
     Put {
+        /// The plain name to store under (any bytes; the same name `redis-cli GET` reads).
         name: String,
+        /// The file holding the value; standard input when absent.
         file: Option<PathBuf>,
         #[command(flatten)]
-        target: client_cmd::Target,
+        target: client_cmd::PutTarget,
     },
     /// Write the value under a plain NAME to standard output (exit status 3 on a miss).
     Get {
+        /// The plain name to read (the same name `gpucache put` and `redis-cli SET` store).
         name: String,
         #[command(flatten)]
-        target: client_cmd::Target,
+        target: client_cmd::GetTarget,
     },
     /// Print a running service's store counters.
     Stat {
         #[command(flatten)]
-        target: client_cmd::Target,
+        target: client_cmd::StatTarget,
     },
     /// Measure a backend.
     #[command(subcommand)]

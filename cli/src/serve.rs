@@ -141,6 +141,8 @@ fn serve(config: ServeConfig) -> ExitCode {
     server_config.local = config.local_socket();
     server_config.shm_mapped_bytes_max = config.listen.shm_mapped_bytes_max;
     server_config.staging = staging;
+    // LIMITS states it, so a client refuses an oversize value before it reads or sends it.
+    server_config.object_bytes_max = Some(config.limits.object_bytes_max);
     let shared: Arc<dyn Store> = metered.clone();
     // The local socket is bound with no access for others (the umask gains 007 for the moment
     // of binding), then chmod gives it LOCAL_SOCKET_MODE whatever the umask was.

@@ -1,0 +1,316 @@
+//! `gpucache put`, `get` and `stat` as a new user meets them: create-only values, a tenant the
+//! server does not know, a port that is not the native one, an oversize value, a busy server,
+//! how long a small GET takes next to a PUT, and what each subcommand's `--help` says.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::identity::TenantId;
+
+mod common;
+
+use common::{Serve, gpucache, gpucache_with_input};
+
+/// Well past the client's handshake deadline, well short of its request deadline (30 s).
+const FAST_FAILURE: Duration = Duration::from_secs(15);
+
+/// A memory store on loopback ports chosen by the system, one open tenant, `extra` appended.
+fn serve(dir: &Path, extra: &str) -> Serve {
+    let config = dir.join("gpucache.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nkind = \"memory\"\n\n\
+             [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\
+             {extra}\n\
+             [[tenants]]\nname = \"default\"\nrights = [\"read\", \"write\"]\n"
+        ),
+    )
+    .expect("config");
+    Serve::start_in(dir, &config)
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One RESP request on a fresh connection; the reply's first line.
+fn resp_line(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect resp");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s.write_all(request).expect("send");
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    while !reply.ends_with(b"\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => reply.push(byte[0]),
+            other => panic!("RESP reply ended after {reply:?}: {other:?}"),
+        }
+    }
+    String::from_utf8_lossy(&reply).trim_end().to_owned()
+}
+
+#[test]
+fn put_of_another_value_is_refused_as_set_refuses_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = serve(dir.path(), "");
+    let native = running.field("native=").to_owned();
+    let resp: SocketAddr = running.field("resp=").parse().expect("resp addr");
+    let first = dir.path().join("first");
+    std::fs::write(&first, b"the first value").expect("write");
+    let out = gpucache_with_input(
+        &["put", "layer/7", first.to_str().expect("path"), "--addr", &native],
+        None,
+    );
+    assert!(out.status.success(), "put: {}", stderr(&out));
+
+    // The same bytes again: the name holds what was asked for.
+    let out = gpucache_with_input(&["put", "layer/7", "--addr", &native], Some(b"the first value"));
+    assert!(out.status.success(), "put of the same value: {}", stderr(&out));
+    assert!(stderr(&out).contains("already stored"), "{}", stderr(&out));
+
+    // Other bytes (same length, then another length): refused, and the value is unchanged.
+    for other in [&b"the other value"[..], b"longer than the first value"] {
+        let out = gpucache_with_input(&["put", "layer/7", "--addr", &native], Some(other));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "put of another value: {err}");
+        let why = err.trim().strip_prefix("gpucache put: ").unwrap_or_else(|| panic!("{err}"));
+        assert!(why.contains("different value"), "{why}");
+        // The RESP front refuses the same case with the same words.
+        let reply = resp_line(resp, b"SET layer/7 another\r\n");
+        assert!(reply.starts_with("-ERR ") && reply.contains(why), "RESP: {reply:?}, CLI: {why:?}");
+    }
+    let out = gpucache_with_input(&["get", "layer/7", "--addr", &native], None);
+    assert_eq!(out.stdout, b"the first value");
+    running.stop();
+}
+
+#[test]
+fn an_unknown_tenant_is_named_as_such() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = serve(dir.path(), "");
+    let native = running.field("native=").to_owned();
+    for args in [&["get", "x"][..], &["stat"][..], &["put", "x"][..]] {
+        let mut argv = args.to_vec();
+        argv.extend(["--addr", &native, "--tenant", "nosuch"]);
+        let out = gpucache_with_input(&argv, Some(b"v"));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{argv:?}: {err}");
+        assert!(err.contains("unknown tenant \"nosuch\""), "{argv:?}: {err}");
+        assert!(!err.contains("hello"), "{argv:?}: {err}");
+    }
+    running.stop();
+}
+
+#[test]
+fn stat_against_a_port_that_is_not_gpcw_fails_fast() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = serve(dir.path(), "");
+    for port in ["resp=", "metrics="] {
+        let addr = running.field(port).to_owned();
+        let started = Instant::now();
+        let (code, _, err) = gpucache(&["stat", "--addr", &addr]);
+        let took = started.elapsed();
+        assert_eq!(code, 1, "stat --addr {addr} ({port}): {err}");
+        assert!(took < FAST_FAILURE, "stat --addr {addr} ({port}) took {took:?}: {err}");
+        assert!(err.contains("GPCW"), "stat --addr {addr} ({port}): {err}");
+    }
+    running.stop();
+}
+
+#[test]
+fn an_oversize_put_is_refused_before_it_is_read() {
+    const LIMIT: u64 = 1 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = serve(dir.path(), &format!("\n[limits]\nobject_bytes_max = {LIMIT}\n"));
+    let native = running.field("native=").to_owned();
+
+    // A sparse file of 1 TiB: reading it whole is not an option.
+    let huge = dir.path().join("huge");
+    std::fs::File::create(&huge).and_then(|f| f.set_len(1 << 40)).expect("sparse file");
+    let started = Instant::now();
+    let (code, _, err) =
+        gpucache(&["put", "huge", huge.to_str().expect("path"), "--addr", &native]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&LIMIT.to_string()) && err.contains("object limit"), "{err}");
+    assert!(started.elapsed() < FAST_FAILURE, "took {:?}", started.elapsed());
+
+    // Standard input: read up to the limit and one byte more, then refused; the rest is never
+    // read, so the writer finds the pipe closed.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .args(["put", "from-stdin", "--addr", &native])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![7u8; 1 << 20];
+        for _ in 0..256 {
+            if let Err(e) = stdin.write_all(&chunk) {
+                return Err(e.kind());
+            }
+        }
+        Ok(())
+    });
+    let out = child.wait_with_output().expect("wait");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&LIMIT.to_string()) && err.contains("object limit"), "{err}");
+    let written = writer.join().expect("writer");
+    assert_eq!(written, Err(std::io::ErrorKind::BrokenPipe), "put read all 256 MiB: {err}");
+
+    // At the limit it is stored.
+    let fits = dir.path().join("fits");
+    std::fs::write(&fits, vec![1u8; 1 << 20]).expect("write");
+    let (code, _, err) =
+        gpucache(&["put", "fits", fits.to_str().expect("path"), "--addr", &native]);
+    assert_eq!(code, 0, "{err}");
+    running.stop();
+}
+
+/// The fastest of `n` runs of `args`, which must succeed.
+fn fastest(n: usize, args: &[&str]) -> Duration {
+    (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            let out = gpucache_with_input(args, Some(b"a small value"));
+            let took = started.elapsed();
+            assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+            took
+        })
+        .min()
+        .expect("runs")
+}
+
+#[test]
+fn a_small_get_takes_about_as_long_as_a_small_put() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = serve(dir.path(), "");
+    let native = running.field("native=").to_owned();
+    let put = fastest(5, &["put", "small", "--addr", &native]);
+    let get = fastest(5, &["get", "small", "--addr", &native]);
+    // A GET that prepares a buffer of the largest value for a small one (64 MiB, zeroed by
+    // the server) takes tens to hundreds of milliseconds longer than the PUT.
+    assert!(get < put + Duration::from_millis(25), "get {get:?}, put {put:?}");
+    running.stop();
+}
+
+#[test]
+fn a_busy_server_is_reported_with_its_counts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = serve(dir.path(), "connections_max = 1\n");
+    let native: SocketAddr = running.native();
+    // This connection is the one the server allows (its session is open, so it was accepted).
+    let caller = Caller::new(TenantId::parse("default").expect("tenant"), Rights::READ_ONLY);
+    let holder = TcpStore::new(ClientConfig::new(native, caller.clone()));
+    holder.handshake(&caller).expect("the first connection is served");
+    for args in [&["get", "x"][..], &["stat"][..]] {
+        let mut argv = args.to_vec();
+        let addr = native.to_string();
+        argv.extend(["--addr", &addr]);
+        let (code, _, err) = gpucache(&argv);
+        assert_eq!(code, 1, "{argv:?}: {err}");
+        assert!(err.contains("busy (1 of 1 connections)"), "{argv:?}: {err}");
+    }
+    drop(holder);
+    running.stop();
+}
+
+/// The positional arguments of `--help` output's `Arguments:` section, each with its help
+/// (on its own line, or on the lines below it, indented further).
+fn arguments(help: &str) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    let section = help.lines().skip_while(|l| l.trim() != "Arguments:").skip(1);
+    // The section ends at the next heading (a line that is not indented).
+    for line in section.take_while(|l| l.is_empty() || l.starts_with(' ')) {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if indent <= 4 && (trimmed.starts_with('<') || trimmed.starts_with('[')) {
+            let (name, text) = trimmed.split_once(char::is_whitespace).unwrap_or((trimmed, ""));
+            found.push((name.to_owned(), text.trim().to_owned()));
+        } else if let Some((_, text)) = found.last_mut() {
+            text.push_str(trimmed);
+        }
+    }
+    found
+}
+
+/// The long options `--help` lists.
+fn options(help: &str) -> Vec<&str> {
+    help.lines()
+        .filter_map(|l| l.trim_start().split(' ').find(|w| w.starts_with("--")))
+        .map(|w| w.trim_end_matches(','))
+        .collect()
+}
+
+#[test]
+fn help_names_listeners_arguments_and_only_the_options_that_apply() {
+    let help = |args: &[&str]| {
+        let mut argv = args.to_vec();
+        argv.push("--help");
+        let (code, out, err) = gpucache(&argv);
+        assert_eq!(code, 0, "{argv:?}: {err}");
+        out
+    };
+    let serve = help(&["serve"]);
+    for shown in [
+        "GPCW",
+        "127.0.0.1:7470",
+        "Unix socket",
+        "gpucache.sock",
+        "shared memory",
+        "RESP",
+        "127.0.0.1:7471",
+        "127.0.0.1:7472",
+        "/metrics",
+        "/livez",
+        "/readyz",
+        "/healthz",
+    ] {
+        assert!(serve.contains(shown), "serve --help does not say {shown:?}:\n{serve}");
+    }
+
+    let subcommands: &[&[&str]] = &[
+        &["key"],
+        &["fsck"],
+        &["serve"],
+        &["dpu-agent"],
+        &["put"],
+        &["get"],
+        &["stat"],
+        &["bench", "file"],
+        &["bench", "dpu"],
+        &["bench", "service"],
+        &["bench", "nixl"],
+    ];
+    for args in subcommands {
+        let text = help(args);
+        for (name, said) in arguments(&text) {
+            assert!(!said.is_empty(), "{args:?}: argument {name} has no help:\n{text}");
+        }
+    }
+    assert_eq!(arguments(&help(&["put"])).len(), 2, "put takes NAME and FILE");
+
+    let stat_help = help(&["stat"]);
+    let stat = options(&stat_help);
+    for common in ["--addr", "--tenant", "--deadline-s", "--secret-file", "--key-id", "--seal"] {
+        assert!(stat.contains(&common), "stat --help lacks {common}: {stat:?}");
+    }
+    for absent in ["--shm-segment", "--huge-pages", "--nixl", "--nixl-slot-bytes"] {
+        assert!(!stat.contains(&absent), "stat --help lists {absent}: {stat:?}");
+    }
+    let put_help = help(&["put"]);
+    let put = options(&put_help);
+    assert!(put.contains(&"--shm-segment") && put.contains(&"--nixl"), "{put:?}");
+    assert!(!put.contains(&"--nixl-slot-bytes"), "put --help lists a get-only option: {put:?}");
+    let get_help = help(&["get"]);
+    let get = options(&get_help);
+    assert!(get.contains(&"--nixl-slot-bytes") && get.contains(&"--shm"), "{get:?}");
+}

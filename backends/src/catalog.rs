@@ -21,8 +21,9 @@ use gpucache_dataplane::registry::{
     RegionId, RegionTable, RegistryError,
 };
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Invalidate, Lookup, MissReason, Reclaimed, Reservation,
-    Reserve, Retirement, StoreError, StoreStats, WrittenRanges, authorize,
+    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Invalidate,
+    Lookup, MissReason, Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreStats,
+    WrittenRanges, authorize,
 };
 
 /// One block and the payload the store keeps for it.
@@ -101,7 +102,7 @@ pub(crate) struct Catalog<P> {
     /// Committed blocks by commit order, oldest first.
     age: BTreeMap<u64, RegionId>,
     next_seq: u64,
-    corrupt_dropped: u64,
+    corrupt_dropped: CorruptDrops,
     evictions: u64,
 }
 
@@ -137,7 +138,7 @@ impl<P> Catalog<P> {
             prefix: HashMap::new(),
             age: BTreeMap::new(),
             next_seq: 1,
-            corrupt_dropped: 0,
+            corrupt_dropped: CorruptDrops::default(),
             evictions: 0,
         })
     }
@@ -233,16 +234,18 @@ impl<P> Catalog<P> {
         Ok(Ok(ReadPin { region: id, len: b.len, checksum }))
     }
 
-    /// Ends a read. A read whose bytes failed verification drops the block; the payloads of
-    /// blocks that leave the catalog come back.
-    pub(crate) fn unpin_read(&mut self, id: RegionId, corrupt: bool) -> Vec<P> {
+    /// Ends a read. A read that found the block damaged (`damage` says how) drops it; the
+    /// payloads of blocks that leave the catalog come back.
+    pub(crate) fn unpin_read(&mut self, id: RegionId, damage: Option<CorruptReason>) -> Vec<P> {
         let mut released = Vec::new();
         let Some(b) = self.blocks.get_mut(&id) else { return released };
         debug_assert!(b.readers > 0, "unpin without pin");
         b.readers = b.readers.saturating_sub(1);
         let (state, readers) = (b.life.state(), b.readers);
-        if corrupt && state == BlockState::Committed {
-            self.corrupt_dropped += 1;
+        if let Some(reason) = damage
+            && state == BlockState::Committed
+        {
+            self.corrupt_dropped.add(CorruptPhase::Get, reason, 1);
             self.start_evict(id, &mut released);
         } else if state == BlockState::Evicting && readers == 0 {
             self.finish_evict(id, &mut released);
@@ -605,14 +608,43 @@ impl<P> Catalog<P> {
         caller: &Caller,
         key: &PhysicalKey,
     ) -> Result<(Invalidate, Vec<P>), StoreError> {
+        let id = match self.removable(caller, key)? {
+            Ok(id) => id,
+            Err(answer) => return Ok((answer, Vec::new())),
+        };
+        Ok((Invalidate::Removed, self.remove_committed(id)))
+    }
+
+    /// The committed block an invalidation of `key` would remove, or the answer when there is
+    /// none (`Absent`, or `Busy` while a writer holds the key). Changes nothing: a store that
+    /// must make the removal durable first does so, then calls [`Self::remove_committed`].
+    pub(crate) fn removable(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+    ) -> Result<Result<RegionId, Invalidate>, StoreError> {
         authorize(caller, key, Right::Write)?;
-        let mut released = Vec::new();
-        let Some(id) = self.find_exact(key) else { return Ok((Invalidate::Absent, released)) };
+        let Some(id) = self.find_exact(key) else { return Ok(Err(Invalidate::Absent)) };
         if self.blocks[&id].life.state() != BlockState::Committed {
-            return Ok((Invalidate::Busy, released));
+            return Ok(Err(Invalidate::Busy));
         }
-        self.start_evict(id, &mut released);
-        Ok((Invalidate::Removed, released))
+        Ok(Ok(id))
+    }
+
+    /// Takes the committed block `id` out of the indexes (COMMITTED -> EVICTING, and ABSENT once
+    /// no reader holds it); nothing when it is no longer committed.
+    pub(crate) fn remove_committed(&mut self, id: RegionId) -> Vec<P> {
+        let mut released = Vec::new();
+        if self.blocks.get(&id).is_some_and(|b| b.life.state() == BlockState::Committed) {
+            self.start_evict(id, &mut released);
+        }
+        released
+    }
+
+    /// Counts `n` damaged blocks found in `phase` for `reason` (by the store itself, such as the
+    /// files a FileStore's open removed).
+    pub(crate) fn count_corrupt(&mut self, phase: CorruptPhase, reason: CorruptReason, n: u64) {
+        self.corrupt_dropped.add(phase, reason, n);
     }
 
     // ------------------------------------------------------------------ quarantine and fences
@@ -802,7 +834,7 @@ mod tests {
         let (answer, released) = c2.reserve(&caller(0), &third, 100, None, 0, |_| Ok(3)).unwrap();
         assert!(matches!(answer, Reserve::Refused(Refusal::RetainedBytes { .. })), "{answer:?}");
         assert!(released.is_empty());
-        assert!(c.unpin_read(pin.region, false).is_empty());
+        assert!(c.unpin_read(pin.region, None).is_empty());
     }
 
     #[test]
@@ -817,7 +849,7 @@ mod tests {
         assert_eq!(c.lookup(&k), Lookup::Miss(MissReason::Absent));
         assert_eq!(c.entry(region).map(|b| b.life.state()), Some(BlockState::Evicting));
         assert_eq!(c.stats().usage.retained_bytes, 100, "an evicting block stays charged");
-        assert_eq!(c.unpin_read(pin.region, false), vec![7]);
+        assert_eq!(c.unpin_read(pin.region, None), vec![7]);
         assert_eq!(c.stats().usage.retained_bytes, 0);
         // A new block under the same key can be written while the old one drains.
         let pin2 = commit(&mut c, 1, 8);

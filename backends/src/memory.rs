@@ -15,9 +15,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed,
-    Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, authorize,
-    put_reserved,
+    Abort, Committed, CorruptReason, FullPolicy, Get, Implementation, Invalidate, Lookup, Put,
+    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    authorize, put_reserved,
 };
 
 use crate::catalog::Catalog;
@@ -236,12 +236,14 @@ impl Store for MemoryStore {
         // The block is dropped only when its own bytes are damaged: the caller's buffer may be
         // memory another process can write (a shared segment), which is not the block's fault.
         let damaged = corrupt && !source.is_some_and(|src| pin.delivered_intact(src));
+        let reason =
+            if source.is_some() { CorruptReason::Checksum } else { CorruptReason::Truncated };
         drop(payload);
         if corrupt {
             dst[..len].fill(0);
         }
         let mut inner = self.lock();
-        let released = inner.catalog.unpin_read(pin.region, damaged);
+        let released = inner.catalog.unpin_read(pin.region, damaged.then_some(reason));
         inner.spare.give(released);
         Ok(pin.answer(corrupt))
     }

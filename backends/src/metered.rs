@@ -261,6 +261,12 @@ struct VersionLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CorruptLabels {
+    phase: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StoreLabels {
     store: &'static str,
     implementation: &'static str,
@@ -478,12 +484,17 @@ impl Collector for StoreGauges {
             regions.quarantined_bytes,
         )?;
         Self::counter(e, "gpucache_evictions", "Committed blocks evicted to make room", evictions)?;
-        Self::counter(
-            e,
+        let c = ConstCounter::new(0u64);
+        let mut family = e.encode_descriptor(
             "gpucache_corrupt_dropped",
-            "Blocks dropped because their bytes failed the checksum",
-            corrupt_dropped,
+            "Damaged blocks dropped, by where they were found (open, get) and what was wrong",
+            None,
+            c.metric_type(),
         )?;
+        for (phase, reason, n) in corrupt_dropped.iter() {
+            let labels = CorruptLabels { phase: phase.name(), reason: reason.name() };
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
         Ok(())
     }
 }
@@ -996,7 +1007,8 @@ mod tests {
                     "gpucache_epoch 1",
                     "gpucache_committed_blocks 0",
                     "gpucache_retained_bytes 0",
-                    "gpucache_corrupt_dropped_total 1",
+                    r#"gpucache_corrupt_dropped_total{phase="get",reason="checksum"} 1"#,
+                    r#"gpucache_corrupt_dropped_total{phase="open",reason="header"} 0"#,
                     "gpucache_evictions_total 0",
                     "gpucache_quarantined_regions 0",
                     &format!(r#"gpucache_build_info{{version="{}"}} 1"#, env!("CARGO_PKG_VERSION")),

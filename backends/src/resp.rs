@@ -1096,7 +1096,7 @@ impl Session<'_> {
                  retained_bytes:{}\r\ninflight_requests:{}\r\nregistrations:{}\r\n\
                  tenants_active:{}\r\nquarantined_regions:{}\r\nquarantined_bytes:{}\r\n\r\n",
                 stats.committed_blocks,
-                stats.corrupt_dropped,
+                stats.corrupt_dropped.total(),
                 stats.evictions,
                 u.retained_bytes,
                 u.inflight_requests,
@@ -1262,7 +1262,7 @@ mod tests {
         assert!(store.corrupt_for_test(&key, 2));
         assert_eq!(exchange(&mut s, b"GET k\r\n", 5), b"$-1\r\n");
         assert_eq!(exchange(&mut s, b"EXISTS k\r\n", 4), b":0\r\n");
-        assert_eq!(store.stats().corrupt_dropped, 1);
+        assert_eq!(store.stats().corrupt_dropped.total(), 1);
         // The key is free again.
         assert_eq!(exchange(&mut s, b"SET k again\r\n", 5), b"+OK\r\n");
         assert_eq!(server.shutdown(), 0);

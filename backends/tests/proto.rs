@@ -25,8 +25,9 @@ use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
-    Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreStats,
+    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
+    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
+    StorageEffect, StoreError, StoreStats,
 };
 use gpucache_dataplane::testing::fixture;
 use proptest::collection::vec;
@@ -247,7 +248,49 @@ fn store_error() -> impl Strategy<Value = StoreError> {
         (static_text(), text(), retirement()).prop_map(|(operation, detail, retirement)| {
             StoreError::Backend { operation, detail, retirement }
         }),
+        (
+            (static_text(), static_text(), text()),
+            (io_kind(), text()),
+            (select(vec![StorageEffect::Unchanged, StorageEffect::NotDurable]), retirement())
+        )
+            .prop_map(|((operation, step, path), (kind, detail), (effect, retirement))| {
+                StoreError::Storage {
+                    operation,
+                    step,
+                    path: path.into(),
+                    kind,
+                    detail,
+                    effect,
+                    retirement,
+                }
+            }),
     ]
+}
+
+/// Some of the io error kinds a storage error carries by tag.
+fn io_kind() -> impl Strategy<Value = std::io::ErrorKind> {
+    use std::io::ErrorKind as K;
+    select(vec![
+        K::Other,
+        K::NotFound,
+        K::PermissionDenied,
+        K::ReadOnlyFilesystem,
+        K::StorageFull,
+        K::TimedOut,
+        K::OutOfMemory,
+    ])
+}
+
+fn corrupt_drops() -> impl Strategy<Value = CorruptDrops> {
+    vec((0..CorruptPhase::ALL.len(), 0..CorruptReason::ALL.len(), any::<u64>()), 0..20).prop_map(
+        |entries| {
+            let mut drops = CorruptDrops::default();
+            for (p, r, n) in entries {
+                drops.add(CorruptPhase::ALL[p], CorruptReason::ALL[r], n);
+            }
+            drops
+        },
+    )
 }
 
 fn wire_error() -> impl Strategy<Value = WireError> {
@@ -422,7 +465,7 @@ fn stats() -> impl Strategy<Value = StoreStats> {
     (
         (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>()),
         (any::<usize>(), any::<usize>(), any::<usize>(), any::<u64>()),
-        (any::<u64>(), any::<u64>(), any::<u64>()),
+        (any::<u64>(), corrupt_drops(), any::<u64>()),
     )
         .prop_map(|(u, r, c)| StoreStats {
             usage: Usage {
@@ -1694,7 +1737,7 @@ fn bad_names_text_and_tags_are_typed() {
     let cases: [(Op, &[u8], &str); 9] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
-        (Op::Write, &[1, 12], "store error"),
+        (Op::Write, &[1, 13], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
         (Op::Error, &[28], "wire error"),
@@ -1766,6 +1809,11 @@ fn static_strings_in_use_are_known() {
         "get",
         "reserve",
         "attest",
+        // StoreError::Storage.operation and .step
+        "invalidate",
+        "unlink",
+        "directory sync",
+        "group flush",
         // RegistryError::WrongState.operation and .state
         "settle",
         "complete",
@@ -1801,6 +1849,54 @@ fn round_trip_error(e: StoreError) -> StoreError {
     let frame = decode_one(&response_frame(&resp, 1)).unwrap_or_else(|e| panic!("{e}"));
     match Response::from_frame(&frame) {
         Ok(Response::Write(Err(e))) => e,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_storage_error_keeps_its_kind_path_and_effect_across_the_wire() {
+    let path = std::path::Path::new("/store/blocks/ab/ab12-7.blk");
+    let e = StoreError::storage(
+        "invalidate",
+        "unlink",
+        path,
+        &std::io::Error::from(std::io::ErrorKind::ReadOnlyFilesystem),
+        StorageEffect::Unchanged,
+    );
+    assert_eq!(round_trip_error(e.clone()), e);
+    assert!(e.to_string().contains("ab12-7.blk"), "{e}");
+    // A kind without a tag travels as Other; its message is still in the detail.
+    let odd = StoreError::storage(
+        "invalidate",
+        "directory sync",
+        path,
+        &std::io::Error::from(std::io::ErrorKind::Deadlock),
+        StorageEffect::NotDurable,
+    );
+    match round_trip_error(odd.clone()) {
+        StoreError::Storage { kind, detail, effect, step, .. } => {
+            assert_eq!(kind, std::io::ErrorKind::Other);
+            assert_eq!(effect, StorageEffect::NotDurable);
+            assert_eq!(step, "directory sync");
+            let StoreError::Storage { detail: sent, .. } = odd else { unreachable!() };
+            assert_eq!(detail, sent);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn corrupt_drop_counts_cross_the_wire_by_phase_and_reason() {
+    let mut drops = CorruptDrops::default();
+    drops.add(CorruptPhase::Open, CorruptReason::Header, 2);
+    drops.add(CorruptPhase::Get, CorruptReason::Checksum, 5);
+    let stats = StoreStats { corrupt_dropped: drops, ..StoreStats::default() };
+    let frame = decode_one(&response_frame(&Response::Stats(stats), 1)).expect("frame");
+    match Response::from_frame(&frame) {
+        Ok(Response::Stats(back)) => {
+            assert_eq!(back, stats);
+            assert_eq!(back.corrupt_dropped.total(), 7);
+        }
         other => panic!("{other:?}"),
     }
 }

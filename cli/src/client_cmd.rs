@@ -485,7 +485,7 @@ pub(crate) fn stat(target: &StatTarget) -> ExitCode {
             s.regions.quarantined,
             s.regions.quarantined_bytes,
             s.evictions,
-            s.corrupt_dropped
+            s.corrupt_dropped.total()
         );
         if target.shm {
             let sh = store.shared_stats();

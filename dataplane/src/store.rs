@@ -164,14 +164,138 @@ pub struct StoreInfo {
     pub full_policy: FullPolicy,
 }
 
+/// When a store found a damaged block and dropped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CorruptPhase {
+    /// While opening: the scan of stored blocks at a restart.
+    Open,
+    /// While a read verified what it delivered.
+    Get,
+}
+
+impl CorruptPhase {
+    pub const ALL: [Self; 2] = [Self::Open, Self::Get];
+
+    /// A stable lower-case name (a metric label).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Get => "get",
+        }
+    }
+}
+
+/// What was wrong with a dropped block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CorruptReason {
+    /// Its header is damaged: bad magic, format, length or checksum, or a key that does not
+    /// decode.
+    Header,
+    /// It is shorter (or longer) than its header says, or a read of it ended early.
+    Truncated,
+    /// Its payload failed its checksum.
+    Checksum,
+    /// Its header names another block than the one it is stored as.
+    Identity,
+    /// It was gone when it was read.
+    Missing,
+    /// It could not be read at all (an I/O error).
+    Unreadable,
+    /// It is not a block at all: something the store never writes, found where blocks live.
+    Foreign,
+}
+
+impl CorruptReason {
+    pub const ALL: [Self; 7] = [
+        Self::Header,
+        Self::Truncated,
+        Self::Checksum,
+        Self::Identity,
+        Self::Missing,
+        Self::Unreadable,
+        Self::Foreign,
+    ];
+
+    /// A stable lower-case name (a metric label).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Header => "header",
+            Self::Truncated => "truncated",
+            Self::Checksum => "checksum",
+            Self::Identity => "identity",
+            Self::Missing => "missing",
+            Self::Unreadable => "unreadable",
+            Self::Foreign => "foreign",
+        }
+    }
+}
+
+/// Damaged blocks a store dropped, counted by phase and reason. Bounded: one counter per pair
+/// of [`CorruptPhase`] and [`CorruptReason`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CorruptDrops {
+    counts: [[u64; CorruptReason::ALL.len()]; CorruptPhase::ALL.len()],
+}
+
+impl CorruptDrops {
+    /// Blocks dropped in `phase` for `reason`.
+    pub fn get(&self, phase: CorruptPhase, reason: CorruptReason) -> u64 {
+        self.counts[phase as usize][reason as usize]
+    }
+
+    /// Counts `n` more blocks dropped in `phase` for `reason` (saturating).
+    pub fn add(&mut self, phase: CorruptPhase, reason: CorruptReason, n: u64) {
+        let c = &mut self.counts[phase as usize][reason as usize];
+        *c = c.saturating_add(n);
+    }
+
+    /// Blocks dropped in `phase`, whatever the reason.
+    pub fn in_phase(&self, phase: CorruptPhase) -> u64 {
+        self.counts[phase as usize].iter().fold(0, |a, n| a.saturating_add(*n))
+    }
+
+    /// Blocks dropped in every phase for every reason.
+    pub fn total(&self) -> u64 {
+        CorruptPhase::ALL.iter().fold(0, |a, p| a.saturating_add(self.in_phase(*p)))
+    }
+
+    /// Every (phase, reason, count), zeros included, in declaration order.
+    pub fn iter(&self) -> impl Iterator<Item = (CorruptPhase, CorruptReason, u64)> + use<> {
+        let drops = *self;
+        CorruptPhase::ALL
+            .into_iter()
+            .flat_map(move |p| CorruptReason::ALL.into_iter().map(move |r| (p, r, drops.get(p, r))))
+    }
+}
+
 /// Counters and gauges a store reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub usage: Usage,
     pub regions: RegionCounts,
     pub committed_blocks: u64,
-    pub corrupt_dropped: u64,
+    /// Damaged blocks dropped, by phase and reason ([`CorruptDrops::total`] for all of them).
+    pub corrupt_dropped: CorruptDrops,
     pub evictions: u64,
+}
+
+/// What a failed file-system step left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageEffect {
+    /// Nothing changed: the store holds what it held before the call.
+    Unchanged,
+    /// The change was made but could not be made durable: a power loss or kernel crash may
+    /// undo it.
+    NotDurable,
+}
+
+impl std::fmt::Display for StorageEffect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Unchanged => "nothing was changed",
+            Self::NotDurable => "the change was made but is not durable (a power loss may undo it)",
+        })
+    }
 }
 
 /// Why a store call failed.
@@ -202,15 +326,47 @@ pub enum StoreError {
     Lifecycle(#[from] IllegalTransition),
     #[error("{operation} failed in the backend: {detail}")]
     Backend { operation: &'static str, detail: String, retirement: Retirement },
+    /// A file-system step of a durable store failed (a read-only or full device, a permission
+    /// lost): `kind` for programs, `detail` (the system's message) for people, `effect` for what
+    /// the call left behind.
+    #[error("{operation} failed: {step} of {} failed: {detail}; {effect}", .path.display())]
+    Storage {
+        operation: &'static str,
+        step: &'static str,
+        path: std::path::PathBuf,
+        kind: std::io::ErrorKind,
+        detail: String,
+        effect: StorageEffect,
+        retirement: Retirement,
+    },
 }
 
 impl StoreError {
     /// Whether the store has stopped touching the caller's buffers. Everything but a backend
-    /// failure is refused before any buffer is touched.
+    /// or storage failure is refused before any buffer is touched.
     pub fn retirement(&self) -> Retirement {
         match self {
-            Self::Backend { retirement, .. } => *retirement,
+            Self::Backend { retirement, .. } | Self::Storage { retirement, .. } => *retirement,
             _ => Retirement::Retired,
+        }
+    }
+
+    /// A storage failure of `operation` at `step` on `path`, from the system's error.
+    pub fn storage(
+        operation: &'static str,
+        step: &'static str,
+        path: &std::path::Path,
+        error: &std::io::Error,
+        effect: StorageEffect,
+    ) -> Self {
+        Self::Storage {
+            operation,
+            step,
+            path: path.to_owned(),
+            kind: error.kind(),
+            detail: error.to_string(),
+            effect,
+            retirement: Retirement::Retired,
         }
     }
 }
@@ -282,7 +438,10 @@ pub trait Store: Send + Sync {
         outcome: Retirement,
     ) -> Result<Abort, StoreError>;
 
-    /// Removes the committed block under `key`.
+    /// Removes the committed block under `key`. A durable store answers `Removed` only once
+    /// the removal is as durable as its commits are; when it cannot remove the block it answers
+    /// an error and the block stays readable (a removal that happened but could not be made
+    /// durable is an error too, with [`StorageEffect::NotDurable`]).
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError>;
 
     /// Quarantines every reservation whose write lease has run out (never frees it).

@@ -11,11 +11,13 @@ mod common;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 
 use gpucache_backends::file::engine::EngineChoice;
 use gpucache_backends::file::{Durability, FileStore, fsck};
+use gpucache_backends::metered::{ExpositionFormat, MeteredStore, Metrics};
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Store};
+use gpucache_dataplane::store::{CorruptPhase, CorruptReason, Get, Lookup, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 
 use common::{Rng, assert_exact, block_file, block_files, header_fields, mix};
@@ -99,7 +101,11 @@ fn assert_corrupt_read(store: &FileStore, root: &Path, key: &PhysicalKey, data: 
     assert_eq!(got, Get::Miss(MissReason::Corrupt), "{what}: damaged block served");
     assert!(buf.iter().all(|b| *b == 0), "{what}: destination not zeroed after a corrupt read");
     let after = store.stats();
-    assert_eq!(after.corrupt_dropped, before.corrupt_dropped + 1, "{what}: corrupt_dropped");
+    assert_eq!(
+        after.corrupt_dropped.total(),
+        before.corrupt_dropped.total() + 1,
+        "{what}: corrupt_dropped"
+    );
     assert_eq!(after.committed_blocks + 1, before.committed_blocks, "{what}: committed blocks");
     assert_eq!(
         after.usage.retained_bytes + data.len() as u64,
@@ -194,6 +200,9 @@ fn flipped_header_byte_is_skipped_at_open() {
             "{what}: skip reason: {report:?}"
         );
         assert_eq!(report.loaded, u64::from(BLOCKS) - 1, "{what}: loaded");
+        let drops = store.stats().corrupt_dropped;
+        assert_eq!(drops.get(CorruptPhase::Open, CorruptReason::Header), 1, "{what}: {drops:?}");
+        assert_eq!(drops.total(), 1, "{what}: {drops:?}");
         assert!(!path.exists(), "{what}: damaged file not removed");
         assert_absent(&store, &key, &what);
         assert_all_exact(&store, &blocks, &what);
@@ -224,9 +233,13 @@ fn truncated_block_is_a_miss_and_skipped_at_open() {
             // Read while open: a short read is a corrupt miss, and the block goes.
             truncate(&path, rng.below(header_len + len));
             assert_corrupt_read(&store, root, &key, &data, &what);
+            let drops = store.stats().corrupt_dropped;
+            assert_eq!(drops.get(CorruptPhase::Get, CorruptReason::Truncated), 1, "{what}");
+            assert_eq!(drops.total(), 1, "{what}: {drops:?}");
             drop(store);
             let store = open_store(root, it);
             assert!(store.open_report().skipped.is_empty(), "{what}: skipped a removed file");
+            assert_eq!(store.stats().corrupt_dropped.total(), 0, "{what}: counted twice");
             assert_absent(&store, &key, &what);
             assert_all_exact(&store, &blocks, &what);
             for (k, _) in &blocks {
@@ -240,6 +253,10 @@ fn truncated_block_is_a_miss_and_skipped_at_open() {
             let report = store.open_report();
             assert_eq!(report.skipped.get("truncated"), Some(&1), "{what}: {report:?}");
             assert_eq!(common::skipped_total(report), 1, "{what}: {report:?}");
+            let drops = store.stats().corrupt_dropped;
+            assert_eq!(drops.get(CorruptPhase::Open, CorruptReason::Truncated), 1, "{what}");
+            assert_eq!(drops.total(), 1, "{what}: {drops:?}");
+            assert_eq!(report.corrupt, drops, "{what}: the open report and the stats differ");
             assert!(!path.exists(), "{what}: truncated file not removed");
             assert_absent(&store, &key, &what);
             assert_all_exact(&store, &blocks, &what);
@@ -248,6 +265,82 @@ fn truncated_block_is_a_miss_and_skipped_at_open() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damage found at open, counted by reason in the stats and the metrics
+
+#[test]
+fn damage_found_at_open_is_counted_by_phase_and_reason() {
+    let seed = common::seed(SEED_VAR);
+    let mut rng = Rng::new(mix(&[seed, 0xC1]));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    let (blocks, intact) = {
+        let store = open_store(root, 0);
+        let mut blocks = put_blocks(&store, &mut rng, 0xC1, 0);
+        let intact = blocks.split_off(3);
+        (blocks, intact)
+    };
+    // A damaged header, a truncated file, a file renamed to another block's sequence, and a
+    // file the store never writes.
+    let header = block_file(root, &blocks[0].0);
+    let (header_len, _) = header_fields(&header);
+    flip_byte(&header, rng.below(header_len), &mut rng);
+    let short = block_file(root, &blocks[1].0);
+    truncate(&short, fs::metadata(&short).expect("stat").len() - 1);
+    let moved = block_file(root, &blocks[2].0);
+    let name = moved.file_name().and_then(|n| n.to_str()).expect("name").to_owned();
+    let (digest, rest) = name.split_once('-').expect("digest-seq.blk");
+    let seq: u64 = rest.trim_end_matches(".blk").parse().expect("seq");
+    fs::rename(&moved, moved.with_file_name(format!("{digest}-{}.blk", seq + 1000)))
+        .expect("rename");
+    fs::write(header.with_file_name("stray.txt"), b"not a block").expect("stray file");
+
+    let store = Arc::new(open_store(root, 0));
+    let metrics = Arc::new(Metrics::new());
+    let metered = MeteredStore::new(Arc::clone(&store), Arc::clone(&metrics));
+    metrics.watch_store(Arc::downgrade(&store) as Weak<dyn Store>);
+    let drops = metered.stats().corrupt_dropped;
+    for (reason, n) in [
+        (CorruptReason::Header, 1),
+        (CorruptReason::Truncated, 1),
+        (CorruptReason::Identity, 1),
+        (CorruptReason::Foreign, 1),
+        (CorruptReason::Checksum, 0),
+    ] {
+        assert_eq!(drops.get(CorruptPhase::Open, reason), n, "{reason:?}: {drops:?}");
+    }
+    assert_eq!(drops.in_phase(CorruptPhase::Get), 0, "{drops:?}");
+    assert_eq!(drops.total(), 4, "{drops:?}");
+    assert_eq!(store.open_report().corrupt, drops);
+    for (k, _) in &blocks {
+        assert_absent(&store, k, "a damaged block");
+    }
+    assert_all_exact(&store, &intact, "the intact blocks");
+
+    // A payload damaged later is counted where the read found it.
+    let (key, data) = &intact[0];
+    assert!(store.corrupt_for_test(key, rng.next_u64()));
+    let mut buf = vec![0u8; data.len()];
+    assert_eq!(metered.get_into(&caller(0), key, &mut buf), Ok(Get::Miss(MissReason::Corrupt)));
+    let text = metrics.encode(ExpositionFormat::Prometheus);
+    for line in [
+        r#"gpucache_corrupt_dropped_total{phase="open",reason="header"} 1"#,
+        r#"gpucache_corrupt_dropped_total{phase="open",reason="truncated"} 1"#,
+        r#"gpucache_corrupt_dropped_total{phase="open",reason="identity"} 1"#,
+        r#"gpucache_corrupt_dropped_total{phase="open",reason="foreign"} 1"#,
+        r#"gpucache_corrupt_dropped_total{phase="open",reason="checksum"} 0"#,
+        r#"gpucache_corrupt_dropped_total{phase="get",reason="checksum"} 1"#,
+        r#"gpucache_corrupt_dropped_total{phase="get",reason="truncated"} 0"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+    }
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("gpucache_corrupt_dropped_total{")).count(),
+        CorruptPhase::ALL.len() * CorruptReason::ALL.len(),
+        "every phase and reason has a series from the start"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

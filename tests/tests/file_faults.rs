@@ -280,7 +280,8 @@ fn read_faults_never_serve_wrong_bytes() {
                     // Every read flips, so the private re-read that confirms damage flips too
                     // and the block goes; with O_DIRECT that flip may land in the alignment
                     // padding, and then the re-read proves the block intact and it stays.
-                    let dropped = store.stats().corrupt_dropped - before.corrupt_dropped;
+                    let dropped =
+                        store.stats().corrupt_dropped.total() - before.corrupt_dropped.total();
                     if direct {
                         assert!(dropped <= 1, "{what}: {dropped} blocks dropped by one read");
                     } else {
@@ -470,7 +471,7 @@ fn mixed_faults_never_serve_other_bytes() {
                 40..=74 => {
                     let cap = model.get(&i).map_or(100_000, Vec::len);
                     let mut buf = vec![0xEE; cap];
-                    let dropped_before = store.stats().corrupt_dropped;
+                    let dropped_before = store.stats().corrupt_dropped.total();
                     match store.get_into(&caller(0), &k, &mut buf) {
                         Ok(Get::Hit { len, .. }) => {
                             let want = model
@@ -487,7 +488,7 @@ fn mixed_faults_never_serve_other_bytes() {
                             assert!(buf.iter().all(|b| *b == 0), "{what}: corrupt read not zeroed");
                             // The block goes only when a private re-read confirms the damage; a
                             // fault in one read alone leaves it (and the next read decides).
-                            if store.stats().corrupt_dropped > dropped_before {
+                            if store.stats().corrupt_dropped.total() > dropped_before {
                                 model.remove(&i);
                             }
                         }

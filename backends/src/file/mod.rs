@@ -27,9 +27,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
-    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
-    authorize,
+    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
+    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
+    StorageEffect, Store, StoreError, StoreInfo, StoreStats, authorize,
 };
 
 use crate::catalog::{Catalog, Restored};
@@ -118,6 +118,9 @@ pub struct OpenReport {
     pub loaded_bytes: u64,
     /// Files skipped (and removed), by reason.
     pub skipped: BTreeMap<String, u64>,
+    /// The damaged block files among them, by [`CorruptReason`] (phase `Open`); the store's
+    /// [`StoreStats::corrupt_dropped`] starts from these.
+    pub corrupt: CorruptDrops,
     /// Unfinished writes from before the restart, removed.
     pub tmp_removed: u64,
     pub elapsed_ms: u64,
@@ -128,8 +131,9 @@ pub struct OpenReport {
 enum FilePayload {
     /// Being written through `Store::write`: bytes held until commit.
     Staged(Vec<u8>),
-    /// Committed: the file and the payload's offset in it.
-    Stored { path: PathBuf, header_len: u64 },
+    /// Committed: the file and the payload's offset in it. `removing` while an invalidation
+    /// is unlinking the file (the block stays readable until the removal is durable).
+    Stored { path: PathBuf, header_len: u64, removing: bool },
 }
 
 /// Persists the epoch in the store record before it takes effect, so that a restart never
@@ -277,6 +281,9 @@ impl FileStore {
             epoch << REGION_ID_EPOCH_SHIFT,
             Box::new(PersistedEpochs { root: root.clone() }),
         )?;
+        for (phase, reason, n) in report.corrupt.iter() {
+            catalog.count_corrupt(phase, reason, n);
+        }
         // Newest first: when the limits are tighter than what is on disk, the oldest blocks are
         // the ones left out, as eviction would have chosen.
         for (header, path) in found.into_iter().rev() {
@@ -286,7 +293,11 @@ impl FileStore {
                 len,
                 checksum: header.checksum,
                 seq: header.seq,
-                payload: FilePayload::Stored { path, header_len: header.header_len },
+                payload: FilePayload::Stored {
+                    path,
+                    header_len: header.header_len,
+                    removing: false,
+                },
             };
             match catalog.restore(restored) {
                 Ok(()) => {
@@ -446,7 +457,7 @@ impl FileStore {
                 match catalog.finish_commit_at(region, checksum, seq, now) {
                     Ok(c) => {
                         if let Some(b) = catalog.entry_mut(region) {
-                            b.payload = FilePayload::Stored { path, header_len };
+                            b.payload = FilePayload::Stored { path, header_len, removing: false };
                         }
                         Ok(c)
                     }
@@ -480,7 +491,9 @@ impl FileStore {
             let Some(id) = catalog.find_exact(key) else { return false };
             let len = catalog.entry(id).map(|b| b.len).unwrap_or(0);
             match catalog.committed_payload_mut(key) {
-                Some(FilePayload::Stored { path, header_len }) => (path.clone(), *header_len, len),
+                Some(FilePayload::Stored { path, header_len, .. }) => {
+                    (path.clone(), *header_len, len)
+                }
                 _ => return false,
             }
         };
@@ -516,6 +529,7 @@ const SCAN_THREADS: usize = 8;
 struct ScanPart {
     headers: Vec<(layout::BlockHeader, PathBuf)>,
     skipped: BTreeMap<String, u64>,
+    corrupt: CorruptDrops,
     error: Option<FileStoreError>,
 }
 
@@ -525,6 +539,24 @@ fn skip_label(reason: &BlockFileError) -> &'static str {
         BlockFileError::Foreign { .. } | BlockFileError::Name => "foreign",
         BlockFileError::Size { .. } | BlockFileError::Short { .. } => "truncated",
         _ => "corrupt",
+    }
+}
+
+/// What kind of damage a block file that fails its checks at open has. The name is checked
+/// first, so a file with a block's name and a foreign magic is a damaged header.
+fn corrupt_reason(reason: &BlockFileError) -> CorruptReason {
+    match reason {
+        BlockFileError::Name => CorruptReason::Foreign,
+        BlockFileError::Io(_) => CorruptReason::Unreadable,
+        BlockFileError::Short { .. } | BlockFileError::Size { .. } => CorruptReason::Truncated,
+        BlockFileError::NameMismatch => CorruptReason::Identity,
+        BlockFileError::PayloadChecksum => CorruptReason::Checksum,
+        BlockFileError::Foreign { .. }
+        | BlockFileError::Format { .. }
+        | BlockFileError::HeaderLength { .. }
+        | BlockFileError::HeaderChecksum
+        | BlockFileError::Key(_)
+        | BlockFileError::PayloadLength { .. } => CorruptReason::Header,
     }
 }
 
@@ -539,8 +571,13 @@ fn scan_dir(sub: &Path, part: &mut ScanPart) -> Result<(), FileStoreError> {
         match read_header(&path) {
             Ok(h) => part.headers.push((h, path)),
             Err(reason) => {
-                tracing::warn!(path = %path.display(), %reason, "skipping block file");
+                let kind = corrupt_reason(&reason);
+                tracing::warn!(
+                    path = %path.display(), reason = kind.name(), detail = %reason,
+                    "damaged block file found at open; removed"
+                );
                 *part.skipped.entry(skip_label(&reason).into()).or_default() += 1;
+                part.corrupt.add(CorruptPhase::Open, kind, 1);
                 let _ = fs::remove_file(&path);
             }
         }
@@ -600,6 +637,9 @@ fn scan_blocks(
         }
         for (label, n) in part.skipped {
             *report.skipped.entry(label).or_default() += n;
+        }
+        for (phase, reason, n) in part.corrupt.iter() {
+            report.corrupt.add(phase, reason, n);
         }
         for (h, path) in part.headers {
             max_epoch = max_epoch.max(h.epoch);
@@ -693,9 +733,11 @@ impl Store for FileStore {
                 Err(miss) => return Ok(Get::Miss(miss)),
             };
             match catalog.entry(pin.region).map(|b| &b.payload) {
-                Some(FilePayload::Stored { path, header_len }) => (pin, path.clone(), *header_len),
+                Some(FilePayload::Stored { path, header_len, .. }) => {
+                    (pin, path.clone(), *header_len)
+                }
                 _ => {
-                    let released = catalog.unpin_read(pin.region, false);
+                    let released = catalog.unpin_read(pin.region, None);
                     drop(catalog);
                     dispose(released);
                     return Ok(Get::Miss(MissReason::NotReadable(
@@ -706,9 +748,9 @@ impl Store for FileStore {
         };
         let len = pin.len_bytes();
         let read = self.read_payload(&path, header_len, &mut dst[..len]);
-        // `corrupt`: this read is a miss; `damaged`: the block itself is, and goes.
-        let (corrupt, damaged, failure) = match read {
-            Ok(()) if pin.delivered_intact(&dst[..len]) => (false, false, None),
+        // `corrupt`: this read is a miss; `damage`: the block itself is damaged, and goes.
+        let (corrupt, damage, failure) = match read {
+            Ok(()) if pin.delivered_intact(&dst[..len]) => (false, None, None),
             Ok(()) => {
                 // Confirmed on a private copy before the block is dropped: the caller's buffer
                 // may be memory another process can write (a shared segment), and a read can
@@ -716,28 +758,48 @@ impl Store for FileStore {
                 let mut own = vec![0u8; len];
                 let intact = self.read_payload(&path, header_len, &mut own).is_ok()
                     && pin.delivered_intact(&own);
-                (true, !intact, None)
+                (true, (!intact).then_some(CorruptReason::Checksum), None)
             }
-            // A short file is a truncated block: a miss, and the block goes.
-            Err(e)
-                if e.kind() == io::ErrorKind::UnexpectedEof
-                    || e.kind() == io::ErrorKind::NotFound =>
-            {
-                (true, true, None)
+            // A short file is a truncated block, a missing one is gone: a miss, and the block
+            // goes.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                (true, Some(CorruptReason::Truncated), None)
             }
-            Err(e) => (false, false, Some(e)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                (true, Some(CorruptReason::Missing), None)
+            }
+            Err(e) => (false, None, Some(e)),
         };
         if corrupt || failure.is_some() {
             dst[..len].fill(0);
         }
-        let released = self.lock().unpin_read(pin.region, damaged);
+        let (released, removing) = {
+            let mut catalog = self.lock();
+            // A file an invalidation is unlinking right now is not damage: the read is a miss.
+            let removing = matches!(
+                catalog.entry(pin.region).map(|b| &b.payload),
+                Some(FilePayload::Stored { removing: true, .. })
+            );
+            (catalog.unpin_read(pin.region, damage.filter(|_| !removing)), removing)
+        };
         dispose(released);
+        if let Some(reason) = damage.filter(|_| !removing) {
+            tracing::warn!(
+                path = %path.display(), reason = reason.name(),
+                "damaged block found by a read; dropped"
+            );
+        }
         if let Some(e) = failure {
             return Err(StoreError::Backend {
                 operation: "get",
                 detail: format!("{}: {e}", path.display()),
                 retirement: Retirement::Retired,
             });
+        }
+        if corrupt && removing {
+            return Ok(Get::Miss(MissReason::NotReadable(
+                gpucache_dataplane::BlockState::Evicting,
+            )));
         }
         Ok(pin.answer(corrupt))
     }
@@ -850,10 +912,49 @@ impl Store for FileStore {
         Ok(answer)
     }
 
+    /// The block leaves the catalog only once its file is gone as durably as a commit is
+    /// made (ADR 0009); until then it stays readable. A removal that cannot be done is an error
+    /// and changes nothing, so an acknowledged invalidation never comes back at the next open.
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        let (answer, released) = self.lock().invalidate(caller, key)?;
+        let (id, path) = {
+            let mut catalog = self.lock();
+            let id = match catalog.removable(caller, key)? {
+                Ok(id) => id,
+                Err(answer) => return Ok(answer),
+            };
+            match catalog.entry_mut(id).map(|b| &mut b.payload) {
+                Some(FilePayload::Stored { path, removing: removing @ false, .. }) => {
+                    *removing = true;
+                    (id, path.clone())
+                }
+                // Another invalidation is removing it right now.
+                _ => return Ok(Invalidate::Busy),
+            }
+        };
+        let removed = self.remove_durably(&path);
+        let released = {
+            let mut catalog = self.lock();
+            match &removed {
+                Err(StoreError::Storage { effect: StorageEffect::Unchanged, .. }) => {
+                    if let Some(FilePayload::Stored { removing, .. }) =
+                        catalog.entry_mut(id).map(|b| &mut b.payload)
+                    {
+                        *removing = false;
+                    }
+                    Vec::new()
+                }
+                // The file is gone (durably, or at least from the namespace): so is the block.
+                _ => catalog.remove_committed(id),
+            }
+        };
         dispose(released);
-        Ok(answer)
+        match removed {
+            Ok(()) => Ok(Invalidate::Removed),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "invalidation not acknowledged");
+                Err(e)
+            }
+        }
     }
 
     fn expire_leases(&self) -> Result<usize, StoreError> {
@@ -883,6 +984,29 @@ impl Store for FileStore {
 }
 
 impl FileStore {
+    /// Unlinks an invalidated block's file, then makes that durable under the store's policy:
+    /// a sync of its directory (`PerBlock`), the shared flush (`GroupCommit`), or nothing
+    /// (`None`, which survives a process crash only, as its commits do). A file already gone
+    /// counts as unlinked.
+    fn remove_durably(&self, path: &Path) -> Result<(), StoreError> {
+        const OP: &str = "invalidate";
+        match self.engine.remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(StoreError::storage(OP, "unlink", path, &e, StorageEffect::Unchanged));
+            }
+        }
+        let dir = path.parent().unwrap_or(&self.root);
+        let synced = match self.durability {
+            Durability::PerBlock => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
+            Durability::GroupCommit => self.group.barrier().map_err(|e| ("group flush", e)),
+            Durability::None => Ok(()),
+        };
+        synced
+            .map_err(|(step, e)| StoreError::storage(OP, step, dir, &e, StorageEffect::NotDurable))
+    }
+
     fn read_payload(&self, path: &Path, header_len: u64, dst: &mut [u8]) -> io::Result<()> {
         let file = self.open_file(path, false)?;
         if self.direct_io {

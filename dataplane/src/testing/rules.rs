@@ -9,8 +9,8 @@ use crate::identity::KvDtype;
 use crate::limits::{Refusal, RequestId, ResourceLimits};
 use crate::registry::{Epoch, RegionId, RegistryError};
 use crate::store::{
-    Abort, FullPolicy, Get, Invalidate, Lookup, MissReason, Put, Reservation, Reserve, Retirement,
-    StoreError,
+    Abort, CorruptPhase, CorruptReason, FullPolicy, Get, Invalidate, Lookup, MissReason, Put,
+    Reservation, Reserve, Retirement, StoreError,
 };
 
 use super::fixture::{admin, caller, key, payload, tenant};
@@ -239,7 +239,8 @@ pub fn corrupt_block_is_a_miss_and_dropped(make: &MakeSubject) {
     assert_eq!(s.store.lookup(&caller(0), &k).unwrap(), Lookup::Miss(MissReason::Absent));
     let after = s.store.stats();
     assert_eq!(after.usage.retained_bytes, before.retained_bytes - 4096);
-    assert_eq!(after.corrupt_dropped, 1);
+    assert_eq!(after.corrupt_dropped.total(), 1);
+    assert_eq!(after.corrupt_dropped.get(CorruptPhase::Get, CorruptReason::Checksum), 1);
     // The engine recomputes and writes it again.
     assert!(matches!(
         s.store.put(&caller(0), &k, &payload(9, 4096), None).unwrap(),

@@ -27,6 +27,13 @@
 //! then inverts one random bit of the buffer and returns `Ok`. A sync takes one draw: a dropped
 //! sync returns `Ok` without syncing.
 //!
+//! Namespace faults are switches, not draws: [`FaultyEngine::fail_unlinks`] makes every
+//! `remove_file` fail with a chosen errno (removing nothing), and [`FaultyEngine::fail_dir_syncs`]
+//! does the same for `sync_dir`. They model a device that turned read-only or a permission that
+//! was lost, take no draws, and so leave the seeded schedule of the other faults unchanged;
+//! pausing injection does not pause them. The crash model covers file contents only: an unlink
+//! is never undone by [`FaultyEngine::crash`].
+//!
 //! # Crash model
 //!
 //! The layer keeps a model of the page cache: for every file written through it (identified by
@@ -51,7 +58,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
@@ -129,6 +137,10 @@ pub struct FaultCounts {
     pub crashes: u64,
     /// Real syncs the layer did on its own to keep its tracking bounded.
     pub writebacks: u64,
+    /// Unlinks failed on purpose ([`FaultyEngine::fail_unlinks`]).
+    pub unlink_errors: u64,
+    /// Directory syncs failed on purpose ([`FaultyEngine::fail_dir_syncs`]).
+    pub dir_sync_errors: u64,
 }
 
 impl FaultCounts {
@@ -141,6 +153,8 @@ impl FaultCounts {
             + self.read_eio
             + self.read_bit_flips
             + self.dropped_syncs
+            + self.unlink_errors
+            + self.dir_sync_errors
     }
 }
 
@@ -157,6 +171,10 @@ pub struct FaultyEngine<E: IoEngine> {
     inner: E,
     config: FaultConfig,
     enabled: AtomicBool,
+    /// The errno every unlink fails with; 0 for none.
+    unlink_errno: AtomicI32,
+    /// The errno every directory sync fails with; 0 for none.
+    dir_sync_errno: AtomicI32,
     state: Mutex<State>,
 }
 
@@ -198,6 +216,8 @@ impl<E: IoEngine> FaultyEngine<E> {
             inner,
             config,
             enabled: AtomicBool::new(true),
+            unlink_errno: AtomicI32::new(0),
+            dir_sync_errno: AtomicI32::new(0),
             state: Mutex::new(State {
                 rng: SplitMix64::new(config.seed),
                 counts: FaultCounts::default(),
@@ -228,6 +248,26 @@ impl<E: IoEngine> FaultyEngine<E> {
 
     pub fn is_enabled(&self) -> bool {
         self.enabled.load(Ordering::SeqCst)
+    }
+
+    /// Makes every later unlink fail with `errno` (e.g. `libc::EROFS`, `libc::EACCES`) and
+    /// remove nothing, or (`None`) lets unlinks through again.
+    pub fn fail_unlinks(&self, errno: Option<i32>) {
+        self.unlink_errno.store(errno.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// Makes every later directory sync fail with `errno`, or (`None`) lets them through again.
+    pub fn fail_dir_syncs(&self, errno: Option<i32>) {
+        self.dir_sync_errno.store(errno.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// The errno `switch` holds, counted in `count` when one is set.
+    fn switched(&self, switch: &AtomicI32, count: fn(&mut FaultCounts) -> &mut u64) -> Option<i32> {
+        let errno = switch.load(Ordering::SeqCst);
+        (errno != 0).then(|| {
+            *count(&mut self.lock().counts) += 1;
+            errno
+        })
     }
 
     pub fn counts(&self) -> FaultCounts {
@@ -491,6 +531,20 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
             (Err(_), None) => {}
         }
         result
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        match self.switched(&self.unlink_errno, |c| &mut c.unlink_errors) {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => self.inner.remove_file(path),
+        }
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        match self.switched(&self.dir_sync_errno, |c| &mut c.dir_sync_errors) {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => self.inner.sync_dir(dir),
+        }
     }
 
     fn staging(&self, len: usize) -> io::Result<Staging> {

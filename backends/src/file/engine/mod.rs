@@ -13,6 +13,7 @@ pub mod uring;
 use std::fmt;
 use std::fs::File;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
 /// Alignment of offsets, lengths and memory for O_DIRECT I/O.
@@ -128,6 +129,17 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     /// Makes a file's data and metadata durable (fsync).
     fn sync(&self, file: &File) -> io::Result<()>;
 
+    /// Removes a file's name (unlink). The FileStore removes invalidated blocks through here, so
+    /// that a test layer can fail it.
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    /// Makes a directory's entries durable (fsync of the directory), e.g. after an unlink.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
     /// An aligned buffer of at least `len` bytes for O_DIRECT transfers. Engines with
     /// registered memory hand out slices of it (io_uring fixed buffers); the default allocates.
     fn staging(&self, len: usize) -> io::Result<Staging> {
@@ -148,6 +160,12 @@ impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
     }
     fn sync(&self, file: &File) -> io::Result<()> {
         (**self).sync(file)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        (**self).remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        (**self).sync_dir(dir)
     }
     fn staging(&self, len: usize) -> io::Result<Staging> {
         (**self).staging(len)

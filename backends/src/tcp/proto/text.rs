@@ -35,6 +35,10 @@ pub const DATAPLANE_TEXT: &[&str] = &[
     "bump_epoch",
     "reclaim_fenced",
     "stats",
+    // File-system steps (StoreError::Storage.step).
+    "unlink",
+    "directory sync",
+    "group flush",
     // Registry operations (RegistryError::WrongState.operation).
     "settle",
     "complete",
@@ -114,6 +118,11 @@ whats! {
     STAGING_FAILURE = "staging failure",
     STAGED_GET = "staged get answer",
     STAGE_STATS = "stage stats",
+    CORRUPT_DROPS = "corrupt drop counts",
+    CORRUPT_PHASE = "corrupt phase",
+    CORRUPT_REASON = "corrupt reason",
+    IO_KIND = "io error kind",
+    STORAGE_EFFECT = "storage effect",
     AGENT_METADATA = "agent metadata",
     DESCRIPTOR = "block descriptor",
 }

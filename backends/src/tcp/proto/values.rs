@@ -14,8 +14,9 @@ use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
-    Abort, FullPolicy, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation,
-    Reserve, Retirement, StoreError, StoreStats,
+    Abort, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Implementation, Invalidate,
+    Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, StorageEffect,
+    StoreError, StoreStats,
 };
 
 use super::codec::{Reader, Writer, wide};
@@ -304,8 +305,70 @@ pub(super) fn put_stats(w: &mut Writer<'_>, s: &StoreStats) {
     w.u64(wide(quarantined));
     w.u64(quarantined_bytes);
     w.u64(s.committed_blocks);
-    w.u64(s.corrupt_dropped);
+    put_corrupt_drops(w, &s.corrupt_dropped);
     w.u64(s.evictions);
+}
+
+/// `u8` n, then n × (`phase: u8`, `reason: u8`, `count: u64`): the nonzero counts, each pair at
+/// most once.
+fn put_corrupt_drops(w: &mut Writer<'_>, drops: &CorruptDrops) {
+    let nonzero: Vec<_> = drops.iter().filter(|(_, _, n)| *n > 0).collect();
+    w.u8(u8::try_from(nonzero.len()).unwrap_or(u8::MAX));
+    for (phase, reason, n) in nonzero {
+        w.u8(corrupt_phase_tag(phase));
+        w.u8(corrupt_reason_tag(reason));
+        w.u64(n);
+    }
+}
+
+fn corrupt_phase_tag(p: CorruptPhase) -> u8 {
+    match p {
+        CorruptPhase::Open => 0,
+        CorruptPhase::Get => 1,
+    }
+}
+
+fn corrupt_reason_tag(r: CorruptReason) -> u8 {
+    match r {
+        CorruptReason::Header => 0,
+        CorruptReason::Truncated => 1,
+        CorruptReason::Checksum => 2,
+        CorruptReason::Identity => 3,
+        CorruptReason::Missing => 4,
+        CorruptReason::Unreadable => 5,
+        CorruptReason::Foreign => 6,
+    }
+}
+
+fn get_corrupt_drops(r: &mut Reader<'_>) -> Result<CorruptDrops, WireError> {
+    let pairs = CorruptPhase::ALL.len() * CorruptReason::ALL.len();
+    let n = r.u8(text::CORRUPT_DROPS)?;
+    if usize::from(n) > pairs {
+        return Err(WireError::TooMany {
+            what: text::CORRUPT_DROPS,
+            count: n.into(),
+            max: wide(pairs),
+        });
+    }
+    let mut drops = CorruptDrops::default();
+    for _ in 0..n {
+        let tag = r.u8(text::CORRUPT_PHASE)?;
+        let phase = CorruptPhase::ALL
+            .into_iter()
+            .find(|p| corrupt_phase_tag(*p) == tag)
+            .ok_or(WireError::UnknownTag { what: text::CORRUPT_PHASE, tag })?;
+        let tag = r.u8(text::CORRUPT_REASON)?;
+        let reason = CorruptReason::ALL
+            .into_iter()
+            .find(|x| corrupt_reason_tag(*x) == tag)
+            .ok_or(WireError::UnknownTag { what: text::CORRUPT_REASON, tag })?;
+        let count = r.u64(text::INTEGER)?;
+        if count == 0 || drops.get(phase, reason) != 0 {
+            return Err(WireError::Malformed { what: text::CORRUPT_DROPS });
+        }
+        drops.add(phase, reason, count);
+    }
+    Ok(drops)
 }
 
 fn get_region_count(r: &mut Reader<'_>) -> Result<usize, WireError> {
@@ -330,7 +393,7 @@ pub(super) fn get_stats(r: &mut Reader<'_>) -> Result<StoreStats, WireError> {
         usage,
         regions,
         committed_blocks: r.u64(text::INTEGER)?,
-        corrupt_dropped: r.u64(text::INTEGER)?,
+        corrupt_dropped: get_corrupt_drops(r)?,
         evictions: r.u64(text::INTEGER)?,
     })
 }
@@ -545,9 +608,58 @@ fn put_store_error_exact(w: &mut Writer<'_>, e: &StoreError) -> Encoded {
         StoreError::Backend { operation, detail, retirement } => {
             put_backend(w, operation, detail, *retirement);
         }
+        StoreError::Storage { operation, step, path, kind, detail, effect, retirement } => {
+            w.u8(12);
+            w.text(operation);
+            w.text(step);
+            w.text(&path.to_string_lossy());
+            w.u8(io_kind_tag(*kind));
+            w.text(detail);
+            w.u8(match effect {
+                StorageEffect::Unchanged => 0,
+                StorageEffect::NotDurable => 1,
+            });
+            put_retirement(w, *retirement);
+        }
         other => return Err(Unrepresentable(other.to_string())),
     }
     Ok(())
+}
+
+/// The `std::io::ErrorKind`s a storage error carries by tag (its index here); any other kind
+/// travels as `Other` (tag 0), its message still in the error's detail.
+pub(super) const IO_KINDS: &[std::io::ErrorKind] = {
+    use std::io::ErrorKind as K;
+    &[
+        K::Other,
+        K::NotFound,
+        K::PermissionDenied,
+        K::ReadOnlyFilesystem,
+        K::StorageFull,
+        K::QuotaExceeded,
+        K::FileTooLarge,
+        K::ResourceBusy,
+        K::TimedOut,
+        K::Interrupted,
+        K::UnexpectedEof,
+        K::WriteZero,
+        K::InvalidInput,
+        K::InvalidData,
+        K::AlreadyExists,
+        K::NotADirectory,
+        K::IsADirectory,
+        K::DirectoryNotEmpty,
+        K::CrossesDevices,
+        K::TooManyLinks,
+        K::InvalidFilename,
+        K::StaleNetworkFileHandle,
+        K::Unsupported,
+        K::OutOfMemory,
+    ]
+};
+
+fn io_kind_tag(kind: std::io::ErrorKind) -> u8 {
+    IO_KINDS.iter().position(|k| *k == kind).and_then(|i| u8::try_from(i).ok()).unwrap_or(0)
 }
 
 fn put_registry_error(w: &mut Writer<'_>, e: &RegistryError) -> Encoded {
@@ -630,6 +742,24 @@ pub(super) fn get_store_error(r: &mut Reader<'_>) -> Result<StoreError, WireErro
         11 => StoreError::Backend {
             operation: r.static_text(text::TEXT, REMOTE_TEXT)?,
             detail: r.text(text::TEXT)?,
+            retirement: get_retirement(r)?,
+        },
+        12 => StoreError::Storage {
+            operation: r.static_text(text::TEXT, REMOTE_TEXT)?,
+            step: r.static_text(text::TEXT, REMOTE_TEXT)?,
+            path: r.text(text::TEXT)?.into(),
+            kind: {
+                let tag = r.u8(text::IO_KIND)?;
+                *IO_KINDS
+                    .get(usize::from(tag))
+                    .ok_or(WireError::UnknownTag { what: text::IO_KIND, tag })?
+            },
+            detail: r.text(text::TEXT)?,
+            effect: match r.u8(text::STORAGE_EFFECT)? {
+                0 => StorageEffect::Unchanged,
+                1 => StorageEffect::NotDurable,
+                tag => return Err(WireError::UnknownTag { what: text::STORAGE_EFFECT, tag }),
+            },
             retirement: get_retirement(r)?,
         },
         tag => return Err(WireError::UnknownTag { what: text::STORE_ERROR, tag }),

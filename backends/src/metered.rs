@@ -901,6 +901,10 @@ impl<S: Store> Store for MeteredStore<S> {
         self.inner.stats()
     }
 
+    fn condition(&self) -> gpucache_dataplane::store::StoreCondition {
+        self.inner.condition()
+    }
+
     /// Delegates to the inner store's own `put` (which may be faster than reserve, write and
     /// commit), so one PUT is recorded once, as `put`.
     fn put(

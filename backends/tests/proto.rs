@@ -10,9 +10,9 @@ use gpucache_backends::tcp::proto::{
     Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES,
     HelloAuth, HelloSession, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL,
     REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SealAlgorithm, SealKey, ServerLimits,
-    SharedGetItem,
-    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
-    decode_put_request, encode_get_response, encode_put_request, header_checksum, intern, offset,
+    SharedGetItem, SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError,
+    decode_get_response, decode_put_request, encode_get_response, encode_put_request,
+    header_checksum, intern, offset,
 };
 use gpucache_backends::tcp::staging::{
     StageId, StagedGet, StagedSlot, StagingFailure, StagingStats,

@@ -1022,17 +1022,22 @@ impl ServeConfig {
                 let store = self.file_store_config().open(clock).map_err(|source| {
                     ConfigError::OpenFileStore { root: self.store.root.clone(), source }
                 })?;
-                Arc::new(store)
+                let io_engine = Some(IoEngineReport {
+                    engine: store.engine_name(),
+                    reason: store.engine_reason().to_owned(),
+                });
+                return Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine });
             }
             StoreKind::Dpu => {
                 let dpu = crate::dpu::open(self, clock)?;
                 return Ok(OpenedStore {
                     store: Arc::clone(&dpu) as Arc<dyn Store>,
                     dpu: Some(dpu),
+                    io_engine: None,
                 });
             }
         };
-        Ok(OpenedStore { store, dpu: None })
+        Ok(OpenedStore { store, dpu: None, io_engine: None })
     }
 }
 
@@ -1041,6 +1046,17 @@ pub struct OpenedStore {
     pub store: Arc<dyn Store>,
     /// The same store by its type when it is the DPU agent's.
     pub dpu: Option<Arc<gpucache_dpu::DpuStore>>,
+    /// The file I/O engine a FileStore runs on, and why (none for other kinds).
+    pub io_engine: Option<IoEngineReport>,
+}
+
+/// Which I/O engine a FileStore chose, in the operator's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoEngineReport {
+    /// "uring" or "psync".
+    pub engine: &'static str,
+    /// "configured", "probed", or why io_uring could not run.
+    pub reason: String,
 }
 
 impl std::fmt::Debug for OpenedStore {

@@ -1,5 +1,6 @@
-//! The service's HTTP endpoint: `GET /metrics` (Prometheus or OpenMetrics text) and
-//! `GET /healthz`. Nothing else.
+//! The service's HTTP endpoint: `GET /metrics` (Prometheus or OpenMetrics text), `GET /livez`
+//! (the process answers), `GET /readyz` (every readiness check of [`crate::ready`] passes; 503
+//! naming the failing ones otherwise) and `GET /healthz` (an alias of `/readyz`). Nothing else.
 //!
 //! A deliberately small HTTP/1.1 responder on std's `TcpListener`, in the thread-per-connection
 //! shape of ADR 0011: one accept thread, one thread per connection up to `connections_max`, one
@@ -16,33 +17,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use gpucache_backends::metered::{ExpositionFormat, Metrics};
-use gpucache_dataplane::store::Store;
 
-/// What `/healthz` reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Health {
-    pub healthy: bool,
-    /// The store's name (`memory`, `file`).
-    pub store: &'static str,
-    pub epoch: u64,
-    /// Why the service is unhealthy; empty when it is healthy.
-    pub detail: String,
-}
-
-impl Health {
-    /// A store that answers is healthy; this reads its name and epoch.
-    pub fn of_store(store: &dyn Store) -> Self {
-        Self {
-            healthy: true,
-            store: store.info().name,
-            epoch: store.epoch().0,
-            detail: String::new(),
-        }
-    }
-}
-
-/// Called on every `/healthz` request.
-pub type HealthCheck = Arc<dyn Fn() -> Health + Send + Sync>;
+use crate::ready::Probe;
 
 /// Bounds of the HTTP endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +50,7 @@ impl Default for HttpLimits {
 /// State shared by the accept thread, the connection threads and the handle.
 struct Shared {
     metrics: Arc<Metrics>,
-    health: HealthCheck,
+    ready: Arc<Probe>,
     limits: HttpLimits,
     stopping: AtomicBool,
     next_id: AtomicU64,
@@ -114,7 +90,7 @@ impl Shared {
     }
 }
 
-/// A running `/metrics` and `/healthz` endpoint. Dropping it shuts it down.
+/// A running `/metrics`, `/livez`, `/readyz` and `/healthz` endpoint. Dropping it shuts it down.
 pub struct MetricsServer {
     local_addr: SocketAddr,
     shared: Arc<Shared>,
@@ -132,16 +108,16 @@ impl MetricsServer {
     pub fn start(
         addr: SocketAddr,
         metrics: Arc<Metrics>,
-        health: HealthCheck,
+        ready: Arc<Probe>,
     ) -> io::Result<MetricsServer> {
-        Self::start_with(addr, metrics, health, HttpLimits::default())
+        Self::start_with(addr, metrics, ready, HttpLimits::default())
     }
 
     /// Binds `addr` and serves until [`MetricsServer::shutdown`].
     pub fn start_with(
         addr: SocketAddr,
         metrics: Arc<Metrics>,
-        health: HealthCheck,
+        ready: Arc<Probe>,
         limits: HttpLimits,
     ) -> io::Result<MetricsServer> {
         if limits.connections_max == 0 || limits.request_bytes_max == 0 {
@@ -154,7 +130,7 @@ impl MetricsServer {
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             metrics,
-            health,
+            ready,
             limits,
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
@@ -445,9 +421,9 @@ fn parse_head(head: &[u8]) -> Result<Request<'_>, &'static str> {
 }
 
 fn route(request: &Request<'_>, shared: &Shared) -> Response {
-    let known = matches!(request.path, "/metrics" | "/healthz");
+    let known = matches!(request.path, "/metrics" | "/livez" | "/readyz" | "/healthz");
     if !known {
-        return Response::text(404, "not found; try /metrics or /healthz\n");
+        return Response::text(404, "not found; try /metrics, /livez, /readyz or /healthz\n");
     }
     if request.method != "GET" && request.method != "HEAD" {
         let mut r = Response::text(405, "only GET and HEAD\n");
@@ -462,15 +438,11 @@ fn route(request: &Request<'_>, shared: &Shared) -> Response {
         let body = shared.metrics.encode(format);
         return Response { status: 200, content_type: format.content_type(), body, allow: false };
     }
-    let h = (shared.health)();
-    if h.healthy {
-        Response::text(200, &format!("ok store={} epoch={}\n", h.store, h.epoch))
-    } else {
-        Response::text(
-            503,
-            &format!("unhealthy store={} epoch={}: {}\n", h.store, h.epoch, h.detail),
-        )
+    if request.path == "/livez" {
+        return Response::text(200, "alive\n");
     }
+    let readiness = shared.ready.run();
+    Response::text(if readiness.ready() { 200 } else { 503 }, &readiness.body())
 }
 
 struct Response {

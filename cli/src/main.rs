@@ -19,11 +19,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gpucache_cli::logging::{self, LogFormat};
 use gpucache_dataplane::key::{KeyDecodeError, LogicalKey, PhysicalKey};
 
 #[derive(Debug, Parser)]
 #[command(name = "gpucache", version, about = "GPUCache: a shared tier for LLM KV-cache blocks")]
 struct Cli {
+    /// How log lines on standard error are written: text, or one JSON object per line. What is
+    /// logged follows RUST_LOG (an EnvFilter directive, e.g. `warn`); info without it.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -162,6 +167,14 @@ fn key_command(hex: &str) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let default_filter = match cli.command {
+        Command::Serve { .. } | Command::DpuAgent { .. } => logging::SERVICE_FILTER,
+        _ => logging::TOOL_FILTER,
+    };
+    if let Err(e) = logging::init(cli.log_format, default_filter) {
+        eprintln!("gpucache: {e}");
+        return ExitCode::from(2);
+    }
     match cli.command {
         Command::Key { hex } => key_command(&hex),
         Command::Fsck { dir, repair } => fsck::run(&dir, repair),

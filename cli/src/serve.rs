@@ -4,10 +4,14 @@
 //! Startup order: block the stop signals (so every thread inherits the mask and only the main
 //! thread receives them), open the store (a FileStore restart bumps the epoch and drops
 //! unfinished writes), wrap it in the metrics recorder, start the listeners (native with its
-//! same-host Unix socket, whose mode is then set to 0660; RESP; HTTP), then wait. Shutdown stops the native listener first (connections finish the request in hand),
-//! then the RESP listener, then the HTTP endpoint, then closes the store.
+//! same-host Unix socket, whose mode is then set to 0660; RESP; HTTP), then wait. A TCP port in
+//! use is found before the store is opened, and a store root this start created is removed when
+//! the start fails. Shutdown stops the native listener first (connections finish the request in
+//! hand), then the RESP listener, then the HTTP endpoint, then closes the store. Everything it
+//! says goes through `tracing` (the start line at info), so `--log-format json` covers it.
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -17,7 +21,8 @@ use gpucache_backends::tcp::staging::BlockStaging;
 use gpucache_backends::tcp::{Server, ServerConfig};
 use gpucache_cli::config::{LOCAL_SOCKET_MODE, OpenedStore, ServeConfig, StoreKind};
 use gpucache_cli::dpu;
-use gpucache_cli::http::{Health, HealthCheck, MetricsServer};
+use gpucache_cli::http::MetricsServer;
+use gpucache_cli::ready::{Check, Probe};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::store::Store;
 use prometheus_client::registry::Registry;
@@ -68,7 +73,7 @@ fn staging(config: &ServeConfig) -> Result<(Option<Arc<dyn BlockStaging>>, Strin
 }
 
 fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("gpucache serve: {what}: {e}");
+    tracing::error!("gpucache serve: {what}: {e}");
     ExitCode::from(2)
 }
 
@@ -95,6 +100,57 @@ pub(crate) fn run(config_path: Option<&Path>) -> ExitCode {
     }
 }
 
+/// The TCP listeners the configuration names, with the words an operator knows them by.
+fn tcp_listeners(config: &ServeConfig) -> [(&'static str, SocketAddr); 3] {
+    [
+        ("native listener", config.listen.native),
+        ("RESP listener", config.listen.resp),
+        ("metrics listener", config.listen.metrics),
+    ]
+}
+
+/// Binds each configured TCP address once and lets it go, before the store is opened, so that a
+/// port in use is refused naming its listener and without touching the disk. (A port taken in
+/// the moment between this and the real bind still fails below, naming the listener too.)
+fn check_ports(config: &ServeConfig) -> Result<(), String> {
+    for (name, addr) in tcp_listeners(config) {
+        if addr.port() == 0 {
+            continue;
+        }
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(format!("{name} {addr}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Removes a store root that this start created, when the start failed before serving: no
+/// block was written, and an empty data directory left behind only misleads.
+struct CreatedRoot(Option<PathBuf>);
+
+impl CreatedRoot {
+    fn before_open(config: &ServeConfig) -> Self {
+        let root = &config.store.root;
+        let creates = config.store.kind != StoreKind::Memory && !root.exists();
+        Self(creates.then(|| root.clone()))
+    }
+
+    /// The service started: the root stays.
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CreatedRoot {
+    fn drop(&mut self) {
+        if let Some(root) = self.0.take()
+            && let Err(e) = std::fs::remove_dir_all(&root)
+        {
+            tracing::warn!(root = %root.display(), error = %e, "could not remove the store root this failed start created");
+        }
+    }
+}
+
 /// Runs the service a loaded (validated) configuration describes until SIGINT or SIGTERM.
 fn serve(config: ServeConfig) -> ExitCode {
     let signals = stop_signals();
@@ -102,13 +158,17 @@ fn serve(config: ServeConfig) -> ExitCode {
     if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) } != 0 {
         return fail("signals", std::io::Error::last_os_error());
     }
+    if let Err(e) = check_ports(&config) {
+        return fail("listen", e);
+    }
     // After the signal mask: the NIXL agent starts threads, and they must inherit it.
     let (staging, staging_name) = match staging(&config) {
         Ok(s) => s,
         Err(e) => return fail("nixl.enabled", e),
     };
     let clock = Arc::new(MonotonicClock::default());
-    let OpenedStore { store, dpu } = match config.open(clock) {
+    let mut created_root = CreatedRoot::before_open(&config);
+    let OpenedStore { store, dpu, io_engine } = match config.open(clock) {
         Ok(opened) => opened,
         Err(e) => return fail("store", e),
     };
@@ -120,6 +180,18 @@ fn serve(config: ServeConfig) -> ExitCode {
         StagingGauges::register(&mut registry, Arc::clone(staging));
     }
     register_limits(&mut registry, &config.limits());
+    let mut checks = vec![
+        Check::store_io(Arc::clone(&store)),
+        Check::disk_room(Arc::clone(&store), config.limits.object_bytes_max),
+    ];
+    if let Some(d) = &dpu {
+        checks.push(Check::dpu_reactors(Arc::clone(d.agent())));
+    }
+    if let Some(staging) = &staging {
+        checks.push(Check::staging(Arc::clone(staging)));
+    }
+    let ready = Arc::new(Probe::new(Arc::clone(&store), checks));
+    ready.register(&mut registry);
     let metrics = Arc::new(Metrics::with_registry(registry));
     let metered = MeteredStore::shared(store, Arc::clone(&metrics));
     let tenants = match config.callers() {
@@ -190,32 +262,44 @@ fn serve(config: ServeConfig) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(&format!("RESP listener {}", config.listen.resp), e),
     };
-    let health_store = Arc::clone(&shared);
-    let health: HealthCheck = Arc::new(move || Health::of_store(&*health_store));
-    let http = match MetricsServer::start(config.listen.metrics, metrics, health) {
+    let http = match MetricsServer::start(config.listen.metrics, metrics, ready) {
         Ok(h) => h,
         Err(e) => return fail(&format!("metrics listener {}", config.listen.metrics), e),
     };
+    created_root.keep();
     let info = shared.info();
     let local = server.local_path().map_or_else(|| "none".to_owned(), |p| p.display().to_string());
     // The agent's own report, never a claim of its own: `offload=host-threads` on host threads.
     let offload = dpu.as_ref().map(|d| format!(" {}", dpu::offload_fields(d.agent())));
-    eprintln!(
-        "gpucache serve: listening native={} local={local} resp={} metrics={} store={} epoch={} \
-         resp_tenant={} sealed_tenants={sealed} staging={staging_name}{}",
+    let root = match config.store.kind {
+        StoreKind::Memory => "none".to_owned(),
+        _ => config.store.root.display().to_string(),
+    };
+    let (engine, engine_reason) =
+        io_engine.map_or(("none", "no file store".to_owned()), |e| (e.engine, e.reason));
+    let l = &config.limits;
+    tracing::info!(
+        "listening native={} local={local} resp={} metrics={} store={} epoch={} root={root} \
+         io_engine={engine} object_bytes_max={} retained_bytes_max={} inflight_requests_max={} \
+         connections_max={} resp_tenant={} sealed_tenants={sealed} staging={staging_name}{} \
+         io_engine_reason=\"{engine_reason}\"",
         server.local_addr(),
         resp.local_addr(),
         http.local_addr(),
         info.name,
         shared.epoch().0,
+        l.object_bytes_max,
+        l.retained_bytes_max,
+        l.inflight_requests_max,
+        config.listen.connections_max,
         resp_tenant,
         offload.unwrap_or_default(),
     );
     if let Some(d) = &dpu {
         let c = &config.dpu;
-        eprintln!(
-            "gpucache serve: dpu agent backend={} state_dir={} queues_per_reactor={} \
-             queue_depth={} slab={}x{} bytes",
+        tracing::info!(
+            "dpu agent backend={} state_dir={} queues_per_reactor={} queue_depth={} slab={}x{} \
+             bytes",
             c.backend.as_str(),
             c.state_dir.display(),
             c.queues_per_reactor,
@@ -224,14 +308,14 @@ fn serve(config: ServeConfig) -> ExitCode {
             c.slab_slot_bytes
         );
         for line in dpu::reactor_lines(d.agent()) {
-            eprintln!("gpucache serve: dpu {line}");
+            tracing::info!("dpu {line}");
         }
     }
     if config.nixl.enabled {
         let n = &config.nixl;
-        eprintln!(
-            "gpucache serve: block staging over NIXL ({staging_name}): {} slots of {} bytes, \
-             stage lease {} ms, stages per connection {}, stages in all {}",
+        tracing::info!(
+            "block staging over NIXL ({staging_name}): {} slots of {} bytes, stage lease {} ms, \
+             stages per connection {}, stages in all {}",
             n.slots(),
             n.slot_bytes,
             n.stage_lease_ms,
@@ -245,7 +329,7 @@ fn serve(config: ServeConfig) -> ExitCode {
     if waited != 0 {
         return fail("waiting for a stop signal", std::io::Error::from_raw_os_error(waited));
     }
-    eprintln!("gpucache serve: signal {signal}, shutting down");
+    tracing::info!("signal {signal}, shutting down");
     let left = server.shutdown() + resp.shutdown();
     let http_left = http.shutdown();
     drop(shared);
@@ -253,9 +337,9 @@ fn serve(config: ServeConfig) -> ExitCode {
     // The agent's reactors are joined when its last holder goes.
     drop(dpu);
     if left + http_left > 0 {
-        eprintln!("gpucache serve: {} connection threads did not stop in time", left + http_left);
+        tracing::error!("{} connection threads did not stop in time", left + http_left);
         return ExitCode::from(1);
     }
-    eprintln!("gpucache serve: stopped");
+    tracing::info!("stopped");
     ExitCode::SUCCESS
 }

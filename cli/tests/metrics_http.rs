@@ -1,4 +1,4 @@
-//! The `/metrics` and `/healthz` endpoint, driven with raw requests over TCP: routes and status
+//! The `/metrics`, `/livez`, `/readyz` and `/healthz` endpoint, driven with raw requests over TCP: routes and status
 //! codes, content negotiation, bad requests that leave the server serving, the connection limit,
 //! and a shutdown that keeps its deadline. With `promtool` on PATH, the scraped text is checked
 //! by it too.
@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use gpucache_backends::MemoryStore;
 use gpucache_backends::metered::{MeteredStore, Metrics};
-use gpucache_cli::http::{Health, HealthCheck, HttpLimits, MetricsServer};
+use gpucache_cli::http::{HttpLimits, MetricsServer};
+use gpucache_cli::ready::{Check, Probe};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::{
@@ -35,17 +36,20 @@ fn start(limits: HttpLimits) -> Fixture {
     let metrics = Arc::new(Metrics::new());
     let store = MeteredStore::shared(memory, Arc::clone(&metrics));
     let healthy = Arc::new(AtomicBool::new(true));
-    let (probe, flag) = (Arc::clone(&store), Arc::clone(&healthy));
-    let health: HealthCheck = Arc::new(move || {
-        let mut h = Health::of_store(&*probe);
-        if !flag.load(Ordering::SeqCst) {
-            h.healthy = false;
-            h.detail = "store offline for the test".to_owned();
-        }
-        h
-    });
+    let flag = Arc::clone(&healthy);
+    let checks = vec![
+        Check::store_io(store.clone()),
+        Check::new("test_flag", move || {
+            if flag.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("store offline for the test".to_owned())
+            }
+        }),
+    ];
+    let probe = Arc::new(Probe::new(store.clone(), checks));
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let server = MetricsServer::start_with(addr, metrics, health, limits).expect("bind");
+    let server = MetricsServer::start_with(addr, metrics, probe, limits).expect("bind");
     Fixture { server, store, healthy }
 }
 
@@ -138,16 +142,31 @@ fn metrics_are_served_in_both_formats() {
 }
 
 #[test]
-fn healthz_follows_the_health_check() {
+fn readyz_and_its_healthz_alias_follow_the_checks_and_livez_does_not() {
     let f = start(HttpLimits::default());
     let addr = f.server.local_addr();
-    let r = get(addr, "/healthz");
-    assert_eq!(r.status_line, "HTTP/1.1 200 OK");
-    assert_eq!(r.body, "ok store=memory epoch=1\n");
+    for path in ["/readyz", "/healthz"] {
+        let r = get(addr, path);
+        assert_eq!(r.status_line, "HTTP/1.1 200 OK", "{path}");
+        assert_eq!(r.body, "ready store=memory epoch=1\nok store_io\nok test_flag\n", "{path}");
+    }
     f.healthy.store(false, Ordering::SeqCst);
-    let r = get(addr, "/healthz");
-    assert_eq!(r.status_line, "HTTP/1.1 503 Service Unavailable");
-    assert_eq!(r.body, "unhealthy store=memory epoch=1: store offline for the test\n");
+    for path in ["/readyz", "/healthz"] {
+        let r = get(addr, path);
+        assert_eq!(r.status_line, "HTTP/1.1 503 Service Unavailable", "{path}");
+        assert_eq!(
+            r.body,
+            "not ready store=memory epoch=1 failing=test_flag\nok store_io\n\
+             fail test_flag: store offline for the test\n",
+            "{path}"
+        );
+    }
+    // Liveness is only that the process answers.
+    let r = get(addr, "/livez");
+    assert_eq!(r.status_line, "HTTP/1.1 200 OK");
+    assert_eq!(r.body, "alive\n");
+    f.healthy.store(true, Ordering::SeqCst);
+    assert_eq!(get(addr, "/readyz").status_line, "HTTP/1.1 200 OK");
 }
 
 #[test]

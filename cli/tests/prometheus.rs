@@ -2,7 +2,9 @@
 //! installed (scripts/test.sh installs it); `GPUCACHE_REQUIRE_PROMETHEUS=1` makes its absence a
 //! failure instead of a skip.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,10 +63,9 @@ fn prometheus_scrapes_the_metrics_endpoint() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn serve");
-    let mut lines = BufReader::new(serve.stderr.take().expect("stderr")).lines();
-    let line = lines.next().expect("serve said nothing").expect("read");
-    std::thread::spawn(move || for _ in lines {});
+    let (line, log) = common::start_line(serve.stderr.take().expect("stderr"));
     let serve = Killed(serve);
+    let line = line.unwrap_or_else(|| panic!("serve did not start:\n{}", log.join("\n")));
     let metrics: SocketAddr = line
         .split_whitespace()
         .find_map(|w| w.strip_prefix("metrics="))

@@ -164,6 +164,20 @@ pub struct StoreInfo {
     pub full_policy: FullPolicy,
 }
 
+/// A store's own view of whether it can serve ([`Store::condition`]). `None` means the store does
+/// not track that fact (a memory store has no disk; a remote store answers for its server).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreCondition {
+    /// The most recent I/O failure of the store's medium, when no I/O has succeeded since
+    /// (`Some(None)`: the last I/O succeeded, or none happened yet).
+    pub io_failure: Option<Option<String>>,
+    /// Bytes free for new blocks on the store's medium (a file system's available space).
+    pub free_bytes: Option<u64>,
+    /// The most a block needs on the medium beyond its payload (header, the space the store
+    /// keeps free), so that `free_bytes` can be compared with a payload size.
+    pub block_overhead_bytes: u64,
+}
+
 /// When a store found a damaged block and dropped it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CorruptPhase {
@@ -459,6 +473,13 @@ pub trait Store: Send + Sync {
 
     fn stats(&self) -> StoreStats;
 
+    /// What the store knows of its own ability to serve, for a readiness probe. Cheap: it reads
+    /// what the store already tracks (and at most one `statvfs`), never the data path. A store
+    /// that tracks nothing answers [`StoreCondition::default`] (nothing known).
+    fn condition(&self) -> StoreCondition {
+        StoreCondition::default()
+    }
+
     /// Reserve, write and commit in one call; a failed write or commit aborts the reservation
     /// (quarantining it when the failure did not retire).
     fn put(
@@ -624,6 +645,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn stats(&self) -> StoreStats {
         (**self).stats()
+    }
+    fn condition(&self) -> StoreCondition {
+        (**self).condition()
     }
     fn put(
         &self,

@@ -283,6 +283,12 @@ impl Agent {
         &self.reactors
     }
 
+    /// The reactors whose thread has ended (a panic, or a stop): their queues are served by
+    /// nobody, so a running agent with any is not ready. Empty while every reactor runs.
+    pub fn reactors_stopped(&self) -> Vec<ReactorId> {
+        self.threads.iter().filter(|(_, t)| t.is_finished()).map(|(id, _)| *id).collect()
+    }
+
     /// The queue (and its owning reactor) for a stable hash of a key.
     pub fn route(&self, hash: u64) -> (ReactorId, QueueId) {
         let n = self.route.len() as u64;

@@ -269,4 +269,8 @@ impl Store for DpuStore {
     fn stats(&self) -> StoreStats {
         self.backing.stats()
     }
+
+    fn condition(&self) -> gpucache_dataplane::store::StoreCondition {
+        self.backing.condition()
+    }
 }

@@ -29,7 +29,7 @@ use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, R
 use gpucache_dataplane::store::{
     Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
     Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StorageEffect, Store, StoreError, StoreInfo, StoreStats, authorize,
+    StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
 };
 
 use crate::catalog::{Catalog, Restored};
@@ -86,9 +86,11 @@ impl FileStoreConfig {
             // Staging memory serves O_DIRECT only; a buffered store registers none.
             engine_config.staging_bytes = 0;
         }
-        let engine = engine::build(self.engine, engine_config)
+        let (engine, reason) = engine::build_explained(self.engine, engine_config)
             .map_err(|e| FileStoreError::Engine(e.to_string()))?;
-        FileStore::open_with_engine(self, engine, clock)
+        let mut store = FileStore::open_with_engine(self, engine, clock)?;
+        store.engine_reason = reason;
+        Ok(store)
     }
 }
 
@@ -209,6 +211,10 @@ const REGION_ID_EPOCH_SHIFT: u32 = 32;
 pub struct FileStore {
     root: PathBuf,
     engine: Arc<dyn IoEngine>,
+    /// Why this engine runs (configured, probed, or why io_uring could not).
+    engine_reason: String,
+    /// The latest engine call's outcome, for [`Store::condition`].
+    io_watch: Arc<engine::IoWatch>,
     direct_io: bool,
     durability: Durability,
     catalog: Mutex<Catalog<FilePayload>>,
@@ -230,6 +236,9 @@ impl FileStore {
     ) -> Result<Self, FileStoreError> {
         let started = Instant::now();
         config.limits.validate()?;
+        let watched = engine::Watched::new(engine);
+        let io_watch = watched.watch();
+        let engine: Arc<dyn IoEngine> = Arc::new(watched);
         let root = config.root.clone();
         for dir in [root.clone(), root.join("tmp"), root.join("blocks")] {
             fs::create_dir_all(&dir).map_err(io_at(&dir))?;
@@ -322,6 +331,8 @@ impl FileStore {
         Ok(Self {
             root,
             engine,
+            engine_reason: "given by the caller".to_owned(),
+            io_watch,
             direct_io: config.direct_io,
             durability: config.durability,
             catalog: Mutex::new(catalog),
@@ -341,6 +352,17 @@ impl FileStore {
     /// The engine in use ("uring", "psync", or a test wrapper).
     pub fn engine_name(&self) -> &'static str {
         self.engine.name()
+    }
+
+    /// Why [`FileStore::engine_name`] runs: "configured", "probed", or why io_uring could not
+    /// ("io_uring unavailable: ..."); "given by the caller" for [`FileStore::open_with_engine`].
+    pub fn engine_reason(&self) -> &str {
+        &self.engine_reason
+    }
+
+    /// The directory the store keeps its files under.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     fn lock(&self) -> MutexGuard<'_, Catalog<FilePayload>> {
@@ -980,6 +1002,16 @@ impl Store for FileStore {
 
     fn stats(&self) -> StoreStats {
         self.lock().stats()
+    }
+
+    fn condition(&self) -> StoreCondition {
+        StoreCondition {
+            io_failure: Some(self.io_watch.failure()),
+            free_bytes: free_bytes(&self.root),
+            block_overhead_bytes: layout::header_len_for(gpucache_dataplane::key::KEY_BYTES_MAX)
+                as u64
+                + DISK_SLACK_BYTES,
+        }
     }
 }
 

@@ -335,4 +335,8 @@ pub trait BlockStaging: Send + Sync + fmt::Debug {
     fn fence(&self) -> Result<usize, StagingError>;
 
     fn stats(&self) -> StagingStats;
+
+    /// Whether the staging memory is registered with the transport now (a fence whose
+    /// re-registration failed leaves it unregistered, and every stage op is refused).
+    fn registered(&self) -> bool;
 }

@@ -66,11 +66,47 @@ pub(crate) fn field<'a>(line: &'a str, name: &str) -> &'a str {
 
 use gpucache_dataplane::testing::process::kill_process;
 
+/// Most log lines a starting server may write before its start line.
+const START_LINES_MAX: usize = 200;
+
+/// Reads a starting server's log until its start line (the one with `listening`), within
+/// [`START_PATIENCE`] and [`START_LINES_MAX`] lines: answers the start line (None when the
+/// server ended, or the limits ran out, first) and every line read so far. A thread keeps
+/// draining the log afterwards so the server never blocks writing to it.
+pub(crate) fn start_line(stderr: impl Read + Send + 'static) -> (Option<String>, Vec<String>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(START_LINES_MAX);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            // The receiver stops listening after the start line: the rest is drained.
+            let _ = tx.try_send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + START_PATIENCE;
+    let mut log = Vec::new();
+    while log.len() < START_LINES_MAX {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("listening native=") => {
+                log.push(line.clone());
+                return (Some(line), log);
+            }
+            Ok(line) => log.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                log.push(format!("(no start line within {START_PATIENCE:?})"));
+                break;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    (None, log)
+}
+
 /// A running `gpucache serve` and the start line it printed.
 #[derive(Debug)]
 pub(crate) struct Serve {
     child: Child,
-    /// The first line on stderr: where it listens, its epoch, what staging is active.
+    /// Its start line: where it listens, its epoch, its store and I/O engine, its limits.
     pub(crate) line: String,
     done: bool,
 }
@@ -91,22 +127,13 @@ impl Serve {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn gpucache serve");
-        // A reader thread hands over the first line, then keeps draining stderr so the server
-        // never blocks writing to it.
         let stderr = child.stderr.take().expect("stderr");
-        let (first, line) = std::sync::mpsc::sync_channel(1);
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stderr).lines();
-            let _ = first.send(lines.next());
-            for _ in lines {}
-        });
+        let (line, log) = start_line(stderr);
         let mut serve = Self { child, line: String::new(), done: false };
-        serve.line = match line.recv_timeout(START_PATIENCE) {
-            Ok(Some(Ok(line))) => line,
-            Ok(other) => panic!("serve said nothing: {other:?}"),
-            Err(_) => panic!("serve printed no start line within {START_PATIENCE:?}"),
+        serve.line = match line {
+            Some(line) => line,
+            None => panic!("serve did not start:\n{}", log.join("\n")),
         };
-        assert!(serve.line.contains("listening"), "serve did not start: {}", serve.line);
         serve
     }
 

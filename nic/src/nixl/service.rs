@@ -461,6 +461,10 @@ impl BlockStaging for NixlStaging {
             ..inner.stats
         }
     }
+
+    fn registered(&self) -> bool {
+        self.lock().pool.memory().registered()
+    }
 }
 
 fn inner_free(e: &gpucache_dataplane::registry::PoolError) -> usize {

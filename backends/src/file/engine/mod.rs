@@ -287,18 +287,116 @@ impl fmt::Debug for Staging {
 /// Builds the engine `choice` asks for. `Auto` probes io_uring once and falls back to psync,
 /// logging the choice; `Uring` fails when io_uring cannot run.
 pub fn build(choice: EngineChoice, config: EngineConfig) -> io::Result<Arc<dyn IoEngine>> {
+    build_explained(choice, config).map(|(engine, _)| engine)
+}
+
+/// [`build`], with the reason the engine was chosen, in words for the operator's start line:
+/// "configured", "probed", or why io_uring could not run (the kernel's own error).
+pub fn build_explained(
+    choice: EngineChoice,
+    config: EngineConfig,
+) -> io::Result<(Arc<dyn IoEngine>, String)> {
     match choice {
-        EngineChoice::Psync => Ok(Arc::new(psync::PsyncEngine)),
-        EngineChoice::Uring => Ok(Arc::new(uring::UringEngine::new(config)?)),
+        EngineChoice::Psync => Ok((Arc::new(psync::PsyncEngine), "configured".to_owned())),
+        EngineChoice::Uring => {
+            Ok((Arc::new(uring::UringEngine::new(config)?), "configured".to_owned()))
+        }
         EngineChoice::Auto => match uring::UringEngine::new(config) {
             Ok(e) => {
                 tracing::info!(engine = "uring", "file I/O engine: io_uring");
-                Ok(Arc::new(e))
+                Ok((Arc::new(e), "probed".to_owned()))
             }
             Err(err) => {
                 tracing::warn!(engine = "psync", error = %err, "io_uring unavailable; file I/O falls back to pread/pwrite");
-                Ok(Arc::new(psync::PsyncEngine))
+                Ok((Arc::new(psync::PsyncEngine), format!("io_uring unavailable: {err}")))
             }
         },
+    }
+}
+
+/// The outcome of the latest I/O call of a [`Watched`] engine, for the store's readiness.
+#[derive(Debug, Default)]
+pub struct IoWatch {
+    /// Set while the latest call failed: a success then takes the lock once to clear it.
+    failing: std::sync::atomic::AtomicBool,
+    failure: std::sync::Mutex<Option<String>>,
+}
+
+impl IoWatch {
+    fn record<T>(&self, result: &io::Result<T>) {
+        use std::sync::atomic::Ordering;
+        match result {
+            Ok(_) if !self.failing.load(Ordering::Relaxed) => {}
+            Ok(_) => {
+                *self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                self.failing.store(false, Ordering::Relaxed);
+            }
+            Err(e) => {
+                *self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some(e.to_string());
+                self.failing.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The error of the latest call when it failed; `None` when it succeeded (or none ran).
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// An engine that records every call's outcome in an [`IoWatch`]; it moves no byte itself.
+#[derive(Debug)]
+pub struct Watched {
+    inner: Arc<dyn IoEngine>,
+    watch: Arc<IoWatch>,
+}
+
+impl Watched {
+    pub fn new(inner: Arc<dyn IoEngine>) -> Self {
+        Self { inner, watch: Arc::default() }
+    }
+
+    pub fn watch(&self) -> Arc<IoWatch> {
+        Arc::clone(&self.watch)
+    }
+}
+
+impl IoEngine for Watched {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        let r = self.inner.write_all_at(file, offset, data);
+        self.watch.record(&r);
+        r
+    }
+    fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let r = self.inner.read_exact_at(file, offset, buf);
+        self.watch.record(&r);
+        r
+    }
+    fn sync(&self, file: &File) -> io::Result<()> {
+        let r = self.inner.sync(file);
+        self.watch.record(&r);
+        r
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let r = self.inner.remove_file(path);
+        // A name already gone is the caller's to judge, not a failing medium.
+        if !matches!(&r, Err(e) if e.kind() == io::ErrorKind::NotFound) {
+            self.watch.record(&r);
+        }
+        r
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let r = self.inner.sync_dir(dir);
+        self.watch.record(&r);
+        r
+    }
+    fn staging(&self, len: usize) -> io::Result<Staging> {
+        let r = self.inner.staging(len);
+        self.watch.record(&r);
+        r
     }
 }

@@ -1,0 +1,48 @@
+//! What a FileStore reports of itself for readiness (`Store::condition`): the latest I/O's
+//! outcome on its medium, cleared by the next success, and the file system's free space.
+
+mod common;
+
+use std::sync::Arc;
+
+use gpucache_backends::file::engine::IoEngine;
+use gpucache_backends::file::engine::faulty::{FaultConfig, FaultyEngine};
+use gpucache_backends::file::engine::psync::PsyncEngine;
+use gpucache_backends::file::{FileStore, FileStoreConfig};
+use gpucache_dataplane::clock::ManualClock;
+use gpucache_dataplane::store::{Put, Store};
+use gpucache_dataplane::testing::fixture::caller;
+
+#[test]
+fn a_failed_write_is_reported_until_the_next_io_succeeds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let engine = Arc::new(FaultyEngine::new(
+        Arc::new(PsyncEngine) as Arc<dyn IoEngine>,
+        FaultConfig { write_eio: 1.0, ..FaultConfig::none(7) },
+    ));
+    engine.set_enabled(false);
+    let store = FileStore::open_with_engine(
+        FileStoreConfig::new(dir.path()),
+        Arc::clone(&engine) as Arc<dyn IoEngine>,
+        Arc::new(ManualClock::default()),
+    )
+    .expect("open");
+    let condition = store.condition();
+    assert_eq!(condition.io_failure, Some(None), "nothing failed yet");
+    let free = condition.free_bytes.expect("a file system reports its free space");
+    assert!(free > 0);
+    assert!(condition.block_overhead_bytes > 0);
+
+    engine.set_enabled(true);
+    let failed = store.put(&caller(0), &common::block_key(1, 0, 1), &[5u8; 8192], None);
+    assert!(failed.is_err(), "an injected EIO must fail the PUT: {failed:?}");
+    let failure = store.condition().io_failure.expect("tracked").expect("the failure is kept");
+    assert!(failure.contains("Input/output error") || failure.contains("EIO"), "{failure}");
+    // Still reported while nothing has succeeded since.
+    assert!(store.condition().io_failure.expect("tracked").is_some());
+
+    engine.set_enabled(false);
+    let put = store.put(&caller(0), &common::block_key(1, 0, 2), &[6u8; 8192], None);
+    assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
+    assert_eq!(store.condition().io_failure, Some(None), "a success clears the failure");
+}

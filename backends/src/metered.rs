@@ -1167,39 +1167,6 @@ mod tests {
         }
     }
 
-    /// `promtool check metrics` on `text`: whether it exited 0 and what it printed, or `None`
-    /// when promtool is not installed (a failure under `GPUCACHE_REQUIRE_PROMETHEUS=1`).
-    fn promtool_check(text: &str) -> Option<(bool, String)> {
-        use std::io::Write;
-        use std::process::{Command, Stdio};
-        let spawned = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                assert!(
-                    std::env::var("GPUCACHE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-                    "promtool is required (GPUCACHE_REQUIRE_PROMETHEUS=1) but not installed"
-                );
-                eprintln!("SKIPPED: promtool is not installed (Debian package prometheus)");
-                return None;
-            }
-            Err(e) => panic!("run promtool: {e}"),
-        };
-        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
-        let out = child.wait_with_output().expect("wait for promtool");
-        let printed = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Some((out.status.success(), printed))
-    }
-
     #[test]
     fn staging_and_limit_gauges_encode_and_pass_promtool() {
         let stats = crate::tcp::staging::StagingStats {
@@ -1248,7 +1215,13 @@ mod tests {
                 r#"gpucache_errors_total{op="reclaim_fenced",retirement="unknown"} 0"#,
             ],
         );
-        let Some((ok, printed)) = promtool_check(&text) else { return };
+        let Some((ok, printed)) = gpucache_dataplane::testing::process::promtool(
+            &["check", "metrics"],
+            std::path::Path::new("."),
+            &text,
+        ) else {
+            return;
+        };
         assert!(ok && printed.is_empty(), "promtool check metrics said:\n{printed}\n{text}");
     }
 

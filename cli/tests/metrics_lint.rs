@@ -8,15 +8,14 @@
 //! the promtool tests say so and pass, unless `GPUCACHE_REQUIRE_PROMETHEUS=1`.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use gpucache_backends::tcp::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::store::{Get, Lookup, Put, Store};
 use gpucache_dataplane::testing::fixture::{key, payload};
+use gpucache_dataplane::testing::process::promtool;
 
 mod common;
 
@@ -32,39 +31,6 @@ fn repo() -> PathBuf {
 fn read(relative: &str) -> String {
     let path = repo().join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-/// Runs `promtool ARGS` with `stdin`; its exit status and everything it printed. `None` when
-/// promtool is not installed, which fails the test under `GPUCACHE_REQUIRE_PROMETHEUS=1`.
-fn promtool(args: &[&str], stdin: &str) -> Option<(bool, String)> {
-    let spawned = Command::new("promtool")
-        .args(args)
-        .current_dir(repo())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            assert!(
-                std::env::var("GPUCACHE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-                "promtool is required (GPUCACHE_REQUIRE_PROMETHEUS=1) but not installed"
-            );
-            eprintln!("SKIPPED: promtool is not installed (Debian package prometheus)");
-            return None;
-        }
-        Err(e) => panic!("run promtool: {e}"),
-    };
-    // promtool may exit before reading stdin (for `check rules`): a closed pipe is its answer.
-    match child.stdin.take().expect("stdin").write_all(stdin.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("feed promtool: {e}"),
-        _ => {}
-    }
-    let out = child.wait_with_output().expect("wait for promtool");
-    let printed =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    Some((out.status.success(), printed))
 }
 
 /// A configuration for `kind` under `dir`: every listener on a free port, a small block limit.
@@ -154,7 +120,7 @@ fn check_scrape(scrape: &str) {
         undocumented.is_empty(),
         "series missing from the table in docs/OPERATIONS.md: {undocumented:?}"
     );
-    let Some((ok, printed)) = promtool(&["check", "metrics"], scrape) else { return };
+    let Some((ok, printed)) = promtool(&["check", "metrics"], &repo(), scrape) else { return };
     assert!(ok, "promtool check metrics failed:\n{printed}\n--- scrape ---\n{scrape}");
     assert!(
         printed.is_empty(),
@@ -295,13 +261,15 @@ fn the_alert_rules_query_only_documented_series() {
 
 #[test]
 fn promtool_accepts_the_alert_rules_and_their_unit_tests() {
-    let Some((ok, printed)) = promtool(&["check", "rules", "deploy/prometheus/alerts.yml"], "")
+    let Some((ok, printed)) =
+        promtool(&["check", "rules", "deploy/prometheus/alerts.yml"], &repo(), "")
     else {
         return;
     };
     assert!(ok, "promtool check rules:\n{printed}");
     assert!(printed.contains("SUCCESS"), "promtool check rules:\n{printed}");
-    let Some((ok, printed)) = promtool(&["test", "rules", "deploy/prometheus/alerts_test.yml"], "")
+    let Some((ok, printed)) =
+        promtool(&["test", "rules", "deploy/prometheus/alerts_test.yml"], &repo(), "")
     else {
         return;
     };

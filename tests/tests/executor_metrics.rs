@@ -13,6 +13,7 @@ use gpucache_dataplane::executor::HostRange;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::fixture::{self, key, payload};
+use gpucache_dataplane::testing::process::promtool;
 use prometheus_client::registry::Registry;
 
 fn value(text: &str, series: &str) -> Option<u64> {
@@ -98,37 +99,6 @@ fn executor_series_follow_its_work_and_vanish_with_it() {
     assert!(!text.contains("gpucache_executor_"), "a dropped executor still reports: {text}");
 }
 
-/// `promtool check metrics` on `text`: whether it exited 0, and everything it printed. `None`
-/// when promtool (Debian's `prometheus` package) is not installed, which fails the test instead
-/// when `GPUCACHE_REQUIRE_PROMETHEUS=1`.
-fn promtool_check(text: &str) -> Option<(bool, String)> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let spawned = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            assert!(
-                std::env::var("GPUCACHE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-                "promtool is required (GPUCACHE_REQUIRE_PROMETHEUS=1) but not installed"
-            );
-            eprintln!("SKIPPED: promtool is not installed (Debian package prometheus)");
-            return None;
-        }
-        Err(e) => panic!("run promtool: {e}"),
-    };
-    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("feed promtool");
-    let out = child.wait_with_output().expect("wait for promtool");
-    let printed =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    Some((out.status.success(), printed))
-}
-
 #[test]
 fn promtool_accepts_the_executor_series_without_a_warning() {
     let store = Arc::new(
@@ -154,7 +124,10 @@ fn promtool_accepts_the_executor_series_without_a_warning() {
     }
     let text = metrics.encode(ExpositionFormat::Prometheus);
     assert!(text.contains("gpucache_executor_"), "no executor series to check: {text}");
-    let Some((ok, printed)) = promtool_check(&text) else { return };
+    let Some((ok, printed)) = promtool(&["check", "metrics"], std::path::Path::new("."), &text)
+    else {
+        return;
+    };
     assert!(
         ok && printed.is_empty(),
         "promtool check metrics said:\n{printed}\n--- scrape ---\n{text}"

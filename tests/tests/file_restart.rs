@@ -437,3 +437,31 @@ fn a_crafted_payload_length_is_skipped_not_a_panic() {
     assert_eq!(common::skipped_total(store.open_report()), 1);
     assert_eq!(lookup(&store, &k), Lookup::Miss(MissReason::Absent));
 }
+
+/// A lock held for a moment by another process (as a child of the previous holder holds it
+/// between its fork and its exec) delays an open instead of failing it.
+#[test]
+fn a_lock_held_for_a_moment_elsewhere_delays_the_open_and_does_not_refuse_it() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    drop(open(root, EngineChoice::Psync, false));
+    // util-linux flock(1) takes the lock, says so, holds it 300 ms and lets go.
+    let mut holder = std::process::Command::new("flock")
+        .args(["-x"])
+        .arg(root.join("LOCK"))
+        .args(["sh", "-c", "echo held; sleep 0.3"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("flock(1) from util-linux");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line, "held\n");
+    let started = std::time::Instant::now();
+    let store = open(root, EngineChoice::Psync, false);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(100), "the lock was not held");
+    assert!(holder.wait().expect("wait").success());
+    put_ok(&store, &common::block_key(0x06, 0, 0), b"after the wait");
+}

@@ -203,6 +203,32 @@ fn free_bytes(root: &Path) -> Option<u64> {
     Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
+/// How long opening waits for the store's lock before it answers [`FileStoreError::Locked`]. A
+/// lock is also held, briefly, by a child process of the previous holder between its fork and
+/// its exec (the descriptor is close-on-exec, but the child holds the lock until then), so a
+/// store closed and reopened at once may find it held for a moment.
+const LOCK_PATIENCE_MS: u64 = 2_000;
+/// Pause between two attempts at the lock.
+const LOCK_RETRY_MS: u64 = 5;
+
+/// Takes the exclusive lock on `lock`, trying again until `patience` has passed.
+fn lock_within(lock: &File, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    loop {
+        // SAFETY: flock on an fd we own; no memory is shared with the kernel.
+        let taken = unsafe {
+            libc::flock(std::os::fd::AsRawFd::as_raw_fd(lock), libc::LOCK_EX | libc::LOCK_NB)
+        } == 0;
+        if taken {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(LOCK_RETRY_MS));
+    }
+}
+
 /// Region ids of one run start at `epoch << 32`, so a restarted store never reuses an id.
 const REGION_ID_EPOCH_SHIFT: u32 = 32;
 
@@ -250,11 +276,7 @@ impl FileStore {
             .write(true)
             .open(&lock_path)
             .map_err(io_at(&lock_path))?;
-        // SAFETY: flock on an fd we own; no memory is shared with the kernel.
-        if unsafe {
-            libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB)
-        } != 0
-        {
+        if !lock_within(&lock, Duration::from_millis(LOCK_PATIENCE_MS)) {
             return Err(FileStoreError::Locked { path: lock_path });
         }
 

@@ -46,3 +46,42 @@ pub fn output_within(child: Child, within: Duration) -> Output {
         }
     }
 }
+
+/// Longest one `promtool` run may take.
+const PROMTOOL_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `promtool ARGS` in `cwd` with `stdin` on its standard input: whether it exited 0, and
+/// everything it printed (stdout, then stderr). `None` when promtool (Debian's `prometheus`
+/// package) is not installed; under `GPUCACHE_REQUIRE_PROMETHEUS=1` that fails the test instead.
+pub fn promtool(args: &[&str], cwd: &std::path::Path, stdin: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let spawned = Command::new("promtool")
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("GPUCACHE_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
+                "promtool is required (GPUCACHE_REQUIRE_PROMETHEUS=1) but not installed"
+            );
+            eprintln!("SKIPPED: promtool is not installed (Debian package prometheus)");
+            return None;
+        }
+        Err(e) => panic!("run promtool: {e}"),
+    };
+    // promtool may exit before reading stdin (`check rules`): a closed pipe is its answer.
+    match child.stdin.take().expect("stdin").write_all(stdin.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("feed promtool: {e}"),
+        _ => {}
+    }
+    let out = output_within(child, PROMTOOL_PATIENCE);
+    let printed =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Some((out.status.success(), printed))
+}

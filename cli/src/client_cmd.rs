@@ -223,14 +223,15 @@ fn parse_segment(text: &str) -> Result<u64, String> {
     }
 }
 
-/// Refuses --nixl before anything else when this build cannot take it.
+/// Refuses --nixl before anything else (before connecting) when this process cannot use NIXL:
+/// a build without the feature, or no loadable `libnixl_capi.so` or UCX plugin.
 fn nixl_available(nixl: bool) -> Result<(), String> {
-    #[cfg(not(feature = "nixl"))]
-    if nixl {
-        return Err(nixl_unavailable());
+    if !nixl {
+        return Ok(());
     }
-    let _ = nixl;
-    Ok(())
+    gpucache_nic::nixl::probe()
+        .map(drop)
+        .map_err(|reason| format!("--nixl: {}", gpucache_nic::NicError::NixlUnavailable { reason }))
 }
 
 /// A client of `target` as a new caller with `rights`, its session already open (so an

@@ -125,7 +125,7 @@ impl BackendOutcome {
     }
 }
 
-/// Where the monitor stands. The gauge value is [`HealthState::code`].
+/// Where the monitor stands (on /metrics: one `gpucache_executor_health_state` series per state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HealthState {
     /// Work is admitted.
@@ -135,17 +135,6 @@ pub enum HealthState {
     CoolingDown { until_ms: u64 },
     /// The recovery probe admitted at `since_ms` has not reported yet; everyone else is refused.
     Probing { since_ms: u64 },
-}
-
-impl HealthState {
-    /// A stable number for the health-state gauge: 0 healthy, 1 cooling down, 2 probing.
-    pub fn code(self) -> u8 {
-        match self {
-            Self::Healthy => 0,
-            Self::CoolingDown { .. } => 1,
-            Self::Probing { .. } => 2,
-        }
-    }
 }
 
 impl fmt::Display for HealthState {
@@ -489,13 +478,11 @@ mod tests {
         for _ in 0..5 {
             let snap = m.snapshot();
             assert_eq!(snap.state, HealthState::CoolingDown { until_ms: COOLDOWN_MS });
-            assert_eq!(snap.state.code(), 1);
             assert_eq!(snap.epoch, 1);
         }
         let probe = m.admit().expect("the probe is still there");
         assert!(probe.is_probe());
         assert_eq!(m.snapshot().state, HealthState::Probing { since_ms: COOLDOWN_MS });
-        assert_eq!(m.snapshot().state.code(), 2);
     }
 
     #[test]
@@ -580,7 +567,6 @@ mod tests {
             "backend unhealthy (health epoch 3): a recovery probe is running since 1500 ms"
         );
         assert_eq!(HealthState::Healthy.to_string(), "healthy");
-        assert_eq!(HealthState::Healthy.code(), 0);
         assert_eq!(HealthState::CoolingDown { until_ms: 9 }.to_string(), "cooling down until 9 ms");
         assert_eq!(HealthState::Probing { since_ms: 9 }.to_string(), "probing since 9 ms");
     }

@@ -14,13 +14,8 @@ use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::TenantId;
-use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::limits::{RequestId, ResourceLimits};
-use gpucache_dataplane::registry::{Epoch, RegionId};
-use gpucache_dataplane::store::{
-    Abort, Committed, Get, Invalidate, Lookup, Reclaimed, Reservation, Reserve, Retirement, Store,
-    StoreError, StoreInfo, StoreStats,
-};
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::testing::fixture::BeforeGet;
 
 mod common;
 
@@ -185,96 +180,22 @@ fn an_oversize_put_is_refused_before_it_is_read() {
     running.stop();
 }
 
-/// A store that records the destination size of every GET it serves, over a MemoryStore.
-struct RecordingStore {
-    inner: MemoryStore,
-    get_buffers: Mutex<Vec<usize>>,
-}
-
-impl Store for RecordingStore {
-    fn info(&self) -> StoreInfo {
-        self.inner.info()
-    }
-    fn failures_retire(&self) -> bool {
-        self.inner.failures_retire()
-    }
-    fn epoch(&self) -> Epoch {
-        self.inner.epoch()
-    }
-    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        self.inner.lookup(caller, key)
-    }
-    fn get_into(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        dst: &mut [u8],
-    ) -> Result<Get, StoreError> {
-        self.get_buffers.lock().expect("lock").push(dst.len());
-        self.inner.get_into(caller, key, dst)
-    }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        self.inner.reserve(caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        reservation: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        self.inner.write(caller, reservation, offset, src)
-    }
-    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
-        self.inner.commit(caller, reservation)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        reservation: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        self.inner.abort(caller, reservation, outcome)
-    }
-    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        self.inner.invalidate(caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.inner.expire_leases()
-    }
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.inner.attest_drained(caller, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        self.inner.bump_epoch()
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.inner.reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-}
-
 /// The server fills (and zeroes first) as many bytes as a GET asks for: asking for the largest
 /// value to read a small one made every small `get` tens of milliseconds slower than `put`.
 /// `get` asks for exactly the looked-up length.
 #[test]
 fn a_small_get_asks_for_exactly_the_value_and_not_the_largest_one() {
-    let store = Arc::new(RecordingStore {
-        inner: MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
-            .expect("limits"),
-        get_buffers: Mutex::new(Vec::new()),
+    // The destination size of every GET the server serves.
+    let get_buffers = Arc::new(Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&get_buffers);
+    let memory = MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
+        .expect("limits");
+    let store = BeforeGet::new(memory, move |dst: &[u8]| {
+        recorded.lock().expect("lock").push(dst.len());
     });
     let tenant = Caller::new(TenantId::parse("default").expect("tenant"), Rights::READ_WRITE);
     let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), vec![tenant]);
-    let server = Server::start(config, Arc::clone(&store) as Arc<dyn Store>).expect("server");
+    let server = Server::start(config, Arc::new(store)).expect("server");
     let native = server.local_addr().to_string();
     let value = b"a small value";
     let out = gpucache_with_input(&["put", "small", "--addr", &native], Some(value));
@@ -282,7 +203,7 @@ fn a_small_get_asks_for_exactly_the_value_and_not_the_largest_one() {
     let out = gpucache_with_input(&["get", "small", "--addr", &native], None);
     assert!(out.status.success(), "get: {}", stderr(&out));
     assert_eq!(out.stdout, value);
-    assert_eq!(*store.get_buffers.lock().expect("lock"), vec![value.len()]);
+    assert_eq!(*get_buffers.lock().expect("lock"), vec![value.len()]);
     assert_eq!(server.shutdown(), 0);
 }
 

@@ -23,12 +23,8 @@ use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{RequestId, ResourceLimits};
-use gpucache_dataplane::registry::{Epoch, RegionId};
-use gpucache_dataplane::store::{
-    Abort, Committed, Get, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
-    Retirement, Store, StoreError, StoreInfo, StoreStats,
-};
-use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Retirement, Store, StoreError};
+use gpucache_dataplane::testing::fixture::{BeforeGet, key, payload, tenant};
 
 fn caller() -> Caller {
     Caller::new(tenant(0), Rights::READ_WRITE)
@@ -359,87 +355,34 @@ fn a_stopped_server_is_a_transport_error_never_a_hit() {
     assert!(dst.iter().all(|&b| b == 0));
 }
 
-/// A store whose GETs wait until the test opens the gate: the client's deadline passes while the
-/// server is still inside `get_into`.
-struct Gated {
-    inner: Arc<MemoryStore>,
-    gate: Mutex<bool>,
+/// Holds GETs until the test opens it: the client's deadline passes while the server is still
+/// inside `get_into`.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
     opened: Condvar,
 }
 
-impl Gated {
+impl Gate {
     fn open(&self) {
-        *self.gate.lock().expect("gate") = true;
+        *self.open.lock().expect("gate") = true;
         self.opened.notify_all();
     }
-}
 
-impl Store for Gated {
-    fn info(&self) -> StoreInfo {
-        self.inner.info()
-    }
-    fn epoch(&self) -> Epoch {
-        self.inner.epoch()
-    }
-    fn lookup(&self, c: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        self.inner.lookup(c, key)
-    }
-    fn get_into(&self, c: &Caller, key: &PhysicalKey, dst: &mut [u8]) -> Result<Get, StoreError> {
-        let guard = self.gate.lock().expect("gate");
+    /// Waits until the gate opens, at most 30 s.
+    fn pass(&self) {
+        let guard = self.open.lock().expect("gate");
         let deadline = Duration::from_secs(30);
-        let (_open, _) =
-            self.opened.wait_timeout_while(guard, deadline, |open| !*open).expect("gate");
-        self.inner.get_into(c, key, dst)
-    }
-    fn reserve(
-        &self,
-        c: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        self.inner.reserve(c, key, len, request)
-    }
-    fn write(
-        &self,
-        c: &Caller,
-        r: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        self.inner.write(c, r, offset, src)
-    }
-    fn commit(&self, c: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-        self.inner.commit(c, r)
-    }
-    fn abort(&self, c: &Caller, r: Reservation, outcome: Retirement) -> Result<Abort, StoreError> {
-        self.inner.abort(c, r, outcome)
-    }
-    fn invalidate(&self, c: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        self.inner.invalidate(c, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.inner.expire_leases()
-    }
-    fn attest_drained(&self, c: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.inner.attest_drained(c, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        self.inner.bump_epoch()
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.inner.reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
+        let _ = self.opened.wait_timeout_while(guard, deadline, |open| !*open).expect("gate");
     }
 }
 
 #[test]
 fn a_get_the_server_may_still_write_is_not_retired() {
-    let gated =
-        Arc::new(Gated { inner: memory(), gate: Mutex::new(false), opened: Condvar::new() });
-    let served = serve(Arc::clone(&gated) as Arc<dyn Store>, 1 << 30);
+    let gate = Arc::new(Gate::default());
+    let waits = Arc::clone(&gate);
+    let gated = BeforeGet::new(memory(), move |_: &[u8]| waits.pass());
+    let served = serve(Arc::new(gated), 1 << 30);
     let mut config = ClientConfig::new(served.server.local_addr(), caller());
     config.local = Some(LocalConfig::new(served.path()));
     config.deadline = Duration::from_millis(300);
@@ -458,5 +401,5 @@ fn a_get_the_server_may_still_write_is_not_retired() {
     assert_eq!(e.retirement(), Retirement::Retired, "{e}");
     assert!(plain.iter().all(|&b| b == 0));
     assert_eq!(client.shared_stats().quarantined_bytes, 8192);
-    gated.open();
+    gate.open();
 }

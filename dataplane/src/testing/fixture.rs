@@ -121,3 +121,129 @@ pub fn wait_for(
         }
     }
 }
+
+/// A store that runs `before` on every GET's destination, then hands every call, that GET
+/// included, to `inner` unchanged: a test observes or holds up GETs (records their size, waits
+/// at a gate) without forwarding the whole trait itself.
+pub struct BeforeGet<S, F> {
+    pub inner: S,
+    before: F,
+}
+
+impl<S, F> BeforeGet<S, F> {
+    pub fn new(inner: S, before: F) -> Self {
+        Self { inner, before }
+    }
+}
+
+impl<S: std::fmt::Debug, F> std::fmt::Debug for BeforeGet<S, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BeforeGet").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+impl<S, F> crate::store::Store for BeforeGet<S, F>
+where
+    S: crate::store::Store,
+    F: Fn(&[u8]) + Send + Sync,
+{
+    fn info(&self) -> crate::store::StoreInfo {
+        self.inner.info()
+    }
+    fn failures_retire(&self) -> bool {
+        self.inner.failures_retire()
+    }
+    fn epoch(&self) -> crate::registry::Epoch {
+        self.inner.epoch()
+    }
+    fn lookup(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+    ) -> Result<crate::store::Lookup, crate::store::StoreError> {
+        self.inner.lookup(caller, key)
+    }
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<crate::store::Get, crate::store::StoreError> {
+        (self.before)(dst);
+        self.inner.get_into(caller, key, dst)
+    }
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<crate::limits::RequestId>,
+    ) -> Result<crate::store::Reserve, crate::store::StoreError> {
+        self.inner.reserve(caller, key, len, request)
+    }
+    fn write(
+        &self,
+        caller: &Caller,
+        r: &crate::store::Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), crate::store::StoreError> {
+        self.inner.write(caller, r, offset, src)
+    }
+    fn commit(
+        &self,
+        caller: &Caller,
+        r: &crate::store::Reservation,
+    ) -> Result<crate::store::Committed, crate::store::StoreError> {
+        self.inner.commit(caller, r)
+    }
+    fn abort(
+        &self,
+        caller: &Caller,
+        r: crate::store::Reservation,
+        outcome: crate::store::Retirement,
+    ) -> Result<crate::store::Abort, crate::store::StoreError> {
+        self.inner.abort(caller, r, outcome)
+    }
+    fn invalidate(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+    ) -> Result<crate::store::Invalidate, crate::store::StoreError> {
+        self.inner.invalidate(caller, key)
+    }
+    fn expire_leases(&self) -> Result<usize, crate::store::StoreError> {
+        self.inner.expire_leases()
+    }
+    fn attest_drained(
+        &self,
+        caller: &Caller,
+        region: crate::registry::RegionId,
+    ) -> Result<crate::store::Reclaimed, crate::store::StoreError> {
+        self.inner.attest_drained(caller, region)
+    }
+    fn bump_epoch(&self) -> Result<crate::registry::Epoch, crate::store::StoreError> {
+        self.inner.bump_epoch()
+    }
+    fn reclaim_fenced(
+        &self,
+        epoch: crate::registry::Epoch,
+    ) -> Result<usize, crate::store::StoreError> {
+        self.inner.reclaim_fenced(epoch)
+    }
+    fn stats(&self) -> crate::store::StoreStats {
+        self.inner.stats()
+    }
+    fn condition(&self) -> crate::store::StoreCondition {
+        self.inner.condition()
+    }
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<crate::limits::RequestId>,
+    ) -> Result<crate::store::Put, crate::store::StoreError> {
+        self.inner.put(caller, key, src, request)
+    }
+}

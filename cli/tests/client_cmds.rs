@@ -16,6 +16,7 @@ use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::fixture::BeforeGet;
+use gpucache_dataplane::testing::process::output_within;
 
 mod common;
 
@@ -164,7 +165,7 @@ fn an_oversize_put_is_refused_before_it_is_read() {
         }
         Ok(())
     });
-    let out = child.wait_with_output().expect("wait");
+    let out = output_within(child, FAST_FAILURE);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(&LIMIT.to_string()) && err.contains("object limit"), "{err}");

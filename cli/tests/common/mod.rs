@@ -15,10 +15,13 @@ pub(crate) const STOP_PATIENCE: Duration = Duration::from_secs(20);
 /// How long a starting server may take to print its start line.
 pub(crate) const START_PATIENCE: Duration = Duration::from_secs(60);
 
-/// Runs `gpucache ARGS`; returns its exit code (-1 when killed by a signal), stdout and stderr.
+/// How long one `gpucache` command a test runs may take before the test fails.
+pub(crate) const COMMAND_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Runs `gpucache ARGS` (no input); returns its exit code (-1 when killed by a signal), stdout
+/// and stderr.
 pub(crate) fn gpucache(args: &[&str]) -> (i32, String, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_gpucache")).args(args).output().expect("run gpucache");
+    let out = gpucache_with_input(args, None);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -44,7 +47,7 @@ pub(crate) fn gpucache_with_input(args: &[&str], stdin: Option<&[u8]>) -> Output
         }
     }
     drop(child.stdin.take());
-    child.wait_with_output().expect("wait")
+    output_within(child, COMMAND_PATIENCE)
 }
 
 /// One HTTP/1.1 GET on a fresh connection (the metrics listener); the whole reply.
@@ -64,7 +67,7 @@ pub(crate) fn field<'a>(line: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} in {line:?}"))
 }
 
-use gpucache_dataplane::testing::process::kill_process;
+use gpucache_dataplane::testing::process::{kill_process, output_within};
 
 /// Most log lines a starting server may write before its start line.
 const START_LINES_MAX: usize = 200;

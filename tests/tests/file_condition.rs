@@ -10,7 +10,7 @@ use gpucache_backends::file::engine::faulty::{FaultConfig, FaultyEngine};
 use gpucache_backends::file::engine::psync::PsyncEngine;
 use gpucache_backends::file::{FileStore, FileStoreConfig};
 use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::store::{Put, Store};
+use gpucache_dataplane::store::{Get, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 
 #[test]
@@ -45,4 +45,26 @@ fn a_failed_write_is_reported_until_the_next_io_succeeds() {
     let put = store.put(&caller(0), &common::block_key(1, 0, 2), &[6u8; 8192], None);
     assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
     assert_eq!(store.condition().io_failure, Some(None), "a success clears the failure");
+}
+
+/// A block file cut short is a damaged block the store drops (a miss), not a failing disk: the
+/// readiness' I/O verdict stays clean.
+#[test]
+fn a_truncated_block_is_a_miss_not_an_io_failure() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = common::open(FileStoreConfig::new(dir.path()));
+    let k = common::block_key(2, 0, 1);
+    let put = store.put(&caller(0), &k, &[9u8; 16384], None);
+    assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
+    let file = common::block_file(dir.path(), &k);
+    let len = std::fs::metadata(&file).expect("block file").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("truncate");
+    let mut dst = vec![0u8; 16384];
+    let got = store.get_into(&caller(0), &k, &mut dst).expect("get");
+    assert_eq!(got, Get::Miss(MissReason::Corrupt));
+    assert_eq!(store.condition().io_failure, Some(None));
 }

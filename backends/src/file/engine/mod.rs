@@ -323,9 +323,14 @@ pub struct IoWatch {
 }
 
 impl IoWatch {
+    /// Records a call's outcome. A name already gone (`NotFound`) or a file shorter than its
+    /// header says (`UnexpectedEof`, a damaged block the store drops) is the caller's to judge,
+    /// not a failing medium, and changes nothing.
     fn record<T>(&self, result: &io::Result<T>) {
         use std::sync::atomic::Ordering;
         match result {
+            Err(e)
+                if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::UnexpectedEof) => {}
             Ok(_) if !self.failing.load(Ordering::Relaxed) => {}
             Ok(_) => {
                 *self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
@@ -383,10 +388,7 @@ impl IoEngine for Watched {
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let r = self.inner.remove_file(path);
-        // A name already gone is the caller's to judge, not a failing medium.
-        if !matches!(&r, Err(e) if e.kind() == io::ErrorKind::NotFound) {
-            self.watch.record(&r);
-        }
+        self.watch.record(&r);
         r
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -33,5 +33,6 @@ pub use lifecycle::{BlockState, Lifecycle, Transition};
 pub use limits::{Ledger, Refusal, RequestId, ResourceLimits};
 pub use registry::{Epoch, RegionId};
 pub use store::{
-    Get, Lookup, MissReason, Put, Reservation, Reserve, Retirement, Store, StoreError,
+    BatchAnswers, BatchGet, BatchPut, Get, Lookup, MissReason, Put, Reservation, Reserve,
+    Retirement, Store, StoreError,
 };

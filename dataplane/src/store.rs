@@ -7,6 +7,14 @@
 //!
 //! A PUT is create-only: [`Store::reserve`], then [`Store::write`] (any number of pieces), then
 //! [`Store::commit`], or [`Store::abort`]. [`Store::put`] does all three.
+//!
+//! Engines restore and save prefixes many blocks at a time, so the contract is batch-first:
+//! [`Store::lookup_batch`], [`Store::get_batch`], [`Store::put_batch`] and
+//! [`Store::invalidate_batch`] answer per key, in order, each answer exactly what the single-key
+//! call would have answered for that key (one key's error never fails its neighbours, and each
+//! error carries its own [`Retirement`]). The defaults call the single-key operations one by one;
+//! a store that can do better (one lock, I/O in flight together, one network exchange) overrides
+//! them.
 
 use crate::caller::{Caller, Right};
 use crate::checksum::Checksum;
@@ -62,6 +70,24 @@ pub enum Get {
     /// Nothing usable; the destination holds no payload (a corrupt read is zeroed).
     Miss(MissReason),
 }
+
+/// One key of a [`Store::get_batch`]: the block to read and the caller-owned buffer it lands in.
+#[derive(Debug)]
+pub struct BatchGet<'a> {
+    pub key: &'a PhysicalKey,
+    pub dst: &'a mut [u8],
+}
+
+/// One block of a [`Store::put_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct BatchPut<'a> {
+    pub key: &'a PhysicalKey,
+    pub src: &'a [u8],
+    pub request: Option<RequestId>,
+}
+
+/// The answers of a batch call: one per item, in the items' order.
+pub type BatchAnswers<T> = Vec<Result<T, StoreError>>;
 
 /// A writer's handle to a reserved block.
 #[derive(Debug, PartialEq, Eq)]
@@ -493,6 +519,29 @@ pub trait Store: Send + Sync {
             self.write(caller, r, 0, src).and_then(|()| self.commit(caller, r))
         })
     }
+
+    /// [`Store::lookup`] for each key, in order.
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        keys.iter().map(|key| self.lookup(caller, key)).collect()
+    }
+
+    /// [`Store::get_into`] for each item, into the item's own buffer, in order. A failed item's
+    /// buffer is retired or not exactly as its error says; the other items are unaffected.
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        items.iter_mut().map(|item| self.get_into(caller, item.key, item.dst)).collect()
+    }
+
+    /// [`Store::put`] for each item, in order. Items are independent: a refused, busy or failed
+    /// item leaves the others' answers unchanged (two items under one key behave as two PUTs
+    /// in item order: the second answers `AlreadyCommitted`).
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        items.iter().map(|item| self.put(caller, item.key, item.src, item.request)).collect()
+    }
+
+    /// [`Store::invalidate`] for each key, in order.
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        keys.iter().map(|key| self.invalidate(caller, key)).collect()
+    }
 }
 
 /// The shape every PUT shares: reserve `len` bytes under `key` (an answer other than a
@@ -657,5 +706,17 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
         (**self).put(caller, key, src, request)
+    }
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        (**self).lookup_batch(caller, keys)
+    }
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        (**self).get_batch(caller, items)
+    }
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        (**self).put_batch(caller, items)
+    }
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        (**self).invalidate_batch(caller, keys)
     }
 }

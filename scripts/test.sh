@@ -86,7 +86,7 @@ cargo test -p gpucache-nic --features verbs --locked
 # SPDK and DOCA are absent here: with their features the DPU agent's native queues must fail
 # closed, naming what is missing (the conformance suite already ran in the workspace step).
 step "dpu spdk/doca features (clippy, fail-closed tests)"
-cargo clippy -p gpucache-dpu -p gpucache-cli --all-targets --features gpucache-dpu/spdk,gpucache-dpu/doca,gpucache-cli/spdk,gpucache-cli/doca --locked -- -D warnings
+cargo clippy -p gpucache-dpu -p gpucache-service -p gpucache-cli --all-targets --features gpucache-dpu/spdk,gpucache-dpu/doca,gpucache-service/spdk,gpucache-service/doca,gpucache-cli/spdk,gpucache-cli/doca --locked -- -D warnings
 cargo test -p gpucache-dpu --features spdk,doca --locked --lib --test agent
 cargo test -p gpucache-cli --features spdk,doca --locked --test dpu_serve
 
@@ -99,7 +99,7 @@ if ! nixl_libs="$(nixl_lib_dir "$NIXL_VENV")"; then
     echo "scripts/test.sh: no NIXL venv at $NIXL_VENV; NIXL tests will skip" >&2
     nixl_libs=""
 fi
-cargo clippy -p gpucache-nic -p gpucache-cli -p gpucache-gpu --all-targets --features gpucache-nic/nixl,gpucache-cli/nixl,gpucache-gpu/nixl --locked -- -D warnings
+cargo clippy -p gpucache-nic -p gpucache-service -p gpucache-bench -p gpucache-cli -p gpucache-gpu --all-targets --features gpucache-nic/nixl,gpucache-service/nixl,gpucache-bench/nixl,gpucache-cli/nixl,gpucache-gpu/nixl --locked -- -D warnings
 (
     if [ -n "$nixl_libs" ]; then
         export LD_LIBRARY_PATH="$nixl_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpucache_backends::MemoryStore;
 use gpucache_bench::fixtures::{
     KIB, MIB, caller, identity, payload, size_label, timed_puts, to_u64,
 };
@@ -24,6 +23,7 @@ use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::key::{KeyDigest, LogicalKey, PhysicalKey};
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
+use gpucache_storage::MemoryStore;
 
 const CHAIN_LENGTHS: [usize; 3] = [1, 16, 256];
 const PAYLOAD_SIZES: [usize; 5] = [4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB];

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStore, FileStoreConfig};
 use gpucache_bench::fixtures::{
     KIB, MIB, caller, keys, payload, put, size_label, timed_puts, to_u64,
 };
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::store::{Get, Invalidate, Store};
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
 
 const PAYLOAD_SIZES: [usize; 4] = [64 * KIB, 256 * KIB, MIB, 4 * MIB];
 /// Payload bytes one batch of puts, or the set of blocks a get cycles over, may hold.

@@ -12,10 +12,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpucache_backends::tcp::proto::{
-    Frame, FrameDecoder, FrameHeader, Kind, Op, SealAlgorithm, SealKey,
-};
 use gpucache_bench::fixtures::{KIB, MIB, payload, size_label, to_u64};
+use gpucache_wire::{Frame, FrameDecoder, FrameHeader, Kind, Op, SealAlgorithm, SealKey};
 
 const BODY_SIZES: [usize; 2] = [64 * KIB, MIB];
 

@@ -18,14 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpucache_backends::MemoryStore;
-use gpucache_backends::tcp::{ClientConfig, LocalConfig, Server, ServerConfig, TcpStore};
 use gpucache_bench::fixtures::{
     KIB, MIB, caller, keys, payload, put, size_label, timed_puts, to_u64,
 };
+use gpucache_client::{ClientConfig, LocalConfig, TcpStore};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Store};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
 
 const SIZES: [usize; 3] = [64 * KIB, MIB, 4 * MIB];
 /// Keys one timed batch of puts uses before it is invalidated (untimed).

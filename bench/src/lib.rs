@@ -1,8 +1,17 @@
-//! GPUCache benchmarks: criterion benches in `benches/` of the contract, the FileStore, the
-//! service, the seal and the executor. The peer harness behind `gpucache bench` lives in the
-//! cli crate.
+//! GPUCache benchmarks, as a library the `gpucache bench` subcommands call.
 //!
-//! This library holds what the benches share ([`fixtures`]): production-looking keys,
-//! deterministic payloads, and the timed-put loop.
+//! - [`file`]: the FileStore beside fio on the same files; [`fio`] drives fio.
+//! - [`dpu`]: the DPU agent beside the FileStore and fio.
+//! - [`service`]: `gpucache serve` beside Redis and Mooncake Store under one load.
+//! - [`nixl`]: NIXL transfers beside our TCP path and memcpy.
+//! - [`fixtures`]: what the criterion benches in `benches/` share (production-looking keys,
+//!   deterministic payloads, the timed-put loop).
+//!
+//! The peers' driver scripts live beside the harnesses in `peers/`.
 
+pub mod dpu;
+pub mod file;
+pub mod fio;
 pub mod fixtures;
+pub mod nixl;
+pub mod service;

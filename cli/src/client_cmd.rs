@@ -20,15 +20,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gpucache_backends::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
-use gpucache_backends::resp::IdentityTemplate;
-use gpucache_backends::shm::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
-use gpucache_backends::tcp::proto::{PAYLOAD_BYTES_MAX, SealAlgorithm};
-use gpucache_backends::tcp::{ClientConfig, Credentials, LocalConfig, TcpStore};
+use gpucache_client::{ClientConfig, Credentials, LocalConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Store, StoreError};
+use gpucache_service::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
+use gpucache_service::resp::IdentityTemplate;
+use gpucache_storage::host::segment::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
+use gpucache_wire::{PAYLOAD_BYTES_MAX, SealAlgorithm};
 
 /// Largest value `gpucache get` will receive.
 const GET_BYTES_MAX: usize = 64 << 20;
@@ -137,7 +137,7 @@ pub(crate) struct StatTarget {
 }
 
 fn parse_nixl_slot(text: &str) -> Result<u64, String> {
-    let bytes = crate::units::parse_size(text)?;
+    let bytes = gpucache_service::units::parse_size(text)?;
     if (1..=GET_BYTES_MAX as u64).contains(&bytes) {
         Ok(bytes)
     } else {
@@ -153,8 +153,8 @@ fn nixl_client(
     caller: &Caller,
     slot_bytes: usize,
 ) -> Result<gpucache_nic::nixl::NixlClient, String> {
-    use gpucache_backends::pool::{HugePagePolicy, Lock, Tier};
     use gpucache_nic::nixl::{NixlClient, NixlClientConfig};
+    use gpucache_storage::host::pool::{HugePagePolicy, Lock, Tier};
     let config = NixlClientConfig {
         agent_name: format!("gpucache-cli-{}", std::process::id()),
         slot_bytes: slot_bytes.max(1),
@@ -215,7 +215,7 @@ fn nixl_get(
 }
 
 fn parse_segment(text: &str) -> Result<u64, String> {
-    let bytes = crate::units::parse_size(text)?;
+    let bytes = gpucache_service::units::parse_size(text)?;
     if (SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&bytes) {
         Ok(bytes)
     } else {
@@ -256,8 +256,8 @@ fn connect(
     if let (Some(path), Some(key_id)) = (&target.secret_file, &target.key_id) {
         let seal = SealAlgorithm::from_name(&target.seal)
             .ok_or_else(|| format!("--seal: {:?} is not blake3 or hmac-sha256", target.seal))?;
-        let credentials =
-            Credentials::from_key_file(path, key_id).map_err(|e| format!("--secret-file: {e}"))?;
+        let credentials = gpucache_service::auth::credentials_from_key_file(path, key_id)
+            .map_err(|e| format!("--secret-file: {e}"))?;
         config = config.with_credentials(tenant.clone(), Credentials { seal, ..credentials });
     }
     let namespace = IdentityTemplate::for_tenant(&tenant).map_err(|e| e.to_string())?;

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use gpucache_backends::file::{FsckReport, fsck};
+use gpucache_storage::file::{FsckReport, fsck};
 
-use crate::units::human_bytes;
+use gpucache_service::units::human_bytes;
 
 /// Most paths listed per reason in the summary.
 const PATHS_PER_REASON: usize = 5;

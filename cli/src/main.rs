@@ -5,22 +5,15 @@
 //! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
 //! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), and talks to a running service (`put`, `get`, `stat`).
 
-mod bench_dpu;
-mod bench_file;
-mod bench_nixl;
-mod bench_service;
 mod client_cmd;
-mod fio;
 mod fsck;
-mod serve;
-mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gpucache_cli::logging::{self, LogFormat};
 use gpucache_dataplane::key::{KeyDecodeError, LogicalKey, PhysicalKey};
+use gpucache_service::logging::{self, LogFormat};
 
 #[derive(Debug, Parser)]
 #[command(name = "gpucache", version, about = "GPUCache: a shared tier for LLM KV-cache blocks")]
@@ -112,18 +105,18 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// FileStore PUT and GET per engine and block size, beside fio with the same parameters.
-    File(bench_file::FileBenchArgs),
+    File(gpucache_bench::file::FileBenchArgs),
     /// GET and PUT through the DPU agent (DpuStore and its own io_uring queues) beside the
     /// FileStore used directly and fio, 64 KiB to 4 MiB; JSON on stdout, a table on stderr.
-    Dpu(bench_dpu::DpuBenchArgs),
+    Dpu(gpucache_bench::dpu::DpuBenchArgs),
     /// Our service beside Redis, Mooncake Store, iperf3 and memcpy, with ratios and aims.
-    Service(bench_service::ServiceBenchArgs),
+    Service(gpucache_bench::service::ServiceBenchArgs),
     /// Blocks over NIXL (ours and bare) beside our TCP path and memcpy, 64 KiB to 4 MiB.
     /// Needs a build with the `nixl` feature and libnixl_capi.so; exit status 2 without them.
-    Nixl(bench_nixl::NixlBenchArgs),
+    Nixl(gpucache_bench::nixl::NixlBenchArgs),
     /// The peer process of `bench nixl` (started by it).
     #[command(hide = true)]
-    NixlPeer(bench_nixl::NixlPeerArgs),
+    NixlPeer(gpucache_bench::nixl::NixlPeerArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -178,15 +171,15 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Key { hex } => key_command(&hex),
         Command::Fsck { dir, repair } => fsck::run(&dir, repair),
-        Command::Serve { config } => serve::run(config.as_deref()),
-        Command::DpuAgent { config } => serve::run_agent(&config),
+        Command::Serve { config } => gpucache_service::serve::run(config.as_deref()),
+        Command::DpuAgent { config } => gpucache_service::serve::run_agent(&config),
         Command::Put { name, file, target } => client_cmd::put(&target, &name, file.as_ref()),
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),
-        Command::Bench(BenchCommand::File(args)) => bench_file::run(&args),
-        Command::Bench(BenchCommand::Dpu(args)) => bench_dpu::run(&args),
-        Command::Bench(BenchCommand::Service(args)) => bench_service::run(&args),
-        Command::Bench(BenchCommand::Nixl(args)) => bench_nixl::run(&args),
-        Command::Bench(BenchCommand::NixlPeer(args)) => bench_nixl::peer(&args),
+        Command::Bench(BenchCommand::File(args)) => gpucache_bench::file::run(&args),
+        Command::Bench(BenchCommand::Dpu(args)) => gpucache_bench::dpu::run(&args),
+        Command::Bench(BenchCommand::Service(args)) => gpucache_bench::service::run(&args),
+        Command::Bench(BenchCommand::Nixl(args)) => gpucache_bench::nixl::run(&args),
+        Command::Bench(BenchCommand::NixlPeer(args)) => gpucache_bench::nixl::peer(&args),
     }
 }

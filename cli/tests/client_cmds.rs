@@ -9,14 +9,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::fixture::BeforeGet;
 use gpucache_dataplane::testing::process::output_within;
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
 
 mod common;
 

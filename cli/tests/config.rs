@@ -4,16 +4,16 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use gpucache_backends::file::Durability;
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::tcp::auth::KeyFileError;
-use gpucache_backends::tcp::proto::SealAlgorithm;
-use gpucache_cli::config::{
-    ConfigError, DurabilityName, EngineName, RightName, ServeConfig, StoreKind,
-};
 use gpucache_dataplane::caller::Rights;
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_service::auth::KeyFileError;
+use gpucache_service::config::{
+    ConfigError, DurabilityName, EngineName, RightName, ServeConfig, StoreKind,
+};
+use gpucache_storage::file::Durability;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_wire::SealAlgorithm;
 
 /// Parses `text` and returns the error, failing the test if it was accepted.
 fn refused(text: &str) -> ConfigError {

@@ -7,12 +7,12 @@
 
 use std::path::Path;
 
-use gpucache_backends::tcp::{ClientConfig, TcpStore};
-use gpucache_cli::config::ServeConfig;
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::store::{Get, MissReason, Put, Reserve, Store};
 use gpucache_dataplane::testing::fixture::{key, payload};
+use gpucache_service::config::ServeConfig;
 
 mod common;
 

@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::{
@@ -16,6 +14,8 @@ use gpucache_dataplane::identity::{
 };
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Put, Store};
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
 
 fn key(n: u8) -> PhysicalKey {
     let id = CacheIdentity::builder()

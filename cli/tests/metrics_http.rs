@@ -10,10 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::metered::{MeteredStore, Metrics};
-use gpucache_cli::http::{HttpLimits, MetricsServer};
-use gpucache_cli::ready::{Check, Probe};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::{
@@ -23,6 +19,10 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Put, Store};
 use gpucache_dataplane::testing::process::promtool;
+use gpucache_service::http::{HttpLimits, MetricsServer};
+use gpucache_service::metered::{MeteredStore, Metrics};
+use gpucache_service::ready::{Check, Probe};
+use gpucache_storage::MemoryStore;
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -18,10 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::pool::{HugePagePolicy, Lock};
-use gpucache_backends::resp::IdentityTemplate;
-use gpucache_backends::tcp::staging::{StagedGet, StagingFailure};
-use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
@@ -34,6 +31,9 @@ use gpucache_nic::nixl::{
     NixlAgent, NixlBackend, NixlClient, NixlClientConfig, NixlLimits, NixlOutcome, NixlSlots,
     NixlTransfers, RemoteBlock, unique_agent_name, usable_or_skip,
 };
+use gpucache_service::resp::IdentityTemplate;
+use gpucache_storage::host::pool::{HugePagePolicy, Lock};
+use gpucache_wire::staging::{StagedGet, StagingFailure};
 
 mod common;
 
@@ -222,8 +222,7 @@ fn role_server_kill() {
     let lease_deadline_ms = 1_000;
     let l: Vec<SlotLease> = pool.checkout(&who.tenant, 2, Some(lease_deadline_ms)).expect("slots");
     let stage = |control: &TcpStore| {
-        let item =
-            gpucache_backends::tcp::proto::GetItem { key: k.clone(), capacity: SLOT_BYTES as u64 };
+        let item = gpucache_wire::GetItem { key: k.clone(), capacity: SLOT_BYTES as u64 };
         match control.stage_get(&who, &[item]).expect("stage_get").pop() {
             Some(Ok(StagedGet::Staged { slot, len, checksum })) => {
                 assert_eq!((len, checksum), (data.len() as u64, Checksum::of(&data)));
@@ -348,8 +347,7 @@ fn a_client_killed_before_commit_leaves_the_server_slot_quarantined_until_a_fenc
     let mut buf = vec![0u8; SLOT_BYTES];
     assert_eq!(control.get_into(&who, &k, &mut buf).expect("get"), Get::Miss(MissReason::Absent));
     // A commit of the expired stage (same tenant, another connection) stores nothing.
-    let err =
-        control.commit_put(&who, gpucache_backends::tcp::staging::StageId(stage)).unwrap_err();
+    let err = control.commit_put(&who, gpucache_wire::staging::StageId(stage)).unwrap_err();
     assert_eq!(err.refusal(), Some(StagingFailure::Memory), "{err}");
 
     kill_process(pid);

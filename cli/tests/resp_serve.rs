@@ -6,8 +6,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use gpucache_cli::config::{ConfigError, ServeConfig};
 use gpucache_dataplane::caller::Rights;
+use gpucache_service::config::{ConfigError, ServeConfig};
 
 mod common;
 

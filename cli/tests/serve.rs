@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 
-use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::store::{Get, Put, Store, StoreError};

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use gpucache_backends::tcp::{ClientConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::limits::Refusal;

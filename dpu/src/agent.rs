@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Tier};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::registry::{
     Completion, Epoch, LocalEpochs, PoolError, RegionCounts, RegisteredPool, SlotLease,
 };
+use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Tier};
 
 use crate::error::DpuError;
 use crate::queue::{

@@ -40,7 +40,7 @@ pub enum QueueKind {
     /// pread/pwrite, or probes io_uring first).
     Host {
         root: std::path::PathBuf,
-        engine: gpucache_backends::file::engine::EngineChoice,
+        engine: gpucache_storage::file::engine::EngineChoice,
         /// fsync each block file before its completion is posted.
         sync: bool,
     },

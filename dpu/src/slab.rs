@@ -6,8 +6,8 @@
 //! [`RegisteredPool`](gpucache_dataplane::registry::RegisteredPool); this file only adapts the
 //! memory and hands reactors a raw view of a leased slot.
 
-use gpucache_backends::pool::HugePagePool;
 use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
+use gpucache_storage::host::pool::HugePagePool;
 
 /// Most slots one slab may have.
 pub const SLAB_SLOTS_MAX: usize = 1 << 16;

@@ -15,8 +15,8 @@ use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gpucache_backends::file::engine::{self, EngineChoice, EngineConfig, IoEngine};
 use gpucache_dataplane::registry::Epoch;
+use gpucache_storage::file::engine::{self, EngineChoice, EngineConfig, IoEngine};
 
 use crate::error::{DpuError, io_at};
 use crate::queue::{BlockId, Done, Fault, MissCause, QueueBackend, Staged};

@@ -8,9 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::pool::{HugePagePolicy, Tier};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -21,6 +18,9 @@ use gpucache_dpu::{
     AgentConfig, BlockId, DpuError, DpuStore, DpuStoreConfig, MissCause, Offload, Outcome,
     PinPolicy, Pinning, QueueId, QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
 };
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::host::pool::{HugePagePolicy, Tier};
 
 const SLOT: usize = 4096;
 

@@ -2,8 +2,8 @@
 //! `MemoryKind::DpuSlab`, host huge-page memory here): every rule of the contract holds for the
 //! memory the agent's queues lease.
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
 use gpucache_dpu::SlabMemory;
+use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Lock};
 
 fn make() -> SlabMemory {
     let pool =

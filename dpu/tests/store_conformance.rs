@@ -4,9 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::pool::{HugePagePolicy, Tier};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::Subject;
@@ -14,6 +11,9 @@ use gpucache_dpu::{
     AgentConfig, DpuStore, DpuStoreConfig, PinPolicy, QueueId, QueueKind, QueueSpec, ReactorId,
     ReactorSpec, SlabConfig,
 };
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::host::pool::{HugePagePolicy, Tier};
 
 fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     let dir = tempfile::tempdir().unwrap();

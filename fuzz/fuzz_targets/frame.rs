@@ -15,7 +15,7 @@
 
 #![no_main]
 
-use gpucache_backends::tcp::proto::{
+use gpucache_wire::{
     BODY_BYTES_MAX, Frame, FrameDecoder, FrameHeader, Kind, MAGIC, Request, Response, SEAL_BYTES,
     VERSION,
 };

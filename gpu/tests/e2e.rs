@@ -18,8 +18,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::{
@@ -32,6 +30,8 @@ use gpucache_dataplane::store::{Invalidate, MissReason, Store};
 use gpucache_dataplane::testing::fixture::{self, key, tenant};
 use gpucache_gpu::retire::{IN_FLIGHT_MAX, RetireLimits};
 use gpucache_gpu::{Direction, GpuDevice, GpuSlots, GpuStream, PinnedStaging, REQUIRE_GPU_ENV};
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
 
 const ROLE_ENV: &str = "GPUCACHE_GPU_E2E_ROLE";
 const DIR_ENV: &str = "GPUCACHE_GPU_E2E_DIR";

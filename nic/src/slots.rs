@@ -4,14 +4,14 @@
 //! `MemoryKind::NicRegistered` with the endpoint's transport name.
 //!
 //! The memory comes from any [`StableHostMemory`]: a huge-page pool
-//! ([`gpucache_backends::pool::HugePagePool`], on whatever tier it got) or plain heap slots
+//! ([`gpucache_storage::host::pool::HugePagePool`], on whatever tier it got) or plain heap slots
 //! ([`HostSlots`] from the contract crate, what [`NicSlots::new`] builds). The endpoint registers it through
 //! [`RegisterHostMemory`], which the simulated NIC and the verbs endpoint both implement.
 
 use std::ptr::NonNull;
 
-use gpucache_backends::pool::HugePagePool;
 use gpucache_dataplane::registry::{BindError, Binding, HostSlots, MemoryKind, PoolMemory};
+use gpucache_storage::host::pool::HugePagePool;
 
 use crate::verbs::{Access, LocalKey, MemoryRegion, RegisterHostMemory};
 

@@ -10,7 +10,6 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
 use gpucache_dataplane::registry::{QuarantineCause, RegionState, RegisteredPool, SlotLease};
 use gpucache_dataplane::testing::fixture::tenant;
 use gpucache_dataplane::testing::process::{kill_process, output_within, stop_process};
@@ -20,6 +19,7 @@ use gpucache_nic::nixl::{
     RemoteBlock,
 };
 use gpucache_nic::{NicError, NixlUnavailable};
+use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Lock};
 
 const ROLE_ENV: &str = "GPUCACHE_NIXL_ROLE";
 const PORT_ENV: &str = "GPUCACHE_NIXL_PORT";

@@ -20,10 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::pool::{HugePagePolicy, Lock};
-use gpucache_backends::tcp::staging::{BlockStaging, StagingLimits};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -33,6 +30,10 @@ use gpucache_dataplane::testing::fixture::tenant;
 use gpucache_nic::nixl::{
     NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig, unique_agent_name,
 };
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::host::pool::{HugePagePolicy, Lock};
+use gpucache_wire::staging::{BlockStaging, StagingLimits};
 
 const SLOT_BYTES: usize = 1 << 20;
 

@@ -7,8 +7,8 @@
 //! Needs `libnixl_capi.so`: without it each case skips with the typed reason, or fails when
 //! `GPUCACHE_REQUIRE_NIXL=1` (CI).
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Lock};
 use gpucache_nic::nixl::{BlockMem, NixlAgent, NixlBackend, NixlSlots};
+use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Lock};
 
 const SLOTS: usize = 6;
 const SLOT_BYTES: usize = 64 << 10;

@@ -9,10 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::pool::{HugePagePolicy, Lock};
-use gpucache_backends::tcp::staging::{BlockStaging, StagingFailure, StagingLimits};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::ManualClock;
@@ -23,6 +20,10 @@ use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_nic::nixl::{
     NixlClient, NixlClientConfig, NixlStaging, NixlStagingConfig, unique_agent_name, usable_or_skip,
 };
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::host::pool::{HugePagePolicy, Lock};
+use gpucache_wire::staging::{BlockStaging, StagingFailure, StagingLimits};
 
 const SLOT_BYTES: usize = 4 << 20;
 const SIZES: [usize; 3] = [64 << 10, 1 << 20, 4 << 20];
@@ -146,11 +147,11 @@ fn refusals_are_typed_and_leave_nothing_behind() {
     assert!(
         matches!(
             err,
-            gpucache_backends::tcp::staging::StageCallError::Store(StoreError::WrongTenant { .. })
+            gpucache_wire::staging::StageCallError::Store(StoreError::WrongTenant { .. })
         ),
         "{err}"
     );
-    let item = gpucache_backends::tcp::proto::GetItem { key: theirs.clone(), capacity: 16 };
+    let item = gpucache_wire::GetItem { key: theirs.clone(), capacity: 16 };
     let err = plain.stage_get(&who, &[item]).unwrap();
     assert!(matches!(err[0], Err(StoreError::WrongTenant { .. })), "{err:?}");
     assert_eq!(rig.staging.stats().open, 0);
@@ -226,7 +227,7 @@ fn stages_open_at_close_are_quarantined_until_the_fence() {
     if !usable_or_skip() {
         return;
     }
-    use gpucache_backends::tcp::staging::{PutIntent, StageOwner, StagedGet};
+    use gpucache_wire::staging::{PutIntent, StageOwner, StagedGet};
     let rig = rig(memory_store(), 3, 1 << 20, StagingLimits::default());
     let owner = StageOwner { connection: 77, tenant: tenant(0) };
     let data = payload(5, 4096);
@@ -288,7 +289,7 @@ fn a_fence_reregisters_staging_and_stale_peers_must_reattach() {
     assert_eq!(err.refusal(), Some(StagingFailure::UnknownStage), "{err}");
     let err = stale.reserve_put(&who, &k2, 64, Checksum(1), None).unwrap_err();
     assert_eq!(err.refusal(), Some(StagingFailure::Reattach), "{err}");
-    let item = gpucache_backends::tcp::proto::GetItem { key: k1.clone(), capacity: 1 << 20 };
+    let item = gpucache_wire::GetItem { key: k1.clone(), capacity: 1 << 20 };
     let err = stale.stage_get(&who, std::slice::from_ref(&item)).unwrap_err();
     assert_eq!(err.refusal(), Some(StagingFailure::Reattach), "{err}");
     assert_eq!(rig.staging.stats().open, 0, "a refused stale op leases nothing");

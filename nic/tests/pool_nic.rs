@@ -6,7 +6,6 @@
 //! The registration conformance suite over these slots, on every huge-page tier, runs in
 //! `tests/tests/pool_nic.rs`.
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Tier};
 use gpucache_dataplane::registry::{LocalEpochs, MemoryKind, PoolMemory, RegisteredPool};
 use gpucache_dataplane::testing::fixture::tenant;
 use gpucache_nic::sim::{Side, SimEndpoint, SimNic, SimNicConfig};
@@ -15,6 +14,7 @@ use gpucache_nic::transfer::{TransferLimits, TransferOutcome, Transfers};
 use gpucache_nic::verbs::{
     Access, CompletionStatus, NicEndpoint, Opcode, RemoteSlice, WorkRequest, WorkRequestId,
 };
+use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Tier};
 
 const SLOTS: usize = 4;
 /// Not a divisor of the page size, so slots straddle pages.

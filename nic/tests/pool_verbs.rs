@@ -6,11 +6,11 @@
 //! an `ibv_reg_mr` of one slot's own address and length (docs/HARDWARE.md, "RDMA verbs").
 #![cfg(feature = "verbs")]
 
-use gpucache_backends::pool::{HugePagePolicy, HugePagePool, Tier};
 use gpucache_dataplane::registry::{MemoryKind, PoolMemory};
 use gpucache_nic::rdma::{VerbsConfig, VerbsEndpoint};
 use gpucache_nic::slots::NicSlots;
 use gpucache_nic::{NicError, VerbsUnavailable};
+use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Tier};
 
 const SLOTS: usize = 6;
 const SLOT_BYTES: usize = 3000;

@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::executor_metrics::{ExecutorLabels, register_executor};
-use gpucache_backends::metered::{ExpositionFormat, Metrics};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::HostRange;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::fixture::{self, key, payload};
 use gpucache_dataplane::testing::process::promtool;
+use gpucache_service::executor_metrics::{ExecutorLabels, register_executor};
+use gpucache_service::metered::{ExpositionFormat, Metrics};
+use gpucache_storage::MemoryStore;
 use prometheus_client::registry::Registry;
 
 fn value(text: &str, series: &str) -> Option<u64> {

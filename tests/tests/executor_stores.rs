@@ -6,10 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::{
@@ -19,6 +16,10 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{MissReason, Store};
 use gpucache_dataplane::testing::fixture::{self, key, payload, tenant};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
 
 const SLOT_BYTES: usize = 8192;
 const SLOTS: usize = 16;

@@ -5,13 +5,13 @@ mod common;
 
 use std::sync::Arc;
 
-use gpucache_backends::file::engine::IoEngine;
-use gpucache_backends::file::engine::faulty::{FaultConfig, FaultyEngine};
-use gpucache_backends::file::engine::psync::PsyncEngine;
-use gpucache_backends::file::{FileStore, FileStoreConfig};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::store::{Get, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
+use gpucache_storage::file::engine::IoEngine;
+use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
+use gpucache_storage::file::engine::psync::PsyncEngine;
+use gpucache_storage::file::{FileStore, FileStoreConfig};
 
 #[test]
 fn a_failed_write_is_reported_until_the_next_io_succeeds() {

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::Subject;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
 
 fn subject(
     engine: EngineChoice,
@@ -27,7 +27,7 @@ fn subject(
     config.direct_io = direct_io;
     // The suite opens thousands of stores: one registered staging slot (O_DIRECT) or none.
     config.engine_config.staging_bytes =
-        if direct_io { gpucache_backends::file::engine::uring::SLOT_BYTES } else { 0 };
+        if direct_io { gpucache_storage::file::engine::uring::SLOT_BYTES } else { 0 };
     config.durability = Durability::None;
     config.limits = limits;
     let store = Arc::new(config.open(Arc::new(clock)).expect("file store opens"));

@@ -13,12 +13,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStore, fsck};
-use gpucache_backends::metered::{ExpositionFormat, MeteredStore, Metrics};
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{CorruptPhase, CorruptReason, Get, Lookup, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
+use gpucache_service::metered::{ExpositionFormat, MeteredStore, Metrics};
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStore, fsck};
 
 use common::{Rng, assert_exact, block_file, block_files, header_fields, mix};
 

@@ -22,11 +22,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, fsck};
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, fsck};
 
 use common::{Rng, mix};
 

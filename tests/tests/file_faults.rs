@@ -11,11 +11,6 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use gpucache_backends::file::engine::faulty::{FaultConfig, FaultyEngine};
-use gpucache_backends::file::engine::psync::PsyncEngine;
-use gpucache_backends::file::engine::uring::UringEngine;
-use gpucache_backends::file::engine::{EngineConfig, IoEngine};
-use gpucache_backends::file::{Durability, FileStore, FileStoreConfig};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
@@ -23,6 +18,11 @@ use gpucache_dataplane::store::{
     Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
 use gpucache_dataplane::testing::fixture::caller;
+use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
+use gpucache_storage::file::engine::psync::PsyncEngine;
+use gpucache_storage::file::engine::uring::UringEngine;
+use gpucache_storage::file::engine::{EngineConfig, IoEngine};
+use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
 
 use common::{Rng, assert_exact, mix};
 
@@ -411,7 +411,7 @@ fn mixed_faults_never_serve_other_bytes() {
     const OPS: u64 = 50;
     const KEYS: u16 = 12;
     let seed = common::seed(SEED_VAR);
-    let mut totals = gpucache_backends::file::engine::faulty::FaultCounts::default();
+    let mut totals = gpucache_storage::file::engine::faulty::FaultCounts::default();
     for case in 0..CASES {
         let case_seed = mix(&[seed, 0xA0, case]);
         let mut rng = Rng::new(case_seed);

@@ -17,12 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::file::engine::faulty::{FaultConfig, FaultyEngine};
-use gpucache_backends::file::engine::psync::PsyncEngine;
-use gpucache_backends::file::engine::{EngineChoice, IoEngine};
-use gpucache_backends::file::{Durability, FileStore, FileStoreConfig};
-use gpucache_backends::resp::{RespConfig, RespServer};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::key::PhysicalKey;
@@ -31,6 +26,12 @@ use gpucache_dataplane::store::{
     Invalidate, Lookup, MissReason, Put, Retirement, StorageEffect, Store, StoreError,
 };
 use gpucache_dataplane::testing::fixture::{caller, tenant};
+use gpucache_service::resp::{RespConfig, RespServer};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
+use gpucache_storage::file::engine::psync::PsyncEngine;
+use gpucache_storage::file::engine::{EngineChoice, IoEngine};
+use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
 
 use common::{assert_exact, block_file, block_files};
 

@@ -9,12 +9,12 @@ mod common;
 
 use std::path::Path;
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStore, FileStoreError, fsck};
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::registry::RegionId;
 use gpucache_dataplane::store::{Invalidate, Lookup, MissReason, Put, Reserve, Store};
 use gpucache_dataplane::testing::fixture::caller;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStore, FileStoreError, fsck};
 
 use common::{Rng, assert_exact, mix};
 

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use gpucache_backends::MemoryStore;
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::Subject;
+use gpucache_storage::MemoryStore;
 
 fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));

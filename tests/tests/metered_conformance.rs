@@ -3,12 +3,12 @@
 
 use std::sync::{Arc, Weak};
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::metered::{ExpositionFormat, MeteredStore, Metrics};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::Store;
 use gpucache_dataplane::testing::Subject;
+use gpucache_service::metered::{ExpositionFormat, MeteredStore, Metrics};
+use gpucache_storage::MemoryStore;
 
 fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     let memory = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));

@@ -17,10 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpucache_backends::mooncake::{
-    MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
-    wire,
-};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::executor::{Executor, HostRange, KeyResult, OperationId, OperationResult};
 use gpucache_dataplane::identity::KvDtype;
@@ -29,6 +25,10 @@ use gpucache_dataplane::store::{
     Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
 use gpucache_dataplane::testing::{Subject, fixture, rules};
+use gpucache_mooncake::{
+    MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
+    wire,
+};
 
 /// Deadline for each server to listen.
 const LISTEN_MS: u64 = 30_000;

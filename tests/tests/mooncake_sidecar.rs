@@ -12,12 +12,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use gpucache_backends::mooncake::{
-    MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, SidecarConfig,
-};
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::store::{Get, Invalidate, Lookup, MissReason, Put, Retirement, Store};
 use gpucache_dataplane::testing::fixture;
+use gpucache_mooncake::{
+    MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, SidecarConfig,
+};
 
 /// A dict-backed stand-in for `MooncakeDistributedStore`, with the codes a live 0.3.13 gave.
 const FAKE_STORE: &str = r#"

@@ -13,12 +13,12 @@
 use std::fs::File;
 use std::path::PathBuf;
 
-use gpucache_backends::pool::{
+use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
+use gpucache_nic::slots::StableHostMemory;
+use gpucache_storage::host::pool::{
     BASE_PAGE_BYTES, HUGE_2M_BYTES, HugePagePolicy, HugePagePool, Lock, PageReport,
     PoolMemoryError, Tier,
 };
-use gpucache_dataplane::registry::{BindError, Binding, MemoryKind, PoolMemory};
-use gpucache_nic::slots::StableHostMemory;
 
 const SLOTS: usize = 6;
 /// Not a divisor of any page size, so slots straddle pages.

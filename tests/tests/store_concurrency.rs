@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::thread;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Put, Store};
 use gpucache_dataplane::testing::fixture::{caller, key, payload};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
 
 const THREADS: usize = 4;
 const OPS_PER_THREAD: u64 = 3000;

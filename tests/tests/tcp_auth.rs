@@ -11,17 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::resp::IdentityTemplate;
-use gpucache_backends::tcp::auth::{Secret, TenantKeys};
-use gpucache_backends::tcp::proto::seal::{self, NONCE_BYTES};
-use gpucache_backends::tcp::proto::{
-    AuthFailure, Frame, FrameDecoder, HEADER_BYTES, HelloAuth, HelloSession, Request, Response,
-    SealAlgorithm, SealKey, VERSION, WireError, header_checksum, offset,
-};
-use gpucache_backends::tcp::{
-    ClientConfig, Credentials, Server, ServerConfig, TcpStore, TenantAuth,
-};
+use gpucache_client::{ClientConfig, Credentials, TcpStore};
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::ManualClock;
@@ -29,6 +19,15 @@ use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Put, Store, StoreError};
+use gpucache_service::auth::{Secret, TenantKeys};
+use gpucache_service::resp::IdentityTemplate;
+use gpucache_service::{Server, ServerConfig, TenantAuth};
+use gpucache_storage::MemoryStore;
+use gpucache_wire::seal::{self, NONCE_BYTES};
+use gpucache_wire::{
+    AuthFailure, Frame, FrameDecoder, HEADER_BYTES, HelloAuth, HelloSession, Request, Response,
+    SealAlgorithm, SealKey, VERSION, WireError, header_checksum, offset,
+};
 
 /// The servers' and clients' clock: a fixed Unix time, moved only by the tests.
 const NOW_MS: u64 = 1_800_000_000_000;
@@ -96,7 +95,7 @@ impl Fixture {
         let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), tenants);
         config.clock = Arc::new(clock.clone());
         let fixed = |id: &str, fill: u8, not_after_s: Option<u64>| {
-            let key = gpucache_backends::tcp::auth::TenantKey {
+            let key = gpucache_service::auth::TenantKey {
                 id: id.into(),
                 secret: secret(fill),
                 not_after_s,
@@ -392,7 +391,7 @@ fn fix_header_checksum(bytes: &mut [u8]) {
 
 fn put_request(tenant_name: &str, name: &str, data: &[u8]) -> Request {
     Request::Put {
-        items: vec![gpucache_backends::tcp::proto::PutItem {
+        items: vec![gpucache_wire::PutItem {
             key: key_of(tenant_name, name),
             request: None,
             data: data.to_vec(),
@@ -623,7 +622,7 @@ fn the_client_never_returns_data_from_an_answer_whose_seal_fails() {
         let get = read_frame(&mut stream, &mut decoder).expect("get");
         assert_eq!(get.verify_seal(&key), Ok(()), "the client seals its requests");
         let data = b"forged!!".to_vec();
-        let forged = Response::Get(vec![Ok(gpucache_backends::tcp::proto::Fetched::Hit {
+        let forged = Response::Get(vec![Ok(gpucache_wire::Fetched::Hit {
             checksum: Checksum::of(&data),
             data,
         })]);

@@ -6,20 +6,19 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::tcp::auth::{Secret, TenantKey, TenantKeys};
-use gpucache_backends::tcp::proto::SealAlgorithm;
-use gpucache_backends::tcp::{
-    ClientConfig, Credentials, LocalConfig, Server, ServerConfig, TcpStore, TenantAuth,
-};
+use gpucache_client::{ClientConfig, Credentials, LocalConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::Store;
 use gpucache_dataplane::testing::Subject;
 use gpucache_dataplane::testing::fixture::tenant;
+use gpucache_service::auth::{Secret, TenantKey, TenantKeys};
+use gpucache_service::{Server, ServerConfig, TenantAuth};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_wire::SealAlgorithm;
 
 /// Serves `store` and returns a subject whose store is a client of it; the server lives as long
 /// as the subject's corruption hook.
@@ -66,7 +65,7 @@ fn served_with(
     }
     if let Some(path) = server.local_path() {
         let mut local = LocalConfig::new(path);
-        local.segment_bytes = gpucache_backends::shm::SEGMENT_BYTES_MIN;
+        local.segment_bytes = gpucache_storage::host::segment::SEGMENT_BYTES_MIN;
         client.local = Some(local);
     }
     let client = TcpStore::new(client);

@@ -8,17 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::tcp::proto::{
-    FrameDecoder, HEADER_BYTES, Request, Response, WireError, header_checksum, offset,
-};
-use gpucache_backends::tcp::{ClientConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Put, Store};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_wire::{
+    FrameDecoder, HEADER_BYTES, Request, Response, WireError, header_checksum, offset,
+};
 
 fn server(connections_max: u32) -> Server {
     let store = Arc::new(
@@ -188,7 +189,7 @@ fn batches_answer_per_item_in_order_across_frames() {
     let caller = Caller::new(tenant(0), Rights::READ_WRITE);
     let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller.clone()));
     // More items than one frame may carry, so the client splits them.
-    let n = gpucache_backends::tcp::proto::BATCH_ITEMS_MAX + 37;
+    let n = gpucache_wire::BATCH_ITEMS_MAX + 37;
     let keys: Vec<_> = (0..n)
         .map(|i| {
             key(

@@ -11,12 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::shm::{Pages, SEGMENT_BYTES_MIN, Segment, send_with_fd};
-use gpucache_backends::tcp::proto::{
-    FrameDecoder, Request, Response, SharedGetItem, SharedPutItem, WireError,
-};
-use gpucache_backends::tcp::{ClientConfig, LocalConfig, Server, ServerConfig, TcpStore};
+use gpucache_client::{ClientConfig, LocalConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::MonotonicClock;
@@ -25,6 +20,10 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{RequestId, ResourceLimits};
 use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Retirement, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{BeforeGet, key, payload, tenant};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::host::segment::{Pages, SEGMENT_BYTES_MIN, Segment, send_with_fd};
+use gpucache_wire::{FrameDecoder, Request, Response, SharedGetItem, SharedPutItem, WireError};
 
 fn caller() -> Caller {
     Caller::new(tenant(0), Rights::READ_WRITE)

@@ -11,12 +11,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use gpucache_backends::pool::HugePagePolicy;
-use gpucache_backends::tcp::TcpStore;
-use gpucache_backends::tcp::proto::GetItem;
-use gpucache_backends::tcp::staging::{
-    StageCallError, StageId, StagedGet, StagedSlot, StagingFailure,
-};
+use gpucache_client::TcpStore;
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
@@ -27,6 +22,9 @@ use gpucache_dataplane::store::{
     Abort, Committed, Get, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
     Retirement, Store, StoreError, StoreInfo, StoreStats,
 };
+use gpucache_storage::host::pool::HugePagePolicy;
+use gpucache_wire::GetItem;
+use gpucache_wire::staging::{StageCallError, StageId, StagedGet, StagedSlot, StagingFailure};
 
 use super::xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
 use super::{NixlAgent, NixlBackend, NixlSlots, RemoteBlock};

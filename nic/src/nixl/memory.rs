@@ -2,11 +2,11 @@
 //! and handed to a [`RegisteredPool`] slot by slot. Binding a slot is bookkeeping only: the
 //! costly registration happened up front and lasts as long as the slots.
 
-use gpucache_backends::pool::HugePagePool;
 use gpucache_dataplane::lifecycle::ReclaimProof;
 use gpucache_dataplane::registry::{
     BindError, Binding, MemoryKind, PoolMemory, RegisteredPool, SlotLease,
 };
+use gpucache_storage::host::pool::HugePagePool;
 use nixl_sys::{MemType, RegistrationHandle};
 
 use super::agent::Span;
@@ -93,7 +93,7 @@ impl NixlSlots {
         agent: &NixlAgent,
         slots: usize,
         slot_bytes: usize,
-        policy: gpucache_backends::pool::HugePagePolicy,
+        policy: gpucache_storage::host::pool::HugePagePolicy,
     ) -> Result<RegisteredPool<Self>, NicError> {
         let memory = HugePagePool::new(slots, slot_bytes, policy)
             .map_err(|e| NicError::NixlCall { call: "hugepage pool", detail: e.to_string() })?;

@@ -12,7 +12,7 @@
 //!    here and which plugins it found; every reason it cannot is a [`crate::NixlUnavailable`].
 //! 2. [`NixlAgent`]: one per process, named; [`NixlAgent::enable`] creates the UCX backend (host
 //!    to host over the network) and the POSIX backend (host memory to files) on request.
-//! 3. [`NixlSlots`]: a [`gpucache_backends::pool::HugePagePool`] registered with the agent once,
+//! 3. [`NixlSlots`]: a [`gpucache_storage::host::pool::HugePagePool`] registered with the agent once,
 //!    as one descriptor, and carved into the slots of a
 //!    [`gpucache_dataplane::registry::RegisteredPool`]. [`NixlSlots::block`] describes a lent
 //!    slot as a [`RemoteBlock`] for a peer.
@@ -24,7 +24,7 @@
 //!    (see [`xfer`]); [`NixlTransfers::fence`] is the only thing that returns a quarantined slot.
 //!
 //! 6. Between GPUCache nodes: [`NixlStaging`] is the server's staging memory behind the GPCW
-//!    stage ops (it implements `gpucache_backends::tcp::staging::BlockStaging`), and
+//!    stage ops (it implements `gpucache_wire::staging::BlockStaging`), and
 //!    [`NixlClient`] the client that READs and WRITEs it, a `Store` over both.
 //!
 //! Every table is bounded: [`PEERS_MAX`] loaded peers per agent, [`ABANDONED_MAX`] requests

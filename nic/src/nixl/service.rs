@@ -15,16 +15,16 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use gpucache_backends::pool::HugePagePolicy;
-use gpucache_backends::tcp::staging::{
-    BlockStaging, FillSlot, PutIntent, StageId, StageOwner, StagedGet, StagedSlot, StagingError,
-    StagingLimits, StagingStats, StoreSlot,
-};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::registry::{
     CompleteOutcome, Completion, PoolMemory, RegisteredPool, SlotLease,
 };
 use gpucache_dataplane::store::{Get, Put, Retirement, StoreError};
+use gpucache_storage::host::pool::HugePagePolicy;
+use gpucache_wire::staging::{
+    BlockStaging, FillSlot, PutIntent, StageId, StageOwner, StagedGet, StagedSlot, StagingError,
+    StagingLimits, StagingStats, StoreSlot,
+};
 
 use super::{NixlAgent, NixlBackend, NixlSlots};
 use crate::error::NicError;

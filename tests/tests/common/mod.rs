@@ -7,13 +7,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStore, FileStoreConfig};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Get, Store};
 use gpucache_dataplane::testing::fixture;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
 
 /// SplitMix64: a small seeded generator for test schedules.
 #[derive(Debug, Clone)]
@@ -211,6 +211,6 @@ pub(crate) fn tmp_files(root: &Path) -> Vec<PathBuf> {
 }
 
 /// Sum of the skip counts of an open report.
-pub(crate) fn skipped_total(report: &gpucache_backends::file::OpenReport) -> u64 {
+pub(crate) fn skipped_total(report: &gpucache_storage::file::OpenReport) -> u64 {
     report.skipped.values().sum()
 }

@@ -1,0 +1,216 @@
+//! Running fio as the reference for the FileStore benchmark, and reading its JSON output.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// Which way a fio job moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Write,
+    Read,
+}
+
+impl Direction {
+    fn rw(self) -> &'static str {
+        match self {
+            Direction::Write => "write",
+            Direction::Read => "read",
+        }
+    }
+}
+
+/// One sequential fio job on one file.
+#[derive(Debug, Clone)]
+pub struct Job<'a> {
+    pub file: &'a Path,
+    pub direction: Direction,
+    /// `io_uring` or `psync`.
+    pub ioengine: &'static str,
+    pub block_bytes: u64,
+    pub total_bytes: u64,
+    pub queue_depth: u32,
+    pub direct: bool,
+    /// fsync after every write (the peer of per-block durability).
+    pub fsync_each: bool,
+    /// fio stops after this long even when `total_bytes` are not done.
+    pub runtime: Duration,
+}
+
+/// What fio reported for one job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// Bytes per second.
+    pub bw_bytes: f64,
+    pub io_bytes: u64,
+    pub runtime_ms: u64,
+    /// Latency percentiles of each I/O from submission to completion (fio's `lat_ns`, asked
+    /// for with `--lat_percentiles=1`; `clat_ns` when only that is reported), in nanoseconds.
+    /// An fsync after a write is not part of it.
+    pub lat_p50_ns: Option<u64>,
+    pub lat_p99_ns: Option<u64>,
+}
+
+/// fio's version string, or `None` when fio is not on PATH (or does not run).
+pub fn version() -> Option<String> {
+    let out = Command::new("fio").arg("--version").output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+impl Job<'_> {
+    /// The fio arguments for this job. The page cache is left alone (`--invalidate=0`) so that
+    /// fio's buffered reads see the same cache state as the store's (the caller drops caches
+    /// for both when asked), and the file is not preallocated (`--fallocate=none`), as the
+    /// store's block files are not.
+    pub fn args(&self) -> Vec<String> {
+        let runtime_s = self.runtime.as_secs().max(1);
+        let mut args = vec![
+            format!("--name=gpucache-{}", self.direction.rw()),
+            format!("--filename={}", self.file.display()),
+            format!("--rw={}", self.direction.rw()),
+            format!("--bs={}", self.block_bytes),
+            format!("--size={}", self.total_bytes),
+            format!("--iodepth={}", self.queue_depth),
+            format!("--ioengine={}", self.ioengine),
+            format!("--direct={}", u8::from(self.direct)),
+            format!("--runtime={runtime_s}"),
+            "--numjobs=1".to_owned(),
+            "--invalidate=0".to_owned(),
+            // The store writes new files without preallocating; so does fio here.
+            "--fallocate=none".to_owned(),
+            "--output-format=json".to_owned(),
+            // Percentiles of the whole I/O: a buffered io_uring read that hits the page cache
+            // completes at submission, so its completion latency alone reads as zero.
+            "--lat_percentiles=1".to_owned(),
+        ];
+        if self.fsync_each && self.direction == Direction::Write {
+            args.push("--fsync=1".to_owned());
+        }
+        args
+    }
+
+    /// Runs fio and returns the job's bandwidth.
+    pub fn run(&self) -> Result<Outcome, String> {
+        let args = self.args();
+        let out =
+            Command::new("fio").args(&args).output().map_err(|e| format!("cannot run fio: {e}"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(format!(
+                "fio {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                last_lines(&format!("{stdout}{stderr}"), 5)
+            ));
+        }
+        parse_outcome(&stdout, self.direction)
+    }
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// Reads `jobs[0].<write|read>` from fio's JSON report. fio may print notes before the JSON
+/// object, so parsing starts at the first `{` of a line.
+pub fn parse_outcome(stdout: &str, direction: Direction) -> Result<Outcome, String> {
+    let start = stdout
+        .match_indices('{')
+        .map(|(i, _)| i)
+        .find(|&i| i == 0 || stdout.as_bytes()[i - 1] == b'\n')
+        .ok_or_else(|| "fio printed no JSON report".to_owned())?;
+    let json: serde_json::Value = serde_json::Deserializer::from_str(&stdout[start..])
+        .into_iter::<serde_json::Value>()
+        .next()
+        .ok_or_else(|| "fio printed no JSON report".to_owned())?
+        .map_err(|e| format!("fio's JSON report does not parse: {e}"))?;
+    let job = json
+        .get("jobs")
+        .and_then(|j| j.get(0))
+        .ok_or_else(|| "fio's report has no jobs[0]".to_owned())?;
+    if let Some(code) = job.get("error").and_then(serde_json::Value::as_i64)
+        && code != 0
+    {
+        return Err(format!("fio job failed with error {code}"));
+    }
+    let side = job
+        .get(direction.rw())
+        .ok_or_else(|| format!("fio's report has no jobs[0].{}", direction.rw()))?;
+    let bw_bytes = side
+        .get("bw_bytes")
+        .and_then(serde_json::Value::as_f64)
+        .ok_or_else(|| format!("fio's report has no jobs[0].{}.bw_bytes", direction.rw()))?;
+    let number = |name: &str| side.get(name).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let percentile = |p: &str| {
+        ["lat_ns", "clat_ns"].iter().find_map(|kind| {
+            side.get(kind)
+                .and_then(|c| c.get("percentile"))
+                .and_then(|c| c.get(p))
+                .and_then(serde_json::Value::as_u64)
+        })
+    };
+    Ok(Outcome {
+        bw_bytes,
+        io_bytes: number("io_bytes"),
+        runtime_ms: number("runtime"),
+        lat_p50_ns: percentile("50.000000"),
+        lat_p99_ns: percentile("99.000000"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_job_side_after_leading_notes() {
+        let out = "fio: note, something\n{\n \"fio version\": \"fio-3.33\",\n \"jobs\": [ {\
+                   \"jobname\": \"w\", \"error\": 0,\
+                   \"read\": {\"io_bytes\": 0, \"bw_bytes\": 0, \"runtime\": 0},\
+                   \"write\": {\"io_bytes\": 1048576, \"bw_bytes\": 2097152, \"runtime\": 500,\
+                   \"clat_ns\": {\"percentile\": {\"50.000000\": 1000, \"99.000000\": 9000}}}\
+                   } ] }\n";
+        let w = parse_outcome(out, Direction::Write).expect("parses");
+        let want = Outcome {
+            bw_bytes: 2_097_152.0,
+            io_bytes: 1 << 20,
+            runtime_ms: 500,
+            lat_p50_ns: Some(1000),
+            lat_p99_ns: Some(9000),
+        };
+        assert_eq!(w, want);
+        assert_eq!(parse_outcome(out, Direction::Read).expect("parses").bw_bytes, 0.0);
+        assert!(parse_outcome("no json here", Direction::Read).is_err());
+        assert!(parse_outcome("{\"jobs\": []}", Direction::Read).is_err());
+    }
+
+    #[test]
+    fn args_carry_the_shared_parameters() {
+        let job = Job {
+            file: Path::new("/d/f.dat"),
+            direction: Direction::Write,
+            ioengine: "io_uring",
+            block_bytes: 1 << 20,
+            total_bytes: 64 << 20,
+            queue_depth: 32,
+            direct: true,
+            fsync_each: true,
+            runtime: Duration::from_secs(5),
+        };
+        let args = job.args();
+        for want in [
+            "--rw=write",
+            "--bs=1048576",
+            "--size=67108864",
+            "--iodepth=32",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--fsync=1",
+            "--output-format=json",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+        }
+    }
+}

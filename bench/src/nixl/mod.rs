@@ -1,0 +1,327 @@
+//! `gpucache bench nixl`: one block moved over NIXL, beside the same block through our TCP
+//! service and beside memcpy, in one run.
+//!
+//! For each block size it measures, one path after another on the same machine:
+//!
+//! - **nixl-write** / **nixl-read**: our [`NixlTransfers`] between this process and a peer
+//!   process (this executable re-executed as the hidden `gpucache bench nixl-peer`), with the
+//!   registration contract's bookkeeping in every iteration: check a slot out, move the block,
+//!   return the slot. The peer's block stays lent for the whole run; metadata and block
+//!   descriptors travel over a loopback TCP control connection.
+//! - **nixl-raw-write** / **nixl-raw-read**: the same peer memory through a second, bare
+//!   nixl-sys agent in this process: one transfer request made once per size and reposted, no
+//!   pool, no lease, no deadline bookkeeping, so the cost of our layer shows.
+//! - **tcp-put** / **tcp-get**: a `gpucache serve` child (memory store, 127.0.0.1 ports, stopped
+//!   by PID) through one [`TcpStore`], distinct keys per PUT, GETs of those keys.
+//! - **memcpy**: one block copied between two host buffers of the block's size, in process.
+//!
+//! The first NIXL transfer to a peer sets its connection up; it and the warm-up iterations are
+//! not timed. Every path's bytes are checked (a checksum on both sides) once per size, outside
+//! the timed loop.
+//!
+//! [`NixlTransfers`]: gpucache_nic::nixl::NixlTransfers
+//! [`TcpStore`]: gpucache_client::TcpStore
+
+// Without the `nixl` feature the run stops at the probe (fail closed), so the paths and the
+// report are compiled (and unit-tested) but never called.
+#![cfg_attr(not(feature = "nixl"), allow(dead_code))]
+
+mod paths;
+mod report;
+mod tcp;
+#[cfg(feature = "nixl")]
+mod transfers;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use gpucache_service::units::{MIB, parse_size_list, size_label};
+pub use paths::PathRun;
+
+/// Largest number of timed iterations per size and path.
+const ITERATIONS_MAX: u32 = 100_000;
+
+#[derive(Debug, Args)]
+pub struct NixlBenchArgs {
+    /// Block sizes, comma-separated (K, M, G are binary); at most 64M each.
+    #[arg(long, default_value = "64K,256K,1M,4M")]
+    sizes: String,
+    /// Timed iterations per size and path.
+    #[arg(long, default_value_t = 200)]
+    iterations: u32,
+    /// Untimed iterations per size and path before the timed ones (the connection set-up and
+    /// the byte check are untimed as well).
+    #[arg(long, default_value_t = 10)]
+    warmup: u32,
+    /// Paths to run, comma-separated: nixl, nixl-raw, tcp, memcpy.
+    #[arg(long, default_value = "nixl,nixl-raw,tcp,memcpy")]
+    paths: String,
+    /// Sets UCX_TLS for this process and the peer (for example `tcp`, to put NIXL on loopback
+    /// TCP beside our TCP path). Default: whatever UCX_TLS says, or UCX's own choice.
+    #[arg(long)]
+    ucx_tls: Option<String>,
+    /// Write every measurement as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Where the peers' logs and the service's configuration go (a fresh subdirectory, removed
+    /// afterwards unless --keep-logs). Default: the system temporary directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the scratch directory.
+    #[arg(long)]
+    keep_logs: bool,
+}
+
+/// The hidden peer role: `gpucache bench nixl-peer --connect PORT --slot-bytes N`.
+#[derive(Debug, Args)]
+pub struct NixlPeerArgs {
+    /// The parent's control port on 127.0.0.1.
+    #[arg(long)]
+    connect: u16,
+    /// Bytes of the peer's one registered block.
+    #[arg(long)]
+    slot_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathName {
+    Nixl,
+    NixlRaw,
+    Tcp,
+    Memcpy,
+}
+
+impl PathName {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "nixl" => Ok(Self::Nixl),
+            "nixl-raw" => Ok(Self::NixlRaw),
+            "tcp" => Ok(Self::Tcp),
+            "memcpy" => Ok(Self::Memcpy),
+            other => Err(format!("unknown path {other:?} (use nixl, nixl-raw, tcp, memcpy)")),
+        }
+    }
+}
+
+/// The run's parameters, resolved from the arguments.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub sizes: Vec<u64>,
+    pub iterations: u32,
+    pub warmup: u32,
+    pub paths: Vec<PathName>,
+}
+
+impl Plan {
+    pub fn largest(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+
+    pub fn wants(&self, p: PathName) -> bool {
+        self.paths.contains(&p)
+    }
+}
+
+/// Largest block the bench moves (and the peer registers).
+pub const BLOCK_BYTES_MAX: u64 = 64 * MIB;
+/// Most agents' metadata a peer accepts from its parent (this process has two).
+pub const PEER_METADATA_MAX: usize = 8;
+
+fn plan(args: &NixlBenchArgs) -> Result<Plan, String> {
+    let sizes = parse_size_list(&args.sizes)?;
+    if sizes.is_empty() {
+        return Err("--sizes names no size".into());
+    }
+    if let Some(&s) = sizes.iter().find(|&&s| !(1..=BLOCK_BYTES_MAX).contains(&s)) {
+        return Err(format!("block size {s} is outside 1 B..={}", size_label(BLOCK_BYTES_MAX)));
+    }
+    if args.iterations == 0 || args.iterations > ITERATIONS_MAX {
+        return Err(format!("--iterations must be in 1..={ITERATIONS_MAX}"));
+    }
+    if args.warmup > ITERATIONS_MAX {
+        return Err(format!("--warmup must be at most {ITERATIONS_MAX}"));
+    }
+    let mut paths = Vec::new();
+    for p in args.paths.split(',').filter(|p| !p.trim().is_empty()) {
+        let p = PathName::parse(p)?;
+        if !paths.contains(&p) {
+            paths.push(p);
+        }
+    }
+    if paths.is_empty() {
+        return Err("--paths names no path".into());
+    }
+    if let Some(tls) = &args.ucx_tls
+        && (tls.is_empty() || tls.contains(char::is_whitespace))
+    {
+        return Err(format!("--ucx-tls {tls:?} must be a UCX transport list without spaces"));
+    }
+    Ok(Plan { sizes, iterations: args.iterations, warmup: args.warmup, paths })
+}
+
+/// Exit status: 0 when every path ran and every byte check passed, 1 when a path failed or a
+/// check did not pass, 2 on a usage error or when NIXL is unavailable (fail closed: no partial
+/// run without NIXL).
+pub fn run(args: &NixlBenchArgs) -> ExitCode {
+    let plan = match plan(args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("gpucache bench nixl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(tls) = &args.ucx_tls {
+        // SAFETY: nothing else runs yet: no thread has been started in this process and no
+        // NIXL or UCX library is loaded, so no one reads the environment concurrently.
+        unsafe { std::env::set_var("UCX_TLS", tls) };
+    }
+    if let Err(reason) = gpucache_nic::nixl::probe() {
+        eprintln!("gpucache bench nixl: NIXL unavailable: {reason}");
+        return ExitCode::from(2);
+    }
+    match run_inner(args, &plan) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("gpucache bench nixl: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The hidden peer role. Exit status 0 after the parent said goodbye, 2 otherwise.
+pub fn peer(args: &NixlPeerArgs) -> ExitCode {
+    #[cfg(feature = "nixl")]
+    {
+        match transfers::peer_main(args.connect, args.slot_bytes) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpucache bench nixl-peer: {e}");
+                ExitCode::from(2)
+            }
+        }
+    }
+    #[cfg(not(feature = "nixl"))]
+    {
+        let _ = (args.connect, args.slot_bytes);
+        eprintln!(
+            "gpucache bench nixl-peer: NIXL unavailable: {}",
+            gpucache_nic::NixlUnavailable::NotBuilt
+        );
+        ExitCode::from(2)
+    }
+}
+
+#[cfg(not(feature = "nixl"))]
+fn run_inner(_args: &NixlBenchArgs, _plan: &Plan) -> Result<bool, String> {
+    // `run` returned at the probe already; a build without the feature never gets here.
+    Err(format!("NIXL unavailable: {}", gpucache_nic::NixlUnavailable::NotBuilt))
+}
+
+#[cfg(feature = "nixl")]
+fn run_inner(args: &NixlBenchArgs, plan: &Plan) -> Result<bool, String> {
+    let load_start = crate::service::loadavg();
+    let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+    let scratch = tempfile::Builder::new()
+        .prefix("gpucache-bench-nixl-")
+        .tempdir_in(&base)
+        .map_err(|e| format!("cannot make a directory in {}: {e}", base.display()))?;
+    let dir = scratch.path().to_owned();
+    eprintln!("bench: working in {}", dir.display());
+
+    let mut runs: Vec<PathRun> = Vec::new();
+    let mut ucx_version = None;
+    if plan.wants(PathName::Nixl) || plan.wants(PathName::NixlRaw) {
+        match transfers::Session::start(&dir, plan) {
+            Ok(mut session) => {
+                ucx_version = session.ucx_version();
+                runs.extend(session.measure(plan));
+                session.finish();
+            }
+            Err(e) => {
+                eprintln!("bench: nixl: {e}");
+                for name in transfers::path_names(plan) {
+                    runs.push(PathRun::failed(name, e.clone()));
+                }
+            }
+        }
+    }
+    if plan.wants(PathName::Tcp) {
+        runs.extend(tcp::measure(&dir, plan));
+    }
+    if plan.wants(PathName::Memcpy) {
+        runs.push(paths::memcpy(plan));
+    }
+
+    let ucx_tls = std::env::var("UCX_TLS").ok();
+    let context = report::Context {
+        command: std::env::args().collect(),
+        date: crate::service::utc_now(),
+        commit: crate::service::git_commit(),
+        machine: crate::service::machine(&load_start),
+        ucx_tls,
+        ucx_version,
+    };
+    let clean = runs.iter().all(PathRun::clean);
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{}", report::text(&context, plan, &runs).trim_end());
+    }
+    if let Some(path) = &args.json {
+        let doc = report::json(&context, plan, &runs);
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
+        crate::service::write_file(path, &text)?;
+        eprintln!("bench: JSON written to {}", path.display());
+    }
+    if args.keep_logs {
+        let kept = scratch.keep();
+        eprintln!("bench: logs kept in {}", kept.display());
+    }
+    Ok(clean)
+}
+
+/// How long every control step (peer start, one control frame, service start) may take.
+pub const CONTROL_DEADLINE: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> NixlBenchArgs {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            a: NixlBenchArgs,
+        }
+        let mut argv = vec!["x"];
+        argv.extend_from_slice(extra);
+        Wrap::parse_from(argv).a
+    }
+
+    #[test]
+    fn plans_resolve_defaults_and_refuse_nonsense() {
+        let p = plan(&args(&[])).expect("plan");
+        assert_eq!(p.sizes, vec![64 << 10, 256 << 10, MIB, 4 * MIB]);
+        assert_eq!((p.iterations, p.warmup), (200, 10));
+        assert_eq!(
+            p.paths,
+            vec![PathName::Nixl, PathName::NixlRaw, PathName::Tcp, PathName::Memcpy]
+        );
+        assert_eq!(p.largest(), 4 * MIB);
+        let q =
+            plan(&args(&["--sizes", "1M", "--paths", "memcpy,nixl,memcpy", "--iterations", "3"]))
+                .expect("plan");
+        assert_eq!(q.sizes, vec![MIB]);
+        assert_eq!(q.paths, vec![PathName::Memcpy, PathName::Nixl]);
+        assert!(plan(&args(&["--paths", "rdma"])).is_err());
+        assert!(plan(&args(&["--iterations", "0"])).is_err());
+        assert!(plan(&args(&["--sizes", "128M"])).is_err());
+        assert!(plan(&args(&["--ucx-tls", "tcp, shm"])).is_err());
+        assert!(plan(&args(&["--ucx-tls", "tcp"])).is_ok());
+    }
+}

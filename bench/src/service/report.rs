@@ -1,0 +1,526 @@
+//! The report of `gpucache bench service`: the ratio table, the aims at 1 MiB, and a grouped
+//! bar chart as hand-written SVG.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::load::{PhaseStats, PointResult};
+use gpucache_service::units::{MIB, size_label};
+
+/// What one peer gave: its points, or why it did not run.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct PeerRun {
+    /// `ours-tcp`, `ours-shm`, `redis`, `mooncake`, `iperf3`, `memcpy`.
+    pub name: String,
+    /// Whether this row is our service (one row per transport).
+    pub ours: bool,
+    /// Whether this row is our shared-memory transport (compared with memcpy).
+    pub shared_memory: bool,
+    pub version: Option<String>,
+    /// `Some(why)` when the peer did not run at all.
+    pub skipped: Option<String>,
+    pub note: Option<String>,
+    pub points: Vec<PointResult>,
+}
+
+impl PeerRun {
+    pub(super) fn point(&self, size: u64, clients: usize) -> Option<&PointResult> {
+        self.points.iter().find(|p| p.size == size && p.clients == clients)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Op {
+    Get,
+    Put,
+}
+
+impl Op {
+    pub(super) const BOTH: [Op; 2] = [Op::Get, Op::Put];
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Op::Get => "GET",
+            Op::Put => "PUT",
+        }
+    }
+    fn of(self, p: &PointResult) -> Option<&PhaseStats> {
+        match self {
+            Op::Get => p.get.as_ref(),
+            Op::Put => p.put.as_ref(),
+        }
+    }
+}
+
+/// The phase's throughput when it moved any bytes.
+pub(super) fn gbps(run: &PeerRun, size: u64, clients: usize, op: Op) -> Option<f64> {
+    run.point(size, clients).and_then(|p| op.of(p)).map(PhaseStats::gbps).filter(|g| *g > 0.0)
+}
+
+fn p99_ms(run: &PeerRun, size: u64, clients: usize, op: Op) -> Option<f64> {
+    run.point(size, clients).and_then(|p| op.of(p)).and_then(|s| s.p99_us).map(|us| us / 1e3)
+}
+
+/// ours / peer for one point and operation.
+pub(super) fn ratio(
+    ours: &PeerRun,
+    peer: &PeerRun,
+    size: u64,
+    clients: usize,
+    op: Op,
+) -> Option<f64> {
+    Some(gbps(ours, size, clients, op)? / gbps(peer, size, clients, op)?)
+}
+
+/// The comparison peers, in column order.
+pub(super) const REFERENCES: [&str; 4] = ["iperf3", "redis", "mooncake", "memcpy"];
+
+/// One aim of the benchmark: at 1 MiB with one client, ours / `peer` at least `need`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(super) struct Aim {
+    pub ours: String,
+    pub peer: &'static str,
+    pub op: Op,
+    pub need: f64,
+    pub ratio: Option<f64>,
+    /// `None` when it could not be judged (a side missing); `why` says which.
+    pub met: Option<bool>,
+    pub why: Option<String>,
+}
+
+/// Value size and client count the aims are judged at.
+pub(super) const AIM_SIZE: u64 = MIB;
+pub(super) const AIM_CLIENTS: usize = 1;
+
+/// The aims: every TCP-like row against iperf3 (0.9x), Redis (1.5x) and Mooncake (2x); the
+/// shared-memory row against memcpy (0.7x), or a line saying it was not run.
+pub(super) fn aims(runs: &[PeerRun]) -> Vec<Aim> {
+    let find = |name: &str| runs.iter().find(|r| r.name == name);
+    let mut out = Vec::new();
+    let mut judge = |ours: &PeerRun, peer: &'static str, need: f64| {
+        for op in Op::BOTH {
+            let (ratio, why) = match find(peer) {
+                None => (None, Some(format!("{peer} not run"))),
+                Some(p) if p.skipped.is_some() => (
+                    None,
+                    Some(format!("{peer} skipped: {}", p.skipped.clone().unwrap_or_default())),
+                ),
+                Some(p) => match ratio(ours, p, AIM_SIZE, AIM_CLIENTS, op) {
+                    Some(r) => (Some(r), None),
+                    None => (None, Some("a side has no measurement at 1 MiB, 1 client".into())),
+                },
+            };
+            out.push(Aim {
+                ours: ours.name.clone(),
+                peer,
+                op,
+                need,
+                ratio,
+                met: ratio.map(|r| r >= need),
+                why,
+            });
+        }
+    };
+    let ours: Vec<&PeerRun> = runs.iter().filter(|r| r.ours && r.skipped.is_none()).collect();
+    for o in ours.iter().filter(|o| !o.shared_memory) {
+        judge(o, "iperf3", 0.9);
+        judge(o, "redis", 1.5);
+        judge(o, "mooncake", 2.0);
+    }
+    let shm: Vec<&&PeerRun> = ours.iter().filter(|o| o.shared_memory).collect();
+    for o in &shm {
+        judge(o, "memcpy", 0.7);
+    }
+    if shm.is_empty() {
+        for op in Op::BOTH {
+            out.push(Aim {
+                ours: "ours-shm".into(),
+                peer: "memcpy",
+                op,
+                need: 0.7,
+                ratio: None,
+                met: None,
+                why: Some("ours-shm not run (add it to --peers)".into()),
+            });
+        }
+    }
+    out
+}
+
+fn cell(g: Option<f64>, p99: Option<f64>) -> String {
+    match (g, p99) {
+        (Some(g), Some(ms)) => format!("{g:.2} ({ms:.2})"),
+        (Some(g), None) => format!("{g:.2}"),
+        (None, _) => "-".into(),
+    }
+}
+
+fn num(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".into(), |x| format!("{x:.2}"))
+}
+
+/// The ratio table in Markdown: one row per (size, clients, operation, our transport), GB/s with
+/// p99 in ms for each peer, then ours / each reference.
+pub(super) fn table(runs: &[PeerRun], sizes: &[u64], clients: &[usize]) -> String {
+    let find = |name: &str| runs.iter().find(|r| r.name == name && r.skipped.is_none());
+    let ours: Vec<&PeerRun> = runs.iter().filter(|r| r.ours && r.skipped.is_none()).collect();
+    let mut s = String::new();
+    let _ = write!(s, "| size | clients | op | ours |");
+    let _ = write!(s, " ours GB/s (p99 ms) |");
+    for p in REFERENCES {
+        let _ = write!(s, " {p} GB/s (p99 ms) |");
+    }
+    for p in REFERENCES {
+        let _ = write!(s, " ours/{p} |");
+    }
+    s.push('\n');
+    s.push_str(&"|---".repeat(5 + 2 * REFERENCES.len()));
+    s.push_str("|\n");
+    for &size in sizes {
+        for &c in clients {
+            for op in Op::BOTH {
+                for o in &ours {
+                    let _ = write!(
+                        s,
+                        "| {} | {c} | {} | {} | {} |",
+                        size_label(size),
+                        op.name(),
+                        o.name,
+                        cell(gbps(o, size, c, op), p99_ms(o, size, c, op))
+                    );
+                    for p in REFERENCES {
+                        let v = find(p).map(|r| cell(gbps(r, size, c, op), p99_ms(r, size, c, op)));
+                        let _ = write!(s, " {} |", v.unwrap_or_else(|| "-".into()));
+                    }
+                    for p in REFERENCES {
+                        let r = find(p).and_then(|r| ratio(o, r, size, c, op));
+                        let _ = write!(s, " {} |", num(r));
+                    }
+                    s.push('\n');
+                }
+            }
+        }
+    }
+    s
+}
+
+/// The aims as a Markdown table.
+pub(super) fn aims_table(aims: &[Aim]) -> String {
+    let mut s = String::from(
+        "| aim (1 MiB, 1 client) | op | need | measured | met |\n|---|---|---|---|---|\n",
+    );
+    for a in aims {
+        let met = match (a.met, &a.why) {
+            (Some(true), _) => "yes".to_owned(),
+            (Some(false), _) => "**no**".to_owned(),
+            (None, Some(why)) => format!("not judged: {why}"),
+            (None, None) => "not judged".to_owned(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} / {} | {} | >= {:.1}x | {} | {met} |",
+            a.ours,
+            a.peer,
+            a.op.name(),
+            a.need,
+            a.ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}x"))
+        );
+    }
+    s
+}
+
+/// Fill colour per peer, in a fixed order (ours first).
+fn colour(i: usize) -> &'static str {
+    const COLOURS: [&str; 7] =
+        ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f", "#ff7f0e", "#8c564b"];
+    COLOURS[i % COLOURS.len()]
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+const PANEL_W: f64 = 520.0;
+const PANEL_H: f64 = 260.0;
+const MARGIN: f64 = 50.0;
+
+/// A grouped bar chart: one panel per (operation, client count), value sizes along x, one bar
+/// per peer in each group, GB/s on y. Each bar is a `<rect class="bar">` carrying `data-peer`,
+/// `data-op`, `data-size`, `data-clients` and `data-gbps`, with a `<title>` tooltip.
+pub(super) fn svg(runs: &[PeerRun], sizes: &[u64], clients: &[usize], title: &str) -> String {
+    let peers: Vec<&PeerRun> = runs.iter().filter(|r| r.skipped.is_none()).collect();
+    let cols = Op::BOTH.len() as f64;
+    let rows = clients.len().max(1) as f64;
+    let width = MARGIN + cols * (PANEL_W + MARGIN);
+    let legend_h = 30.0;
+    let height = 40.0 + legend_h + rows * (PANEL_H + 2.0 * MARGIN);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
+         viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"11\">"
+    );
+    let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.0}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>",
+        width / 2.0,
+        escape(title)
+    );
+    for (i, p) in peers.iter().enumerate() {
+        let x = MARGIN + i as f64 * 120.0;
+        let _ = writeln!(
+            s,
+            "<rect x=\"{x:.0}\" y=\"36\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.0}\" \
+             y=\"46\">{}</text>",
+            colour(i),
+            x + 16.0,
+            escape(&p.name)
+        );
+    }
+    for (row, &c) in clients.iter().enumerate() {
+        for (col, op) in Op::BOTH.into_iter().enumerate() {
+            let x0 = MARGIN + col as f64 * (PANEL_W + MARGIN);
+            let y0 = 40.0 + legend_h + row as f64 * (PANEL_H + 2.0 * MARGIN) + MARGIN;
+            let max = sizes
+                .iter()
+                .flat_map(|&z| peers.iter().filter_map(move |p| gbps(p, z, c, op)))
+                .fold(0.0_f64, f64::max);
+            let top = nice_ceiling(max);
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"middle\" font-size=\"13\">{} — {c} \
+                 client{} (GB/s)</text>",
+                x0 + PANEL_W / 2.0,
+                y0 - 10.0,
+                op.name(),
+                if c == 1 { "" } else { "s" }
+            );
+            // Axes and gridlines at quarters of the top.
+            for q in 0..=4 {
+                let v = top * f64::from(q) / 4.0;
+                let y = y0 + PANEL_H - PANEL_H * f64::from(q) / 4.0;
+                let _ = writeln!(
+                    s,
+                    "<line x1=\"{x0:.0}\" y1=\"{y:.1}\" x2=\"{:.0}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+                     <text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{v:.1}</text>",
+                    x0 + PANEL_W,
+                    x0 - 4.0,
+                    y + 4.0
+                );
+            }
+            let group_w = PANEL_W / sizes.len().max(1) as f64;
+            let bar_w = (group_w * 0.8) / peers.len().max(1) as f64;
+            for (g, &size) in sizes.iter().enumerate() {
+                let gx = x0 + g as f64 * group_w + group_w * 0.1;
+                let _ = writeln!(
+                    s,
+                    "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                    gx + group_w * 0.4,
+                    y0 + PANEL_H + 16.0,
+                    size_label(size)
+                );
+                for (i, p) in peers.iter().enumerate() {
+                    let Some(v) = gbps(p, size, c, op) else { continue };
+                    let h = if top > 0.0 { PANEL_H * v / top } else { 0.0 };
+                    let x = gx + i as f64 * bar_w;
+                    let y = y0 + PANEL_H - h;
+                    let _ = writeln!(
+                        s,
+                        "<rect class=\"bar\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" \
+                         height=\"{h:.1}\" fill=\"{}\" data-peer=\"{}\" data-op=\"{}\" \
+                         data-size=\"{size}\" data-clients=\"{c}\" data-gbps=\"{v:.3}\"><title>{} \
+                         {} {} x{c}: {v:.2} GB/s</title></rect>",
+                        (bar_w - 1.0).max(1.0),
+                        colour(i),
+                        escape(&p.name),
+                        op.name(),
+                        escape(&p.name),
+                        op.name(),
+                        size_label(size),
+                    );
+                }
+            }
+            let _ = writeln!(
+                s,
+                "<line x1=\"{x0:.0}\" y1=\"{:.1}\" x2=\"{:.0}\" y2=\"{:.1}\" stroke=\"black\"/>",
+                y0 + PANEL_H,
+                x0 + PANEL_W,
+                y0 + PANEL_H
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// A round number at or above `x` for the top of an axis (1, 2, 2.5 or 5 times a power of ten).
+fn nice_ceiling(x: f64) -> f64 {
+    if !(x.is_finite() && x > 0.0) {
+        return 1.0;
+    }
+    let p = 10f64.powf(x.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * p).find(|v| *v >= x).unwrap_or(10.0 * p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    fn phase(gbps: f64) -> PhaseStats {
+        PhaseStats {
+            ops: 100,
+            bytes: (gbps * 1e9) as u64,
+            seconds: 1.0,
+            p50_us: Some(400.0),
+            p99_us: Some(1500.0),
+            errors: 0,
+        }
+    }
+
+    fn run(name: &str, ours: bool, points: &[(u64, usize, f64, f64)]) -> PeerRun {
+        PeerRun {
+            name: name.into(),
+            ours,
+            shared_memory: false,
+            version: None,
+            skipped: None,
+            note: None,
+            points: points
+                .iter()
+                .map(|&(size, clients, get, put)| PointResult {
+                    size,
+                    clients,
+                    put: Some(phase(put)),
+                    get: Some(phase(get)),
+                    verified: 1,
+                    mismatches: 0,
+                    error: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn sample() -> Vec<PeerRun> {
+        let mut redis = run("redis", false, &[(MIB, 1, 1.0, 2.0), (64 << 10, 1, 0.5, 0.5)]);
+        redis.version = Some("7.0.15".into());
+        let mut mooncake = run("mooncake", false, &[]);
+        mooncake.skipped = Some("venv missing".into());
+        vec![
+            run("ours-tcp", true, &[(MIB, 1, 2.0, 2.0), (64 << 10, 1, 1.0, 0.25)]),
+            redis,
+            mooncake,
+            run("iperf3", false, &[(MIB, 1, 2.0, 2.0), (64 << 10, 1, 2.0, 2.0)]),
+        ]
+    }
+
+    #[test]
+    fn ratios_and_aims_are_judged_at_one_mib() {
+        let runs = sample();
+        let a = aims(&runs);
+        let find = |peer: &str, op| a.iter().find(|x| x.peer == peer && x.op == op).expect("aim");
+        // GET: 2.0 / 2.0 iperf3 = 1.0 >= 0.9; 2.0 / 1.0 redis = 2.0 >= 1.5.
+        assert_eq!(find("iperf3", Op::Get).met, Some(true));
+        assert_eq!(find("redis", Op::Get).ratio, Some(2.0));
+        assert_eq!(find("redis", Op::Get).met, Some(true));
+        // PUT: 2.0 / 2.0 redis = 1.0 < 1.5.
+        assert_eq!(find("redis", Op::Put).met, Some(false));
+        let m = find("mooncake", Op::Put);
+        assert_eq!(m.met, None);
+        assert!(m.why.as_deref().is_some_and(|w| w.contains("venv missing")), "{m:?}");
+        let shm = find("memcpy", Op::Get);
+        assert_eq!(shm.met, None);
+        assert!(shm.why.as_deref().is_some_and(|w| w.contains("ours-shm not run")));
+        let t = aims_table(&a);
+        assert!(t.contains("| ours-tcp / redis | PUT | >= 1.5x | 1.00x | **no** |"), "{t}");
+    }
+
+    fn with_shm() -> Vec<PeerRun> {
+        let mut runs = sample();
+        let mut shm = run("ours-shm", true, &[(MIB, 1, 8.0, 4.0)]);
+        shm.shared_memory = true;
+        runs.insert(1, shm);
+        runs.push(run("memcpy", false, &[(MIB, 1, 10.0, 10.0)]));
+        runs
+    }
+
+    #[test]
+    fn the_shared_memory_row_is_judged_against_memcpy_only() {
+        let a = aims(&with_shm());
+        let shm: Vec<&Aim> = a.iter().filter(|x| x.ours == "ours-shm").collect();
+        // GET 8 / 10 = 0.8 >= 0.7; PUT 4 / 10 = 0.4 < 0.7; no TCP aims for the shm row.
+        assert_eq!(shm.len(), 2, "{shm:?}");
+        assert!(shm.iter().all(|x| x.peer == "memcpy"));
+        assert_eq!(shm[0].op, Op::Get);
+        assert_eq!(shm[0].met, Some(true));
+        assert_eq!(shm[1].met, Some(false));
+        assert!((shm[1].ratio.unwrap_or(0.0) - 0.4).abs() < 1e-9);
+        // The TCP row is still judged against iperf3, Redis and Mooncake, not memcpy.
+        assert!(!a.iter().any(|x| x.ours == "ours-tcp" && x.peer == "memcpy"));
+        let t = aims_table(&a);
+        assert!(t.contains("| ours-shm / memcpy | GET | >= 0.7x | 0.80x | yes |"), "{t}");
+        assert!(t.contains("| ours-shm / memcpy | PUT | >= 0.7x | 0.40x | **no** |"), "{t}");
+    }
+
+    #[test]
+    fn the_shared_memory_row_has_its_memcpy_and_iperf3_ratios() {
+        let t = table(&with_shm(), &[MIB], &[1]);
+        // ours-shm GET 8.0: /iperf3 2.0 = 4.00, /redis 1.0 = 8.00, mooncake skipped, /memcpy 0.80.
+        assert!(
+            t.contains(
+                "| 1M | 1 | GET | ours-shm | 8.00 (1.50) | 2.00 (1.50) | 1.00 (1.50) | - | \
+                 10.00 (1.50) | 4.00 | 8.00 | - | 0.80 |"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("| 1M | 1 | PUT | ours-tcp | 2.00 (1.50) |"), "{t}");
+    }
+
+    #[test]
+    fn the_table_has_cells_and_ratios() {
+        let t = table(&sample(), &[64 << 10, MIB], &[1]);
+        // Columns: ours, iperf3, redis, mooncake (skipped), memcpy (absent), then the ratios.
+        // 64K PUT: ours 0.25 against iperf3 2.0 (0.125) and redis 0.5 (0.5).
+        assert!(
+            t.contains(
+                "| 64K | 1 | PUT | ours-tcp | 0.25 (1.50) | 2.00 (1.50) | 0.50 (1.50) | - | - | \
+                 0.12 | 0.50 | - | - |"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("| 1M | 1 | GET | ours-tcp | 2.00 (1.50) |"), "{t}");
+    }
+
+    #[test]
+    fn the_svg_is_well_formed_and_holds_every_bar() {
+        let runs = sample();
+        let s = svg(&runs, &[64 << 10, MIB], &[1], "ours & peers <test>");
+        assert!(s.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+        assert!(s.trim_end().ends_with("</svg>"));
+        assert!(s.contains("ours &amp; peers &lt;test&gt;"));
+        // 3 peers that ran x 2 sizes x 2 operations x 1 client count.
+        assert_eq!(s.matches("class=\"bar\"").count(), 12);
+        assert!(s.contains(
+            "data-peer=\"redis\" data-op=\"PUT\" data-size=\"1048576\" data-clients=\"1\" \
+             data-gbps=\"2.000\""
+        ));
+        assert!(!s.contains("data-peer=\"mooncake\""));
+        // Tags balance: every opened element is closed or self-closing.
+        let opens =
+            s.matches("<rect").count() + s.matches("<text").count() + s.matches("<line").count();
+        let closes =
+            s.matches("/>").count() + s.matches("</rect>").count() + s.matches("</text>").count();
+        assert_eq!(opens, closes, "{s}");
+        assert_eq!(s.matches("<title>").count(), s.matches("</title>").count());
+    }
+
+    #[test]
+    fn axis_tops_are_round() {
+        assert_eq!(nice_ceiling(2.3), 2.5);
+        assert_eq!(nice_ceiling(0.7), 1.0);
+        assert_eq!(nice_ceiling(11.0), 20.0);
+        assert_eq!(nice_ceiling(0.0), 1.0);
+    }
+}

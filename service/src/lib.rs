@@ -1,0 +1,30 @@
+//! The GPUCache service: everything `gpucache serve` runs, as a library.
+//!
+//! - [`config`]: the configuration schema and its validation; [`serve`] builds a running service
+//!   from a validated configuration.
+//! - [`server`] and [`listener`]: the GPCW server over any shared `Store`, one thread per
+//!   connection, and the bounded acceptors of every front; [`resp`]: the Redis-protocol front;
+//!   [`auth`]: tenant keys and replay windows; [`create_only`]: the create-only answers the
+//!   fronts share.
+//! - [`metered`] and [`executor_metrics`]: the Prometheus series; [`http`]: metrics, liveness and
+//!   readiness, with the checks in [`ready`]; [`logging`]: log output.
+//! - [`dpu`]: the DPU agent's wiring and offload report; [`units`]: sizes and durations as
+//!   people write them.
+
+pub mod auth;
+pub mod config;
+pub mod create_only;
+pub mod dpu;
+pub mod executor_metrics;
+pub mod http;
+pub mod listener;
+pub mod logging;
+pub mod metered;
+pub mod ready;
+pub mod resp;
+pub mod serve;
+pub mod server;
+pub mod units;
+
+pub use auth::TenantAuth;
+pub use server::{Server, ServerConfig};

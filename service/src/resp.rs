@@ -1,0 +1,1321 @@
+//! The RESP front: a Redis-protocol (RESP2) listener over a shared [`Store`], so that Redis
+//! clients (`redis-cli`, `redis-benchmark`, client libraries) can keep opaque values in GPUCache.
+//!
+//! # Keys
+//!
+//! Identity decides compatibility, never a string key alone. Every RESP connection acts as one
+//! configured tenant ([`RespConfig::tenant`]), and a plain Redis key is an opaque byte string
+//! inside one fixed identity namespace of that tenant ([`IdentityTemplate`]): the physical key
+//! is the namespace's [`CacheIdentity`] with a one-link chain whose only link is the BLAKE3 hash
+//! of the key bytes, and block and valid token counts of 1. Plain keys therefore never meet KV
+//! blocks of a model (their model revision, tokenizer and layout differ), nor another tenant's
+//! keys, and two plain keys are the same key exactly when their bytes are equal.
+//!
+//! # Values
+//!
+//! The store is create-only, and so is this front. `SET` of a free key stores the value. `SET`
+//! of a key that already holds exactly the same bytes answers `+OK`, because the key then holds
+//! what was asked for (this is what lets `redis-benchmark`, which writes one value to random
+//! keys, run). `SET` of a key that holds different bytes is an error and changes nothing; with
+//! `NX` it answers nil instead, whatever the value. A value therefore changes only through `DEL`
+//! then `SET`. Values never expire. A value must hold at least one byte and fit the store's
+//! `object_bytes_max`. A read that finds nothing usable, including a block whose bytes failed
+//! their checksum (which the store drops), answers nil.
+//!
+//! # Protocol
+//!
+//! Requests are RESP2 arrays of bulk strings, or inline commands (one line of words separated
+//! by spaces or tabs; quotes are not interpreted). The decoder is strict and bounded (see the
+//! constants and [`RespLimits`]); a request it cannot decode is answered
+//! `-ERR Protocol error: ...` and the connection closes, because the stream cannot be
+//! resynchronised. Command-level mistakes (unknown command, wrong arity, bad option) are answered
+//! `-ERR ...` and the connection goes on. Pipelined requests are answered in order.
+//!
+//! # Threads
+//!
+//! As for the native listener (ADR 0011): one accept thread, one thread per connection up to
+//! `connections_max`, a read tick that notices shutdown and idleness, and a write timeout.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::auth::TenantKeys;
+use crate::auth::keys::unhex;
+use crate::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
+use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
+
+use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::clock::{Clock, UnixClock};
+use gpucache_dataplane::identity::{
+    CacheIdentity, CacheIdentityBuilder, Digest32, IdentityError, KvDtype, PositionEncoding,
+    QuantFormat, Shard, TenantId,
+};
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::store::{Get, Implementation, Invalidate, Lookup, Put, Store, StoreError};
+use subtle::ConstantTimeEq;
+
+// ---------------------------------------------------------------------------------------------
+// Limits
+
+/// Most arguments (command name included) in one request.
+pub const ARGS_MAX: usize = 1024;
+/// Longest inline command line, without its line end.
+pub const INLINE_BYTES_MAX: usize = 64 << 10;
+/// Longest `*<count>` or `$<length>` line, CRLF included.
+pub const LENGTH_LINE_BYTES_MAX: usize = 32;
+/// How far a bulk string may exceed the value limit: a value slightly over `object_bytes_max`
+/// still decodes, so the store refuses it with its own reason and the connection stays open.
+pub const BULK_SLACK_BYTES: usize = 64 << 10;
+/// The value limit the decoder uses at most, whatever `object_bytes_max` is (the same as Redis'
+/// default `proto-max-bulk-len`).
+pub const VALUE_BYTES_CEILING: usize = 512 << 20;
+/// How much one request's arguments together may exceed the bulk limit (room for the command
+/// name and keys next to one large value).
+pub const REQUEST_SLACK_BYTES: usize = 1 << 20;
+/// The Redis version INFO reports; clients check it to pick a dialect.
+pub const REDIS_VERSION: &str = "7.0.0";
+
+/// How often a blocked read wakes to check for shutdown and idleness.
+const READ_TICK: Duration = Duration::from_millis(100);
+/// Bytes read from a socket per call.
+const READ_CHUNK_BYTES: usize = 256 << 10;
+/// Buffered replies are written out once they reach this size.
+const REPLY_FLUSH_BYTES: usize = 256 << 10;
+/// Buffers grown past this by one large request or reply are given back afterwards.
+const BUFFER_KEEP_BYTES: usize = 4 << 20;
+/// Most bytes of a command name or key quoted in an error.
+const SHOWN_BYTES_MAX: usize = 64;
+/// How long a closing connection keeps reading (and discarding) after its last reply, so that
+/// unread input does not turn the close into a reset that destroys that reply.
+const CLOSE_DRAIN: Duration = Duration::from_millis(500);
+const CLOSE_DRAIN_BYTES: usize = 4 << 20;
+
+/// Size limits of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RespLimits {
+    /// Longest bulk string.
+    pub bulk_bytes_max: usize,
+    /// Most bytes of all bulk strings of one request together.
+    pub request_bytes_max: usize,
+}
+
+impl RespLimits {
+    /// The limits for a store whose largest value is `object_bytes_max`: a bulk string may be
+    /// that long (capped at [`VALUE_BYTES_CEILING`]) plus [`BULK_SLACK_BYTES`], and a whole
+    /// request [`REQUEST_SLACK_BYTES`] more.
+    pub fn for_object_bytes_max(object_bytes_max: u64) -> Self {
+        let object = usize::try_from(object_bytes_max).unwrap_or(usize::MAX);
+        let bulk = object.min(VALUE_BYTES_CEILING) + BULK_SLACK_BYTES;
+        Self { bulk_bytes_max: bulk, request_bytes_max: bulk + REQUEST_SLACK_BYTES }
+    }
+}
+
+impl Default for RespLimits {
+    /// The limits for the default `object_bytes_max`.
+    fn default() -> Self {
+        Self::for_object_bytes_max(ResourceLimits::default().object_bytes_max)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request decoding
+
+/// Why a request could not be decoded. The stream cannot be resynchronised after any of them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    #[error("invalid multibulk length")]
+    ArrayLength,
+    #[error("{count} arguments exceed the limit of {max}")]
+    TooManyArgs { count: u64, max: usize },
+    #[error("expected '$', got {found:?}")]
+    ExpectedBulk { found: char },
+    #[error("invalid bulk length")]
+    BulkLength,
+    #[error("bulk string of {len} bytes exceeds the limit of {max}")]
+    BulkTooLarge { len: u64, max: usize },
+    #[error("request arguments of {len} bytes exceed the limit of {max}")]
+    RequestTooLarge { len: u64, max: usize },
+    #[error("bulk string not followed by CRLF")]
+    BulkTerminator,
+    #[error("length line not ended by CRLF within {max} bytes")]
+    LengthLine { max: usize },
+    #[error("inline request longer than {max} bytes")]
+    InlineTooLong { max: usize },
+}
+
+/// One step of decoding the front of the buffer.
+enum Parsed {
+    /// More bytes are needed; nothing is worth retrying before the buffer holds `need` bytes.
+    Incomplete {
+        need: usize,
+    },
+    /// A request with no words (an empty line, `*0`): skipped.
+    Empty {
+        used: usize,
+    },
+    Request {
+        args: Vec<Vec<u8>>,
+        used: usize,
+    },
+}
+
+/// An incremental, bounded RESP2 request decoder.
+///
+/// Feed it bytes as they arrive and take complete requests out with
+/// [`RequestDecoder::next_request`] until it answers `None` before feeding more. Used that way it
+/// holds at most one incomplete request, whose size the limits bound before its bytes arrive,
+/// plus what was fed last. After an error it must not be used again.
+#[derive(Debug)]
+pub struct RequestDecoder {
+    buf: Vec<u8>,
+    /// Where the undecoded bytes start in `buf`.
+    start: usize,
+    /// Undecoded bytes needed before decoding is worth trying again.
+    need: usize,
+    limits: RespLimits,
+}
+
+impl RequestDecoder {
+    pub fn new(limits: RespLimits) -> Self {
+        Self { buf: Vec::new(), start: 0, need: 0, limits }
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.start > 0 && (self.start == self.buf.len() || self.start >= self.buf.len() / 2) {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        if self.buf.is_empty() && self.buf.capacity() > BUFFER_KEEP_BYTES {
+            self.buf = Vec::new();
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Whether no undecoded byte is buffered.
+    pub fn is_idle(&self) -> bool {
+        self.start == self.buf.len()
+    }
+
+    /// Undecoded bytes buffered.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete request (its words, the command name first), `None` when more bytes
+    /// are needed.
+    pub fn next_request(&mut self) -> Result<Option<Vec<Vec<u8>>>, ProtocolError> {
+        loop {
+            let data = &self.buf[self.start..];
+            if data.is_empty() || data.len() < self.need {
+                return Ok(None);
+            }
+            let parsed =
+                if data[0] == b'*' { parse_array(data, self.limits)? } else { parse_inline(data)? };
+            match parsed {
+                Parsed::Incomplete { need } => {
+                    self.need = need;
+                    return Ok(None);
+                }
+                Parsed::Empty { used } => {
+                    self.start += used;
+                    self.need = 0;
+                }
+                Parsed::Request { args, used } => {
+                    self.start += used;
+                    self.need = 0;
+                    return Ok(Some(args));
+                }
+            }
+        }
+    }
+}
+
+/// The `*<n>` or `$<n>` line starting at `at`: its text without the CRLF, and where the next
+/// line starts. `None` when the line has not fully arrived.
+fn length_line(data: &[u8], at: usize) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+    let window = &data[at..data.len().min(at + LENGTH_LINE_BYTES_MAX)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(nl) if nl > 0 && window[nl - 1] == b'\r' => Ok(Some((&window[..nl - 1], at + nl + 1))),
+        Some(_) => Err(ProtocolError::LengthLine { max: LENGTH_LINE_BYTES_MAX }),
+        None if window.len() == LENGTH_LINE_BYTES_MAX => {
+            Err(ProtocolError::LengthLine { max: LENGTH_LINE_BYTES_MAX })
+        }
+        None => Ok(None),
+    }
+}
+
+/// A decimal integer: an optional `-` and 1 to 18 digits, nothing else.
+fn parse_int(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let magnitude = digits.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
+    Some(if negative { -magnitude } else { magnitude })
+}
+
+fn parse_array(data: &[u8], limits: RespLimits) -> Result<Parsed, ProtocolError> {
+    let incomplete = Parsed::Incomplete { need: data.len() + 1 };
+    let Some((line, mut at)) = length_line(data, 0)? else { return Ok(incomplete) };
+    let count = parse_int(&line[1..]).ok_or(ProtocolError::ArrayLength)?;
+    // Like Redis, a count of zero or less is an empty request.
+    let Ok(count) = u64::try_from(count) else { return Ok(Parsed::Empty { used: at }) };
+    if count == 0 {
+        return Ok(Parsed::Empty { used: at });
+    }
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|&c| c <= ARGS_MAX)
+        .ok_or(ProtocolError::TooManyArgs { count, max: ARGS_MAX })?;
+    // Validate every length and find every argument before copying any, so that a request that
+    // arrives in many pieces is copied once.
+    let mut ranges = Vec::with_capacity(count);
+    let mut total: u64 = 0;
+    for _ in 0..count {
+        let Some((line, next)) = length_line(data, at)? else { return Ok(incomplete) };
+        match line.first() {
+            Some(b'$') => {}
+            Some(&other) => return Err(ProtocolError::ExpectedBulk { found: char::from(other) }),
+            None => return Err(ProtocolError::ExpectedBulk { found: '\r' }),
+        }
+        let len = parse_int(&line[1..])
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or(ProtocolError::BulkLength)?;
+        let bulk_max = limits.bulk_bytes_max;
+        let len_bytes = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= bulk_max)
+            .ok_or(ProtocolError::BulkTooLarge { len, max: bulk_max })?;
+        total += len;
+        if total > limits.request_bytes_max as u64 {
+            return Err(ProtocolError::RequestTooLarge {
+                len: total,
+                max: limits.request_bytes_max,
+            });
+        }
+        let end = next + len_bytes;
+        if data.len() < end + 2 {
+            return Ok(Parsed::Incomplete { need: end + 2 });
+        }
+        if &data[end..end + 2] != b"\r\n" {
+            return Err(ProtocolError::BulkTerminator);
+        }
+        ranges.push((next, end));
+        at = end + 2;
+    }
+    let args = ranges.into_iter().map(|(s, e)| data[s..e].to_vec()).collect();
+    Ok(Parsed::Request { args, used: at })
+}
+
+fn parse_inline(data: &[u8]) -> Result<Parsed, ProtocolError> {
+    let too_long = ProtocolError::InlineTooLong { max: INLINE_BYTES_MAX };
+    let window = &data[..data.len().min(INLINE_BYTES_MAX + 2)];
+    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+        // One byte more may be the CR of a line of exactly the limit.
+        return if window.len() > INLINE_BYTES_MAX + 1 {
+            Err(too_long)
+        } else {
+            Ok(Parsed::Incomplete { need: data.len() + 1 })
+        };
+    };
+    let line = &data[..nl];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.len() > INLINE_BYTES_MAX {
+        return Err(too_long);
+    }
+    let args: Vec<Vec<u8>> = line
+        .split(|&b| b == b' ' || b == b'\t')
+        .filter(|w| !w.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    if args.len() > ARGS_MAX {
+        return Err(ProtocolError::TooManyArgs { count: args.len() as u64, max: ARGS_MAX });
+    }
+    if args.is_empty() {
+        return Ok(Parsed::Empty { used: nl + 1 });
+    }
+    Ok(Parsed::Request { args, used: nl + 1 })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replies
+
+/// A RESP2 reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `+text`; CR and LF in the text are sent as spaces.
+    Simple(String),
+    /// `-text`, where the text starts with an error code such as `ERR`; CR and LF are sent as
+    /// spaces.
+    Error(String),
+    Integer(i64),
+    Bulk(Vec<u8>),
+    /// The null bulk string, `$-1`.
+    Nil,
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    pub fn ok() -> Self {
+        Self::Simple("OK".to_owned())
+    }
+
+    /// An `ERR` error with `message`.
+    pub fn err(message: impl std::fmt::Display) -> Self {
+        Self::Error(format!("ERR {message}"))
+    }
+
+    /// Appends the wire form of the reply to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Simple(text) => line(out, b'+', text),
+            Self::Error(text) => line(out, b'-', text),
+            Self::Integer(n) => {
+                out.push(b':');
+                out.extend_from_slice(n.to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            Self::Bulk(bytes) => {
+                out.push(b'$');
+                out.extend_from_slice(bytes.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(bytes);
+                out.extend_from_slice(b"\r\n");
+            }
+            Self::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Self::Array(items) => {
+                out.push(b'*');
+                out.extend_from_slice(items.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                for item in items {
+                    item.encode(out);
+                }
+            }
+        }
+    }
+}
+
+fn line(out: &mut Vec<u8>, kind: u8, text: &str) {
+    out.push(kind);
+    out.extend(text.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Client bytes (a command name, a key) made safe to quote in an error: printable ASCII, other
+/// bytes as `?`, at most [`SHOWN_BYTES_MAX`] of them.
+fn shown(bytes: &[u8]) -> String {
+    let mut s: String = bytes
+        .iter()
+        .take(SHOWN_BYTES_MAX)
+        .map(|&b| if (0x20..0x7f).contains(&b) { char::from(b) } else { '?' })
+        .collect();
+    if bytes.len() > SHOWN_BYTES_MAX {
+        s.push_str("...");
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// The identity namespace
+
+/// The identity namespace plain keys live in: a fixed [`CacheIdentity`] whose chain is replaced,
+/// per key, by the one link [`chain_link`] of the key's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityTemplate {
+    base: CacheIdentity,
+}
+
+impl IdentityTemplate {
+    /// Trust domain of the default namespace.
+    pub const TRUST_DOMAIN: &'static str = "resp";
+    /// Model revision of the default namespace.
+    pub const MODEL_REVISION: &'static str = "resp";
+    /// Tokenizer revision of the default namespace.
+    pub const TOKENIZER_REVISION: &'static str = "resp";
+    /// Layout ABI of the default namespace: opaque bytes.
+    pub const LAYOUT: &'static str = "resp-value";
+    pub const LAYOUT_VERSION: u32 = 1;
+
+    /// The default namespace of `tenant`: the constants above, a model config digest that is the
+    /// BLAKE3 hash of `gpucache/resp/v1`, no adapter, dtype U8, no quantization, one shard, no
+    /// position encoding, no multimodal inputs.
+    pub fn for_tenant(tenant: &TenantId) -> Result<Self, IdentityError> {
+        let base = CacheIdentity::builder()
+            .tenant(tenant.as_str())
+            .trust_domain(Self::TRUST_DOMAIN)
+            .model_revision(Self::MODEL_REVISION)
+            .model_config(Digest32(*blake3::hash(b"gpucache/resp/v1").as_bytes()))
+            .tokenizer_revision(Self::TOKENIZER_REVISION)
+            .no_adapter()
+            .kv_dtype(KvDtype::U8)
+            .quant(QuantFormat::None)
+            .layout(Self::LAYOUT, Self::LAYOUT_VERSION)
+            .shard(Shard::SOLO)
+            .position(PositionEncoding::None)
+            .rope(None)
+            .multimodal(None);
+        Self::from_builder(base)
+    }
+
+    /// A namespace built on every field of `identity` except the chain and the block and valid
+    /// token counts, which are set per key.
+    pub fn from_identity(identity: &CacheIdentity) -> Result<Self, IdentityError> {
+        Self::from_builder(identity.to_builder())
+    }
+
+    fn from_builder(b: CacheIdentityBuilder) -> Result<Self, IdentityError> {
+        let base = b.chain(vec![chain_link(b"")]).block_tokens(1).valid_tokens(1).build()?;
+        Ok(Self { base })
+    }
+
+    /// The tenant that owns every key of the namespace.
+    pub fn tenant(&self) -> &TenantId {
+        self.base.tenant()
+    }
+
+    /// The namespace's identity, with the chain of the empty key.
+    pub fn identity(&self) -> &CacheIdentity {
+        &self.base
+    }
+
+    /// The physical key of the plain key `plain`.
+    pub fn key_for(&self, plain: &[u8]) -> Result<PhysicalKey, IdentityError> {
+        let identity = self
+            .base
+            .to_builder()
+            .chain(vec![chain_link(plain)])
+            .block_tokens(1)
+            .valid_tokens(1)
+            .build()?;
+        Ok(PhysicalKey::new(identity))
+    }
+}
+
+/// The one chain link of a plain key: the BLAKE3 hash of its bytes.
+pub fn chain_link(plain: &[u8]) -> Digest32 {
+    Digest32(*blake3::hash(plain).as_bytes())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server
+
+/// How to run a RESP listener.
+#[derive(Debug, Clone)]
+pub struct RespConfig {
+    pub addr: SocketAddr,
+    /// Open connections at most; one more is answered `-ERR max number of clients reached` and
+    /// closed.
+    pub connections_max: u32,
+    /// A connection with no complete request for this long is closed.
+    pub idle_timeout: Duration,
+    /// A reply the client does not read within this long closes the connection.
+    pub write_timeout: Duration,
+    /// How long shutdown waits for connection threads.
+    pub shutdown_deadline: Duration,
+    /// The caller every RESP connection acts as.
+    pub tenant: Caller,
+    /// Where plain keys live; its tenant must be `tenant`'s.
+    pub namespace: IdentityTemplate,
+    pub limits: RespLimits,
+    /// The tenant's keys when it has any: then a connection must `AUTH` with one of them before
+    /// any other command (`AUTH <key-id> <hex secret>`, or `AUTH <key-id>:<hex secret>`), and is
+    /// answered `-NOAUTH` until it does. RESP cannot seal, so the secret crosses the wire in
+    /// clear: keep the listener on loopback or a trusted network.
+    pub auth: Option<Arc<TenantKeys>>,
+}
+
+impl RespConfig {
+    /// A listener on `addr` for `tenant`, in the tenant's default namespace, with the limits for
+    /// the default `object_bytes_max`.
+    pub fn new(addr: SocketAddr, tenant: Caller) -> Result<Self, IdentityError> {
+        let namespace = IdentityTemplate::for_tenant(&tenant.tenant)?;
+        Ok(Self {
+            addr,
+            connections_max: 256,
+            idle_timeout: Duration::from_secs(300),
+            write_timeout: Duration::from_secs(30),
+            shutdown_deadline: Duration::from_secs(10),
+            tenant,
+            namespace,
+            limits: RespLimits::default(),
+            auth: None,
+        })
+    }
+}
+
+struct Shared {
+    config: RespConfig,
+    store: Arc<dyn Store>,
+    gate: Arc<Gate>,
+    started: Instant,
+    port: u16,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("store", &self.store.info())
+            .field("open", &self.gate.open)
+            .finish()
+    }
+}
+
+/// A running RESP listener.
+#[derive(Debug)]
+pub struct RespServer {
+    acceptor: Acceptor,
+    addr: SocketAddr,
+}
+
+impl RespServer {
+    /// Binds and starts serving `store`. Refuses a namespace of another tenant than the
+    /// configured caller's.
+    pub fn start(config: RespConfig, store: Arc<dyn Store>) -> io::Result<Self> {
+        if config.namespace.tenant() != &config.tenant.tenant {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the RESP namespace belongs to tenant {}, the RESP caller is tenant {}",
+                    config.namespace.tenant(),
+                    config.tenant.tenant
+                ),
+            ));
+        }
+        let listener = TcpListener::bind(config.addr)?;
+        let addr = listener.local_addr()?;
+        let gate = Arc::new(Gate::default());
+        let (connections_max, shutdown_deadline) =
+            (config.connections_max, config.shutdown_deadline);
+        let tenant = config.tenant.tenant.clone();
+        let shared = Arc::new(Shared {
+            config,
+            store,
+            gate: Arc::clone(&gate),
+            started: Instant::now(),
+            port: addr.port(),
+        });
+        let acceptor = Acceptor::start(
+            listener,
+            gate,
+            AcceptorConfig {
+                name: "gpucache-resp",
+                connections_max,
+                shutdown_deadline,
+                refuse: |stream: &mut TcpStream, _open: u32, _max: u32| {
+                    let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+                },
+                serve: move |stream: TcpStream| serve_connection(stream, &shared),
+            },
+        )?;
+        tracing::info!(%addr, %tenant, "gpucache RESP listener up");
+        Ok(Self { acceptor, addr })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections open right now.
+    pub fn open_connections(&self) -> u32 {
+        self.acceptor.open_connections()
+    }
+
+    /// Stops accepting, lets connections finish the request in hand, and joins every thread
+    /// within the configured deadline. Returns how many threads were still running then.
+    pub fn shutdown(mut self) -> usize {
+        self.acceptor.stop()
+    }
+}
+
+/// Sends what is left, then closes without resetting: the write side is shut and input is read
+/// and dropped for a moment, so the client gets the last reply even if it sent more.
+fn close_gently(mut stream: TcpStream, out: &[u8]) {
+    if stream.write_all(out).is_err() {
+        return;
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+    let deadline = Instant::now() + CLOSE_DRAIN;
+    let mut sink = [0u8; 16 << 10];
+    let mut drained = 0;
+    while Instant::now() < deadline && drained < CLOSE_DRAIN_BYTES {
+        match stream.read(&mut sink) {
+            Ok(0) => return,
+            Ok(n) => drained += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// What a connection does after answering a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Continue,
+    Close,
+}
+
+fn serve_connection(mut stream: TcpStream, shared: &Shared) {
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(READ_TICK));
+    let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
+    let mut decoder = RequestDecoder::new(shared.config.limits);
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut out: Vec<u8> = Vec::new();
+    let mut last_request = Instant::now();
+    let session = Session {
+        store: &*shared.store,
+        caller: &shared.config.tenant,
+        namespace: &shared.config.namespace,
+        shared,
+        authenticated: std::cell::Cell::new(shared.config.auth.is_none()),
+    };
+    loop {
+        if shared.gate.stopping() && decoder.is_idle() {
+            return;
+        }
+        let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
+            // RESP clients cannot send descriptors over TCP; nothing to keep.
+            ReadTick::Data(n, _) => n,
+            ReadTick::Quiet => continue,
+            ReadTick::Closed => return,
+        };
+        decoder.feed(&buf[..n]);
+        loop {
+            match decoder.next_request() {
+                Ok(Some(args)) => {
+                    last_request = Instant::now();
+                    let (reply, then) = session.execute(&args);
+                    reply.encode(&mut out);
+                    if then == Then::Close {
+                        close_gently(stream, &out);
+                        return;
+                    }
+                    if out.len() >= REPLY_FLUSH_BYTES {
+                        if stream.write_all(&out).is_err() {
+                            return;
+                        }
+                        out.clear();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(?peer, error = %e, "closing a RESP connection: bad request");
+                    Reply::Error(format!("ERR Protocol error: {e}")).encode(&mut out);
+                    close_gently(stream, &out);
+                    return;
+                }
+            }
+        }
+        if !out.is_empty() {
+            if stream.write_all(&out).is_err() {
+                return;
+            }
+            out.clear();
+            if out.capacity() > BUFFER_KEEP_BYTES {
+                out = Vec::new();
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+/// What one connection acts as and on.
+struct Session<'a> {
+    store: &'a dyn Store,
+    caller: &'a Caller,
+    namespace: &'a IdentityTemplate,
+    shared: &'a Shared,
+    /// Whether the connection may run commands: at once for an open tenant, after a good
+    /// `AUTH` for a tenant with keys.
+    authenticated: std::cell::Cell<bool>,
+}
+
+const NOAUTH_TEXT: &str = "NOAUTH Authentication required.";
+const WRONGPASS_TEXT: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// How many times a read looks a key up again when the value was replaced by a longer one
+/// between its lookup and its read, and how many times SET stores again when the value it found
+/// in the way was deleted before it could be compared.
+const RACE_ATTEMPTS: usize = 3;
+/// How long SET waits for another client's write of the same key to finish before it answers
+/// that the key is busy, and the longest pause between two tries.
+const BUSY_WAIT: Duration = Duration::from_secs(2);
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(20);
+
+/// SET's refusal of another value over a key's: the shared text, and what to do here.
+fn exists_text() -> String {
+    format!("{DIFFERENT_VALUE_TEXT}; DEL it first, or use SET key value NX")
+}
+const BUSY_TEXT: &str = "another client kept writing this key; retry";
+
+fn store_error(e: &StoreError) -> Reply {
+    Reply::err(e)
+}
+
+fn arity(name: &str) -> Reply {
+    Reply::err(format!("wrong number of arguments for '{name}' command"))
+}
+
+/// Why SET did not leave the value under the key.
+enum NotStored {
+    /// Another value is there (or, with NX, any value).
+    Exists,
+    Reply(Reply),
+}
+
+impl Session<'_> {
+    fn execute(&self, args: &[Vec<u8>]) -> (Reply, Then) {
+        let Some((name, rest)) = args.split_first() else {
+            return (Reply::err("empty command"), Then::Continue);
+        };
+        let upper = name.to_ascii_uppercase();
+        if !self.authenticated.get() && !matches!(upper.as_slice(), b"AUTH" | b"QUIT") {
+            return (Reply::Error(NOAUTH_TEXT.into()), Then::Continue);
+        }
+        let reply = match upper.as_slice() {
+            b"AUTH" => self.auth(rest),
+            b"PING" => match rest {
+                [] => Reply::Simple("PONG".to_owned()),
+                [message] => Reply::Bulk(message.clone()),
+                _ => arity("ping"),
+            },
+            b"GET" => match rest {
+                [key] => self.get(key).unwrap_or_else(|r| r),
+                _ => arity("get"),
+            },
+            b"SET" => self.set(rest),
+            b"EXISTS" if !rest.is_empty() => self.count(rest, |s, k| s.exists(k)),
+            b"DEL" if !rest.is_empty() => self.count(rest, |s, k| s.del(k)),
+            b"MGET" if !rest.is_empty() => self.mget(rest),
+            b"MSET" if !rest.is_empty() && rest.len() % 2 == 0 => self.mset(rest),
+            b"EXISTS" | b"DEL" | b"MGET" | b"MSET" => {
+                arity(&String::from_utf8_lossy(&name.to_ascii_lowercase()))
+            }
+            b"INFO" => self.info(rest),
+            b"COMMAND" => match rest.first() {
+                Some(sub) if sub.eq_ignore_ascii_case(b"COUNT") => Reply::Integer(0),
+                _ => Reply::Array(Vec::new()),
+            },
+            b"CONFIG" => config(rest),
+            b"SELECT" => match rest {
+                [db] => match parse_int(db) {
+                    Some(0) => Reply::ok(),
+                    Some(_) => Reply::err("DB index is out of range"),
+                    None => Reply::err("value is not an integer or out of range"),
+                },
+                _ => arity("select"),
+            },
+            b"QUIT" => return (Reply::ok(), Then::Close),
+            _ => Reply::err(format!("unknown command '{}'", shown(name))),
+        };
+        (reply, Then::Continue)
+    }
+
+    /// `AUTH <key-id> <hex secret>` or `AUTH <key-id>:<hex secret>` against the tenant's keys
+    /// in force (re-read when the key file changed; an expired key is refused).
+    fn auth(&self, rest: &[Vec<u8>]) -> Reply {
+        let Some(keys) = &self.shared.config.auth else {
+            return Reply::err(
+                "AUTH <password> called without any password configured for the default user",
+            );
+        };
+        let (id, hex) = match rest {
+            [user, pass] => (String::from_utf8_lossy(user).into_owned(), pass.clone()),
+            [joined] => match joined.iter().position(|b| *b == b':') {
+                Some(at) => {
+                    (String::from_utf8_lossy(&joined[..at]).into_owned(), joined[at + 1..].to_vec())
+                }
+                None => return Reply::Error(WRONGPASS_TEXT.into()),
+            },
+            _ => return arity("auth"),
+        };
+        let offered = std::str::from_utf8(&hex).ok().and_then(unhex);
+        let now_ms = UnixClock.now_ms();
+        let good = match (keys.find(&id), offered) {
+            (Some(key), Some(offered)) => {
+                !key.expired(now_ms) && bool::from(key.secret.bytes().ct_eq(&offered[..]))
+            }
+            _ => false,
+        };
+        if good {
+            self.authenticated.set(true);
+            Reply::ok()
+        } else {
+            Reply::Error(WRONGPASS_TEXT.into())
+        }
+    }
+
+    fn key(&self, plain: &[u8]) -> Result<PhysicalKey, Reply> {
+        self.namespace.key_for(plain).map_err(|e| Reply::err(format!("key namespace: {e}")))
+    }
+
+    /// GET: the value, or nil when nothing usable is there.
+    fn get(&self, plain: &[u8]) -> Result<Reply, Reply> {
+        let key = self.key(plain)?;
+        Ok(self.read(&key)?.map_or(Reply::Nil, Reply::Bulk))
+    }
+
+    /// The value under `key`, `None` when nothing usable is there.
+    fn read(&self, key: &PhysicalKey) -> Result<Option<Vec<u8>>, Reply> {
+        for _ in 0..RACE_ATTEMPTS {
+            let len = match self.store.lookup(self.caller, key).map_err(|e| store_error(&e))? {
+                Lookup::Hit { len } => len,
+                // A one-link chain has no strict prefix, so a prefix hit cannot be this key.
+                Lookup::PrefixHit { .. } | Lookup::Miss(_) => return Ok(None),
+            };
+            let len = usize::try_from(len)
+                .map_err(|_| Reply::err(format!("a {len}-byte value does not fit this host")))?;
+            let mut value = vec![0u8; len];
+            match self.store.get_into(self.caller, key, &mut value) {
+                Ok(Get::Hit { len: got, .. }) => {
+                    value.truncate(usize::try_from(got).unwrap_or(len));
+                    return Ok(Some(value));
+                }
+                Ok(Get::Miss(_)) => return Ok(None),
+                // Deleted and stored again, longer, since the lookup.
+                Err(StoreError::BufferTooSmall { .. }) => {}
+                Err(e) => return Err(store_error(&e)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Leaves `value` under `plain`: stores it when the key is free; when the key already holds
+    /// exactly these bytes, that is success too (unless `nx`), since the outcome is the same.
+    /// Waits up to [`BUSY_WAIT`] for another client's write of the key to finish.
+    fn store_value(&self, plain: &[u8], value: &[u8], nx: bool) -> Result<(), NotStored> {
+        if value.is_empty() {
+            return Err(NotStored::Reply(Reply::err(
+                "empty values cannot be stored: a block holds at least one byte",
+            )));
+        }
+        let key = self.key(plain).map_err(NotStored::Reply)?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        let mut vanished = 0;
+        loop {
+            match self.store.put(self.caller, &key, value, None) {
+                Ok(Put::Committed(_)) => return Ok(()),
+                Ok(Put::AlreadyCommitted) if nx => return Err(NotStored::Exists),
+                Ok(Put::AlreadyCommitted) => {
+                    let held = compare_held(self.store, self.caller, &key, value)
+                        .map_err(|e| NotStored::Reply(store_error(&e)))?;
+                    match held {
+                        Held::Same => return Ok(()),
+                        Held::Different => return Err(NotStored::Exists),
+                        // Deleted (or found corrupt and dropped) since the put: try again.
+                        Held::Gone if vanished < RACE_ATTEMPTS => vanished += 1,
+                        Held::Gone => return Err(NotStored::Reply(Reply::err(BUSY_TEXT))),
+                    }
+                }
+                Ok(Put::Busy) => {
+                    if started.elapsed() >= BUSY_WAIT {
+                        return Err(NotStored::Reply(Reply::err(BUSY_TEXT)));
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(BUSY_PAUSE_MAX);
+                }
+                Ok(Put::Refused(r)) => {
+                    return Err(NotStored::Reply(Reply::err(format!("refused: {r}"))));
+                }
+                Err(e) => return Err(NotStored::Reply(store_error(&e))),
+            }
+        }
+    }
+
+    fn set(&self, args: &[Vec<u8>]) -> Reply {
+        let [key, value, options @ ..] = args else { return arity("set") };
+        let mut nx = false;
+        for option in options {
+            if option.eq_ignore_ascii_case(b"NX") {
+                nx = true;
+            } else {
+                return Reply::err(format!(
+                    "syntax error: SET option '{}' is not supported (only NX; values are \
+                     create-only and never expire)",
+                    shown(option)
+                ));
+            }
+        }
+        match self.store_value(key, value, nx) {
+            Ok(()) => Reply::ok(),
+            Err(NotStored::Exists) if nx => Reply::Nil,
+            Err(NotStored::Exists) => Reply::err(exists_text()),
+            Err(NotStored::Reply(r)) => r,
+        }
+    }
+
+    fn exists(&self, plain: &[u8]) -> Result<bool, Reply> {
+        let key = self.key(plain)?;
+        match self.store.lookup(self.caller, &key) {
+            Ok(Lookup::Hit { .. }) => Ok(true),
+            Ok(Lookup::PrefixHit { .. } | Lookup::Miss(_)) => Ok(false),
+            Err(e) => Err(store_error(&e)),
+        }
+    }
+
+    fn del(&self, plain: &[u8]) -> Result<bool, Reply> {
+        let key = self.key(plain)?;
+        match self.store.invalidate(self.caller, &key) {
+            Ok(Invalidate::Removed) => Ok(true),
+            Ok(Invalidate::Absent | Invalidate::Busy) => Ok(false),
+            Err(e) => Err(store_error(&e)),
+        }
+    }
+
+    /// How many keys `check` says yes to; the first error answers instead.
+    fn count(
+        &self,
+        keys: &[Vec<u8>],
+        check: impl Fn(&Self, &[u8]) -> Result<bool, Reply>,
+    ) -> Reply {
+        let mut n: i64 = 0;
+        for key in keys {
+            match check(self, key) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(r) => return r,
+            }
+        }
+        Reply::Integer(n)
+    }
+
+    /// MGET: one value or nil per key. The values together may be as large as one request may
+    /// be, so that a reply cannot grow without bound.
+    fn mget(&self, keys: &[Vec<u8>]) -> Reply {
+        let max = self.shared.config.limits.request_bytes_max;
+        let mut values = Vec::with_capacity(keys.len());
+        let mut total: usize = 0;
+        for key in keys {
+            match self.get(key) {
+                Ok(r) => {
+                    if let Reply::Bulk(v) = &r {
+                        total += v.len();
+                        if total > max {
+                            return Reply::err(format!(
+                                "MGET values exceed {max} bytes together; ask for fewer keys"
+                            ));
+                        }
+                    }
+                    values.push(r);
+                }
+                Err(r) => return r,
+            }
+        }
+        Reply::Array(values)
+    }
+
+    /// MSET: stores pairs in order, each as SET would; stops at the first one not stored.
+    fn mset(&self, args: &[Vec<u8>]) -> Reply {
+        let pairs = args.len() / 2;
+        for (i, pair) in args.chunks_exact(2).enumerate() {
+            let why = match self.store_value(&pair[0], &pair[1], false) {
+                Ok(()) => continue,
+                Err(NotStored::Exists) => exists_text(),
+                Err(NotStored::Reply(Reply::Error(text))) => {
+                    text.strip_prefix("ERR ").unwrap_or(&text).to_owned()
+                }
+                Err(NotStored::Reply(other)) => format!("{other:?}"),
+            };
+            return Reply::err(format!(
+                "MSET stopped at pair {} of {pairs} (key '{}'); the pairs before it were stored, \
+                 the rest were not tried: {why}",
+                i + 1,
+                shown(&pair[0]),
+            ));
+        }
+        Reply::ok()
+    }
+
+    fn info(&self, sections: &[Vec<u8>]) -> Reply {
+        let everything = sections.is_empty()
+            || sections.iter().any(|s| {
+                [&b"all"[..], b"everything", b"default"].iter().any(|a| s.eq_ignore_ascii_case(a))
+            });
+        let wanted = |name: &str| {
+            everything || sections.iter().any(|s| s.eq_ignore_ascii_case(name.as_bytes()))
+        };
+        let info = self.store.info();
+        let stats = self.store.stats();
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        if wanted("server") {
+            let implementation = match info.implementation {
+                Implementation::Real => "real".to_owned(),
+                Implementation::Simulated { seed } => format!("simulated(seed={seed})"),
+            };
+            let _ = write!(
+                text,
+                "# Server\r\nredis_version:{REDIS_VERSION}\r\nredis_mode:standalone\r\n\
+                 gpucache_version:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\
+                 gpucache_store:{}\r\ngpucache_store_implementation:{implementation}\r\n\
+                 gpucache_epoch:{}\r\ngpucache_tenant:{}\r\n\r\n",
+                env!("CARGO_PKG_VERSION"),
+                std::process::id(),
+                self.shared.port,
+                self.shared.started.elapsed().as_secs(),
+                info.name,
+                self.store.epoch().0,
+                self.caller.tenant,
+            );
+        }
+        if wanted("clients") {
+            let _ = write!(
+                text,
+                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+                self.shared.gate.open.load(Ordering::Acquire),
+                self.shared.config.connections_max,
+            );
+        }
+        if wanted("stats") {
+            let u = stats.usage;
+            let r = stats.regions;
+            let _ = write!(
+                text,
+                "# Stats\r\ncommitted_blocks:{}\r\ncorrupt_dropped:{}\r\nevicted_keys:{}\r\n\
+                 retained_bytes:{}\r\ninflight_requests:{}\r\nregistrations:{}\r\n\
+                 tenants_active:{}\r\nquarantined_regions:{}\r\nquarantined_bytes:{}\r\n\r\n",
+                stats.committed_blocks,
+                stats.corrupt_dropped.total(),
+                stats.evictions,
+                u.retained_bytes,
+                u.inflight_requests,
+                u.registrations,
+                u.tenants,
+                r.quarantined,
+                r.quarantined_bytes,
+            );
+        }
+        if wanted("keyspace") {
+            let _ = write!(
+                text,
+                "# Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n\r\n",
+                stats.committed_blocks
+            );
+        }
+        Reply::Bulk(text.into_bytes())
+    }
+}
+
+/// CONFIG GET answers the two settings redis-benchmark asks about (no RDB snapshots, no
+/// append-only file: those are Redis' persistence, not the store's) and nothing else.
+fn config(args: &[Vec<u8>]) -> Reply {
+    let Some((sub, params)) = args.split_first() else { return arity("config") };
+    if !sub.eq_ignore_ascii_case(b"GET") {
+        return Reply::err(format!("CONFIG {} is not supported; only CONFIG GET", shown(sub)));
+    }
+    if params.is_empty() {
+        return arity("config|get");
+    }
+    let mut pairs = Vec::new();
+    for (name, value) in [("save", ""), ("appendonly", "no")] {
+        if params.iter().any(|p| p.eq_ignore_ascii_case(name.as_bytes())) {
+            pairs.push(Reply::Bulk(name.as_bytes().to_vec()));
+            pairs.push(Reply::Bulk(value.as_bytes().to_vec()));
+        }
+    }
+    Reply::Array(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpucache_dataplane::clock::MonotonicClock;
+    use gpucache_dataplane::testing::fixture;
+    use gpucache_storage::MemoryStore;
+
+    fn decode_all(bytes: &[u8], chunk: usize) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut d = RequestDecoder::new(RespLimits::default());
+        let mut out = Vec::new();
+        for piece in bytes.chunks(chunk.max(1)) {
+            d.feed(piece);
+            while let Some(r) = d.next_request()? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    fn words(ws: &[&[u8]]) -> Vec<Vec<u8>> {
+        ws.iter().map(|w| w.to_vec()).collect()
+    }
+
+    #[test]
+    fn arrays_and_inline_decode_under_any_chunking() {
+        let input =
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n\r\nPING\r\n\r\n*0\r\n  get   k \n";
+        let want =
+            vec![words(&[b"SET", b"k", b"a\r\nb"]), words(&[b"PING"]), words(&[b"get", b"k"])];
+        for chunk in 1..input.len() + 1 {
+            assert_eq!(decode_all(input, chunk), Ok(want.clone()), "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let cases: &[(&[u8], ProtocolError)] = &[
+            (b"*x\r\n", ProtocolError::ArrayLength),
+            (b"*2000\r\n", ProtocolError::TooManyArgs { count: 2000, max: ARGS_MAX }),
+            (b"*1\r\n:1\r\n", ProtocolError::ExpectedBulk { found: ':' }),
+            (b"*1\r\n$-1\r\n", ProtocolError::BulkLength),
+            (b"*1\r\n$1x\r\n", ProtocolError::BulkLength),
+            (b"*1\r\n$2\r\nabcd", ProtocolError::BulkTerminator),
+            (b"*1\n", ProtocolError::LengthLine { max: LENGTH_LINE_BYTES_MAX }),
+            (b"*1\r\n$99999999999\r\n", {
+                let max = RespLimits::default().bulk_bytes_max;
+                ProtocolError::BulkTooLarge { len: 99_999_999_999, max }
+            }),
+        ];
+        for (input, want) in cases {
+            assert_eq!(decode_all(input, 1).as_ref(), Err(want), "{input:?}");
+        }
+        let long = vec![b'a'; INLINE_BYTES_MAX + 2];
+        assert_eq!(decode_all(&long, 4096), Err(ProtocolError::InlineTooLong { max: 65536 }));
+        let endless = vec![b'1'; 100];
+        let mut header = b"*".to_vec();
+        header.extend_from_slice(&endless);
+        assert!(matches!(decode_all(&header, 7), Err(ProtocolError::LengthLine { .. })));
+    }
+
+    #[test]
+    fn the_request_total_is_bounded() {
+        let limits = RespLimits { bulk_bytes_max: 10, request_bytes_max: 15 };
+        let mut d = RequestDecoder::new(limits);
+        d.feed(b"*2\r\n$10\r\n0123456789\r\n$6\r\n");
+        assert_eq!(d.next_request(), Err(ProtocolError::RequestTooLarge { len: 16, max: 15 }));
+    }
+
+    #[test]
+    fn replies_encode_exactly() {
+        let mut out = Vec::new();
+        Reply::Array(vec![
+            Reply::ok(),
+            Reply::err("bad\r\nthing"),
+            Reply::Integer(-3),
+            Reply::Bulk(b"a\r\n".to_vec()),
+            Reply::Nil,
+        ])
+        .encode(&mut out);
+        assert_eq!(out, b"*5\r\n+OK\r\n-ERR bad  thing\r\n:-3\r\n$3\r\na\r\n\r\n$-1\r\n");
+    }
+
+    #[test]
+    fn plain_keys_map_into_the_tenant_namespace() {
+        let ns = IdentityTemplate::for_tenant(&fixture::tenant(0)).expect("namespace");
+        let a = ns.key_for(b"alpha").expect("key");
+        assert_eq!(a, ns.key_for(b"alpha").expect("key"));
+        assert_ne!(a, ns.key_for(b"alpha ").expect("key"));
+        assert_eq!(a.identity().chain(), &[chain_link(b"alpha")]);
+        assert_eq!(a.identity().block_tokens(), 1);
+        assert_eq!(a.identity().valid_tokens(), 1);
+        assert_eq!(a.tenant(), &fixture::tenant(0));
+        let other = IdentityTemplate::for_tenant(&fixture::tenant(1)).expect("namespace");
+        assert_ne!(a, other.key_for(b"alpha").expect("key"));
+    }
+
+    fn exchange(stream: &mut TcpStream, request: &[u8], reply_len: usize) -> Vec<u8> {
+        stream.write_all(request).expect("send");
+        let mut reply = vec![0u8; reply_len];
+        stream.read_exact(&mut reply).expect("reply");
+        reply
+    }
+
+    /// A block whose stored bytes were damaged reads as nil (the store drops it).
+    #[test]
+    fn a_corrupt_value_reads_as_nil() {
+        let store = Arc::new(
+            MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default()))
+                .expect("store"),
+        );
+        let config = RespConfig::new("127.0.0.1:0".parse().expect("addr"), fixture::caller(0))
+            .expect("config");
+        let namespace = config.namespace.clone();
+        let server = RespServer::start(config, store.clone()).expect("start");
+        let mut s = TcpStream::connect(server.local_addr()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        assert_eq!(
+            exchange(&mut s, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n", 5),
+            b"+OK\r\n"
+        );
+        assert_eq!(exchange(&mut s, b"GET k\r\n", 11), b"$5\r\nhello\r\n");
+        let key = namespace.key_for(b"k").expect("key");
+        assert!(store.corrupt_for_test(&key, 2));
+        assert_eq!(exchange(&mut s, b"GET k\r\n", 5), b"$-1\r\n");
+        assert_eq!(exchange(&mut s, b"EXISTS k\r\n", 4), b":0\r\n");
+        assert_eq!(store.stats().corrupt_dropped.total(), 1);
+        // The key is free again.
+        assert_eq!(exchange(&mut s, b"SET k again\r\n", 5), b"+OK\r\n");
+        assert_eq!(server.shutdown(), 0);
+    }
+
+    /// A tenant with keys: nothing but AUTH and QUIT before a good AUTH; wrong, unknown and
+    /// expired keys are refused alike; each connection authenticates for itself.
+    #[test]
+    fn a_tenant_with_keys_needs_auth() {
+        use crate::auth::{Secret, TenantKey, TenantKeys};
+        let store = Arc::new(
+            MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default()))
+                .expect("store"),
+        );
+        let secret = vec![0x5a_u8; 32];
+        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let key = |id: &str, not_after_s| TenantKey {
+            id: id.into(),
+            secret: Secret::new(secret.clone()).expect("secret"),
+            not_after_s,
+        };
+        let keys = TenantKeys::fixed(vec![key("k1", None), key("old", Some(1))]).expect("keys");
+        let mut config = RespConfig::new("127.0.0.1:0".parse().expect("addr"), fixture::caller(0))
+            .expect("config");
+        config.auth = Some(Arc::new(keys));
+        let server = RespServer::start(config, store).expect("start");
+        let connect = || {
+            let s = TcpStream::connect(server.local_addr()).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            s
+        };
+        let noauth = format!("-{NOAUTH_TEXT}\r\n");
+        let wrongpass = format!("-{WRONGPASS_TEXT}\r\n");
+        let mut s = connect();
+        assert_eq!(exchange(&mut s, b"GET k\r\n", noauth.len()), noauth.as_bytes());
+        assert_eq!(exchange(&mut s, b"PING\r\n", noauth.len()), noauth.as_bytes());
+        let wrong = format!("AUTH k1 {}\r\n", "00".repeat(32));
+        assert_eq!(exchange(&mut s, wrong.as_bytes(), wrongpass.len()), wrongpass.as_bytes());
+        let unknown = format!("AUTH nobody {hex}\r\n");
+        assert_eq!(exchange(&mut s, unknown.as_bytes(), wrongpass.len()), wrongpass.as_bytes());
+        let expired = format!("AUTH old {hex}\r\n");
+        assert_eq!(exchange(&mut s, expired.as_bytes(), wrongpass.len()), wrongpass.as_bytes());
+        assert_eq!(exchange(&mut s, b"GET k\r\n", noauth.len()), noauth.as_bytes());
+        let good = format!("AUTH k1 {hex}\r\n");
+        assert_eq!(exchange(&mut s, good.as_bytes(), 5), b"+OK\r\n");
+        assert_eq!(exchange(&mut s, b"SET k v\r\n", 5), b"+OK\r\n");
+        assert_eq!(exchange(&mut s, b"GET k\r\n", 7), b"$1\r\nv\r\n");
+        // Another connection starts unauthenticated; the `id:secret` form works too.
+        let mut t = connect();
+        assert_eq!(exchange(&mut t, b"GET k\r\n", noauth.len()), noauth.as_bytes());
+        let joined = format!("AUTH k1:{hex}\r\n");
+        assert_eq!(exchange(&mut t, joined.as_bytes(), 5), b"+OK\r\n");
+        assert_eq!(exchange(&mut t, b"GET k\r\n", 7), b"$1\r\nv\r\n");
+        assert_eq!(server.shutdown(), 0);
+    }
+}

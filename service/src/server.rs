@@ -1,0 +1,828 @@
+//! The native GPCW service: an accept thread and one thread per connection (ADR 0011), serving a
+//! shared [`Store`] to authenticated tenants.
+//!
+//! A connection starts with HELLO, which names its tenant and the rights it asks for; it gets
+//! the rights it asks for that its tenant's configuration grants, and keeps that identity until
+//! it closes. A tenant with keys must prove itself in a sealed HELLO; its session then seals
+//! every frame both ways and refuses replayed request ids (ADR 0012). A tenant without keys
+//! ("open") is trusted on its word. Frames are answered in order. A frame-level error whose boundary is known is
+//! answered and the connection continues; one that loses the stream (bad magic or header,
+//! oversize, unknown version) is answered once and the connection closes. Nothing a client
+//! sends can stop the accept loop or another connection.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use gpucache_dataplane::caller::{Caller, Right, Rights};
+use gpucache_dataplane::clock::{Clock, UnixClock};
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError, authorize};
+use subtle::ConstantTimeEq;
+
+use crate::listener::{
+    Acceptor, AcceptorConfig, Connection, Gate, LocalListener, ReadTick, read_tick,
+};
+use gpucache_storage::host::segment::Segment;
+
+use crate::auth::{ReplayWindow, TenantAuth};
+use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
+use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
+use gpucache_wire::{
+    AuthFailure, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
+    Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
+    encode_get_response,
+};
+
+/// How often a blocked read wakes to check for shutdown and idleness.
+const READ_TICK: Duration = Duration::from_millis(100);
+/// Bytes read from a socket per call.
+const READ_CHUNK_BYTES: usize = 256 << 10;
+
+/// Default for [`ServerConfig::clock_skew_max`].
+pub const CLOCK_SKEW_MAX_DEFAULT: Duration = Duration::from_secs(120);
+
+/// How to run a server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub addr: SocketAddr,
+    /// Open connections at most; one more is answered `Busy` and closed.
+    pub connections_max: u32,
+    /// A connection with no complete request for this long is closed.
+    pub idle_timeout: Duration,
+    /// A response the client does not read within this long closes the connection.
+    pub write_timeout: Duration,
+    /// The tenants that may connect, each with the most rights it can be granted.
+    pub tenants: Vec<Caller>,
+    /// The name HELLO answers with.
+    pub name: String,
+    /// How long shutdown waits for connection threads.
+    pub shutdown_deadline: Duration,
+    /// The keys of the tenants that must authenticate; a tenant not here is open.
+    pub auth: HashMap<TenantId, TenantAuth>,
+    /// The most a HELLO timestamp may differ from [`Self::clock`].
+    pub clock_skew_max: Duration,
+    /// Unix-epoch milliseconds, for HELLO timestamps and key expiry.
+    pub clock: Arc<dyn Clock>,
+    /// A Unix socket for clients on this host: the same protocol (and the same HELLO), plus
+    /// the shared-memory fast path (a client hands over a sealed memfd and payloads move
+    /// through it). None by default.
+    pub local: Option<PathBuf>,
+    /// Bytes of client segments mapped at once, over all local connections; an attach past
+    /// it is refused.
+    pub shm_mapped_bytes_max: u64,
+    /// Registered memory for one-sided block transfers (NIXL_ATTACH and the stage ops); without
+    /// it those ops are refused with `WireError::Staging { reason: NotEnabled, .. }`.
+    pub staging: Option<Arc<dyn BlockStaging>>,
+    /// The store's largest value (`limits.object_bytes_max`), stated in the LIMITS answer so
+    /// a client can refuse an oversize value before it reads or sends it. None: not stated.
+    pub object_bytes_max: Option<u64>,
+}
+
+impl ServerConfig {
+    pub fn new(addr: SocketAddr, tenants: Vec<Caller>) -> Self {
+        Self {
+            addr,
+            connections_max: 256,
+            idle_timeout: Duration::from_secs(300),
+            write_timeout: Duration::from_secs(30),
+            tenants,
+            name: format!("gpucache/{}", env!("CARGO_PKG_VERSION")),
+            shutdown_deadline: Duration::from_secs(10),
+            auth: HashMap::new(),
+            clock_skew_max: CLOCK_SKEW_MAX_DEFAULT,
+            clock: Arc::new(UnixClock),
+            local: None,
+            shm_mapped_bytes_max: 16 << 30,
+            staging: None,
+            object_bytes_max: None,
+        }
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    store: Arc<dyn Store>,
+    gate: Arc<Gate>,
+    /// Bytes of client segments mapped now (bounded by `shm_mapped_bytes_max`).
+    shm_mapped: AtomicU64,
+    /// The id the next connection gets (it names the owner of its stages).
+    next_connection: AtomicU64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .field("store", &self.store.info())
+            .field("gate", &self.gate)
+            .finish()
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    acceptor: Acceptor,
+    addr: SocketAddr,
+    local: Option<(Acceptor, PathBuf)>,
+}
+
+impl Server {
+    /// Binds and starts serving `store` (on the Unix socket too, when one is configured).
+    pub fn start(config: ServerConfig, store: Arc<dyn Store>) -> io::Result<Self> {
+        let listener = TcpListener::bind(config.addr)?;
+        let addr = listener.local_addr()?;
+        let mut config = config;
+        // HELLO offers the socket to clients whose working directory may differ: absolute.
+        if let Some(path) = config.local.as_mut()
+            && path.is_relative()
+        {
+            *path = std::env::current_dir()?.join(&*path);
+        }
+        let local = config.local.clone().map(LocalListener::bind).transpose()?;
+        let gate = Arc::new(Gate::default());
+        let (connections_max, shutdown_deadline) =
+            (config.connections_max, config.shutdown_deadline);
+        let shared = Arc::new(Shared {
+            config,
+            store,
+            gate: Arc::clone(&gate),
+            shm_mapped: AtomicU64::new(0),
+            next_connection: AtomicU64::new(1),
+        });
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            Acceptor::start(
+                listener,
+                Arc::clone(&gate),
+                AcceptorConfig {
+                    name: "gpucache-native",
+                    connections_max,
+                    shutdown_deadline,
+                    refuse: refuse_busy::<TcpStream>,
+                    serve: move |stream: TcpStream| serve_connection(stream, &shared),
+                },
+            )?
+        };
+        tracing::info!(%addr, "gpucache native listener up");
+        let local = match local {
+            Some(listener) => {
+                let path = listener.path.clone();
+                let acceptor = Acceptor::start(
+                    listener,
+                    gate,
+                    AcceptorConfig {
+                        name: "gpucache-local",
+                        connections_max,
+                        shutdown_deadline,
+                        refuse: refuse_busy::<std::os::unix::net::UnixStream>,
+                        serve: move |stream| serve_connection(stream, &shared),
+                    },
+                )?;
+                tracing::info!(path = %path.display(), "gpucache local listener up");
+                Some((acceptor, path))
+            }
+            None => None,
+        };
+        Ok(Self { acceptor, addr, local })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The Unix socket path, when the server listens on one.
+    pub fn local_path(&self) -> Option<&std::path::Path> {
+        self.local.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// Connections open right now.
+    pub fn open_connections(&self) -> u32 {
+        self.acceptor.open_connections()
+    }
+
+    /// Stops accepting, lets connections finish the request in hand, and joins every thread
+    /// within the configured deadline. Returns how many threads were still running then.
+    pub fn shutdown(mut self) -> usize {
+        let local = self.local.take().map_or(0, |(mut a, _)| a.stop());
+        self.acceptor.stop() + local
+    }
+}
+
+/// Answers a connection over the limit. Before HELLO there is no session key: unsealed.
+fn refuse_busy<C: Write>(stream: &mut C, open: u32, max: u32) {
+    let busy = Response::Error(WireError::Busy { connections: open, max });
+    if let Ok(bytes) = busy.to_frame_bytes(0) {
+        let _ = stream.write_all(&bytes);
+    }
+}
+
+fn send<C: Write>(
+    stream: &mut C,
+    response: &Response,
+    request_id: u64,
+    seal: Option<&SealKey>,
+) -> io::Result<()> {
+    let mut out = Vec::new();
+    send_answer(stream, &mut out, Answer::Plain(response), request_id, seal, |_, _| {
+        Err(StoreError::EmptyObject)
+    })
+}
+
+/// Largest response buffer a connection keeps between responses.
+const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
+
+/// Encodes an answer into the connection's reused buffer and writes it. A GET is encoded in
+/// place: `fetch` reads each block straight into the frame.
+fn send_answer<C: Write>(
+    stream: &mut C,
+    out: &mut Vec<u8>,
+    answer: Answer<'_>,
+    request_id: u64,
+    seal: Option<&SealKey>,
+    fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
+) -> io::Result<()> {
+    out.clear();
+    let encoded = match answer {
+        Answer::Plain(response) => response.encode_sealed_frame(request_id, seal, out),
+        Answer::Get(items) => encode_get_response(request_id, seal, items, out, fetch),
+    };
+    if let Err(e) = encoded {
+        Response::Error(e).encode_sealed_frame(request_id, seal, out).map_err(io::Error::other)?;
+    }
+    let written = stream.write_all(out);
+    if out.capacity() > OUT_BUFFER_KEEP_BYTES {
+        *out = Vec::new();
+    }
+    written
+}
+
+/// What a frame is answered with: a response, or GET items to read straight into the frame.
+enum Answer<'r> {
+    Plain(&'r Response),
+    Get(&'r [GetItem]),
+}
+
+/// [`Answer`], owning its response.
+enum Served {
+    Plain(Response),
+    Get(Vec<GetItem>),
+}
+
+impl Served {
+    fn closes(&self) -> bool {
+        matches!(self, Self::Plain(Response::Error(e)) if e.closes_connection())
+    }
+}
+
+impl From<Response> for Served {
+    fn from(r: Response) -> Self {
+        Self::Plain(r)
+    }
+}
+
+/// Who a connection acts for, once HELLO succeeded.
+#[derive(Debug)]
+struct Session {
+    caller: Caller,
+    /// The session key of a sealed session; `None` for an open tenant.
+    seal: Option<SealKey>,
+    replay: ReplayWindow,
+}
+
+/// A client segment mapped for one connection, charged against `shm_mapped_bytes_max` until
+/// the connection ends.
+struct Mapped<'a> {
+    segment: Segment,
+    budget: &'a AtomicU64,
+}
+
+impl Drop for Mapped<'_> {
+    fn drop(&mut self) {
+        self.budget.fetch_sub(self.segment.len(), Ordering::AcqRel);
+    }
+}
+
+/// The same-host state of a connection, and its id.
+#[derive(Default)]
+struct Local<'a> {
+    /// Names the connection as the owner of its stages.
+    connection: u64,
+    /// The Unix socket HELLO offers: set on a TCP connection from this host when the server
+    /// has one.
+    offer: Option<String>,
+    /// A descriptor that arrived and waits for its SHM_ATTACH frame (at most one is kept).
+    pending_fd: Option<OwnedFd>,
+    segment: Option<Mapped<'a>>,
+}
+
+fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
+    stream.set_nodelay();
+    let _ = stream.set_read_timeout(Some(READ_TICK));
+    let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut out = Vec::new();
+    let mut session: Option<Session> = None;
+    let connection = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+    let mut local = Local { connection, ..Local::default() };
+    // However the connection ends, its open stages are settled (returned or quarantined).
+    let _stages = StagesAtClose { staging: shared.config.staging.as_deref(), connection };
+    if stream.peer_is_loopback() {
+        local.offer = shared.config.local.as_ref().map(|p| p.display().to_string());
+    }
+    let mut last_request = Instant::now();
+    loop {
+        let seal = session.as_ref().and_then(|s| s.seal.as_ref());
+        if shared.gate.stopping() && decoder.is_idle() {
+            let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0, seal);
+            return;
+        }
+        // The rest of a body in progress is read straight into the decoder's buffer.
+        let direct = decoder.body_window().is_some();
+        let tick = match decoder.body_window() {
+            Some(window) => {
+                read_tick(&mut stream, window, last_request, shared.config.idle_timeout)
+            }
+            None => read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout),
+        };
+        let n = match tick {
+            ReadTick::Data(n, fd) => {
+                if fd.is_some() && local.pending_fd.is_some() {
+                    tracing::debug!(peer = %stream.peer(), "a second descriptor arrived; closed");
+                } else if fd.is_some() {
+                    local.pending_fd = fd;
+                }
+                n
+            }
+            ReadTick::Quiet => continue,
+            ReadTick::Closed => return,
+        };
+        let mut input = if direct {
+            decoder.commit_body(n);
+            &buf[..0]
+        } else {
+            &buf[..n]
+        };
+        loop {
+            match decoder.feed(&mut input) {
+                Ok(Some(frame)) => {
+                    last_request = Instant::now();
+                    let request_id = frame.request_id;
+                    let served = serve_frame(&frame, &mut session, &mut local, shared);
+                    decoder.recycle(frame.body);
+                    let closes = served.closes();
+                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
+                    let who = session.as_ref().map(|s| &s.caller);
+                    let answer = match &served {
+                        Served::Plain(r) => Answer::Plain(r),
+                        Served::Get(items) => Answer::Get(items),
+                    };
+                    let fetch = |item: &GetItem, dst: &mut [u8]| match who {
+                        Some(who) => shared.store.get_into(who, &item.key, dst),
+                        None => Err(StoreError::Forbidden {
+                            tenant: item.key.identity().tenant().clone(),
+                            right: Right::Read,
+                        }),
+                    };
+                    let sent = send_answer(&mut stream, &mut out, answer, request_id, seal, fetch);
+                    if sent.is_err() || closes {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(fe) => {
+                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
+                    let closes = fe.resync_impossible() || fe.error.closes_connection();
+                    let id = fe.request_id.unwrap_or(0);
+                    let sent = send(&mut stream, &Response::Error(fe.error), id, seal);
+                    if closes || sent.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One whole frame: HELLO before a session, otherwise (for a sealed session, once its seal and
+/// request id pass) the request it carries.
+fn serve_frame<'a>(
+    frame: &Frame,
+    session: &mut Option<Session>,
+    local: &mut Local<'a>,
+    shared: &'a Shared,
+) -> Served {
+    let Some(s) = session.as_mut() else {
+        return Served::Plain(match Request::from_frame(frame) {
+            Ok(Request::Hello { tenant, rights, auth, .. }) => {
+                match hello(frame, tenant, rights, auth, local.offer.as_deref(), shared) {
+                    Ok((opened, answer)) => {
+                        *session = Some(opened);
+                        answer
+                    }
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Ok(_) => Response::Error(WireError::NotAuthenticated),
+            Err(e) => Response::Error(e),
+        });
+    };
+    if let Some(key) = &s.seal {
+        if let Err(e) = frame.verify_seal(key) {
+            return Response::Error(e).into();
+        }
+        if let Err(e) = s.replay.accept(frame.request_id) {
+            return Response::Error(e).into();
+        }
+    }
+    if frame.kind == Kind::Request && frame.op == Op::Put {
+        // Stored straight from the frame body.
+        return Served::Plain(match decode_put_request(&frame.body) {
+            Ok(items) => Response::Put(
+                items
+                    .iter()
+                    .map(|i| shared.store.put(&s.caller, &i.key, i.data, i.request))
+                    .collect(),
+            ),
+            Err(e) => Response::Error(e),
+        });
+    }
+    match Request::from_frame(frame) {
+        Ok(Request::Hello { .. }) => Response::Error(WireError::AlreadyAuthenticated).into(),
+        Ok(Request::Get { items }) => Served::Get(items),
+        Ok(request) => answer(request, &s.caller, local, shared).into(),
+        Err(e) => Response::Error(e).into(),
+    }
+}
+
+fn refuse(reason: AuthFailure) -> WireError {
+    WireError::AuthFailed { reason }
+}
+
+/// Opens a session: an open tenant on its word; a tenant with keys after its HELLO proves the
+/// key (fingerprint, then the frame's seal), the key is in force, the timestamp is within the
+/// skew window and the seal algorithm is accepted. Returns the session and the HELLO answer.
+fn hello(
+    frame: &Frame,
+    tenant: TenantId,
+    asked: Rights,
+    auth: Option<HelloAuth>,
+    offer: Option<&str>,
+    shared: &Shared,
+) -> Result<(Session, Response), WireError> {
+    let config = &shared.config;
+    let granted = config
+        .tenants
+        .iter()
+        .find(|c| c.tenant == tenant)
+        .ok_or_else(|| WireError::UnknownTenant { tenant: tenant.clone() })?
+        .rights;
+    let rights = Rights {
+        read: asked.read && granted.read,
+        write: asked.write && granted.write,
+        admin: asked.admin && granted.admin,
+    };
+    let mut replay = ReplayWindow::new();
+    let Some(policy) = config.auth.get(&tenant) else {
+        if auth.is_some() {
+            return Err(refuse(AuthFailure::TenantOpen));
+        }
+        let session = Session { caller: Caller::new(tenant, rights), seal: None, replay };
+        let answer = Response::Hello {
+            version: VERSION,
+            server: config.name.clone(),
+            session: None,
+            local: offer.map(str::to_owned),
+        };
+        return Ok((session, answer));
+    };
+    let (Some(auth), Some(_)) = (auth, frame.seal) else {
+        return Err(refuse(AuthFailure::SecretRequired));
+    };
+    let key = policy.keys.find(&auth.key_id).ok_or(refuse(AuthFailure::UnknownKey))?;
+    let secret = key.secret.bytes();
+    let expected = seal::fingerprint(secret, tenant.as_str());
+    if !bool::from(expected[..].ct_eq(&auth.fingerprint[..])) {
+        return Err(refuse(AuthFailure::BadFingerprint));
+    }
+    frame.verify_seal(&SealKey::hello(secret)).map_err(|_| refuse(AuthFailure::BadSeal))?;
+    let now_ms = config.clock.now_ms();
+    if key.expired(now_ms) {
+        return Err(refuse(AuthFailure::KeyExpired));
+    }
+    let skew_max_ms = u64::try_from(config.clock_skew_max.as_millis()).unwrap_or(u64::MAX);
+    if now_ms.abs_diff(auth.timestamp_ms) > skew_max_ms {
+        return Err(refuse(AuthFailure::ClockSkew));
+    }
+    if !policy.accepted.contains(&auth.seal) {
+        return Err(refuse(AuthFailure::SealAlgorithm));
+    }
+    replay.accept(frame.request_id)?;
+    let mut server_nonce = [0u8; NONCE_BYTES];
+    getrandom::fill(&mut server_nonce)
+        .map_err(|e| WireError::Internal { detail: format!("no random nonce: {e}") })?;
+    let session_key = seal::session_key(secret, &auth.client_nonce, &server_nonce, tenant.as_str());
+    tracing::debug!(%tenant, key = %key.id, seal = %auth.seal, "sealed session opened");
+    let session = Session {
+        caller: Caller::new(tenant, rights),
+        seal: Some(SealKey::new(auth.seal, &session_key)),
+        replay,
+    };
+    let answer = Response::Hello {
+        version: VERSION,
+        server: config.name.clone(),
+        session: Some(HelloSession { server_nonce, seal: auth.seal }),
+        local: offer.map(str::to_owned),
+    };
+    Ok((session, answer))
+}
+
+/// Requires `right` of a call the store makes without a caller (so cannot check itself).
+fn require(who: &Caller, right: Right) -> Result<(), StoreError> {
+    if who.rights.has(right) {
+        Ok(())
+    } else {
+        Err(StoreError::Forbidden { tenant: who.tenant.clone(), right })
+    }
+}
+
+/// Serves one request as `who`. Keyed operations (and ATTEST, which the registry checks
+/// against the region's owner) are authorised by the store itself; the store-wide operations
+/// that take no caller need the admin right, checked here.
+fn answer<'a>(
+    request: Request,
+    who: &Caller,
+    local: &mut Local<'a>,
+    shared: &'a Shared,
+) -> Response {
+    let store = &*shared.store;
+    match request {
+        Request::Hello { .. } => Response::Error(WireError::AlreadyAuthenticated),
+        Request::Info => Response::Info(store.info().into()),
+        Request::Epoch => Response::Epoch(store.epoch()),
+        Request::Stats => Response::Stats(store.stats()),
+        Request::Limits => {
+            Response::Limits(ServerLimits { object_bytes_max: shared.config.object_bytes_max })
+        }
+        Request::Lookup { keys } => {
+            Response::Lookup(keys.iter().map(|k| store.lookup(who, k)).collect())
+        }
+        // Served in place by `serve_frame` and `send_answer`, never here.
+        Request::Get { .. } | Request::Put { .. } => Response::Error(WireError::Internal {
+            detail: "GET and PUT are served in place".into(),
+        }),
+        Request::Invalidate { keys } => {
+            Response::Invalidate(keys.iter().map(|k| store.invalidate(who, k)).collect())
+        }
+        Request::Reserve { key, len, request } => {
+            Response::Reserve(store.reserve(who, &key, len, request))
+        }
+        Request::Write { reservation, offset, data } => {
+            Response::Write(store.write(who, &reservation, offset, &data))
+        }
+        Request::Commit { reservation } => Response::Commit(store.commit(who, &reservation)),
+        Request::Abort { reservation, outcome } => {
+            Response::Abort(store.abort(who, reservation, outcome))
+        }
+        Request::ExpireLeases => {
+            Response::ExpireLeases(require(who, Right::Admin).and_then(|()| {
+                let staged = shared
+                    .config
+                    .staging
+                    .as_ref()
+                    .map_or(0, |s| s.expire(shared.config.clock.now_ms()));
+                store.expire_leases().map(|n| (n + staged) as u64)
+            }))
+        }
+        Request::Attest { region } => Response::Attest(store.attest_drained(who, region)),
+        Request::BumpEpoch => {
+            Response::BumpEpoch(require(who, Right::Admin).and_then(|()| store.bump_epoch()))
+        }
+        Request::ReclaimFenced { epoch } => {
+            Response::ReclaimFenced(require(who, Right::Admin).and_then(|()| {
+                let reclaimed = store.reclaim_fenced(epoch)?;
+                // The store's fence passed: fence the staging memory too (its own epoch).
+                let staged = match &shared.config.staging {
+                    Some(s) => s.fence().map_err(|e| StoreError::Backend {
+                        operation: "reclaim_fenced",
+                        detail: e.to_string(),
+                        retirement: Retirement::Retired,
+                    })?,
+                    None => 0,
+                };
+                Ok((reclaimed + staged) as u64)
+            }))
+        }
+        Request::ShmAttach { len } => attach(len, local, shared),
+        Request::GetShared { items } => match &local.segment {
+            None => shm_error("no segment is attached to this connection"),
+            Some(m) => get_shared(store, who, &m.segment, &items),
+        },
+        Request::PutShared { items } => match &local.segment {
+            None => shm_error("no segment is attached to this connection"),
+            Some(m) => put_shared(store, who, &m.segment, &items),
+        },
+        request @ (Request::NixlAttach { .. }
+        | Request::StageGet { .. }
+        | Request::ReservePut { .. }
+        | Request::CommitPut { .. }
+        | Request::Release { .. }
+        | Request::StageStats) => {
+            answer_staging(request, who, local.connection, shared).unwrap_or_else(Response::Error)
+        }
+    }
+}
+
+/// Settles a connection's open stages when it ends ([`BlockStaging::connection_closed`]).
+struct StagesAtClose<'a> {
+    staging: Option<&'a dyn BlockStaging>,
+    connection: u64,
+}
+
+impl Drop for StagesAtClose<'_> {
+    fn drop(&mut self) {
+        if let Some(staging) = self.staging {
+            staging.connection_closed(self.connection);
+        }
+    }
+}
+
+fn staging_of(shared: &Shared) -> Result<&dyn BlockStaging, WireError> {
+    shared.config.staging.as_deref().ok_or_else(|| {
+        StagingError::NotEnabled {
+            reason: "the server runs without [nixl] (see docs/OPERATIONS.md)".into(),
+        }
+        .into()
+    })
+}
+
+/// The stage ops: NIXL_ATTACH, STAGE_GET, RESERVE_PUT, COMMIT_PUT, RELEASE, STAGE_STATS.
+/// Keys are authorised exactly as GET and PUT authorise them (by the store, or by
+/// [`authorize`] before a slot is leased); stages belong to the tenant that opened them.
+fn answer_staging(
+    request: Request,
+    who: &Caller,
+    connection: u64,
+    shared: &Shared,
+) -> Result<Response, WireError> {
+    let staging = staging_of(shared)?;
+    let store = &*shared.store;
+    let owner = StageOwner { connection, tenant: who.tenant.clone() };
+    let now_ms = shared.config.clock.now_ms();
+    Ok(match request {
+        Request::NixlAttach { metadata } => {
+            Response::NixlAttach(staging.attach(&owner, &metadata)?)
+        }
+        Request::StageGet { items } => {
+            let mut fills: Vec<_> = items
+                .iter()
+                .map(|item| {
+                    move |slot: &mut [u8]| {
+                        let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+                        let end = capacity.min(slot.len());
+                        let dst = &mut slot[..end];
+                        store.get_into(who, &item.key, dst)
+                    }
+                })
+                .collect();
+            let mut refs: Vec<&mut gpucache_wire::staging::FillSlot<'_>> =
+                fills.iter_mut().map(|f| f as &mut gpucache_wire::staging::FillSlot<'_>).collect();
+            Response::StageGet(staging.stage_get(&owner, now_ms, &mut refs)?)
+        }
+        Request::ReservePut { key, len, checksum, request } => {
+            if let Err(e) = authorize(who, &key, Right::Write) {
+                return Ok(Response::ReservePut(Err(e)));
+            }
+            if len == 0 {
+                return Ok(Response::ReservePut(Err(StoreError::EmptyObject)));
+            }
+            let intent = PutIntent { key: *key, len, checksum, request };
+            Response::ReservePut(Ok(staging.reserve_put(&owner, now_ms, intent)?))
+        }
+        Request::CommitPut { stage } => {
+            let mut put = |intent: &PutIntent, bytes: &[u8]| {
+                store.put(who, &intent.key, bytes, intent.request)
+            };
+            Response::CommitPut(staging.commit_put(&owner, stage, &mut put)?)
+        }
+        Request::Release { stages } => Response::Release(staging.release(&owner, &stages)),
+        Request::StageStats => Response::StageStats(staging.stats()),
+        other => {
+            return Err(WireError::Internal {
+                detail: format!("{} is not a stage op", other.op()),
+            });
+        }
+    })
+}
+
+fn shm_error(detail: impl std::fmt::Display) -> Response {
+    Response::Error(WireError::SharedMemory { detail: detail.to_string() })
+}
+/// Maps the segment whose descriptor arrived with SHM_ATTACH, within the server-wide budget.
+fn attach<'a>(len: u64, local: &mut Local<'a>, shared: &'a Shared) -> Response {
+    let Some(fd) = local.pending_fd.take() else {
+        return shm_error("no descriptor arrived with SHM_ATTACH (it needs the Unix socket)");
+    };
+    if local.segment.is_some() {
+        return shm_error("a segment is already attached to this connection");
+    }
+    let segment = match Segment::attach(fd) {
+        Ok(s) => s,
+        Err(e) => return shm_error(e),
+    };
+    if segment.len() != len {
+        return shm_error(format!(
+            "the client mapped {len} bytes but the segment holds {}",
+            segment.len()
+        ));
+    }
+    let max = shared.config.shm_mapped_bytes_max;
+    let charged = shared.shm_mapped.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+        now.checked_add(len).filter(|total| *total <= max)
+    });
+    if let Err(now) = charged {
+        return shm_error(format!(
+            "mapping {len} more bytes would exceed shm_mapped_bytes_max ({now} of {max} mapped)"
+        ));
+    }
+    local.segment = Some(Mapped { segment, budget: &shared.shm_mapped });
+    Response::ShmAttach(len)
+}
+
+/// GET straight into the client's segment. Every range is checked before any is written.
+fn get_shared(
+    store: &dyn Store,
+    who: &Caller,
+    segment: &Segment,
+    items: &[SharedGetItem],
+) -> Response {
+    if let Some(e) = items.iter().find_map(|i| segment.check(i.offset, i.capacity).err()) {
+        return shm_error(e);
+    }
+    Response::GetShared(
+        items
+            .iter()
+            .map(|item| {
+                segment
+                    .with_bytes_mut(item.offset, item.capacity, |dst| {
+                        store.get_into(who, &item.key, dst)
+                    })
+                    .unwrap_or_else(|e| Err(shm_backend("get", e)))
+            })
+            .collect(),
+    )
+}
+
+/// PUT straight from the client's segment. The store checksums what it copied; a block whose
+/// checksum is not the one the client sent (its bytes changed during the copy) is dropped.
+fn put_shared(
+    store: &dyn Store,
+    who: &Caller,
+    segment: &Segment,
+    items: &[SharedPutItem],
+) -> Response {
+    if let Some(e) = items.iter().find_map(|i| segment.check(i.offset, i.len).err()) {
+        return shm_error(e);
+    }
+    Response::PutShared(
+        items
+            .iter()
+            .map(|item| {
+                let put = segment
+                    .with_bytes(item.offset, item.len, |src| {
+                        store.put(who, &item.key, src, item.request)
+                    })
+                    .unwrap_or_else(|e| Err(shm_backend("put", e)))?;
+                match put {
+                    Put::Committed(sum) if sum != item.checksum => {
+                        let _ = store.invalidate(who, &item.key);
+                        Err(StoreError::Backend {
+                            operation: "put",
+                            detail: format!(
+                                "the shared bytes hash to {:016x}, the client sent {:016x}: they \
+                                 changed while the server copied them; the block was dropped",
+                                sum.0, item.checksum.0
+                            ),
+                            retirement: Retirement::Retired,
+                        })
+                    }
+                    other => Ok(other),
+                }
+            })
+            .collect(),
+    )
+}
+
+fn shm_backend(
+    operation: &'static str,
+    e: gpucache_storage::host::segment::ShmError,
+) -> StoreError {
+    StoreError::Backend { operation, detail: e.to_string(), retirement: Retirement::Retired }
+}

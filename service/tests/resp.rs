@@ -1,0 +1,682 @@
+//! The RESP listener (`gpucache_service::resp`) over loopback, driven by a tiny RESP client:
+//! every command, binary values, create-only SET, pipelining, malformed input (answered, then
+//! the connection closes while others keep being served), the connection limit, rights and
+//! tenants, and the decoder under arbitrary chunking and arbitrary bytes. When `redis-cli` is
+//! installed, the real `redis-cli` and `redis-benchmark` run against it too
+//! (`GPUCACHE_REQUIRE_REDIS_CLI=1` makes their absence a failure instead of a skip).
+//!
+//! A corrupt block reading as nil is tested next to the server, in `resp.rs`'s unit tests, where
+//! `MemoryStore::corrupt_for_test` is available.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::store::Store;
+use gpucache_dataplane::testing::fixture;
+use gpucache_service::resp::{
+    ARGS_MAX, IdentityTemplate, ProtocolError, REDIS_VERSION, Reply, RequestDecoder, RespConfig,
+    RespLimits, RespServer,
+};
+use gpucache_storage::MemoryStore;
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn memory_store(limits: ResourceLimits) -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::new(limits, Arc::new(MonotonicClock::default())).expect("store"))
+}
+
+fn config_for(caller: Caller) -> RespConfig {
+    RespConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), caller).expect("config")
+}
+
+fn start(store: Arc<MemoryStore>) -> RespServer {
+    RespServer::start(config_for(fixture::caller(0)), store).expect("start")
+}
+
+fn server() -> RespServer {
+    start(memory_store(ResourceLimits::default()))
+}
+
+/// A tiny RESP2 client.
+struct Client {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Self {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_nodelay(true).expect("nodelay");
+        Self { writer: s.try_clone().expect("clone"), reader: BufReader::new(s) }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).expect("send");
+    }
+
+    fn send(&mut self, args: &[&[u8]]) {
+        let bytes = encode_request(args);
+        self.send_raw(&bytes);
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> Reply {
+        self.send(args);
+        self.read()
+    }
+
+    fn read(&mut self) -> Reply {
+        read_reply(&mut self.reader)
+    }
+
+    /// Whether the server closed the connection (EOF or reset) without sending more.
+    fn closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        match self.reader.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+fn encode_request(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn read_line(r: &mut BufReader<TcpStream>) -> Vec<u8> {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line).expect("read reply line");
+    assert!(line.ends_with(b"\r\n"), "reply line not ended by CRLF: {line:?}");
+    line.truncate(line.len() - 2);
+    line
+}
+
+fn number(text: &[u8]) -> i64 {
+    std::str::from_utf8(text).ok().and_then(|t| t.parse().ok()).expect("a number")
+}
+
+fn read_reply(r: &mut BufReader<TcpStream>) -> Reply {
+    let line = read_line(r);
+    let (kind, rest) = line.split_first().expect("empty reply line");
+    let text = || String::from_utf8(rest.to_vec()).expect("utf-8");
+    match kind {
+        b'+' => Reply::Simple(text()),
+        b'-' => Reply::Error(text()),
+        b':' => Reply::Integer(number(rest)),
+        b'$' => match usize::try_from(number(rest)) {
+            Err(_) => Reply::Nil,
+            Ok(len) => {
+                let mut data = vec![0u8; len + 2];
+                r.read_exact(&mut data).expect("bulk");
+                assert_eq!(&data[len..], b"\r\n");
+                data.truncate(len);
+                Reply::Bulk(data)
+            }
+        },
+        b'*' => {
+            let n = usize::try_from(number(rest)).expect("array length");
+            Reply::Array((0..n).map(|_| read_reply(r)).collect())
+        }
+        other => panic!("unknown reply type {:?}", char::from(*other)),
+    }
+}
+
+fn ok() -> Reply {
+    Reply::ok()
+}
+
+fn bulk(b: &[u8]) -> Reply {
+    Reply::Bulk(b.to_vec())
+}
+
+#[track_caller]
+fn assert_error(reply: &Reply, contains: &str) {
+    match reply {
+        Reply::Error(text) => {
+            assert!(text.starts_with("ERR "), "error without a code: {text}");
+            assert!(text.contains(contains), "{text:?} does not say {contains:?}");
+        }
+        other => panic!("expected an error saying {contains:?}, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+#[test]
+fn ping_answers_pong_or_echoes() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(c.call(&[b"ping", b"hello world"]), bulk(b"hello world"));
+    assert_error(&c.call(&[b"PING", b"a", b"b"]), "wrong number of arguments for 'ping'");
+    // Inline form.
+    c.send_raw(b"PING\r\n");
+    assert_eq!(c.read(), Reply::Simple("PONG".into()));
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn set_get_round_trips_binary_values() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    let values: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (b"crlf".to_vec(), b"line one\r\nline two\r\n".to_vec()),
+        (b"\x00bin\xffkey\r\n".to_vec(), (0..=255u8).collect()),
+        (b"one-byte".to_vec(), vec![0]),
+        (b"big".to_vec(), fixture::payload(9, 3 << 20)),
+        (b"$3\r\n*1".to_vec(), b"*1\r\n$4\r\nPING\r\n".to_vec()),
+    ];
+    for (k, v) in &values {
+        assert_eq!(c.call(&[b"SET", k, v]), ok(), "set {k:?}");
+    }
+    for (k, v) in &values {
+        assert_eq!(c.call(&[b"GET", k]), bulk(v), "get {k:?}");
+    }
+    assert_eq!(c.call(&[b"GET", b"missing"]), Reply::Nil);
+    // Keys are compared as bytes.
+    assert_eq!(c.call(&[b"GET", b"CRLF"]), Reply::Nil);
+    assert_error(&c.call(&[b"GET"]), "wrong number of arguments for 'get'");
+    assert_error(&c.call(&[b"SET", b"k"]), "wrong number of arguments for 'set'");
+    assert_error(&c.call(&[b"SET", b"empty", b""]), "empty values cannot be stored");
+    assert_error(&c.call(&[b"SET", b"k", b"v", b"EX", b"10"]), "syntax error");
+    assert_eq!(c.call(&[b"GET", b"k"]), Reply::Nil, "a refused SET stored nothing");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn set_is_create_only_and_nx_answers_nil_for_an_existing_key() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"k", b"first", b"NX"]), ok());
+    assert_eq!(c.call(&[b"SET", b"k", b"second", b"nx"]), Reply::Nil);
+    assert_error(&c.call(&[b"SET", b"k", b"second"]), "holds a different value");
+    assert_error(&c.call(&[b"SET", b"k", b"firs"]), "create-only");
+    assert_error(&c.call(&[b"SET", b"k", b"first!"]), "create-only");
+    assert_eq!(c.call(&[b"GET", b"k"]), bulk(b"first"), "a refused SET changed the value");
+    // The key already holds exactly these bytes: that is what SET asked for.
+    assert_eq!(c.call(&[b"SET", b"k", b"first"]), ok());
+    assert_eq!(c.call(&[b"SET", b"k", b"first", b"NX"]), Reply::Nil);
+    assert_eq!(c.call(&[b"DEL", b"k"]), Reply::Integer(1));
+    assert_eq!(c.call(&[b"SET", b"k", b"second"]), ok());
+    assert_eq!(c.call(&[b"GET", b"k"]), bulk(b"second"));
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn exists_and_del_count_keys() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"a", b"1"]), ok());
+    assert_eq!(c.call(&[b"SET", b"b", b"2"]), ok());
+    // Like Redis, a key named twice counts twice.
+    assert_eq!(c.call(&[b"EXISTS", b"a", b"b", b"c", b"a"]), Reply::Integer(3));
+    assert_eq!(c.call(&[b"DEL", b"a", b"c", b"a"]), Reply::Integer(1));
+    assert_eq!(c.call(&[b"EXISTS", b"a", b"b"]), Reply::Integer(1));
+    assert_eq!(c.call(&[b"DEL", b"b"]), Reply::Integer(1));
+    assert_eq!(c.call(&[b"EXISTS", b"b"]), Reply::Integer(0));
+    assert_error(&c.call(&[b"EXISTS"]), "wrong number of arguments for 'exists'");
+    assert_error(&c.call(&[b"del"]), "wrong number of arguments for 'del'");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn mset_and_mget() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"MSET", b"x", b"1", b"y", b"2\r\n"]), ok());
+    assert_eq!(
+        c.call(&[b"MGET", b"x", b"y", b"z", b"x"]),
+        Reply::Array(vec![bulk(b"1"), bulk(b"2\r\n"), Reply::Nil, bulk(b"1")])
+    );
+    // Each pair is stored as SET would (the same bytes again are fine); MSET stops at the first
+    // pair not stored.
+    assert_eq!(c.call(&[b"MSET", b"x", b"1", b"v", b"5"]), ok());
+    let r = c.call(&[b"MSET", b"z", b"3", b"x", b"9", b"w", b"4"]);
+    assert_error(&r, "MSET stopped at pair 2 of 3 (key 'x')");
+    assert_error(&r, "create-only");
+    assert_eq!(
+        c.call(&[b"MGET", b"z", b"x", b"w"]),
+        Reply::Array(vec![bulk(b"3"), bulk(b"1"), Reply::Nil])
+    );
+    assert_eq!(c.call(&[b"GET", b"v"]), bulk(b"5"));
+    assert_error(&c.call(&[b"MSET", b"a"]), "wrong number of arguments for 'mset'");
+    assert_error(&c.call(&[b"MSET", b"a", b"1", b"b"]), "wrong number of arguments");
+    assert_error(&c.call(&[b"MGET"]), "wrong number of arguments for 'mget'");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn info_reports_a_redis_version_and_the_store() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"a", b"1"]), ok());
+    let Reply::Bulk(info) = c.call(&[b"INFO"]) else { panic!("INFO is not a bulk string") };
+    let info = String::from_utf8(info).expect("utf-8");
+    for line in [
+        &format!("redis_version:{REDIS_VERSION}\r\n"),
+        &format!("gpucache_version:{}\r\n", env!("CARGO_PKG_VERSION")),
+        "gpucache_store:memory\r\n",
+        "gpucache_tenant:tenant-a\r\n",
+        &format!("tcp_port:{}\r\n", server.local_addr().port()),
+        "connected_clients:1\r\n",
+        "committed_blocks:1\r\n",
+        "db0:keys=1,expires=0,avg_ttl=0\r\n",
+    ] {
+        assert!(info.contains(line), "INFO lacks {line:?}:\n{info}");
+    }
+    for section in ["# Server", "# Clients", "# Stats", "# Keyspace"] {
+        assert!(info.contains(section), "INFO lacks {section}");
+    }
+    let Reply::Bulk(only) = c.call(&[b"INFO", b"keyspace"]) else { panic!("not bulk") };
+    let only = String::from_utf8(only).expect("utf-8");
+    assert!(only.starts_with("# Keyspace\r\n") && !only.contains("# Server"), "{only}");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn the_commands_clients_send_at_startup() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"COMMAND"]), Reply::Array(vec![]));
+    assert_eq!(c.call(&[b"COMMAND", b"DOCS"]), Reply::Array(vec![]));
+    assert_eq!(c.call(&[b"COMMAND", b"COUNT"]), Reply::Integer(0));
+    assert_eq!(c.call(&[b"CONFIG", b"GET", b"save"]), Reply::Array(vec![bulk(b"save"), bulk(b"")]));
+    assert_eq!(
+        c.call(&[b"CONFIG", b"GET", b"appendonly"]),
+        Reply::Array(vec![bulk(b"appendonly"), bulk(b"no")])
+    );
+    assert_eq!(c.call(&[b"CONFIG", b"GET", b"maxmemory"]), Reply::Array(vec![]));
+    assert_error(&c.call(&[b"CONFIG", b"SET", b"save", b""]), "only CONFIG GET");
+    assert_eq!(c.call(&[b"SELECT", b"0"]), ok());
+    assert_error(&c.call(&[b"SELECT", b"1"]), "DB index is out of range");
+    assert_error(&c.call(&[b"SELECT", b"x"]), "not an integer");
+    assert_eq!(c.call(&[b"FLUSHALL"]), Reply::Error("ERR unknown command 'FLUSHALL'".into()));
+    assert_eq!(c.call(&[b"b\x00d\r\n"]), Reply::Error("ERR unknown command 'b?d??'".into()));
+    assert_eq!(c.call(&[b"QUIT"]), ok());
+    assert!(c.closed(), "QUIT did not close the connection");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    let mut batch = Vec::new();
+    let mut want = Vec::new();
+    for i in 0..300u32 {
+        let key = format!("key-{i}").into_bytes();
+        let value = fixture::payload(u64::from(i), 1 + usize::try_from(i).unwrap_or(0) * 17);
+        batch.extend(encode_request(&[b"SET", &key, &value]));
+        want.push(ok());
+        batch.extend(encode_request(&[b"GET", &key]));
+        want.push(Reply::Bulk(value));
+        match i % 3 {
+            0 => {
+                batch.extend_from_slice(format!("PING {i}\r\n").as_bytes());
+                want.push(bulk(i.to_string().as_bytes()));
+            }
+            1 => {
+                batch.extend(encode_request(&[b"EXISTS", &key, b"nope"]));
+                want.push(Reply::Integer(1));
+            }
+            _ => {
+                batch.extend(encode_request(&[b"NOPE"]));
+                want.push(Reply::Error("ERR unknown command 'NOPE'".into()));
+            }
+        }
+    }
+    c.send_raw(&batch);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&c.read(), w, "reply {i}");
+    }
+    assert_eq!(c.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(server.shutdown(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input
+
+#[test]
+fn malformed_input_is_answered_then_closes_only_that_connection() {
+    let server = server();
+    let mut bystander = Client::connect(server.local_addr());
+    assert_eq!(bystander.call(&[b"SET", b"k", b"v"]), ok());
+    let cases: &[(&[u8], &str)] = &[
+        (b"*1\r\n$abc\r\nPING\r\n", "Protocol error: invalid bulk length"),
+        (b"*1\r\n$-5\r\n", "Protocol error: invalid bulk length"),
+        (b"*5000\r\n", "Protocol error: 5000 arguments exceed the limit of 1024"),
+        (b"*x\r\n", "Protocol error: invalid multibulk length"),
+        (b"*2\r\n$3\r\nGET\r\n:1\r\n", "Protocol error: expected '$', got ':'"),
+        (b"*2\r\n$3\r\nSET\r\n$999999999999\r\n", "Protocol error: bulk string of 999999999999"),
+        (b"*1\r\n$4\r\nPINGxx", "Protocol error: bulk string not followed by CRLF"),
+        (b"*11111111111111111111111111111111111111", "Protocol error: length line"),
+    ];
+    for (input, says) in cases {
+        let mut c = Client::connect(server.local_addr());
+        c.send_raw(input);
+        assert_error(&c.read(), says);
+        assert!(c.closed(), "the connection stayed open after {input:?}");
+        assert_eq!(bystander.call(&[b"GET", b"k"]), bulk(b"v"), "after {input:?}");
+    }
+    // An inline line longer than the limit.
+    let mut c = Client::connect(server.local_addr());
+    c.send_raw(&vec![b'x'; 70 << 10]);
+    assert_error(&c.read(), "Protocol error: inline request longer than 65536 bytes");
+    assert!(c.closed());
+    // Binary garbage on one line is an unknown inline command: answered, and the stream goes on.
+    let mut c = Client::connect(server.local_addr());
+    c.send_raw(b"\x00\xff\xfe garbage \x01\r\n");
+    assert_error(&c.read(), "unknown command '???'");
+    assert_eq!(c.call(&[b"GET", b"k"]), bulk(b"v"));
+    // New connections are still served.
+    let mut fresh = Client::connect(server.local_addr());
+    assert_eq!(fresh.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn the_connection_limit_refuses_one_more() {
+    let mut config = config_for(fixture::caller(0));
+    config.connections_max = 2;
+    let server = RespServer::start(config, memory_store(ResourceLimits::default())).expect("start");
+    let mut a = Client::connect(server.local_addr());
+    let mut b = Client::connect(server.local_addr());
+    assert_eq!(a.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(b.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    let mut c = Client::connect(server.local_addr());
+    assert_error(&c.read(), "max number of clients reached");
+    assert!(c.closed());
+    drop(a);
+    // The slot comes back once the server notices the close.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.open_connections() > 1 {
+        assert!(Instant::now() < deadline, "a closed connection kept its slot");
+        // Polls a counter the server updates when it notices the close; bounded by the deadline.
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    let mut d = Client::connect(server.local_addr());
+    assert_eq!(d.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn the_request_limits_follow_the_object_limit() {
+    let limits = ResourceLimits {
+        object_bytes_max: 1024,
+        tenant_inflight_bytes_max: 1 << 20,
+        ..ResourceLimits::default()
+    };
+    let mut config = config_for(fixture::caller(0));
+    config.limits = RespLimits::for_object_bytes_max(limits.object_bytes_max);
+    let server = RespServer::start(config, memory_store(limits)).expect("start");
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"fits", &[7; 1024]]), ok());
+    // Over the object limit but within the slack: the store refuses, the connection goes on.
+    assert_error(
+        &c.call(&[b"SET", b"over", &[7; 2000]]),
+        "refused: object of 2000 bytes exceeds object_bytes_max 1024",
+    );
+    assert_eq!(c.call(&[b"GET", b"fits"]), bulk(&[7; 1024]));
+    // Beyond the slack: a protocol error, before the value is read.
+    let too_big = 1024 + (64 << 10) + 1;
+    c.send_raw(format!("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${too_big}\r\n").as_bytes());
+    assert_error(&c.read(), "Protocol error: bulk string of 66561 bytes exceeds the limit");
+    assert!(c.closed());
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn an_mget_reply_is_bounded_like_a_request() {
+    let mut config = config_for(fixture::caller(0));
+    config.limits = RespLimits { bulk_bytes_max: 4096, request_bytes_max: 3000 };
+    let server = RespServer::start(config, memory_store(ResourceLimits::default())).expect("start");
+    let mut c = Client::connect(server.local_addr());
+    for k in [&b"a"[..], b"b", b"c"] {
+        assert_eq!(c.call(&[b"SET", k, &[1; 1024]]), ok());
+    }
+    assert_eq!(
+        c.call(&[b"MGET", b"a", b"nope", b"b"]),
+        Reply::Array(vec![bulk(&[1; 1024]), Reply::Nil, bulk(&[1; 1024])])
+    );
+    assert_error(&c.call(&[b"MGET", b"a", b"b", b"c"]), "MGET values exceed 3000 bytes");
+    assert_eq!(c.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(server.shutdown(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tenants, rights, shutdown
+
+#[test]
+fn tenants_are_separate_namespaces_and_rights_apply() {
+    let store = memory_store(ResourceLimits::default());
+    let a = start(store.clone());
+    let b = RespServer::start(config_for(fixture::caller(1)), store.clone()).expect("start b");
+    let reader_caller = Caller::new(fixture::tenant(0), Rights::READ_ONLY);
+    let reader = RespServer::start(config_for(reader_caller), store.clone()).expect("start r");
+    let mut ca = Client::connect(a.local_addr());
+    let mut cb = Client::connect(b.local_addr());
+    let mut cr = Client::connect(reader.local_addr());
+    assert_eq!(ca.call(&[b"SET", b"shared-name", b"from a"]), ok());
+    assert_eq!(cb.call(&[b"GET", b"shared-name"]), Reply::Nil);
+    assert_eq!(cb.call(&[b"SET", b"shared-name", b"from b"]), ok());
+    assert_eq!(ca.call(&[b"GET", b"shared-name"]), bulk(b"from a"));
+    assert_eq!(cb.call(&[b"GET", b"shared-name"]), bulk(b"from b"));
+    // The read-only caller of tenant a reads a's values and may not write.
+    assert_eq!(cr.call(&[b"GET", b"shared-name"]), bulk(b"from a"));
+    assert_error(&cr.call(&[b"SET", b"new", b"x"]), "lacks the write right");
+    assert_error(&cr.call(&[b"DEL", b"shared-name"]), "lacks the write right");
+    assert_eq!(store.stats().committed_blocks, 2);
+    for s in [a, b, reader] {
+        assert_eq!(s.shutdown(), 0);
+    }
+}
+
+#[test]
+fn a_namespace_of_another_tenant_is_refused() {
+    let mut config = config_for(fixture::caller(0));
+    config.namespace = IdentityTemplate::for_tenant(&fixture::tenant(1)).expect("namespace");
+    let err = RespServer::start(config, memory_store(ResourceLimits::default()))
+        .expect_err("a foreign namespace was accepted");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn a_custom_namespace_is_used_for_keys() {
+    let store = memory_store(ResourceLimits::default());
+    let mut config = config_for(fixture::caller(0));
+    let model = fixture::identity(0, &[1, 2], gpucache_dataplane::identity::KvDtype::F16, 16);
+    config.namespace = IdentityTemplate::from_identity(&model).expect("namespace");
+    let namespace = config.namespace.clone();
+    let server = RespServer::start(config, store.clone()).expect("start");
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), ok());
+    let key = namespace.key_for(b"k").expect("key");
+    assert_eq!(key.identity().model_revision(), model.model_revision());
+    let caller = fixture::caller(0);
+    let mut buf = [0u8; 1];
+    assert!(matches!(
+        store.get_into(&caller, &key, &mut buf),
+        Ok(gpucache_dataplane::store::Get::Hit { len: 1, .. })
+    ));
+    assert_eq!(&buf, b"v");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn shutdown_closes_idle_connections() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    let addr = server.local_addr();
+    assert_eq!(server.shutdown(), 0);
+    assert!(c.closed(), "an idle connection outlived shutdown");
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decoder
+
+fn decode_chunked(bytes: &[u8], chunks: &[usize]) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+    let mut d = RequestDecoder::new(RespLimits::default());
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut sizes = chunks.iter().copied().cycle();
+    while at < bytes.len() {
+        let size = sizes.next().unwrap_or(1).max(1);
+        let end = bytes.len().min(at + size);
+        d.feed(&bytes[at..end]);
+        at = end;
+        while let Some(r) = d.next_request()? {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn requests_decode_the_same_under_any_chunking(
+        requests in vec(vec(vec(any::<u8>(), 0..40), 1..6), 1..12),
+        chunks in vec(1usize..64, 1..8),
+    ) {
+        let mut bytes = Vec::new();
+        for r in &requests {
+            let args: Vec<&[u8]> = r.iter().map(Vec::as_slice).collect();
+            bytes.extend(encode_request(&args));
+        }
+        prop_assert_eq!(decode_chunked(&bytes, &chunks), Ok(requests));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_and_stay_bounded(
+        bytes in vec(any::<u8>(), 0..2048),
+        chunks in vec(1usize..128, 1..8),
+    ) {
+        if let Ok(requests) = decode_chunked(&bytes, &chunks) {
+            for r in requests {
+                prop_assert!(!r.is_empty() && r.len() <= ARGS_MAX);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real redis-cli and redis-benchmark
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+/// Runs `bin args`, killing it after `limit`; returns (success, stdout, stderr).
+fn run_bounded(bin: &str, args: &[&str], limit: Duration) -> (bool, String, String) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
+    // Wait for the exit on another thread, so this one waits on a channel with a deadline.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(limit) {
+        Ok(status) => Some(status.expect("wait")),
+        Err(_) => {
+            // SAFETY: kills our own child process, which outlived its deadline.
+            unsafe { libc::kill(i32::try_from(pid).unwrap_or(0), libc::SIGKILL) };
+            None
+        }
+    };
+    let _ = waiter.join();
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    assert!(status.is_some(), "{bin} {args:?} ran longer than {limit:?}\n{out}\n{err}");
+    (status.is_some_and(|s| s.success()), out, err)
+}
+
+#[test]
+fn real_redis_cli_and_redis_benchmark() {
+    if !on_path("redis-cli") || !on_path("redis-benchmark") {
+        assert!(
+            std::env::var("GPUCACHE_REQUIRE_REDIS_CLI").ok().as_deref() != Some("1"),
+            "redis-cli and redis-benchmark are required (GPUCACHE_REQUIRE_REDIS_CLI=1) but not \
+             installed"
+        );
+        eprintln!(
+            "SKIPPED: redis-cli/redis-benchmark are not installed (scripts/test.sh installs \
+             redis-tools)"
+        );
+        return;
+    }
+    let store = memory_store(ResourceLimits::default());
+    let server = start(store.clone());
+    let port = server.local_addr().port().to_string();
+    let limit = Duration::from_secs(60);
+    let cli = |args: &[&str]| {
+        let mut all = vec!["-h", "127.0.0.1", "-p", &port];
+        all.extend_from_slice(args);
+        let (ok, out, err) = run_bounded("redis-cli", &all, limit);
+        assert!(ok, "redis-cli {args:?} failed:\n{out}\n{err}");
+        out
+    };
+    assert_eq!(cli(&["ping"]), "PONG\n");
+    assert_eq!(cli(&["set", "k", "v"]), "OK\n");
+    assert_eq!(cli(&["get", "k"]), "v\n");
+    assert_eq!(cli(&["set", "k", "w", "nx"]), "\n", "SET NX of an existing key is nil");
+    assert!(cli(&["set", "k", "w"]).contains("create-only"));
+    assert_eq!(cli(&["exists", "k", "nope"]), "1\n");
+    assert!(cli(&["info", "server"]).contains(&format!("redis_version:{REDIS_VERSION}")));
+    assert_eq!(cli(&["del", "k"]), "1\n");
+    assert_eq!(cli(&["get", "k"]), "\n");
+
+    let (ok, out, err) = run_bounded(
+        "redis-benchmark",
+        &["-h", "127.0.0.1", "-p", &port, "-t", "set,get", "-n", "2000", "-q", "-r", "1000"],
+        limit,
+    );
+    assert!(ok, "redis-benchmark failed:\n{out}\n{err}");
+    for test in ["SET: ", "GET: "] {
+        assert!(out.contains(test), "redis-benchmark printed no {test:?} result:\n{out}\n{err}");
+    }
+    assert!(!err.contains("WARN"), "redis-benchmark warned:\n{err}");
+    eprintln!("redis-benchmark against the RESP listener:\n{}", out.trim());
+    // At most 1000 distinct keys; SET of an existing one is refused, so each holds one value.
+    let committed = store.stats().committed_blocks;
+    assert!((1..=1000).contains(&committed), "{committed} keys after the benchmark");
+    assert_eq!(server.shutdown(), 0);
+}

@@ -1,0 +1,1148 @@
+//! Typed requests and responses, and their bodies.
+
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::store::{
+    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
+    Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
+};
+
+use super::codec::{Reader, Writer};
+use super::frame::{Frame, trailer_start, write_frame};
+use super::values::{
+    get_abort, get_full_policy, get_implementation, get_invalidate, get_lookup, get_miss, get_put,
+    get_reclaimed, get_request_id, get_reservation, get_reserve, get_result, get_retirement,
+    get_stats, get_wire_error, put_abort, put_full_policy, put_implementation, put_invalidate,
+    put_lookup, put_miss, put_put, put_reclaimed, put_request_id, put_reservation, put_reserve,
+    put_result, put_retirement, put_stats, put_wire_error,
+};
+use gpucache_dataplane::caller::Rights;
+
+use crate::staging::{
+    AGENT_METADATA_BYTES_MAX, DESCRIPTOR_BYTES_MAX, StageId, StagedGet, StagedSlot, StagingStats,
+};
+
+use super::seal::{FINGERPRINT_BYTES, NONCE_BYTES, SealAlgorithm, SealKey};
+use super::{Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
+
+/// The proof a HELLO carries for a tenant with a secret (`docs/PROTOCOL.md` section 6). The
+/// HELLO frame itself is sealed with the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloAuth {
+    /// Which of the tenant's keys signs (`k2026-11`).
+    pub key_id: String,
+    /// [`super::seal::fingerprint`] of that key and the tenant.
+    pub fingerprint: [u8; FINGERPRINT_BYTES],
+    /// Fresh random bytes from the client, mixed into the session key.
+    pub client_nonce: [u8; NONCE_BYTES],
+    /// The client's clock, in milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// The seal algorithm the client proposes for the session.
+    pub seal: SealAlgorithm,
+}
+
+/// What HELLO's answer adds for a sealed session: the answer is sealed with the session key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloSession {
+    /// Fresh random bytes from the server, mixed into the session key.
+    pub server_nonce: [u8; NONCE_BYTES],
+    /// The seal algorithm the session uses (the one the client proposed).
+    pub seal: SealAlgorithm,
+}
+
+/// One key of a batch GET and the most bytes the caller will take for it (the size of its
+/// destination buffer). The capacities of one batch add up to at most [`PAYLOAD_BYTES_MAX`], so
+/// the answer always fits a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetItem {
+    pub key: PhysicalKey,
+    pub capacity: u64,
+}
+
+/// One block of a batch PUT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutItem {
+    pub key: PhysicalKey,
+    pub request: Option<RequestId>,
+    pub data: Vec<u8>,
+}
+
+/// One key of a batch GET through the connection's shared segment: the server writes the block
+/// at `offset`, at most `capacity` bytes, and answers with its length and checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedGetItem {
+    pub key: PhysicalKey,
+    pub offset: u64,
+    pub capacity: u64,
+}
+
+/// One block of a batch PUT whose `len` bytes lie at `offset` of the connection's shared
+/// segment. `checksum` is the client's checksum of them: a block the server stored under
+/// another checksum (the bytes changed while it copied them) is invalidated and refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPutItem {
+    pub key: PhysicalKey,
+    pub request: Option<RequestId>,
+    pub offset: u64,
+    pub len: u64,
+    pub checksum: Checksum,
+}
+
+/// The answer to one GET item: the block's bytes on a hit. The client checks
+/// `Checksum::of(&data) == checksum` before using them (the frame checksum only covers the
+/// transfer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    Hit { checksum: Checksum, data: Vec<u8> },
+    Miss(MissReason),
+}
+
+/// [`StoreInfo`] as it crosses the wire: the name is owned text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteInfo {
+    pub name: String,
+    pub implementation: Implementation,
+    pub failures_retire: bool,
+    pub full_policy: FullPolicy,
+}
+
+/// What a LIMITS answer says of the server's limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// The largest value the store admits (`limits.object_bytes_max`), when the server states
+    /// it; a larger PUT is refused with `ObjectTooLarge`.
+    pub object_bytes_max: Option<u64>,
+}
+
+impl From<StoreInfo> for RemoteInfo {
+    fn from(info: StoreInfo) -> Self {
+        Self {
+            name: info.name.to_owned(),
+            implementation: info.implementation,
+            failures_retire: info.failures_retire,
+            full_policy: info.full_policy,
+        }
+    }
+}
+
+/// What a client asks. Each variant is one op; the batch variants answer per item, in order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Opens a session as `tenant`: claimed for an open tenant, proven by `auth` (and the
+    /// frame's seal) for a tenant with a secret.
+    Hello {
+        tenant: TenantId,
+        client_name: String,
+        /// The rights this connection asks for; the server grants those its configuration
+        /// allows the tenant.
+        rights: Rights,
+        auth: Option<HelloAuth>,
+    },
+    Info,
+    Epoch,
+    Stats,
+    /// Batch QUERY: [`gpucache_dataplane::store::Store::lookup`] per key.
+    Lookup {
+        keys: Vec<PhysicalKey>,
+    },
+    /// Batch GET: `get_into` per item, into a buffer of `capacity` bytes.
+    Get {
+        items: Vec<GetItem>,
+    },
+    /// Batch PUT: `put` per item.
+    Put {
+        items: Vec<PutItem>,
+    },
+    /// Batch INVALIDATE.
+    Invalidate {
+        keys: Vec<PhysicalKey>,
+    },
+    /// The key is boxed as in `Lookup::PrefixHit`: a key is large and this enum is not.
+    Reserve {
+        key: Box<PhysicalKey>,
+        len: u64,
+        request: Option<RequestId>,
+    },
+    Write {
+        reservation: Reservation,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Commit {
+        reservation: Reservation,
+    },
+    Abort {
+        reservation: Reservation,
+        outcome: Retirement,
+    },
+    ExpireLeases,
+    /// `attest_drained` of a region.
+    Attest {
+        region: RegionId,
+    },
+    BumpEpoch,
+    ReclaimFenced {
+        epoch: Epoch,
+    },
+    /// Hands over the shared segment whose descriptor arrives with this frame (`SCM_RIGHTS`
+    /// on a Unix socket); `len` is its size as the client mapped it.
+    ShmAttach {
+        len: u64,
+    },
+    GetShared {
+        items: Vec<SharedGetItem>,
+    },
+    PutShared {
+        items: Vec<SharedPutItem>,
+    },
+    /// The client's NIXL agent metadata (at most [`AGENT_METADATA_BYTES_MAX`] bytes).
+    NixlAttach {
+        metadata: Vec<u8>,
+    },
+    /// Stages each key's block in a slot the client reads itself; `capacity` is the client's
+    /// destination size, as in GET (a larger block answers `BufferTooSmall`).
+    StageGet {
+        items: Vec<GetItem>,
+    },
+    /// Leases an empty slot for a block of `len` bytes hashing to `checksum`.
+    ReservePut {
+        key: Box<PhysicalKey>,
+        len: u64,
+        checksum: Checksum,
+        request: Option<RequestId>,
+    },
+    CommitPut {
+        stage: StageId,
+    },
+    Release {
+        stages: Vec<StageId>,
+    },
+    StageStats,
+    Limits,
+}
+
+/// What a server answers, with the op of the request (or [`Op::Error`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Response {
+    /// The server's protocol version and name, and the session's nonce for a sealed session.
+    Hello {
+        version: u8,
+        server: String,
+        session: Option<HelloSession>,
+        /// The server's Unix socket for the same-host path, offered to clients that connected
+        /// from this host (empty text on the wire when there is none).
+        local: Option<String>,
+    },
+    Info(RemoteInfo),
+    Epoch(Epoch),
+    Stats(StoreStats),
+    Lookup(Vec<Result<Lookup, StoreError>>),
+    Get(Vec<Result<Fetched, StoreError>>),
+    Put(Vec<Result<Put, StoreError>>),
+    Invalidate(Vec<Result<Invalidate, StoreError>>),
+    Reserve(Result<Reserve, StoreError>),
+    Write(Result<(), StoreError>),
+    Commit(Result<Committed, StoreError>),
+    Abort(Result<Abort, StoreError>),
+    ExpireLeases(Result<u64, StoreError>),
+    Attest(Result<Reclaimed, StoreError>),
+    BumpEpoch(Result<Epoch, StoreError>),
+    ReclaimFenced(Result<u64, StoreError>),
+    /// The segment is mapped; its length as the server sees it.
+    ShmAttach(u64),
+    GetShared(Vec<Result<Get, StoreError>>),
+    PutShared(Vec<Result<Put, StoreError>>),
+    /// The server's NIXL agent metadata.
+    NixlAttach(Vec<u8>),
+    StageGet(Vec<Result<StagedGet, StoreError>>),
+    ReservePut(Result<StagedSlot, StoreError>),
+    CommitPut(Result<Put, StoreError>),
+    /// Per stage, whether it was open.
+    Release(Vec<bool>),
+    Limits(ServerLimits),
+    StageStats(StagingStats),
+    /// The request could not be served at the protocol level.
+    Error(WireError),
+}
+
+/// Rights on the wire: bit 0 read, bit 1 write, bit 2 admin; other bits are malformed.
+fn rights_bits(r: Rights) -> u8 {
+    u8::from(r.read) | u8::from(r.write) << 1 | u8::from(r.admin) << 2
+}
+
+fn rights_from_bits(bits: u8) -> Result<Rights, WireError> {
+    if bits & !0b111 != 0 {
+        return Err(WireError::Malformed { what: text::RIGHTS });
+    }
+    Ok(Rights { read: bits & 1 != 0, write: bits & 2 != 0, admin: bits & 4 != 0 })
+}
+
+fn get_seal_algorithm(r: &mut Reader<'_>) -> Result<SealAlgorithm, WireError> {
+    let tag = r.u8(text::SEAL_ALGORITHM)?;
+    SealAlgorithm::from_code(tag).ok_or(WireError::UnknownTag { what: text::SEAL_ALGORITHM, tag })
+}
+
+fn get_capacity_error(total: u64) -> WireError {
+    WireError::TooMany { what: text::GET_CAPACITY, count: total, max: PAYLOAD_BYTES_MAX }
+}
+
+impl Request {
+    pub fn op(&self) -> Op {
+        match self {
+            Self::Hello { .. } => Op::Hello,
+            Self::Info => Op::Info,
+            Self::Epoch => Op::Epoch,
+            Self::Stats => Op::Stats,
+            Self::Lookup { .. } => Op::Lookup,
+            Self::Get { .. } => Op::Get,
+            Self::Put { .. } => Op::Put,
+            Self::Invalidate { .. } => Op::Invalidate,
+            Self::Reserve { .. } => Op::Reserve,
+            Self::Write { .. } => Op::Write,
+            Self::Commit { .. } => Op::Commit,
+            Self::Abort { .. } => Op::Abort,
+            Self::ExpireLeases => Op::ExpireLeases,
+            Self::Attest { .. } => Op::Attest,
+            Self::BumpEpoch => Op::BumpEpoch,
+            Self::ReclaimFenced { .. } => Op::ReclaimFenced,
+            Self::ShmAttach { .. } => Op::ShmAttach,
+            Self::GetShared { .. } => Op::GetShared,
+            Self::PutShared { .. } => Op::PutShared,
+            Self::NixlAttach { .. } => Op::NixlAttach,
+            Self::StageGet { .. } => Op::StageGet,
+            Self::ReservePut { .. } => Op::ReservePut,
+            Self::CommitPut { .. } => Op::CommitPut,
+            Self::Release { .. } => Op::Release,
+            Self::StageStats => Op::StageStats,
+            Self::Limits => Op::Limits,
+        }
+    }
+
+    /// Appends the body. Refuses (appending nothing) what a decoder would refuse: a batch over
+    /// [`super::BATCH_ITEMS_MAX`], GET capacities over [`PAYLOAD_BYTES_MAX`].
+    pub fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let start = out.len();
+        let mut w = Writer::new(out);
+        self.write_body(&mut w);
+        let result = w.finish();
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    fn write_body(&self, w: &mut Writer<'_>) {
+        match self {
+            Self::Hello { tenant, client_name, rights, auth } => {
+                w.tenant(tenant);
+                w.text(client_name);
+                w.u8(rights_bits(*rights));
+                match auth {
+                    None => w.u8(0),
+                    Some(a) => {
+                        w.u8(1);
+                        w.text(&a.key_id);
+                        w.raw(&a.fingerprint);
+                        w.raw(&a.client_nonce);
+                        w.u64(a.timestamp_ms);
+                        w.u8(a.seal.code());
+                    }
+                }
+            }
+            Self::Info
+            | Self::Epoch
+            | Self::Stats
+            | Self::ExpireLeases
+            | Self::BumpEpoch
+            | Self::StageStats
+            | Self::Limits => {}
+            Self::Lookup { keys } | Self::Invalidate { keys } => {
+                w.count(keys.len());
+                for key in keys {
+                    w.key(key);
+                }
+            }
+            Self::Get { items } => {
+                w.count(items.len());
+                let total = items.iter().fold(0u64, |t, i| t.saturating_add(i.capacity));
+                if total > PAYLOAD_BYTES_MAX {
+                    w.fail(get_capacity_error(total));
+                }
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.capacity);
+                }
+            }
+            Self::Put { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    put_request_id(w, item.request);
+                    w.bytes(&item.data);
+                }
+            }
+            Self::Reserve { key, len, request } => {
+                w.key(key);
+                w.u64(*len);
+                put_request_id(w, *request);
+            }
+            Self::Write { reservation, offset, data } => {
+                put_reservation(w, reservation);
+                w.u64(*offset);
+                w.bytes(data);
+            }
+            Self::Commit { reservation } => put_reservation(w, reservation),
+            Self::Abort { reservation, outcome } => {
+                put_reservation(w, reservation);
+                put_retirement(w, *outcome);
+            }
+            Self::Attest { region } => w.u64(region.0),
+            Self::ReclaimFenced { epoch } => w.u64(epoch.0),
+            Self::ShmAttach { len } => w.u64(*len),
+            Self::GetShared { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.offset);
+                    w.u64(item.capacity);
+                }
+            }
+            Self::PutShared { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    put_request_id(w, item.request);
+                    w.u64(item.offset);
+                    w.u64(item.len);
+                    w.u64(item.checksum.0);
+                }
+            }
+            Self::NixlAttach { metadata } => {
+                if metadata.len() > AGENT_METADATA_BYTES_MAX {
+                    w.fail(metadata_error(metadata.len()));
+                }
+                w.bytes(metadata);
+            }
+            Self::ReservePut { key, len, checksum, request } => {
+                w.key(key);
+                w.u64(*len);
+                w.u64(checksum.0);
+                put_request_id(w, *request);
+            }
+            Self::CommitPut { stage } => w.u64(stage.0),
+            Self::StageGet { items } => {
+                w.count(items.len());
+                for item in items {
+                    w.key(&item.key);
+                    w.u64(item.capacity);
+                }
+            }
+            Self::Release { stages } => {
+                w.count(stages.len());
+                for stage in stages {
+                    w.u64(stage.0);
+                }
+            }
+        }
+    }
+
+    /// Strictly decodes the body of a request frame of `op`.
+    pub fn decode_body(op: Op, body: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(body);
+        let request = Self::read_body(op, &mut r)?;
+        r.finish()?;
+        Ok(request)
+    }
+
+    fn read_body(op: Op, r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(match op {
+            Op::Hello => Self::Hello {
+                tenant: r.tenant()?,
+                client_name: r.text(text::TEXT)?,
+                rights: rights_from_bits(r.u8(text::RIGHTS)?)?,
+                auth: match r.u8(text::HELLO_AUTH)? {
+                    0 => None,
+                    1 => Some(HelloAuth {
+                        key_id: r.text(text::TEXT)?,
+                        fingerprint: r.array(text::HELLO_AUTH)?,
+                        client_nonce: r.array(text::HELLO_AUTH)?,
+                        timestamp_ms: r.u64(text::INTEGER)?,
+                        seal: get_seal_algorithm(r)?,
+                    }),
+                    tag => return Err(WireError::UnknownTag { what: text::HELLO_AUTH, tag }),
+                },
+            },
+            Op::Info => Self::Info,
+            Op::Epoch => Self::Epoch,
+            Op::Stats => Self::Stats,
+            Op::ExpireLeases => Self::ExpireLeases,
+            Op::BumpEpoch => Self::BumpEpoch,
+            Op::StageStats => Self::StageStats,
+            Op::Limits => Self::Limits,
+            Op::NixlAttach => Self::NixlAttach { metadata: get_metadata(r)? },
+            Op::StageGet => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(GetItem { key: r.key(index)?, capacity: r.u64(text::INTEGER)? });
+                }
+                Self::StageGet { items }
+            }
+            Op::ReservePut => Self::ReservePut {
+                key: Box::new(r.key(0)?),
+                len: r.u64(text::INTEGER)?,
+                checksum: Checksum(r.u64(text::INTEGER)?),
+                request: get_request_id(r)?,
+            },
+            Op::CommitPut => Self::CommitPut { stage: StageId(r.u64(text::INTEGER)?) },
+            Op::Release => {
+                let n = r.count()?;
+                let mut stages = r.batch(n);
+                for _ in 0..n {
+                    stages.push(StageId(r.u64(text::INTEGER)?));
+                }
+                Self::Release { stages }
+            }
+            Op::Lookup => Self::Lookup { keys: read_keys(r)? },
+            Op::Invalidate => Self::Invalidate { keys: read_keys(r)? },
+            Op::Get => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                let mut total = 0u64;
+                for index in 0..n {
+                    let key = r.key(index)?;
+                    let capacity = r.u64(text::INTEGER)?;
+                    total = total.saturating_add(capacity);
+                    if total > PAYLOAD_BYTES_MAX {
+                        return Err(get_capacity_error(total));
+                    }
+                    items.push(GetItem { key, capacity });
+                }
+                Self::Get { items }
+            }
+            Op::Put => Self::Put {
+                items: read_put_refs(r)?
+                    .into_iter()
+                    .map(|p| PutItem { key: p.key, request: p.request, data: p.data.to_vec() })
+                    .collect(),
+            },
+            Op::Reserve => Self::Reserve {
+                key: Box::new(r.key(0)?),
+                len: r.u64(text::INTEGER)?,
+                request: get_request_id(r)?,
+            },
+            Op::Write => Self::Write {
+                reservation: get_reservation(r)?,
+                offset: r.u64(text::INTEGER)?,
+                data: r.bytes()?,
+            },
+            Op::Commit => Self::Commit { reservation: get_reservation(r)? },
+            Op::Abort => {
+                Self::Abort { reservation: get_reservation(r)?, outcome: get_retirement(r)? }
+            }
+            Op::Attest => Self::Attest { region: RegionId(r.u64(text::INTEGER)?) },
+            Op::ReclaimFenced => Self::ReclaimFenced { epoch: Epoch(r.u64(text::INTEGER)?) },
+            Op::ShmAttach => Self::ShmAttach { len: r.u64(text::INTEGER)? },
+            Op::GetShared => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(SharedGetItem {
+                        key: r.key(index)?,
+                        offset: r.u64(text::INTEGER)?,
+                        capacity: r.u64(text::INTEGER)?,
+                    });
+                }
+                Self::GetShared { items }
+            }
+            Op::PutShared => {
+                let n = r.count()?;
+                let mut items = r.batch(n);
+                for index in 0..n {
+                    items.push(SharedPutItem {
+                        key: r.key(index)?,
+                        request: get_request_id(r)?,
+                        offset: r.u64(text::INTEGER)?,
+                        len: r.u64(text::INTEGER)?,
+                        checksum: Checksum(r.u64(text::INTEGER)?),
+                    });
+                }
+                Self::PutShared { items }
+            }
+            Op::Error => return Err(WireError::UnknownOp { op: op.code() }),
+        })
+    }
+}
+
+/// One block of a batch PUT, its bytes borrowed from the frame body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PutRef<'a> {
+    pub key: PhysicalKey,
+    pub request: Option<RequestId>,
+    pub data: &'a [u8],
+}
+
+fn read_put_refs<'a>(r: &mut Reader<'a>) -> Result<Vec<PutRef<'a>>, WireError> {
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for index in 0..n {
+        items.push(PutRef {
+            key: r.key(index)?,
+            request: get_request_id(r)?,
+            data: r.bytes_ref()?,
+        });
+    }
+    Ok(items)
+}
+
+/// The items of a PUT request body, strictly decoded, their bytes borrowed from `body`: what
+/// a server stores from without copying them out of the frame first.
+pub fn decode_put_request(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
+    let mut r = Reader::new(body);
+    let items = read_put_refs(&mut r)?;
+    r.finish()?;
+    Ok(items)
+}
+
+/// Appends a PUT request frame whose payloads are written straight from the caller's slices
+/// (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
+pub fn encode_put_request(
+    request_id: u64,
+    seal: Option<&SealKey>,
+    items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    write_frame(Kind::Request, Op::Put, request_id, seal, out, |w| {
+        w.count(items.len());
+        for (key, data, request) in items {
+            w.key(key);
+            put_request_id(w, *request);
+            w.bytes(data);
+        }
+    })
+}
+
+/// Appends a GET response frame answering `items`, each block written in place by `fetch`
+/// into the frame (no intermediate buffer); the same bytes as [`Response::Get`].
+pub fn encode_get_response(
+    request_id: u64,
+    seal: Option<&SealKey>,
+    items: &[GetItem],
+    out: &mut Vec<u8>,
+    mut fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
+) -> Result<(), WireError> {
+    write_frame(Kind::Response, Op::Get, request_id, seal, out, |w| {
+        let mut trailer = Vec::new();
+        let mut t = Writer::new(&mut trailer);
+        t.count(items.len());
+        for item in items {
+            let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+            let got = w.fill_in_place(capacity, |dst| match fetch(item, dst) {
+                Ok(Get::Hit { len, checksum }) => {
+                    (usize::try_from(len).unwrap_or(usize::MAX), Ok(Get::Hit { len, checksum }))
+                }
+                other => (0, other),
+            });
+            match got {
+                Ok(Get::Hit { len, checksum }) => {
+                    t.u8(0);
+                    t.u8(0);
+                    t.u64(checksum.0);
+                    t.len(usize::try_from(len).unwrap_or(usize::MAX));
+                }
+                Ok(Get::Miss(reason)) => {
+                    put_result(&mut t, &Ok(Fetched::Miss(reason)), put_fetched_meta)
+                }
+                Err(e) => put_result(&mut t, &Err::<Fetched, _>(e), put_fetched_meta),
+            }
+        }
+        finish_trailer(w, t.finish(), &trailer);
+    })
+}
+
+/// One GET answer, its bytes borrowed from the frame body.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FetchedRef<'a> {
+    Hit { checksum: Checksum, data: &'a [u8] },
+    Miss(MissReason),
+}
+
+/// The answers of a GET response body, strictly decoded, their bytes borrowed from `body`:
+/// what a client lands in the caller's buffers without an owned copy first.
+pub fn decode_get_response(
+    body: &[u8],
+) -> Result<Vec<Result<FetchedRef<'_>, StoreError>>, WireError> {
+    read_get_answers(body)
+}
+
+fn read_keys(r: &mut Reader<'_>) -> Result<Vec<PhysicalKey>, WireError> {
+    let n = r.count()?;
+    let mut keys = r.batch(n);
+    for index in 0..n {
+        keys.push(r.key(index)?);
+    }
+    Ok(keys)
+}
+
+fn write_batch<T>(
+    w: &mut Writer<'_>,
+    items: &[Result<T, StoreError>],
+    ok: impl Fn(&mut Writer<'_>, &T) -> Result<(), super::values::Unrepresentable>,
+) {
+    w.count(items.len());
+    for item in items {
+        put_result(w, item, &ok);
+    }
+}
+
+fn read_batch<T>(
+    r: &mut Reader<'_>,
+    ok: impl Fn(&mut Reader<'_>, usize) -> Result<T, WireError>,
+) -> Result<Vec<Result<T, StoreError>>, WireError> {
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for index in 0..n {
+        items.push(get_result(r, |r| ok(r, index))?);
+    }
+    Ok(items)
+}
+
+/// A GET answer's entry in the trailer: for a hit, its checksum and length (its bytes are in
+/// the payload part before the trailer).
+fn put_fetched_meta(w: &mut Writer<'_>, f: &Fetched) -> Result<(), super::values::Unrepresentable> {
+    match f {
+        Fetched::Hit { checksum, data } => {
+            w.u8(0);
+            w.u64(checksum.0);
+            w.len(data.len());
+        }
+        Fetched::Miss(m) => {
+            w.u8(1);
+            put_miss(w, *m);
+        }
+    }
+    Ok(())
+}
+
+fn metadata_error(len: usize) -> WireError {
+    WireError::TooMany {
+        what: text::AGENT_METADATA,
+        count: len as u64,
+        max: AGENT_METADATA_BYTES_MAX as u64,
+    }
+}
+
+fn get_metadata(r: &mut Reader<'_>) -> Result<Vec<u8>, WireError> {
+    let metadata = r.bytes()?;
+    if metadata.len() > AGENT_METADATA_BYTES_MAX {
+        return Err(metadata_error(metadata.len()));
+    }
+    Ok(metadata)
+}
+
+fn put_staged_slot(w: &mut Writer<'_>, slot: &StagedSlot) {
+    w.u64(slot.stage.0);
+    if slot.descriptor.len() > DESCRIPTOR_BYTES_MAX {
+        w.fail(WireError::TooMany {
+            what: text::DESCRIPTOR,
+            count: slot.descriptor.len() as u64,
+            max: DESCRIPTOR_BYTES_MAX as u64,
+        });
+    }
+    w.bytes(&slot.descriptor);
+    w.u64(slot.lease_ms);
+}
+
+fn get_staged_slot(r: &mut Reader<'_>) -> Result<StagedSlot, WireError> {
+    let stage = StageId(r.u64(text::INTEGER)?);
+    let descriptor = r.bytes()?;
+    if descriptor.len() > DESCRIPTOR_BYTES_MAX {
+        return Err(WireError::TooMany {
+            what: text::DESCRIPTOR,
+            count: descriptor.len() as u64,
+            max: DESCRIPTOR_BYTES_MAX as u64,
+        });
+    }
+    Ok(StagedSlot { stage, descriptor, lease_ms: r.u64(text::INTEGER)? })
+}
+
+fn put_staged_get(w: &mut Writer<'_>, g: &StagedGet) -> Result<(), super::values::Unrepresentable> {
+    match g {
+        StagedGet::Staged { slot, len, checksum } => {
+            w.u8(0);
+            put_staged_slot(w, slot);
+            w.u64(*len);
+            w.u64(checksum.0);
+        }
+        StagedGet::Miss(m) => {
+            w.u8(1);
+            put_miss(w, *m);
+        }
+    }
+    Ok(())
+}
+
+fn get_staged_get(r: &mut Reader<'_>) -> Result<StagedGet, WireError> {
+    match r.u8(text::STAGED_GET)? {
+        0 => Ok(StagedGet::Staged {
+            slot: get_staged_slot(r)?,
+            len: r.u64(text::INTEGER)?,
+            checksum: Checksum(r.u64(text::INTEGER)?),
+        }),
+        1 => Ok(StagedGet::Miss(get_miss(r)?)),
+        tag => Err(WireError::UnknownTag { what: text::STAGED_GET, tag }),
+    }
+}
+
+fn put_get(w: &mut Writer<'_>, g: &Get) -> Result<(), super::values::Unrepresentable> {
+    match g {
+        Get::Hit { len, checksum } => {
+            w.u8(0);
+            w.u64(*len);
+            w.u64(checksum.0);
+        }
+        Get::Miss(m) => {
+            w.u8(1);
+            put_miss(w, *m);
+        }
+    }
+    Ok(())
+}
+
+fn get_get(r: &mut Reader<'_>) -> Result<Get, WireError> {
+    match r.u8(text::FETCHED)? {
+        0 => Ok(Get::Hit { len: r.u64(text::INTEGER)?, checksum: Checksum(r.u64(text::INTEGER)?) }),
+        1 => Ok(Get::Miss(get_miss(r)?)),
+        tag => Err(WireError::UnknownTag { what: text::FETCHED, tag }),
+    }
+}
+
+/// Appends `trailer` and its length, passing on an error the trailer's writer recorded.
+fn finish_trailer(w: &mut Writer<'_>, written: Result<(), WireError>, trailer: &[u8]) {
+    if let Err(e) = written {
+        w.fail(e);
+    }
+    w.raw(trailer);
+    w.len(trailer.len());
+}
+
+/// Reads a GET answer body: the trailer at its end (located by [`trailer_start`]), and each
+/// hit's bytes from the payload part, in order. Both parts must be used up exactly.
+fn read_get_answers(body: &[u8]) -> Result<Vec<Result<FetchedRef<'_>, StoreError>>, WireError> {
+    let start = trailer_start(body).ok_or(WireError::Malformed { what: text::TRAILER })?;
+    let (payloads, rest) = body.split_at(start);
+    let trailer = rest.get(..rest.len().saturating_sub(4)).unwrap_or_default();
+    let mut r = Reader::new(trailer);
+    let mut bulk = Reader::new(payloads);
+    let n = r.count()?;
+    let mut items = r.batch(n);
+    for _ in 0..n {
+        items.push(match r.u8(text::RESULT)? {
+            0 => Ok(match r.u8(text::FETCHED)? {
+                0 => {
+                    let checksum = Checksum(r.u64(text::INTEGER)?);
+                    let len = usize::try_from(r.u32(text::BYTES)?)
+                        .map_err(|_| WireError::Truncated { what: text::PAYLOADS })?;
+                    FetchedRef::Hit { checksum, data: bulk.take(len, text::PAYLOADS)? }
+                }
+                1 => FetchedRef::Miss(get_miss(&mut r)?),
+                tag => return Err(WireError::UnknownTag { what: text::FETCHED, tag }),
+            }),
+            1 => Err(super::values::get_store_error(&mut r)?),
+            tag => return Err(WireError::UnknownTag { what: text::RESULT, tag }),
+        });
+    }
+    r.finish()?;
+    bulk.finish()?;
+    Ok(items)
+}
+
+impl Response {
+    pub fn op(&self) -> Op {
+        match self {
+            Self::Hello { .. } => Op::Hello,
+            Self::Info(_) => Op::Info,
+            Self::Epoch(_) => Op::Epoch,
+            Self::Stats(_) => Op::Stats,
+            Self::Lookup(_) => Op::Lookup,
+            Self::Get(_) => Op::Get,
+            Self::Put(_) => Op::Put,
+            Self::Invalidate(_) => Op::Invalidate,
+            Self::Reserve(_) => Op::Reserve,
+            Self::Write(_) => Op::Write,
+            Self::Commit(_) => Op::Commit,
+            Self::Abort(_) => Op::Abort,
+            Self::ExpireLeases(_) => Op::ExpireLeases,
+            Self::Attest(_) => Op::Attest,
+            Self::BumpEpoch(_) => Op::BumpEpoch,
+            Self::ReclaimFenced(_) => Op::ReclaimFenced,
+            Self::ShmAttach(_) => Op::ShmAttach,
+            Self::GetShared(_) => Op::GetShared,
+            Self::PutShared(_) => Op::PutShared,
+            Self::NixlAttach(_) => Op::NixlAttach,
+            Self::StageGet(_) => Op::StageGet,
+            Self::ReservePut(_) => Op::ReservePut,
+            Self::CommitPut(_) => Op::CommitPut,
+            Self::Release(_) => Op::Release,
+            Self::StageStats(_) => Op::StageStats,
+            Self::Limits(_) => Op::Limits,
+            Self::Error(_) => Op::Error,
+        }
+    }
+
+    /// Appends the body. Refuses (appending nothing) a batch over [`super::BATCH_ITEMS_MAX`].
+    pub fn encode_body(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let start = out.len();
+        let mut w = Writer::new(out);
+        self.write_body(&mut w);
+        let result = w.finish();
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    fn write_body(&self, w: &mut Writer<'_>) {
+        match self {
+            Self::Hello { version, server, session, local } => {
+                w.u8(*version);
+                w.text(server);
+                match session {
+                    None => w.u8(0),
+                    Some(s) => {
+                        w.u8(1);
+                        w.raw(&s.server_nonce);
+                        w.u8(s.seal.code());
+                    }
+                }
+                w.text(local.as_deref().unwrap_or_default());
+            }
+            Self::Info(info) => {
+                w.text(&info.name);
+                put_implementation(w, info.implementation);
+                w.bool(info.failures_retire);
+                put_full_policy(w, info.full_policy);
+            }
+            Self::Epoch(epoch) => w.u64(epoch.0),
+            Self::Stats(stats) => put_stats(w, stats),
+            Self::Lookup(items) => write_batch(w, items, put_lookup),
+            Self::Get(items) => {
+                // Payloads first, then the trailer that describes them (FLAG_TRAILER).
+                let mut trailer = Vec::new();
+                let mut t = Writer::new(&mut trailer);
+                t.count(items.len());
+                for item in items {
+                    if let Ok(Fetched::Hit { data, .. }) = item {
+                        w.raw(data);
+                    }
+                    put_result(&mut t, item, put_fetched_meta);
+                }
+                finish_trailer(w, t.finish(), &trailer);
+            }
+            Self::Put(items) => write_batch(w, items, put_put),
+            Self::Invalidate(items) => write_batch(w, items, put_invalidate),
+            Self::Reserve(result) => put_result(w, result, put_reserve),
+            Self::Write(result) => put_result(w, result, |_, ()| Ok(())),
+            Self::Commit(result) => put_result(w, result, |w, c| {
+                w.u64(c.checksum.0);
+                Ok(())
+            }),
+            Self::Abort(result) => put_result(w, result, put_abort),
+            Self::ExpireLeases(result) | Self::ReclaimFenced(result) => {
+                put_result(w, result, |w, n| {
+                    w.u64(*n);
+                    Ok(())
+                });
+            }
+            Self::Attest(result) => put_result(w, result, put_reclaimed),
+            Self::BumpEpoch(result) => put_result(w, result, |w, e| {
+                w.u64(e.0);
+                Ok(())
+            }),
+            Self::ShmAttach(len) => w.u64(*len),
+            Self::GetShared(items) => write_batch(w, items, put_get),
+            Self::PutShared(items) => write_batch(w, items, put_put),
+            Self::NixlAttach(metadata) => {
+                if metadata.len() > AGENT_METADATA_BYTES_MAX {
+                    w.fail(metadata_error(metadata.len()));
+                }
+                w.bytes(metadata);
+            }
+            Self::StageGet(items) => write_batch(w, items, put_staged_get),
+            Self::ReservePut(result) => put_result(w, result, |w, slot| {
+                put_staged_slot(w, slot);
+                Ok(())
+            }),
+            Self::CommitPut(result) => put_result(w, result, put_put),
+            Self::Release(open) => {
+                w.count(open.len());
+                for o in open {
+                    w.bool(*o);
+                }
+            }
+            Self::Limits(l) => w.option_u64(l.object_bytes_max),
+            Self::StageStats(s) => {
+                for n in [
+                    s.staged,
+                    s.committed,
+                    s.released,
+                    s.quarantined,
+                    s.fenced,
+                    s.open,
+                    s.free_slots,
+                    s.quarantined_slots,
+                    s.peers,
+                    s.slot_bytes,
+                ] {
+                    w.u64(n);
+                }
+            }
+            Self::Error(e) => put_wire_error(w, e),
+        }
+    }
+
+    /// Strictly decodes the body of a response frame of `op`.
+    pub fn decode_body(op: Op, body: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(body);
+        let response = Self::read_body(op, &mut r)?;
+        r.finish()?;
+        Ok(response)
+    }
+
+    fn read_body(op: Op, r: &mut Reader<'_>) -> Result<Self, WireError> {
+        const N: &str = text::INTEGER;
+        Ok(match op {
+            Op::Hello => Self::Hello {
+                version: r.u8(N)?,
+                server: r.text(text::TEXT)?,
+                session: match r.u8(text::HELLO_AUTH)? {
+                    0 => None,
+                    1 => Some(HelloSession {
+                        server_nonce: r.array(text::HELLO_AUTH)?,
+                        seal: get_seal_algorithm(r)?,
+                    }),
+                    tag => return Err(WireError::UnknownTag { what: text::HELLO_AUTH, tag }),
+                },
+                local: Some(r.text(text::TEXT)?).filter(|p| !p.is_empty()),
+            },
+            Op::Info => Self::Info(RemoteInfo {
+                name: r.text(text::TEXT)?,
+                implementation: get_implementation(r)?,
+                failures_retire: r.bool(text::BOOL)?,
+                full_policy: get_full_policy(r)?,
+            }),
+            Op::Epoch => Self::Epoch(Epoch(r.u64(N)?)),
+            Op::Stats => Self::Stats(get_stats(r)?),
+            Op::Lookup => Self::Lookup(read_batch(r, get_lookup)?),
+            Op::Get => Self::Get(
+                read_get_answers(r.take_rest())?
+                    .into_iter()
+                    .map(|a| {
+                        a.map(|f| match f {
+                            FetchedRef::Hit { checksum, data } => {
+                                Fetched::Hit { checksum, data: data.to_vec() }
+                            }
+                            FetchedRef::Miss(m) => Fetched::Miss(m),
+                        })
+                    })
+                    .collect(),
+            ),
+            Op::Put => Self::Put(read_batch(r, |r, _| get_put(r))?),
+            Op::Invalidate => Self::Invalidate(read_batch(r, |r, _| get_invalidate(r))?),
+            Op::Reserve => Self::Reserve(get_result(r, get_reserve)?),
+            Op::Write => Self::Write(get_result(r, |_| Ok(()))?),
+            Op::Commit => {
+                Self::Commit(get_result(r, |r| Ok(Committed { checksum: Checksum(r.u64(N)?) }))?)
+            }
+            Op::Abort => Self::Abort(get_result(r, get_abort)?),
+            Op::ExpireLeases => Self::ExpireLeases(get_result(r, |r| r.u64(N))?),
+            Op::Attest => Self::Attest(get_result(r, get_reclaimed)?),
+            Op::BumpEpoch => Self::BumpEpoch(get_result(r, |r| Ok(Epoch(r.u64(N)?)))?),
+            Op::ReclaimFenced => Self::ReclaimFenced(get_result(r, |r| r.u64(N))?),
+            Op::ShmAttach => Self::ShmAttach(r.u64(N)?),
+            Op::GetShared => Self::GetShared(read_batch(r, |r, _| get_get(r))?),
+            Op::PutShared => Self::PutShared(read_batch(r, |r, _| get_put(r))?),
+            Op::NixlAttach => Self::NixlAttach(get_metadata(r)?),
+            Op::StageGet => Self::StageGet(read_batch(r, |r, _| get_staged_get(r))?),
+            Op::ReservePut => Self::ReservePut(get_result(r, get_staged_slot)?),
+            Op::CommitPut => Self::CommitPut(get_result(r, get_put)?),
+            Op::Release => {
+                let n = r.count()?;
+                let mut open = r.batch(n);
+                for _ in 0..n {
+                    open.push(r.bool(text::BOOL)?);
+                }
+                Self::Release(open)
+            }
+            Op::StageStats => {
+                const S: &str = text::STAGE_STATS;
+                Self::StageStats(StagingStats {
+                    staged: r.u64(S)?,
+                    committed: r.u64(S)?,
+                    released: r.u64(S)?,
+                    quarantined: r.u64(S)?,
+                    fenced: r.u64(S)?,
+                    open: r.u64(S)?,
+                    free_slots: r.u64(S)?,
+                    quarantined_slots: r.u64(S)?,
+                    peers: r.u64(S)?,
+                    slot_bytes: r.u64(S)?,
+                })
+            }
+            Op::Limits => {
+                Self::Limits(ServerLimits { object_bytes_max: r.option_u64(text::INTEGER)? })
+            }
+            Op::Error => Self::Error(get_wire_error(r)?),
+        })
+    }
+}
+
+/// The frame methods requests and responses share: `$kind` is the frame kind they travel in.
+/// (A server whose answer does not fit, [`WireError::TooLarge`], sends
+/// [`WireError::ResponseTooLarge`] instead.)
+macro_rules! frame_codec {
+    ($message:ty, $kind:expr) => {
+        impl $message {
+            /// Appends a whole frame (header and body) for `request_id`; appends nothing on
+            /// error.
+            pub fn encode_frame(
+                &self,
+                request_id: u64,
+                out: &mut Vec<u8>,
+            ) -> Result<(), WireError> {
+                self.encode_sealed_frame(request_id, None, out)
+            }
+
+            /// [`Self::encode_frame`], sealed with `seal` when given.
+            pub fn encode_sealed_frame(
+                &self,
+                request_id: u64,
+                seal: Option<&SealKey>,
+                out: &mut Vec<u8>,
+            ) -> Result<(), WireError> {
+                write_frame($kind, self.op(), request_id, seal, out, |w| self.write_body(w))
+            }
+
+            /// A whole frame for `request_id`.
+            pub fn to_frame_bytes(&self, request_id: u64) -> Result<Vec<u8>, WireError> {
+                let mut out = Vec::new();
+                self.encode_frame(request_id, &mut out)?;
+                Ok(out)
+            }
+
+            /// Decodes a frame the [`super::FrameDecoder`] produced.
+            pub fn from_frame(frame: &Frame) -> Result<Self, WireError> {
+                if frame.kind != $kind {
+                    return Err(WireError::WrongKind { expected: $kind, found: frame.kind });
+                }
+                Self::decode_body(frame.op, &frame.body)
+            }
+        }
+    };
+}
+
+frame_codec!(Request, Kind::Request);
+frame_codec!(Response, Kind::Response);

@@ -34,5 +34,5 @@ pub use limits::{Ledger, Refusal, RequestId, ResourceLimits};
 pub use registry::{Epoch, RegionId};
 pub use store::{
     BatchAnswers, BatchGet, BatchPut, Get, Lookup, MissReason, Put, Reservation, Reserve,
-    Retirement, Store, StoreError,
+    Retirement, Store, StoreError, StoreLayer,
 };

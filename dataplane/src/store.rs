@@ -626,19 +626,33 @@ impl WrittenRanges {
     }
 }
 
-/// A shared store is a store: servers, executors and tests hold stores behind `Arc`.
-impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+/// A store that wraps another and changes only some of its calls: a metrics layer, a transport
+/// that moves payloads another way, a test hook. A layer names its inner store and overrides the
+/// calls it changes; [`Store`] is implemented for every layer, and each call it does not override
+/// goes to the inner store unchanged.
+///
+/// The batch calls are the exception: by default a layer's batch call runs the layer's own
+/// single-key call per item, so a layer that changes `get_into` also changes what `get_batch`
+/// does and can never be bypassed by a batch. A layer that keeps the inner store's answers (a
+/// metrics layer, `Arc`) overrides the batch calls to forward them, keeping the inner store's
+/// batch path.
+pub trait StoreLayer: Send + Sync {
+    type Inner: Store + ?Sized;
+
+    /// The store this layer wraps.
+    fn inner(&self) -> &Self::Inner;
+
     fn info(&self) -> StoreInfo {
-        (**self).info()
+        self.inner().info()
     }
     fn failures_retire(&self) -> bool {
-        (**self).failures_retire()
+        self.inner().failures_retire()
     }
     fn epoch(&self) -> Epoch {
-        (**self).epoch()
+        self.inner().epoch()
     }
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        (**self).lookup(caller, key)
+        self.inner().lookup(caller, key)
     }
     fn get_into(
         &self,
@@ -646,7 +660,7 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        (**self).get_into(caller, key, dst)
+        self.inner().get_into(caller, key, dst)
     }
     fn reserve(
         &self,
@@ -655,7 +669,7 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         len: u64,
         request: Option<RequestId>,
     ) -> Result<Reserve, StoreError> {
-        (**self).reserve(caller, key, len, request)
+        self.inner().reserve(caller, key, len, request)
     }
     fn write(
         &self,
@@ -664,10 +678,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         offset: u64,
         src: &[u8],
     ) -> Result<(), StoreError> {
-        (**self).write(caller, r, offset, src)
+        self.inner().write(caller, r, offset, src)
     }
     fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-        (**self).commit(caller, r)
+        self.inner().commit(caller, r)
     }
     fn abort(
         &self,
@@ -675,28 +689,28 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         r: Reservation,
         outcome: Retirement,
     ) -> Result<Abort, StoreError> {
-        (**self).abort(caller, r, outcome)
+        self.inner().abort(caller, r, outcome)
     }
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        (**self).invalidate(caller, key)
+        self.inner().invalidate(caller, key)
     }
     fn expire_leases(&self) -> Result<usize, StoreError> {
-        (**self).expire_leases()
+        self.inner().expire_leases()
     }
     fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        (**self).attest_drained(caller, region)
+        self.inner().attest_drained(caller, region)
     }
     fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        (**self).bump_epoch()
+        self.inner().bump_epoch()
     }
     fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        (**self).reclaim_fenced(epoch)
+        self.inner().reclaim_fenced(epoch)
     }
     fn stats(&self) -> StoreStats {
-        (**self).stats()
+        self.inner().stats()
     }
     fn condition(&self) -> StoreCondition {
-        (**self).condition()
+        self.inner().condition()
     }
     fn put(
         &self,
@@ -705,7 +719,124 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        (**self).put(caller, key, src, request)
+        self.inner().put(caller, key, src, request)
+    }
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        keys.iter().map(|key| StoreLayer::lookup(self, caller, key)).collect()
+    }
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        items.iter_mut().map(|i| StoreLayer::get_into(self, caller, i.key, i.dst)).collect()
+    }
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        items.iter().map(|i| StoreLayer::put(self, caller, i.key, i.src, i.request)).collect()
+    }
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        keys.iter().map(|key| StoreLayer::invalidate(self, caller, key)).collect()
+    }
+}
+
+/// Every layer is a store: each call is the layer's (its override, or the inner store's).
+impl<L: StoreLayer> Store for L {
+    fn info(&self) -> StoreInfo {
+        StoreLayer::info(self)
+    }
+    fn failures_retire(&self) -> bool {
+        StoreLayer::failures_retire(self)
+    }
+    fn epoch(&self) -> Epoch {
+        StoreLayer::epoch(self)
+    }
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        StoreLayer::lookup(self, caller, key)
+    }
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        StoreLayer::get_into(self, caller, key, dst)
+    }
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        StoreLayer::reserve(self, caller, key, len, request)
+    }
+    fn write(
+        &self,
+        caller: &Caller,
+        r: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        StoreLayer::write(self, caller, r, offset, src)
+    }
+    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
+        StoreLayer::commit(self, caller, r)
+    }
+    fn abort(
+        &self,
+        caller: &Caller,
+        r: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        StoreLayer::abort(self, caller, r, outcome)
+    }
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        StoreLayer::invalidate(self, caller, key)
+    }
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        StoreLayer::expire_leases(self)
+    }
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        StoreLayer::attest_drained(self, caller, region)
+    }
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        StoreLayer::bump_epoch(self)
+    }
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        StoreLayer::reclaim_fenced(self, epoch)
+    }
+    fn stats(&self) -> StoreStats {
+        StoreLayer::stats(self)
+    }
+    fn condition(&self) -> StoreCondition {
+        StoreLayer::condition(self)
+    }
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        StoreLayer::put(self, caller, key, src, request)
+    }
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        StoreLayer::lookup_batch(self, caller, keys)
+    }
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        StoreLayer::get_batch(self, caller, items)
+    }
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        StoreLayer::put_batch(self, caller, items)
+    }
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        StoreLayer::invalidate_batch(self, caller, keys)
+    }
+}
+
+/// A shared store is a store: servers, executors and tests hold stores behind `Arc`. It changes
+/// nothing, so its batch calls are the inner store's.
+impl<S: Store + ?Sized> StoreLayer for std::sync::Arc<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        self
     }
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
         (**self).lookup_batch(caller, keys)

@@ -4,6 +4,13 @@
 //! instead of evicting, guarantees that every failed call has stopped touching the caller's
 //! buffers, and copies payload only in `write` and `get_into`. Every other backend is checked
 //! against the same conformance suite it passes.
+//!
+//! Batch calls take the mutex once for the whole batch where the batch copies nothing
+//! (lookups, invalidations), and otherwise once per phase: a batch GET pins every block under
+//! one lock, copies and verifies them without it, and unpins them under one more (a damaged
+//! block it drops starts a new round for the items after it); a batch PUT
+//! commits each block and reserves the next one under the same lock, so that its copies run
+//! without the lock while each PUT still sees the ones before it, as single PUTs would.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,12 +22,12 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, CorruptReason, FullPolicy, Get, Implementation, Invalidate, Lookup, Put,
-    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
-    authorize, put_reserved,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptReason, FullPolicy, Get,
+    Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
+    StoreError, StoreInfo, StoreStats, authorize, put_reserved,
 };
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, ReadPin};
 
 /// Most bytes of freed payload buffers kept for reuse (also capped at a quarter of
 /// `retained_bytes_max`).
@@ -102,6 +109,112 @@ struct Inner {
     spare: SpareBuffers,
 }
 
+impl Inner {
+    /// Starts a create-only PUT of `len` bytes, the new block's buffer coming from the spares.
+    fn reserve(
+        &mut self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+        now_ms: u64,
+    ) -> Result<Reserve, StoreError> {
+        let Inner { catalog, spare } = self;
+        let (answer, released) = catalog.reserve(caller, key, len, request, now_ms, |len| {
+            usize::try_from(len).map(|n| spare.take(n)).map_err(|_| StoreError::Backend {
+                operation: "reserve",
+                detail: format!("{len} bytes do not fit this address space"),
+                retirement: Retirement::Retired,
+            })
+        })?;
+        spare.give(released);
+        Ok(answer)
+    }
+
+    /// Takes the buffer of a reserved block out of the catalog, to be filled without the lock
+    /// (nobody else reads or writes a block in that state).
+    fn take_buffer(
+        &mut self,
+        caller: &Caller,
+        r: &Reservation,
+        len: u64,
+    ) -> Result<Payload, StoreError> {
+        let b = self.catalog.write_into(caller, r, 0, len)?;
+        Ok(std::mem::take(&mut b.payload))
+    }
+
+    /// Puts a buffer taken by [`Self::take_buffer`] back and commits its block; `filled` is the
+    /// checksum of the filled buffer, none when it could not be filled.
+    fn commit_buffer(
+        &mut self,
+        caller: &Caller,
+        r: &Reservation,
+        buf: Payload,
+        filled: Option<Checksum>,
+        now_ms: u64,
+    ) -> Result<Committed, StoreError> {
+        if let Some(b) = self.catalog.entry_mut(r.region) {
+            b.payload = buf;
+        }
+        let Some(checksum) = filled else {
+            return Err(StoreError::Backend {
+                operation: "put",
+                detail: "the block's buffer is shared while it is being written".into(),
+                retirement: Retirement::Retired,
+            });
+        };
+        self.catalog.start_commit(caller, r)?;
+        self.catalog.finish_commit(r.region, checksum, now_ms)
+    }
+
+    /// Ends a PUT's reservation after `error`, with the error's retirement. The reservation may
+    /// already be gone (fenced, quarantined); the error is what the caller needs either way.
+    fn abort_after(&mut self, caller: &Caller, r: Reservation, error: &StoreError) {
+        if let Ok((_, released)) = self.catalog.abort(caller, r, error.retirement()) {
+            self.spare.give(released);
+        }
+    }
+}
+
+/// Copies `src` into the front of a block's buffer and checksums the whole buffer; none when the
+/// buffer is shared or too short.
+fn fill(buf: &mut Payload, src: &[u8]) -> Option<Checksum> {
+    Arc::get_mut(buf).and_then(|b| {
+        let dst = b.get_mut(..src.len())?;
+        dst.copy_from_slice(src);
+        Some(Checksum::of(b))
+    })
+}
+
+/// Copies a pinned block into the front of `dst` and verifies it there, zeroing what does not
+/// verify. Returns whether the read failed its check, and the damage to drop the block for:
+/// only when the block's own bytes are damaged, since the caller's buffer may be memory
+/// another process can write (a shared segment), which is not the block's fault.
+fn deliver(
+    pin: &ReadPin,
+    payload: Option<&Payload>,
+    dst: &mut [u8],
+) -> (bool, Option<CorruptReason>) {
+    let len = pin.len_bytes();
+    let source = payload.and_then(|p| p.get(..len));
+    if let Some(src) = source {
+        dst[..len].copy_from_slice(src);
+    }
+    let corrupt = !pin.delivered_intact(&dst[..len]);
+    let damaged = corrupt && !source.is_some_and(|src| pin.delivered_intact(src));
+    let reason = if source.is_some() { CorruptReason::Checksum } else { CorruptReason::Truncated };
+    if corrupt {
+        dst[..len].fill(0);
+    }
+    (corrupt, damaged.then_some(reason))
+}
+
+/// A GET item of a batch after the pinning lock: answered there, or pinned for its copy.
+enum Pinned {
+    Answered(Result<Get, StoreError>),
+    Reading { pin: ReadPin, payload: Option<Payload> },
+}
+
 /// The in-process reference store.
 #[derive(Debug)]
 pub struct MemoryStore {
@@ -164,30 +277,93 @@ impl MemoryStore {
         r: &Reservation,
         src: &[u8],
     ) -> Result<Committed, StoreError> {
-        let mut buf = {
-            let mut inner = self.lock();
-            let b = inner.catalog.write_into(caller, r, 0, src.len() as u64)?;
-            std::mem::take(&mut b.payload)
-        };
-        let filled = Arc::get_mut(&mut buf).and_then(|b| {
-            let dst = b.get_mut(..src.len())?;
-            dst.copy_from_slice(src);
-            Some(Checksum::of(b))
-        });
+        let mut buf = self.lock().take_buffer(caller, r, src.len() as u64)?;
+        let filled = fill(&mut buf, src);
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
-        if let Some(b) = inner.catalog.entry_mut(r.region) {
-            b.payload = buf;
+        self.lock().commit_buffer(caller, r, buf, filled, now)
+    }
+
+    /// Starts one PUT of a batch under the held lock: its reservation and its buffer, or the
+    /// PUT's final answer when there is nothing to write.
+    fn start_put(
+        &self,
+        inner: &mut Inner,
+        caller: &Caller,
+        item: &BatchPut<'_>,
+    ) -> Result<(Reservation, Payload), Result<Put, StoreError>> {
+        let len = item.src.len() as u64;
+        let now = self.clock.now_ms();
+        let reserve = inner.reserve(caller, item.key, len, item.request, now).map_err(Err)?;
+        let r = reserve.into_reservation().map_err(Ok)?;
+        match inner.take_buffer(caller, &r, len) {
+            Ok(buf) => Ok((r, buf)),
+            Err(e) => {
+                inner.abort_after(caller, r, &e);
+                Err(Err(e))
+            }
         }
-        let Some(checksum) = filled else {
-            return Err(StoreError::Backend {
-                operation: "put",
-                detail: "the block's buffer is shared while it is being written".into(),
-                retirement: Retirement::Retired,
-            });
+    }
+
+    /// One round of a batch GET: pins `items` under one lock, copies and verifies them in
+    /// order without it, and unpins them under one more. A block found damaged is dropped, and
+    /// the items after it may answer differently for that (the same key again, or one whose
+    /// miss reason it decided), so the round stops there: pins it took for later items are
+    /// released untouched. Appends the answers of the items it settled (at least one) and
+    /// returns how many.
+    fn get_round(
+        &self,
+        caller: &Caller,
+        items: &mut [BatchGet<'_>],
+        answers: &mut BatchAnswers<Get>,
+    ) -> usize {
+        let pinned: Vec<Pinned> = {
+            let mut inner = self.lock();
+            items
+                .iter()
+                .map(|item| {
+                    if let Err(e) = authorize(caller, item.key, Right::Read) {
+                        return Pinned::Answered(Err(e));
+                    }
+                    match inner.catalog.pin_read(item.key, item.dst.len()) {
+                        Err(e) => Pinned::Answered(Err(e)),
+                        Ok(Err(miss)) => Pinned::Answered(Ok(Get::Miss(miss))),
+                        Ok(Ok(pin)) => {
+                            let payload =
+                                inner.catalog.entry(pin.region).map(|b| Arc::clone(&b.payload));
+                            Pinned::Reading { pin, payload }
+                        }
+                    }
+                })
+                .collect()
         };
-        inner.catalog.start_commit(caller, r)?;
-        inner.catalog.finish_commit(r.region, checksum, now)
+        let mut unpins = Vec::with_capacity(pinned.len());
+        let mut settled = 0;
+        let mut pinned = pinned.into_iter();
+        for (item, p) in items.iter_mut().zip(pinned.by_ref()) {
+            settled += 1;
+            match p {
+                Pinned::Answered(answer) => answers.push(answer),
+                Pinned::Reading { pin, payload } => {
+                    let (corrupt, damage) = deliver(&pin, payload.as_ref(), item.dst);
+                    unpins.push((pin.region, damage));
+                    answers.push(Ok(pin.answer(corrupt)));
+                    if damage.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        unpins.extend(pinned.filter_map(|p| match p {
+            Pinned::Reading { pin, .. } => Some((pin.region, None)),
+            Pinned::Answered(_) => None,
+        }));
+        // Every payload reference is gone, so blocks freed now give their buffers back.
+        let mut inner = self.lock();
+        for (region, damage) in unpins {
+            let released = inner.catalog.unpin_read(region, damage);
+            inner.spare.give(released);
+        }
+        settled
     }
 }
 
@@ -227,23 +403,10 @@ impl Store for MemoryStore {
             (pin, payload)
         };
         // The copy and its check run without the lock: other callers are not held up by it.
-        let len = pin.len_bytes();
-        let source = payload.as_ref().and_then(|p| p.get(..len));
-        if let Some(src) = source {
-            dst[..len].copy_from_slice(src);
-        }
-        let corrupt = !pin.delivered_intact(&dst[..len]);
-        // The block is dropped only when its own bytes are damaged: the caller's buffer may be
-        // memory another process can write (a shared segment), which is not the block's fault.
-        let damaged = corrupt && !source.is_some_and(|src| pin.delivered_intact(src));
-        let reason =
-            if source.is_some() { CorruptReason::Checksum } else { CorruptReason::Truncated };
+        let (corrupt, damage) = deliver(&pin, payload.as_ref(), dst);
         drop(payload);
-        if corrupt {
-            dst[..len].fill(0);
-        }
         let mut inner = self.lock();
-        let released = inner.catalog.unpin_read(pin.region, damaged.then_some(reason));
+        let released = inner.catalog.unpin_read(pin.region, damage);
         inner.spare.give(released);
         Ok(pin.answer(corrupt))
     }
@@ -256,17 +419,7 @@ impl Store for MemoryStore {
         request: Option<RequestId>,
     ) -> Result<Reserve, StoreError> {
         let now = self.clock.now_ms();
-        let mut guard = self.lock();
-        let Inner { catalog, spare } = &mut *guard;
-        let (answer, released) = catalog.reserve(caller, key, len, request, now, |len| {
-            usize::try_from(len).map(|n| spare.take(n)).map_err(|_| StoreError::Backend {
-                operation: "reserve",
-                detail: format!("{len} bytes do not fit this address space"),
-                retirement: Retirement::Retired,
-            })
-        })?;
-        spare.give(released);
-        Ok(answer)
+        self.lock().reserve(caller, key, len, request, now)
     }
 
     fn write(
@@ -360,5 +513,69 @@ impl Store for MemoryStore {
 
     fn stats(&self) -> StoreStats {
         self.lock().catalog.stats()
+    }
+
+    /// Every lookup under one lock.
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        let inner = self.lock();
+        keys.iter()
+            .map(|key| {
+                authorize(caller, key, Right::Read)?;
+                Ok(inner.catalog.lookup(key))
+            })
+            .collect()
+    }
+
+    /// Pins under one lock, copies without it, unpins under one more (see
+    /// [`MemoryStore::get_round`]); one round more for each damaged block found.
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let mut answers = Vec::with_capacity(items.len());
+        let mut rest = items;
+        while !rest.is_empty() {
+            let settled = self.get_round(caller, rest, &mut answers);
+            rest = std::mem::take(&mut rest).get_mut(settled..).unwrap_or_default();
+        }
+        answers
+    }
+
+    /// Each PUT in order, its copy and checksum without the lock; the commit of one PUT and the
+    /// reservation of the next share one lock, so a batch of n written blocks takes the lock
+    /// n + 1 times and each PUT sees the ones before it committed.
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        let mut answers = Vec::with_capacity(items.len());
+        let mut inner = self.lock();
+        for item in items {
+            let (r, mut buf) = match self.start_put(&mut inner, caller, item) {
+                Ok(writing) => writing,
+                Err(answer) => {
+                    answers.push(answer);
+                    continue;
+                }
+            };
+            drop(inner);
+            let filled = fill(&mut buf, item.src);
+            inner = self.lock();
+            let now = self.clock.now_ms();
+            answers.push(match inner.commit_buffer(caller, &r, buf, filled, now) {
+                Ok(c) => Ok(Put::Committed(c.checksum)),
+                Err(e) => {
+                    inner.abort_after(caller, r, &e);
+                    Err(e)
+                }
+            });
+        }
+        answers
+    }
+
+    /// Every invalidation under one lock.
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        let mut inner = self.lock();
+        keys.iter()
+            .map(|key| {
+                let (answer, released) = inner.catalog.invalidate(caller, key)?;
+                inner.spare.give(released);
+                Ok(answer)
+            })
+            .collect()
     }
 }

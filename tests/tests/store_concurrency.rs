@@ -1,6 +1,6 @@
-//! Threads hammer one store with puts, gets, lookups and invalidations over a small key space.
-//! Every key has one deterministic payload, so any hit must be exactly those bytes; usage must
-//! return to zero once everything is invalidated.
+//! Threads hammer one store with puts, gets, lookups and invalidations, one key at a time and in
+//! batches, over a small key space. Every key has one deterministic payload, so any hit must be
+//! exactly those bytes; usage must return to zero once everything is invalidated.
 
 use std::sync::Arc;
 use std::thread;
@@ -8,7 +8,7 @@ use std::thread;
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_dataplane::store::{Get, Put, Store};
+use gpucache_dataplane::store::{BatchGet, BatchPut, Get, Put, Store};
 use gpucache_dataplane::testing::fixture::{caller, key, payload};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::file::engine::EngineChoice;
@@ -17,6 +17,8 @@ use gpucache_storage::file::{Durability, FileStoreConfig};
 const THREADS: usize = 4;
 const OPS_PER_THREAD: u64 = 3000;
 const KEYS: u8 = 24;
+/// Most keys in one batch call of the workload.
+const BATCH_KEYS_MAX: usize = 4;
 
 fn len_of(k: u8) -> usize {
     1 + usize::from(k) * 997
@@ -29,6 +31,7 @@ fn hammer(store: Arc<dyn Store>) {
             thread::spawn(move || {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
                 let mut buf = vec![0u8; len_of(KEYS)];
+                let mut batch_bufs = vec![vec![0u8; len_of(KEYS)]; BATCH_KEYS_MAX];
                 let mut hits = 0u64;
                 for _ in 0..OPS_PER_THREAD {
                     x ^= x << 13;
@@ -37,7 +40,14 @@ fn hammer(store: Arc<dyn Store>) {
                     let k = u8::try_from(x % u64::from(KEYS)).unwrap_or(0);
                     let pk = key(0, &[k], KvDtype::F16, 16);
                     let want = payload(u64::from(k), len_of(k));
-                    match (x >> 8) % 4 {
+                    // A batch's keys: `k` and up to three more, repeats allowed.
+                    let n = 1 + (x >> 16) % BATCH_KEYS_MAX as u64;
+                    let ks: Vec<u8> = (0..n)
+                        .map(|i| u8::try_from((x >> (24 + 5 * i)) % u64::from(KEYS)).unwrap_or(0))
+                        .collect();
+                    let pks: Vec<_> = ks.iter().map(|k| key(0, &[*k], KvDtype::F16, 16)).collect();
+                    let refs: Vec<_> = pks.iter().collect();
+                    match (x >> 8) % 8 {
                         0 => match store.put(&caller(0), &pk, &want, None).unwrap() {
                             Put::Committed(_) | Put::AlreadyCommitted | Put::Busy => {}
                             Put::Refused(r) => panic!("unexpected refusal {r}"),
@@ -47,6 +57,59 @@ fn hammer(store: Arc<dyn Store>) {
                         }
                         2 => {
                             store.lookup(&caller(0), &pk).unwrap();
+                        }
+                        4 => {
+                            let wants: Vec<_> =
+                                ks.iter().map(|k| payload(u64::from(*k), len_of(*k))).collect();
+                            let items: Vec<_> = pks
+                                .iter()
+                                .zip(&wants)
+                                .map(|(key, src)| BatchPut { key, src, request: None })
+                                .collect();
+                            for answer in store.put_batch(&caller(0), &items) {
+                                match answer.unwrap() {
+                                    Put::Committed(_) | Put::AlreadyCommitted | Put::Busy => {}
+                                    Put::Refused(r) => panic!("unexpected refusal {r}"),
+                                }
+                            }
+                        }
+                        5 => {
+                            let answers = store.invalidate_batch(&caller(0), &refs);
+                            assert_eq!(answers.len(), refs.len());
+                            for answer in answers {
+                                answer.unwrap();
+                            }
+                        }
+                        6 => {
+                            let answers = store.lookup_batch(&caller(0), &refs);
+                            assert_eq!(answers.len(), refs.len());
+                            for answer in answers {
+                                answer.unwrap();
+                            }
+                        }
+                        7 => {
+                            let mut items: Vec<_> = pks
+                                .iter()
+                                .zip(batch_bufs.iter_mut())
+                                .map(|(key, dst)| {
+                                    dst.fill(0xEE);
+                                    BatchGet { key, dst }
+                                })
+                                .collect();
+                            let answers = store.get_batch(&caller(0), &mut items);
+                            drop(items);
+                            assert_eq!(answers.len(), ks.len());
+                            for ((k, answer), dst) in ks.iter().zip(answers).zip(&batch_bufs) {
+                                if let Get::Hit { len, .. } = answer.unwrap() {
+                                    let want = payload(u64::from(*k), len_of(*k));
+                                    assert_eq!(len, want.len() as u64);
+                                    assert!(
+                                        dst[..want.len()] == want[..],
+                                        "key {k}: a batch hit returned other bytes"
+                                    );
+                                    hits += 1;
+                                }
+                            }
                         }
                         _ => {
                             buf.fill(0xEE);

@@ -6,9 +6,15 @@
 //! moves finished results out under the state lock. Every job, queued, running or finished and
 //! undelivered, counts against `operations_outstanding_max`.
 //!
+//! A job reaches the store as batch calls (`lookup_batch`, `get_batch`, `put_batch`): one per
+//! [`ExecutorConfig::batch_keys_max`] keys, in key order, and for a GET a new call wherever a
+//! key's Host range overlaps one already in the call, so that overlapping destinations are
+//! still written in key order. Once a call's answers count as an outage, the job's later calls
+//! are not made and their keys are reported [`KeyFailure::NotAttempted`].
+//!
 //! Lock order: the state lock may be held while asking the health monitor for an admission;
 //! nothing takes the state lock while holding the monitor's. No lock is held across a store
-//! call except the Host slot the call reads or writes.
+//! call except the Host slots the call reads or writes, taken in slot order.
 //!
 //! The core never decides publication, negative metadata or admission credits, and registers no
 //! metrics; it reports facts for the owner to act on.
@@ -30,7 +36,9 @@ use super::job::{
 use crate::caller::Caller;
 use crate::clock::Clock;
 use crate::key::PhysicalKey;
-use crate::store::{Get, Lookup, MissReason, Put, Retirement, Store, StoreError};
+use crate::store::{
+    BatchAnswers, BatchGet, BatchPut, Get, Lookup, MissReason, Put, Retirement, Store, StoreError,
+};
 
 /// How long an idle worker waits for work before it looks at the state again. Only bounds the
 /// wait; work and shutdown wake workers at once.
@@ -38,6 +46,10 @@ const WORKER_IDLE_WAIT: Duration = Duration::from_millis(100);
 
 /// How long dropping an executor that was never closed waits for its workers.
 const DROP_JOIN_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The default of [`ExecutorConfig::batch_keys_max`]: most keys of a job sent to the store in
+/// one batch call.
+pub const EXECUTOR_BATCH_KEYS_MAX: usize = 256;
 
 /// The executor's limits and worker counts. Every queue and table is bounded by one of these.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +64,9 @@ pub struct ExecutorConfig {
     pub operations_outstanding_max: NonZeroUsize,
     /// Most keys in one job.
     pub keys_per_job_max: NonZeroUsize,
+    /// Most keys in one batch call to the store. A job of more keys goes out as several calls,
+    /// in key order; after a call whose answers count as an outage the rest are not sent.
+    pub batch_keys_max: NonZeroUsize,
     /// The health monitor's cooldown after an outage.
     pub cooldown_ms: NonZeroU64,
     /// How long an idle worker keeps polling its queue before it sleeps on the condvar; zero
@@ -72,6 +87,7 @@ impl Default for ExecutorConfig {
             workers_put: n(2),
             operations_outstanding_max: n(1024),
             keys_per_job_max: n(4096),
+            batch_keys_max: n(EXECUTOR_BATCH_KEYS_MAX),
             cooldown_ms: NonZeroU64::new(5_000).unwrap_or(NonZeroU64::MIN),
             worker_spin_us: 0,
         }
@@ -711,30 +727,107 @@ fn severity(outcome: BackendOutcome) -> u8 {
     }
 }
 
+/// Keys of one job that go to the store in one batch call, with their Host ranges (none for a
+/// QUERY).
+#[derive(Debug, Default)]
+struct Call<'a> {
+    /// Each key's position in the job.
+    index: Vec<usize>,
+    keys: Vec<&'a PhysicalKey>,
+    ranges: Vec<HostRange>,
+    /// For a GET: the call's ranges by offset, to tell whether another one overlaps them.
+    spans: BTreeMap<u64, u64>,
+}
+
+impl Call<'_> {
+    /// Whether `range` overlaps a range already in the call. The spans are disjoint, so the
+    /// last one starting before `range` ends is the only one that can reach into it.
+    fn overlaps(&self, range: HostRange) -> bool {
+        let end = range.offset.saturating_add(range.len);
+        self.spans.range(..end).next_back().is_some_and(|(_, e)| *e > range.offset)
+    }
+}
+
+/// Splits a job's keys into its batch calls, in key order. A key whose range is missing or
+/// unusable is in no call: it stays `NotAttempted`. A call holds at most `batch_keys_max` keys,
+/// and a GET's call never holds two overlapping destinations.
+fn plan<'a>(shared: &Shared, job: &'a Job) -> Vec<Call<'a>> {
+    let limit = shared.config.batch_keys_max.get();
+    let mut calls: Vec<Call<'a>> = Vec::new();
+    let mut current = Call::default();
+    for (i, key) in job.keys.iter().enumerate() {
+        let range = match job.kind {
+            OperationKind::Query => None,
+            OperationKind::Get | OperationKind::Put => {
+                match job.ranges.get(i).copied().filter(|r| shared.host.check(*r).is_ok()) {
+                    Some(range) => Some(range),
+                    // Checked at submission; never sent.
+                    None => continue,
+                }
+            }
+        };
+        let overlaps = job.kind == OperationKind::Get && range.is_some_and(|r| current.overlaps(r));
+        if current.keys.len() >= limit || overlaps {
+            calls.push(std::mem::take(&mut current));
+        }
+        current.index.push(i);
+        current.keys.push(key);
+        if let Some(range) = range {
+            current.ranges.push(range);
+            if job.kind == OperationKind::Get {
+                current.spans.insert(range.offset, range.offset.saturating_add(range.len));
+            }
+        }
+    }
+    if !current.keys.is_empty() {
+        calls.push(current);
+    }
+    calls
+}
+
 fn run(shared: &Shared, job: &Job) -> Ran {
-    let mut keys = Vec::with_capacity(job.keys.len());
+    let mut keys = vec![KeyResult::Failed(KeyFailure::NotAttempted); job.keys.len()];
     let mut retired = true;
     let mut outcome = BackendOutcome::Succeeded;
     let mut calls = 0;
-    for (i, key) in job.keys.iter().enumerate() {
+    for call in plan(shared, job) {
         if outcome.counts_as_outage() {
-            // The backend just failed: the rest of the job is not sent.
-            keys.push(KeyResult::Failed(KeyFailure::NotAttempted));
-            continue;
+            // The backend just failed: the job's later calls are not made.
+            break;
         }
-        calls += 1;
-        let answer = match job.kind {
-            OperationKind::Query => query_key(shared, key),
-            OperationKind::Get => get_key(shared, key, job.ranges.get(i).copied()),
-            OperationKind::Put => put_key(shared, key, job.ranges.get(i).copied()),
+        let (answers, called) = match job.kind {
+            OperationKind::Query => (query_call(shared, &call), true),
+            OperationKind::Get => get_call(shared, &call),
+            OperationKind::Put => put_call(shared, &call),
         };
-        retired &= answer.retired;
-        if severity(answer.outcome) > severity(outcome) {
-            outcome = answer.outcome;
+        calls += u64::from(called);
+        for (i, answer) in call.index.iter().zip(answers) {
+            retired &= answer.retired;
+            if severity(answer.outcome) > severity(outcome) {
+                outcome = answer.outcome;
+            }
+            if let Some(slot) = keys.get_mut(*i) {
+                *slot = answer.result;
+            }
         }
-        keys.push(answer.result);
     }
     Ran { keys, retired, outcome, calls }
+}
+
+/// A batch call's answers, exactly one per item. A store that answered another number of items
+/// than it was given has said nothing reliable about any of them: every item then fails with a
+/// backend error whose retirement is unknown.
+fn one_per_item<T>(
+    answers: BatchAnswers<T>,
+    items: usize,
+    operation: &'static str,
+) -> BatchAnswers<T> {
+    if answers.len() == items {
+        return answers;
+    }
+    let detail = format!("the store answered {} items of {items}", answers.len());
+    let failure = StoreError::Backend { operation, detail, retirement: Retirement::Unknown };
+    (0..items).map(|_| Err(failure.clone())).collect()
 }
 
 /// Whether a failed call has stopped touching the caller's buffers: always when the store
@@ -743,8 +836,13 @@ fn failure_retired(shared: &Shared, error: &StoreError) -> bool {
     shared.failures_retire || error.retirement() == Retirement::Retired
 }
 
-fn query_key(shared: &Shared, key: &PhysicalKey) -> KeyAnswer {
-    let (result, outcome) = match shared.store.lookup(&shared.caller, key) {
+fn query_call(shared: &Shared, call: &Call<'_>) -> Vec<KeyAnswer> {
+    let answers = shared.store.lookup_batch(&shared.caller, &call.keys);
+    one_per_item(answers, call.keys.len(), "lookup_batch").into_iter().map(query_answer).collect()
+}
+
+fn query_answer(answer: Result<Lookup, StoreError>) -> KeyAnswer {
+    let (result, outcome) = match answer {
         Ok(Lookup::Hit { len }) => (KeyResult::Found { len }, BackendOutcome::Succeeded),
         Ok(Lookup::PrefixHit { .. } | Lookup::Miss(_)) => {
             (KeyResult::Failed(KeyFailure::NotFound), BackendOutcome::ExistenceMiss)
@@ -758,16 +856,24 @@ fn query_key(shared: &Shared, key: &PhysicalKey) -> KeyAnswer {
     KeyAnswer { result, retired: true, outcome }
 }
 
-fn get_key(shared: &Shared, key: &PhysicalKey, range: Option<HostRange>) -> KeyAnswer {
-    let Some(range) = range else {
-        return not_attempted();
+/// Reads every key of `call` into its range in one `get_batch`, holding the ranges' slots; says
+/// whether the store was called.
+fn get_call(shared: &Shared, call: &Call<'_>) -> (Vec<KeyAnswer>, bool) {
+    let called = shared.host.with_ranges_mut(&call.ranges, |dsts| {
+        let mut items: Vec<BatchGet<'_>> =
+            call.keys.iter().zip(dsts).map(|(key, dst)| BatchGet { key, dst }).collect();
+        shared.store.get_batch(&shared.caller, &mut items)
+    });
+    let Ok(answers) = called else {
+        // Checked before planning; the store was not called.
+        return (call.keys.iter().map(|_| not_attempted()).collect(), false);
     };
-    let called =
-        shared.host.with_range_mut(range, |dst| shared.store.get_into(&shared.caller, key, dst));
-    let Ok(answer) = called else {
-        // Checked at submission; the store was not called.
-        return not_attempted();
-    };
+    let answers = one_per_item(answers, call.keys.len(), "get_batch");
+    let keys = answers.into_iter().zip(&call.ranges).map(|(a, r)| get_answer(shared, *r, a));
+    (keys.collect(), true)
+}
+
+fn get_answer(shared: &Shared, range: HostRange, answer: Result<Get, StoreError>) -> KeyAnswer {
     match answer {
         Ok(Get::Hit { len, .. }) if len == range.len => KeyAnswer {
             result: KeyResult::Read { bytes: len },
@@ -823,15 +929,27 @@ fn get_key(shared: &Shared, key: &PhysicalKey, range: Option<HostRange>) -> KeyA
     }
 }
 
-fn put_key(shared: &Shared, key: &PhysicalKey, range: Option<HostRange>) -> KeyAnswer {
-    let Some(range) = range else {
-        return not_attempted();
+/// Writes every key of `call` from its range in one `put_batch`, holding the ranges' slots;
+/// says whether the store was called.
+fn put_call(shared: &Shared, call: &Call<'_>) -> (Vec<KeyAnswer>, bool) {
+    let called = shared.host.with_ranges(&call.ranges, |srcs| {
+        let items: Vec<BatchPut<'_>> = call
+            .keys
+            .iter()
+            .zip(srcs)
+            .map(|(key, src)| BatchPut { key, src, request: None })
+            .collect();
+        shared.store.put_batch(&shared.caller, &items)
+    });
+    let Ok(answers) = called else {
+        return (call.keys.iter().map(|_| not_attempted()).collect(), false);
     };
-    let called =
-        shared.host.with_range(range, |src| shared.store.put(&shared.caller, key, src, None));
-    let Ok(answer) = called else {
-        return not_attempted();
-    };
+    let answers = one_per_item(answers, call.keys.len(), "put_batch");
+    let keys = answers.into_iter().zip(&call.ranges).map(|(a, r)| put_answer(shared, *r, a));
+    (keys.collect(), true)
+}
+
+fn put_answer(shared: &Shared, range: HostRange, answer: Result<Put, StoreError>) -> KeyAnswer {
     let (result, retired, outcome) = match answer {
         Ok(Put::Committed(_)) => {
             (KeyResult::Written { bytes: range.len }, true, BackendOutcome::Succeeded)

@@ -228,6 +228,7 @@ fn config() -> ExecutorConfig {
         workers_put: nz(1),
         operations_outstanding_max: nz(32),
         keys_per_job_max: nz(8),
+        batch_keys_max: nz(super::core::EXECUTOR_BATCH_KEYS_MAX),
         cooldown_ms: NonZeroU64::new(COOLDOWN_MS).expect("nonzero"),
         worker_spin_us: 0,
     }
@@ -336,7 +337,10 @@ fn a_malformed_get_is_retired_only_by_the_stores_guarantee() {
 
 #[test]
 fn only_confirmed_misses_are_object_evidence() {
-    let mut r = rig();
+    // Two keys per store call: keys 1-2, 3-4, then 5.
+    let mut c = config();
+    c.batch_keys_max = nz(2);
+    let mut r = rig_with(c, true);
     r.store.script(1, Script::Miss(MissReason::Absent));
     r.store.script(2, Script::Miss(MissReason::Incompatible));
     r.store.script(3, Script::Miss(MissReason::NotReadable(crate::lifecycle::BlockState::Writing)));
@@ -349,9 +353,10 @@ fn only_confirmed_misses_are_object_evidence() {
     assert_eq!(result.keys[1], KeyResult::ObjectFailed(MissReason::Incompatible));
     assert_eq!(result.keys[2], KeyResult::Failed(KeyFailure::NotReadable));
     assert_eq!(result.keys[3], KeyResult::Failed(KeyFailure::Store(backend(Retirement::Retired))));
-    // The backend failed: the rest of the job is not sent.
+    // The backend failed in the second call: the third is not made.
     assert_eq!(result.keys[4], KeyResult::Failed(KeyFailure::NotAttempted));
     assert_eq!(r.store.calls(), 4);
+    assert_eq!(r.exec.counters().backend_calls, 2);
     assert_eq!(result.record().object_failed, vec![true, true, false, false, false]);
     assert!(result.retired);
     assert_eq!(r.exec.health().epoch, 1, "a backend exception is an outage");
@@ -908,4 +913,261 @@ fn dropping_without_close_stops_the_workers_and_releases_the_store() {
     let Rig { exec, store, .. } = r;
     drop(exec);
     assert_eq!(Arc::strong_count(&store), 1);
+}
+
+/// A store decorator that records which trait methods the executor called and with how many
+/// items, then forwards each call to the scripted store.
+#[derive(Debug)]
+struct Recorder {
+    inner: Arc<FakeStore>,
+    log: Mutex<Vec<(&'static str, usize)>>,
+}
+
+impl Recorder {
+    fn note(&self, method: &'static str, items: usize) {
+        self.log.lock().expect("log").push((method, items));
+    }
+
+    fn take(&self) -> Vec<(&'static str, usize)> {
+        std::mem::take(&mut *self.log.lock().expect("log"))
+    }
+}
+
+impl Store for Recorder {
+    fn info(&self) -> StoreInfo {
+        self.inner.info()
+    }
+    fn epoch(&self) -> Epoch {
+        self.inner.epoch()
+    }
+    fn lookup(&self, c: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        self.note("lookup", 1);
+        self.inner.lookup(c, key)
+    }
+    fn get_into(&self, c: &Caller, key: &PhysicalKey, dst: &mut [u8]) -> Result<Get, StoreError> {
+        self.note("get_into", 1);
+        self.inner.get_into(c, key, dst)
+    }
+    fn put(
+        &self,
+        c: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<crate::limits::RequestId>,
+    ) -> Result<Put, StoreError> {
+        self.note("put", 1);
+        self.inner.put(c, key, src, request)
+    }
+    fn lookup_batch(
+        &self,
+        c: &Caller,
+        keys: &[&PhysicalKey],
+    ) -> crate::store::BatchAnswers<Lookup> {
+        self.note("lookup_batch", keys.len());
+        self.inner.lookup_batch(c, keys)
+    }
+    fn get_batch(
+        &self,
+        c: &Caller,
+        items: &mut [crate::store::BatchGet<'_>],
+    ) -> crate::store::BatchAnswers<Get> {
+        self.note("get_batch", items.len());
+        self.inner.get_batch(c, items)
+    }
+    fn put_batch(
+        &self,
+        c: &Caller,
+        items: &[crate::store::BatchPut<'_>],
+    ) -> crate::store::BatchAnswers<Put> {
+        self.note("put_batch", items.len());
+        self.inner.put_batch(c, items)
+    }
+    fn reserve(
+        &self,
+        c: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<crate::limits::RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        self.note("reserve", 1);
+        self.inner.reserve(c, key, len, request)
+    }
+    fn write(&self, c: &Caller, r: &Reservation, at: u64, src: &[u8]) -> Result<(), StoreError> {
+        self.note("write", 1);
+        self.inner.write(c, r, at, src)
+    }
+    fn commit(&self, c: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
+        self.note("commit", 1);
+        self.inner.commit(c, r)
+    }
+    fn abort(&self, c: &Caller, r: Reservation, outcome: Retirement) -> Result<Abort, StoreError> {
+        self.note("abort", 1);
+        self.inner.abort(c, r, outcome)
+    }
+    fn invalidate(&self, c: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        self.note("invalidate", 1);
+        self.inner.invalidate(c, key)
+    }
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        self.inner.expire_leases()
+    }
+    fn attest_drained(&self, c: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        self.inner.attest_drained(c, region)
+    }
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        self.inner.bump_epoch()
+    }
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        self.inner.reclaim_fenced(epoch)
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
+    }
+}
+
+/// An executor over a [`Recorder`] of a fresh scripted store, on 16 slots of 64 bytes.
+fn recorded(config: ExecutorConfig) -> (Executor, Arc<Recorder>, Arc<FakeStore>) {
+    let inner = FakeStore::new(true);
+    let recorder = Arc::new(Recorder { inner: Arc::clone(&inner), log: Mutex::new(Vec::new()) });
+    let host = Arc::new(HostBuffer::new(nz(16), nz(64)).expect("host"));
+    let exec = Executor::start(
+        config,
+        Arc::clone(&recorder) as Arc<dyn Store>,
+        Caller::new(crate::identity::TenantId::parse("tenant-a").expect("tenant"), Rights::ALL),
+        host,
+        Arc::new(ManualClock::default()),
+    )
+    .expect("starts");
+    (exec, recorder, inner)
+}
+
+/// Waits for `operation`'s result; the tests using it run one operation at a time.
+fn finished(exec: &Executor, operation: OperationId) -> OperationResult {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "no result for {operation}");
+        let poll = exec.poll_wait(WAIT);
+        if let Some(result) = poll.results.into_iter().find(|r| r.operation == operation) {
+            return result;
+        }
+    }
+}
+
+#[test]
+fn a_job_reaches_the_store_as_one_batch_call() {
+    let (exec, recorder, store) = recorded(config());
+    store.script(1, Script::Hit { len: 8, fill: 0x11 });
+    store.script(2, Script::Miss(MissReason::Absent));
+    store.script(3, Script::Hit { len: 16, fill: 0x33 });
+    store.script(4, Script::Put(Put::AlreadyCommitted));
+
+    let query = exec.submit_query(vec![key(1), key(2), key(3)]).expect("queued");
+    assert_eq!(
+        finished(&exec, query).keys,
+        vec![
+            KeyResult::Found { len: 8 },
+            KeyResult::Failed(KeyFailure::NotFound),
+            KeyResult::Found { len: 16 }
+        ]
+    );
+    assert_eq!(recorder.take(), vec![("lookup_batch", 3)]);
+
+    // Three destinations in one slot and one in another: one call, each key's bytes in place.
+    let reads = vec![
+        (key(3), HostRange::new(16, 16)),
+        (key(1), slot(0, 8)),
+        (key(2), HostRange::new(40, 8)),
+        (key(1), slot(5, 8)),
+    ];
+    let get = exec.submit_get(reads).expect("queued");
+    assert_eq!(
+        finished(&exec, get).keys,
+        vec![
+            KeyResult::Read { bytes: 16 },
+            KeyResult::Read { bytes: 8 },
+            KeyResult::ObjectFailed(MissReason::Absent),
+            KeyResult::Read { bytes: 8 },
+        ]
+    );
+    assert_eq!(recorder.take(), vec![("get_batch", 4)]);
+    let host = exec.host();
+    assert_eq!(
+        host.read(HostRange::new(0, 48)).expect("range"),
+        [vec![0x11; 8], vec![0; 8], vec![0x33; 16], vec![0; 16]].concat()
+    );
+    assert_eq!(host.read(slot(5, 8)).expect("range"), vec![0x11; 8]);
+
+    let writes = vec![(key(1), slot(1, 8)), (key(4), HostRange::new(72, 8)), (key(5), slot(2, 24))];
+    let put = exec.submit_put(writes).expect("queued");
+    assert_eq!(
+        finished(&exec, put).keys,
+        vec![
+            KeyResult::Written { bytes: 8 },
+            KeyResult::AlreadyStored,
+            KeyResult::Written { bytes: 24 }
+        ]
+    );
+    assert_eq!(recorder.take(), vec![("put_batch", 3)]);
+    // The scripted store saw every key; the executor made one store call per job.
+    assert_eq!(store.calls(), 3 + 4 + 3);
+    assert_eq!(exec.counters().backend_calls, 3);
+}
+
+#[test]
+fn a_large_job_goes_out_in_bounded_calls_until_an_outage() {
+    let mut c = config();
+    c.batch_keys_max = nz(3);
+    let (exec, recorder, store) = recorded(c);
+    for k in 1..=8 {
+        store.script(k, Script::Hit { len: 8, fill: k });
+    }
+    let reads: Vec<(PhysicalKey, HostRange)> =
+        (1..=8).map(|k| (key(k), slot(u64::from(k), 8))).collect();
+    let get = exec.submit_get(reads.clone()).expect("queued");
+    assert!(finished(&exec, get).keys.iter().all(|k| *k == KeyResult::Read { bytes: 8 }));
+    assert_eq!(recorder.take(), vec![("get_batch", 3), ("get_batch", 3), ("get_batch", 2)]);
+    assert_eq!(exec.counters().backend_calls, 3);
+
+    // An outage in the second call: the third is not made, its keys are not attempted.
+    store.script(5, Script::Fail(backend(Retirement::Retired)));
+    let get = exec.submit_get(reads).expect("queued");
+    let keys = finished(&exec, get).keys;
+    assert_eq!(keys[4], KeyResult::Failed(KeyFailure::Store(backend(Retirement::Retired))));
+    assert!(keys[..4].iter().chain(&keys[5..6]).all(|k| *k == KeyResult::Read { bytes: 8 }));
+    assert_eq!(
+        keys[6..],
+        [KeyResult::Failed(KeyFailure::NotAttempted), KeyResult::Failed(KeyFailure::NotAttempted)]
+    );
+    assert_eq!(recorder.take(), vec![("get_batch", 3), ("get_batch", 3)]);
+    assert_eq!(exec.counters().backend_calls, 5);
+    assert_eq!(store.calls(), 8 + 6);
+}
+
+#[test]
+fn overlapping_get_destinations_are_written_in_key_order() {
+    let (exec, recorder, store) = recorded(config());
+    store.script(1, Script::Hit { len: 8, fill: 1 });
+    store.script(2, Script::Hit { len: 8, fill: 2 });
+    store.script(3, Script::Hit { len: 8, fill: 3 });
+    // Key 2's range overlaps key 1's, key 3's overlaps key 2's: each starts a new call, and the
+    // later key's bytes win where they overlap, as when every key was its own call.
+    let reads = vec![
+        (key(1), HostRange::new(0, 8)),
+        (key(2), HostRange::new(4, 8)),
+        (key(4), slot(3, 8)),
+        (key(3), HostRange::new(10, 8)),
+    ];
+    let get = exec.submit_get(reads).expect("queued");
+    let result = finished(&exec, get);
+    assert_eq!(result.keys[2], KeyResult::ObjectFailed(MissReason::Absent));
+    assert_eq!(recorder.take(), vec![("get_batch", 1), ("get_batch", 2), ("get_batch", 1)]);
+    assert_eq!(
+        exec.host().read(HostRange::new(0, 20)).expect("range"),
+        [vec![1; 4], vec![2; 6], vec![3; 8], vec![0; 2]].concat()
+    );
+    // The same ranges as sources of a PUT are only read: one call.
+    let writes = vec![(key(5), HostRange::new(0, 8)), (key(6), HostRange::new(4, 8))];
+    let put = exec.submit_put(writes).expect("queued");
+    assert!(finished(&exec, put).keys.iter().all(|k| *k == KeyResult::Written { bytes: 8 }));
+    assert_eq!(recorder.take(), vec![("put_batch", 2)]);
 }

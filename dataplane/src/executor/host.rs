@@ -3,7 +3,9 @@
 //! The allocation is carved into equal slots, each behind its own lock, so that jobs on
 //! different slots move bytes in parallel without any unsafe aliasing. A job's byte range must
 //! lie inside one slot; the executor checks every range when the job is submitted, so a worker
-//! never meets an out-of-bounds range. The buffer is shared as an `Arc`: the executor keeps a
+//! never meets an out-of-bounds range. A worker handing several ranges to one batch call holds
+//! each slot they lie in once, taking the slots in index order so that two such workers never
+//! wait on each other in a cycle, and splits each slot's bytes into the disjoint ranges. The buffer is shared as an `Arc`: the executor keeps a
 //! reference for as long as any native call may still touch it, and for the whole process once
 //! a call's retirement is unknown.
 //!
@@ -43,6 +45,8 @@ pub enum RangeError {
     OutOfBounds { range: HostRange, allocation_bytes: u64 },
     #[error("range {range} crosses a slot boundary (slots are {slot_bytes} bytes)")]
     CrossesSlot { range: HostRange, slot_bytes: u64 },
+    #[error("ranges {first} and {second} overlap, and both are to be written at once")]
+    Overlaps { first: HostRange, second: HostRange },
 }
 
 /// Why a Host allocation could not be built.
@@ -67,6 +71,9 @@ impl fmt::Debug for HostBuffer {
             .finish()
     }
 }
+
+/// A locked slot and its index.
+type HeldSlot<'a> = (usize, MutexGuard<'a, Box<[u8]>>);
 
 fn lock_slot(slot: &Mutex<Box<[u8]>>) -> MutexGuard<'_, Box<[u8]>> {
     // A panic while a slot is held leaves only bytes behind, never a broken invariant.
@@ -150,6 +157,105 @@ impl HostBuffer {
         Ok(f(bytes))
     }
 
+    /// Locks the slots `sorted` names (ascending, repeats allowed), each once, in that order.
+    fn lock_slots(
+        &self,
+        sorted: impl Iterator<Item = usize>,
+    ) -> Result<Vec<HeldSlot<'_>>, RangeError> {
+        let mut guards: Vec<HeldSlot<'_>> = Vec::new();
+        for slot in sorted {
+            if guards.last().is_some_and(|(held, _)| *held == slot) {
+                continue;
+            }
+            let guard = self.slots.get(slot).map(lock_slot).ok_or(RangeError::OutOfBounds {
+                range: HostRange::new(
+                    (slot as u64).saturating_mul(self.slot_bytes.get() as u64),
+                    self.slot_bytes.get() as u64,
+                ),
+                allocation_bytes: self.len_bytes(),
+            })?;
+            guards.push((slot, guard));
+        }
+        Ok(guards)
+    }
+
+    /// Runs `f` on the bytes of every range of `ranges`, given to it in the same order. The
+    /// ranges must not overlap one another (several may share a slot); each slot they lie in is
+    /// locked once, in slot order, and held until `f` returns.
+    pub fn with_ranges_mut<R>(
+        &self,
+        ranges: &[HostRange],
+        f: impl FnOnce(Vec<&mut [u8]>) -> R,
+    ) -> Result<R, RangeError> {
+        // (slot, start, end, position in `ranges`), sorted by place in the allocation.
+        let mut placed = Vec::with_capacity(ranges.len());
+        for (i, range) in ranges.iter().enumerate() {
+            let (slot, start, end) = self.locate(*range)?;
+            placed.push((slot, start, end, i));
+        }
+        placed.sort_unstable();
+        for pair in placed.windows(2) {
+            let ((slot_a, _, end_a, a), (slot_b, start_b, _, b)) = (pair[0], pair[1]);
+            if slot_a == slot_b && end_a > start_b {
+                return Err(RangeError::Overlaps { first: ranges[a], second: ranges[b] });
+            }
+        }
+        let mut guards = self.lock_slots(placed.iter().map(|p| p.0))?;
+        let mut pieces: Vec<Option<&mut [u8]>> = ranges.iter().map(|_| None).collect();
+        let mut next = placed.iter().peekable();
+        for (slot, guard) in &mut guards {
+            // The slot's bytes not handed out yet, starting at `cursor`.
+            let mut rest: &mut [u8] = guard;
+            let mut cursor = 0;
+            while let Some((_, start, end, i)) = next.next_if(|p| p.0 == *slot) {
+                let out = RangeError::OutOfBounds {
+                    range: ranges[*i],
+                    allocation_bytes: self.len_bytes(),
+                };
+                let (_, tail) =
+                    std::mem::take(&mut rest).split_at_mut_checked(start - cursor).ok_or(out)?;
+                let (piece, tail) = tail.split_at_mut_checked(end - start).ok_or(out)?;
+                pieces[*i] = Some(piece);
+                rest = tail;
+                cursor = *end;
+            }
+        }
+        let pieces: Option<Vec<&mut [u8]>> = pieces.into_iter().collect();
+        let pieces = pieces.ok_or(RangeError::OutOfBounds {
+            range: ranges.first().copied().unwrap_or(HostRange::new(0, 0)),
+            allocation_bytes: self.len_bytes(),
+        })?;
+        Ok(f(pieces))
+    }
+
+    /// Runs `f` on the bytes of every range of `ranges`, given to it in the same order (ranges
+    /// may overlap). Each slot they lie in is locked once, in slot order, and held until `f`
+    /// returns.
+    pub fn with_ranges<R>(
+        &self,
+        ranges: &[HostRange],
+        f: impl FnOnce(Vec<&[u8]>) -> R,
+    ) -> Result<R, RangeError> {
+        let located: Vec<(usize, usize, usize)> =
+            ranges.iter().map(|r| self.locate(*r)).collect::<Result<_, _>>()?;
+        let mut slots: Vec<usize> = located.iter().map(|l| l.0).collect();
+        slots.sort_unstable();
+        let guards = self.lock_slots(slots.into_iter())?;
+        let mut pieces = Vec::with_capacity(ranges.len());
+        for (range, (slot, start, end)) in ranges.iter().zip(&located) {
+            let bytes = guards
+                .binary_search_by_key(slot, |(held, _)| *held)
+                .ok()
+                .and_then(|g| guards[g].1.get(*start..*end))
+                .ok_or(RangeError::OutOfBounds {
+                    range: *range,
+                    allocation_bytes: self.len_bytes(),
+                })?;
+            pieces.push(bytes);
+        }
+        Ok(f(pieces))
+    }
+
     /// Runs `f` on the bytes of `range`, holding its slot.
     pub fn with_range<R>(
         &self,
@@ -216,6 +322,48 @@ mod tests {
             b.read(HostRange::new(128, 8)).expect("in bounds"),
             vec![0, 0, 1, 2, 3, 4, 0, 0]
         );
+    }
+
+    #[test]
+    fn several_ranges_of_one_slot_are_handed_out_disjoint_and_in_order() {
+        let b = buffer();
+        // Two ranges in slot 2 (given out of order), one in slot 0.
+        let ranges = [HostRange::new(140, 4), HostRange::new(3, 2), HostRange::new(128, 8)];
+        let lens = b
+            .with_ranges_mut(&ranges, |pieces| {
+                let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+                for (n, piece) in (1..).zip(pieces) {
+                    piece.fill(n);
+                }
+                lens
+            })
+            .expect("disjoint ranges");
+        assert_eq!(lens, vec![4, 2, 8]);
+        assert_eq!(b.read(HostRange::new(0, 6)).expect("in bounds"), vec![0, 0, 0, 2, 2, 0]);
+        assert_eq!(
+            b.read(HostRange::new(128, 18)).expect("in bounds"),
+            [vec![3; 8], vec![0; 4], vec![1; 4], vec![0; 2]].concat()
+        );
+        let seen = b
+            .with_ranges(&ranges, |pieces| pieces.iter().map(|p| p.to_vec()).collect::<Vec<_>>())
+            .expect("in bounds");
+        assert_eq!(seen, vec![vec![1; 4], vec![2; 2], vec![3; 8]]);
+        // Overlapping ranges may be read together, never written together.
+        let overlapping = [HostRange::new(130, 4), HostRange::new(128, 4)];
+        assert_eq!(
+            b.with_ranges(&overlapping, |pieces| pieces.concat()).expect("reads may overlap"),
+            vec![3; 8]
+        );
+        assert_eq!(
+            b.with_ranges_mut(&overlapping, |_| ()),
+            Err(RangeError::Overlaps { first: overlapping[1], second: overlapping[0] })
+        );
+        // Any unusable range refuses the whole call before a slot is touched.
+        assert_eq!(
+            b.with_ranges_mut(&[HostRange::new(0, 4), HostRange::new(60, 8)], |_| ()),
+            Err(RangeError::CrossesSlot { range: HostRange::new(60, 8), slot_bytes: 64 })
+        );
+        assert_eq!(b.read(HostRange::new(0, 4)).expect("in bounds"), vec![0, 0, 0, 2]);
     }
 
     #[test]

@@ -115,8 +115,8 @@ pub enum KeyFailure {
     Refused,
     /// The store call failed.
     Store(StoreError),
-    /// The key was never sent to the store (cancelled, rejected, shut down, or an earlier key
-    /// of the job failed the backend).
+    /// The key was never sent to the store (cancelled, rejected, shut down, or an earlier batch
+    /// call of the job failed the backend).
     NotAttempted,
 }
 
@@ -191,7 +191,8 @@ pub struct Poll {
 /// duplicates, because a successful PUT does not prove a new object was written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ExecutorCounters {
-    /// Store calls made (one per key attempted).
+    /// Store calls made: batch calls, each carrying up to `batch_keys_max` keys of one job (one
+    /// call for most jobs).
     pub backend_calls: u64,
     pub query_keys_found: u64,
     pub get_keys_read: u64,

@@ -3,7 +3,7 @@
 //! - [`model`]: property tests that drive a store through random interleavings of put, get,
 //!   lookup, invalidate, quarantine, attestation, lease expiry and epoch bumps across several
 //!   tenants, and compare every answer and every usage counter with a reference model.
-//! - [`rules`]: one targeted test per contract rule.
+//! - [`rules`]: one targeted test per contract rule, the batch calls' rules among them.
 //! - [`pool`]: the registration rules for any [`crate::registry::PoolMemory`].
 //!
 //! A backend wires it in with [`conformance_suite!`] (and pools with [`pool_conformance_suite!`]),
@@ -59,7 +59,10 @@ macro_rules! conformance_suite {
             stale_reservations_refuse_writes_after_bump, region_ids_never_recycled,
             refusals_carry_numbers, full_store_follows_its_policy,
             registrations_count_committed_and_quarantined,
-            incomplete_commit_is_refused, write_bounds_are_checked, failures_report_retirement
+            incomplete_commit_is_refused, write_bounds_are_checked, failures_report_retirement,
+            batch_answers_equal_single_key_answers, batch_put_duplicates_behave_as_sequential_puts,
+            batch_partial_failure_retires_per_key, empty_batch_answers_nothing,
+            corrupt_block_in_batch_is_a_miss_for_that_key_only
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -1,5 +1,9 @@
 //! Model-based property tests: random operation sequences against a store and a reference
 //! model; every answer, every payload byte and every usage counter must agree.
+//!
+//! The mix includes batch calls: a batch of 1 to [`BATCH_ITEMS_MAX`] items of one kind goes to
+//! the store in one call, and its answers are compared with the model applied item by item, in
+//! order, as the single-key calls would have been.
 
 use std::collections::HashMap;
 
@@ -14,8 +18,8 @@ use crate::key::PhysicalKey;
 use crate::limits::{Refusal, RequestId, ResourceLimits, Usage};
 use crate::registry::{Epoch, RegionId, RegistryError};
 use crate::store::{
-    Abort, FullPolicy, Get, Invalidate, Lookup, MissReason, Put, Reservation, Reserve, Retirement,
-    StoreError,
+    Abort, BatchGet, BatchPut, FullPolicy, Get, Invalidate, Lookup, MissReason, Put, Reservation,
+    Reserve, Retirement, StoreError,
 };
 
 use super::fixture::{key_pool, payload, tenant};
@@ -72,6 +76,25 @@ impl Profile {
 
 const LENS: [u64; 6] = [1, 64, 1000, 3000, 5000, 9000];
 const KEYS: usize = 6;
+/// Most items in one generated batch call.
+pub const BATCH_ITEMS_MAX: usize = 8;
+
+/// One item of a generated batch: whose key it names (another tenant's than the caller's when
+/// `foreign`) and which.
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub foreign: bool,
+    pub key: usize,
+}
+
+/// One PUT of a generated batch.
+#[derive(Debug, Clone)]
+pub struct PutItem {
+    pub item: Item,
+    pub len: usize,
+    pub seed: u64,
+    pub request: Option<u8>,
+}
 
 /// One step of a generated workload. Indices are reduced modulo what exists when applied.
 #[derive(Debug, Clone)]
@@ -91,6 +114,11 @@ pub enum Op {
     Attest { caller: usize, admin: bool, target: usize },
     BumpEpoch,
     Reclaim { stale: bool },
+    // One batch call each, as `caller`; a GET item's destination is sized as `Op::Get`'s.
+    BatchLookup { caller: usize, items: Vec<Item> },
+    BatchGet { caller: usize, items: Vec<(Item, u8)> },
+    BatchPut { caller: usize, items: Vec<PutItem> },
+    BatchInvalidate { caller: usize, items: Vec<Item> },
 }
 
 fn op_strategy(tenants: usize) -> impl Strategy<Value = Op> {
@@ -99,6 +127,9 @@ fn op_strategy(tenants: usize) -> impl Strategy<Value = Op> {
     let len = 0..LENS.len();
     let req = proptest::option::weighted(0.4, 0u8..8);
     let foreign = proptest::bool::weighted(if tenants > 1 { 0.15 } else { 0.0 });
+    let item = (foreign, k.clone()).prop_map(|(foreign, key)| Item { foreign, key });
+    let put_item = (item.clone(), len.clone(), any::<u64>(), req.clone())
+        .prop_map(|(item, len, seed, request)| PutItem { item, len, seed, request });
     prop_oneof![
         6 => (foreign, t.clone(), k.clone(), len.clone(), any::<u64>(), req.clone())
             .prop_map(|(foreign, tenant, key, len, seed, request)| Op::Put { foreign, tenant, key, len, seed, request }),
@@ -118,7 +149,19 @@ fn op_strategy(tenants: usize) -> impl Strategy<Value = Op> {
         2 => (t, any::<bool>(), any::<usize>()).prop_map(|(caller, admin, target)| Op::Attest { caller, admin, target }),
         1 => Just(Op::BumpEpoch),
         2 => proptest::bool::weighted(0.2).prop_map(|stale| Op::Reclaim { stale }),
+        2 => (0..tenants, batch_of(item.clone()))
+            .prop_map(|(caller, items)| Op::BatchLookup { caller, items }),
+        3 => (0..tenants, batch_of((item.clone(), 0u8..3)))
+            .prop_map(|(caller, items)| Op::BatchGet { caller, items }),
+        3 => (0..tenants, batch_of(put_item))
+            .prop_map(|(caller, items)| Op::BatchPut { caller, items }),
+        1 => (0..tenants, batch_of(item))
+            .prop_map(|(caller, items)| Op::BatchInvalidate { caller, items }),
     ]
+}
+
+fn batch_of<T: std::fmt::Debug>(item: impl Strategy<Value = T>) -> impl Strategy<Value = Vec<T>> {
+    proptest::collection::vec(item, 1..=BATCH_ITEMS_MAX)
 }
 
 /// Runs `cases()` generated workloads of `profile` against stores built by `make`.
@@ -253,6 +296,22 @@ impl Admission {
             Ok(Reserve::Refused(r)) => Admission::Refused(r.clone()),
             Err(e) => Self::of_error(e),
         }
+    }
+}
+
+/// Who calls, and whose key (tenant and pool index) the call names.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    caller: usize,
+    owner: usize,
+    key: usize,
+}
+
+impl At {
+    /// A batch item of `caller`: its own key, or the next tenant's when foreign.
+    fn of(caller: usize, item: &Item) -> Self {
+        let owner = if item.foreign { (caller + 1) % 3 } else { caller };
+        Self { caller, owner, key: item.key }
     }
 }
 
@@ -511,33 +570,16 @@ impl World {
         let store = &*self.subject.store;
         match *op {
             Op::Put { foreign, tenant: t, key: k, len, seed, request } => {
-                let len = LENS[len];
-                let key = self.key(t, k);
+                let at = At { caller: if foreign { (t + 1) % 3 } else { t }, owner: t, key: k };
+                let (len, request) = (LENS[len], request.map(u64::from));
                 let data = payload(seed, usize::try_from(len).unwrap_or(0));
-                let request = request.map(u64::from);
-                if foreign {
-                    let other = (t + 1) % 3;
-                    let got = store.put(&self.caller(other), &key, &data, request.map(RequestId));
-                    let e = retired_err("foreign put", got)?;
-                    return expect(
-                        "foreign put",
-                        e,
-                        StoreError::WrongTenant { caller: tenant(other), owner: tenant(t) },
-                    );
-                }
-                let got = store.put(&self.caller(t), &key, &data, request.map(RequestId));
-                let want = self.predict_admission(t, k, len, request);
-                expect("put admission", Admission::of_put(&got), want.clone())?;
-                if want != Admission::Proceeds {
-                    return Ok(());
-                }
-                expect("put", got, Ok(Put::Committed(Checksum::of(&data))))?;
-                let seq = self.take_seq();
-                self.committed
-                    .insert((t, k), Block { len, seed, seq, region: None, corrupt: false });
-                self.idem_commit(t, k, request);
-                // Put registers a region we do not see; later ids must still be larger.
-                Ok(())
+                let got = store.put(
+                    &self.caller(at.caller),
+                    &self.key(t, k),
+                    &data,
+                    request.map(RequestId),
+                );
+                self.check_put(at, len, seed, request, got)
             }
             Op::Reserve { tenant: t, key: k, len, seed, request } => {
                 let len = LENS[len];
@@ -685,85 +727,78 @@ impl World {
                 step
             }
             Op::Get { foreign, tenant: t, key: k, dst } => {
-                let key = self.key(t, k);
-                let c = if foreign { (t + 1) % 3 } else { t };
-                let block = self.committed.get(&(t, k)).copied();
-                let len = block.map(|b| b.len).unwrap_or(64);
-                let size = match dst {
-                    0 => len,
-                    1 => len + 17,
-                    _ => len.saturating_sub(1),
-                };
-                let mut buf = vec![0xEEu8; usize::try_from(size).unwrap_or(0)];
-                let got = store.get_into(&self.caller(c), &key, &mut buf);
-                if foreign {
-                    let e = retired_err("foreign get", got)?;
-                    return expect(
-                        "foreign get",
-                        e,
-                        StoreError::WrongTenant { caller: tenant(c), owner: tenant(t) },
-                    );
-                }
-                if let Some(b) = block {
-                    if size < b.len {
-                        let e = retired_err("get into a short buffer", got)?;
-                        return expect(
-                            "get",
-                            e,
-                            StoreError::BufferTooSmall { needed: b.len, provided: size },
-                        );
-                    }
-                    if b.corrupt {
-                        expect("get of a corrupt block", got, Ok(Get::Miss(MissReason::Corrupt)))?;
-                        if buf[..usize::try_from(b.len).unwrap_or(0)].iter().any(|x| *x != 0) {
-                            return Err("a corrupt read left payload in the destination".into());
-                        }
-                        self.committed.remove(&(t, k));
-                        return Ok(());
-                    }
-                    let data = payload(b.seed, usize::try_from(b.len).unwrap_or(0));
-                    expect("get", got, Ok(Get::Hit { len: b.len, checksum: Checksum::of(&data) }))?;
-                    if buf[..data.len()] != data[..] {
-                        return Err(
-                            "get returned bytes that differ from the committed payload".into()
-                        );
-                    }
-                    if buf[data.len()..].iter().any(|x| *x != 0xEE) {
-                        return Err("get wrote past the payload length".into());
-                    }
-                    return Ok(());
-                }
-                let want = self.miss_for(t, k);
-                expect("get", got, Ok(Get::Miss(want)))?;
-                if buf.iter().any(|x| *x != 0xEE) {
-                    return Err("a missed get touched the destination".into());
-                }
-                Ok(())
+                let at = At { caller: if foreign { (t + 1) % 3 } else { t }, owner: t, key: k };
+                let mut buf = vec![0xEEu8; self.get_size(t, k, dst)];
+                let got = store.get_into(&self.caller(at.caller), &self.key(t, k), &mut buf);
+                self.check_get(at, &buf, got)
             }
             Op::Lookup { foreign, tenant: t, key: k } => {
-                let key = self.key(t, k);
-                let c = if foreign { (t + 1) % 3 } else { t };
-                let got = store.lookup(&self.caller(c), &key);
-                if foreign {
-                    let e = retired_err("foreign lookup", got)?;
-                    return expect(
-                        "foreign lookup",
-                        e,
-                        StoreError::WrongTenant { caller: tenant(c), owner: tenant(t) },
-                    );
-                }
-                expect("lookup", got, Ok(self.predict_lookup(t, k)))
+                let at = At { caller: if foreign { (t + 1) % 3 } else { t }, owner: t, key: k };
+                let got = store.lookup(&self.caller(at.caller), &self.key(t, k));
+                self.check_lookup(at, got)
             }
             Op::Invalidate { tenant: t, key: k } => {
-                let key = self.key(t, k);
-                let got = store.invalidate(&self.caller(t), &key);
-                if self.committed.remove(&(t, k)).is_some() {
-                    expect("invalidate", got, Ok(Invalidate::Removed))
-                } else if self.live_open(t, k).is_some() {
-                    expect("invalidate", got, Ok(Invalidate::Busy))
-                } else {
-                    expect("invalidate", got, Ok(Invalidate::Absent))
-                }
+                let got = store.invalidate(&self.caller(t), &self.key(t, k));
+                self.check_invalidate(At { caller: t, owner: t, key: k }, got)
+            }
+            Op::BatchLookup { caller: c, ref items } => {
+                let ats: Vec<At> = items.iter().map(|i| At::of(c, i)).collect();
+                let keys: Vec<PhysicalKey> = ats.iter().map(|a| self.key(a.owner, a.key)).collect();
+                let refs: Vec<&PhysicalKey> = keys.iter().collect();
+                let answers = store.lookup_batch(&self.caller(c), &refs);
+                self.check_batch("lookup_batch", answers, &ats, |w, i, got| {
+                    w.check_lookup(ats[i], got)
+                })
+            }
+            Op::BatchGet { caller: c, ref items } => {
+                let ats: Vec<At> = items.iter().map(|(i, _)| At::of(c, i)).collect();
+                let keys: Vec<PhysicalKey> = ats.iter().map(|a| self.key(a.owner, a.key)).collect();
+                let mut bufs: Vec<Vec<u8>> = items
+                    .iter()
+                    .zip(&ats)
+                    .map(|((_, dst), a)| vec![0xEEu8; self.get_size(a.owner, a.key, *dst)])
+                    .collect();
+                let mut batch: Vec<BatchGet<'_>> = keys
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(key, buf)| BatchGet { key, dst: buf.as_mut_slice() })
+                    .collect();
+                let answers = store.get_batch(&self.caller(c), &mut batch);
+                drop(batch);
+                self.check_batch("get_batch", answers, &ats, |w, i, got| {
+                    w.check_get(ats[i], &bufs[i], got)
+                })
+            }
+            Op::BatchPut { caller: c, ref items } => {
+                let ats: Vec<At> = items.iter().map(|p| At::of(c, &p.item)).collect();
+                let keys: Vec<PhysicalKey> = ats.iter().map(|a| self.key(a.owner, a.key)).collect();
+                let datas: Vec<Vec<u8>> = items
+                    .iter()
+                    .map(|p| payload(p.seed, usize::try_from(LENS[p.len]).unwrap_or(0)))
+                    .collect();
+                let batch: Vec<BatchPut<'_>> = items
+                    .iter()
+                    .zip(keys.iter().zip(&datas))
+                    .map(|(p, (key, src))| BatchPut {
+                        key,
+                        src,
+                        request: p.request.map(|r| RequestId(u64::from(r))),
+                    })
+                    .collect();
+                let answers = store.put_batch(&self.caller(c), &batch);
+                self.check_batch("put_batch", answers, &ats, |w, i, got| {
+                    let p = &items[i];
+                    w.check_put(ats[i], LENS[p.len], p.seed, p.request.map(u64::from), got)
+                })
+            }
+            Op::BatchInvalidate { caller: c, ref items } => {
+                let ats: Vec<At> = items.iter().map(|i| At::of(c, i)).collect();
+                let keys: Vec<PhysicalKey> = ats.iter().map(|a| self.key(a.owner, a.key)).collect();
+                let refs: Vec<&PhysicalKey> = keys.iter().collect();
+                let answers = store.invalidate_batch(&self.caller(c), &refs);
+                self.check_batch("invalidate_batch", answers, &ats, |w, i, got| {
+                    w.check_invalidate(ats[i], got)
+                })
             }
             Op::Corrupt { tenant: t, key: k } => {
                 let key = self.key(t, k);
@@ -880,6 +915,134 @@ impl World {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Compares a batch's answers, in order, with the model applied item by item.
+    fn check_batch<T>(
+        &mut self,
+        what: &str,
+        answers: Vec<Result<T, StoreError>>,
+        ats: &[At],
+        mut check: impl FnMut(&mut Self, usize, Result<T, StoreError>) -> Step,
+    ) -> Step {
+        expect(&format!("{what} answer count"), answers.len(), ats.len())?;
+        for (i, got) in answers.into_iter().enumerate() {
+            check(self, i, got).map_err(|e| format!("{what} item {i} {:?}: {e}", ats[i]))?;
+        }
+        Ok(())
+    }
+
+    /// A store refused `at.caller` another tenant's key.
+    fn check_foreign<T: std::fmt::Debug>(what: &str, at: At, got: Result<T, StoreError>) -> Step {
+        let e = retired_err(what, got)?;
+        expect(
+            what,
+            e,
+            StoreError::WrongTenant { caller: tenant(at.caller), owner: tenant(at.owner) },
+        )
+    }
+
+    /// The destination size a GET of `(t, k)` uses: the block's length (64 for no block), 17
+    /// bytes more, or one byte less.
+    fn get_size(&self, t: usize, k: usize, dst: u8) -> usize {
+        let len = self.committed.get(&(t, k)).map_or(64, |b| b.len);
+        let size = match dst {
+            0 => len,
+            1 => len + 17,
+            _ => len.saturating_sub(1),
+        };
+        usize::try_from(size).unwrap_or(0)
+    }
+
+    /// Checks a PUT of `len` bytes of `payload(seed)` and applies it to the model.
+    fn check_put(
+        &mut self,
+        at: At,
+        len: u64,
+        seed: u64,
+        request: Option<u64>,
+        got: Result<Put, StoreError>,
+    ) -> Step {
+        if at.caller != at.owner {
+            return Self::check_foreign("foreign put", at, got);
+        }
+        let (t, k) = (at.owner, at.key);
+        let data = payload(seed, usize::try_from(len).unwrap_or(0));
+        let want = self.predict_admission(t, k, len, request);
+        expect("put admission", Admission::of_put(&got), want.clone())?;
+        if want != Admission::Proceeds {
+            return Ok(());
+        }
+        expect("put", got, Ok(Put::Committed(Checksum::of(&data))))?;
+        let seq = self.take_seq();
+        self.committed.insert((t, k), Block { len, seed, seq, region: None, corrupt: false });
+        self.idem_commit(t, k, request);
+        // Put registers a region we do not see; later ids must still be larger.
+        Ok(())
+    }
+
+    /// Checks a GET into `buf` (filled with 0xEE before the call) and applies it to the model.
+    fn check_get(&mut self, at: At, buf: &[u8], got: Result<Get, StoreError>) -> Step {
+        if at.caller != at.owner {
+            return Self::check_foreign("foreign get", at, got);
+        }
+        let (t, k) = (at.owner, at.key);
+        let size = buf.len() as u64;
+        if let Some(b) = self.committed.get(&(t, k)).copied() {
+            if size < b.len {
+                let e = retired_err("get into a short buffer", got)?;
+                return expect(
+                    "get",
+                    e,
+                    StoreError::BufferTooSmall { needed: b.len, provided: size },
+                );
+            }
+            if b.corrupt {
+                expect("get of a corrupt block", got, Ok(Get::Miss(MissReason::Corrupt)))?;
+                if buf[..usize::try_from(b.len).unwrap_or(0)].iter().any(|x| *x != 0) {
+                    return Err("a corrupt read left payload in the destination".into());
+                }
+                self.committed.remove(&(t, k));
+                return Ok(());
+            }
+            let data = payload(b.seed, usize::try_from(b.len).unwrap_or(0));
+            expect("get", got, Ok(Get::Hit { len: b.len, checksum: Checksum::of(&data) }))?;
+            if buf[..data.len()] != data[..] {
+                return Err("get returned bytes that differ from the committed payload".into());
+            }
+            if buf[data.len()..].iter().any(|x| *x != 0xEE) {
+                return Err("get wrote past the payload length".into());
+            }
+            return Ok(());
+        }
+        let want = self.miss_for(t, k);
+        expect("get", got, Ok(Get::Miss(want)))?;
+        if buf.iter().any(|x| *x != 0xEE) {
+            return Err("a missed get touched the destination".into());
+        }
+        Ok(())
+    }
+
+    fn check_lookup(&self, at: At, got: Result<Lookup, StoreError>) -> Step {
+        if at.caller != at.owner {
+            return Self::check_foreign("foreign lookup", at, got);
+        }
+        expect("lookup", got, Ok(self.predict_lookup(at.owner, at.key)))
+    }
+
+    /// Checks an invalidation and applies it to the model.
+    fn check_invalidate(&mut self, at: At, got: Result<Invalidate, StoreError>) -> Step {
+        if at.caller != at.owner {
+            return Self::check_foreign("foreign invalidate", at, got);
+        }
+        let (t, k) = (at.owner, at.key);
+        if self.committed.remove(&(t, k)).is_some() {
+            expect("invalidate", got, Ok(Invalidate::Removed))
+        } else if self.live_open(t, k).is_some() {
+            expect("invalidate", got, Ok(Invalidate::Busy))
+        } else {
+            expect("invalidate", got, Ok(Invalidate::Absent))
         }
     }
 

@@ -33,6 +33,7 @@
 mod agent;
 mod epoch;
 mod error;
+mod job;
 mod native;
 mod queue;
 mod reactor;

@@ -8,7 +8,6 @@
 //! read is a clean miss; on a write it is a backend error (the backing store's reservation then
 //! follows its own contract: abort, lease expiry, fence).
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use gpucache_dataplane::store::{
 
 use crate::agent::Agent;
 use crate::error::DpuError;
+use crate::job::{Answer, FromAnswer, Job, JobOp};
 
 /// How a [`DpuStore`] waits on its agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,28 +72,41 @@ impl DpuStore {
         &self.agent
     }
 
-    /// Runs `job` on the reactor owning `hash`'s queue with `payload` in the slot; `take` sees
-    /// the job's output and the slot afterwards.
-    fn run<T: Any + Send, R>(
+    /// Runs `op` for `caller` on the reactor owning `hash`'s queue with `payload` in the slot;
+    /// `take` sees the job's answer and the slot afterwards.
+    fn run<R>(
         &self,
         hash: u64,
+        caller: &Caller,
         payload: &[u8],
-        job: impl FnOnce(&dyn Store, &mut [u8]) -> T + Send + 'static,
-        take: impl FnOnce(T, &[u8]) -> R,
+        op: JobOp,
+        take: impl FnOnce(Answer, &[u8]) -> R,
     ) -> Result<R, DpuError> {
         let (reactor, queue) = self.agent.route(hash);
-        let backing = Arc::clone(&self.backing);
-        let ticket = self.agent.submit_job(
-            reactor,
-            queue,
-            |slot| slot[..payload.len()].copy_from_slice(payload),
-            Box::new(move |slot| Box::new(job(&*backing, slot)) as Box<dyn Any + Send>),
-        )?;
+        let job = Job { store: Arc::clone(&self.backing), caller: caller.clone(), op };
+        let ticket = self
+            .agent
+            .submit_job(reactor, queue, |slot| slot[..payload.len()].copy_from_slice(payload), job)
+            .map_err(|(e, _)| e)?;
         let deadline = Instant::now() + self.config.op_deadline;
-        self.agent.wait_job(ticket, deadline, |out, slot| match out.downcast::<T>() {
-            Ok(t) => Ok(take(*t, slot)),
-            Err(_) => Err(DpuError::Config("job answered a foreign type".into())),
-        })?
+        self.agent.wait_job(ticket, deadline, take)
+    }
+
+    /// Runs `op` and answers what the store call answered; a refused, lost or failed job is a
+    /// backend error of `operation` (the caller's buffers are retired either way: the job only
+    /// ever touched its slab slot).
+    fn call<T: FromAnswer>(
+        &self,
+        operation: &'static str,
+        hash: u64,
+        caller: &Caller,
+        payload: &[u8],
+        op: JobOp,
+    ) -> Result<T, StoreError> {
+        match self.run(hash, caller, payload, op, |answer, _| T::from_answer(answer)) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) | Err(e) => Err(backend_err(operation, e)),
+        }
     }
 
     /// Which queue runs the key's calls: the key's own digest (made once, with the key), not a
@@ -101,6 +114,45 @@ impl DpuStore {
     fn key_hash(key: &PhysicalKey) -> u64 {
         let [a, b, c, d, e, f, g, h, ..] = key.digest().0;
         u64::from_le_bytes([a, b, c, d, e, f, g, h])
+    }
+}
+
+/// What a GET whose job was refused, lost or failed answers: a clean miss (nothing was copied
+/// to the caller's buffer).
+const GET_NOT_COMPLETED: Result<Get, StoreError> = Ok(Get::Miss(MissReason::Absent));
+
+/// What a GET of `room` bytes (at most a slot) into `dst` answers, from its job's answer and
+/// slot: a hit is copied from the slot to `dst`, and a corrupt miss zeroes `dst` as the backing
+/// store zeroed the slot.
+fn get_answer(
+    slot_bytes: usize,
+    room: usize,
+    dst: &mut [u8],
+    answer: Answer,
+    slot: &[u8],
+) -> Result<Get, StoreError> {
+    let Answer::Get(r) = answer else {
+        return GET_NOT_COMPLETED;
+    };
+    if let Ok(Get::Hit { len, .. }) = &r {
+        // len <= room <= dst.len(): the backing store wrote that much.
+        let n = usize::try_from(*len).unwrap_or(usize::MAX).min(room);
+        dst[..n].copy_from_slice(&slot[..n]);
+    }
+    if let Ok(Get::Miss(MissReason::Corrupt)) = &r {
+        // The backing store zeroed what it read; so does the caller's buffer.
+        dst[..room].fill(0);
+    }
+    match r {
+        Err(StoreError::BufferTooSmall { needed, provided })
+            if usize::try_from(needed).is_ok_and(|n| n > slot_bytes)
+                && usize::try_from(provided).is_ok_and(|p| p == room)
+                && dst.len() >= slot_bytes =>
+        {
+            // Larger than one slab slot: this agent cannot carry it.
+            Ok(Get::Miss(MissReason::Absent))
+        }
+        r => r,
     }
 }
 
@@ -124,9 +176,8 @@ impl Store for DpuStore {
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        let (c, k) = (caller.clone(), key.clone());
-        self.run(Self::key_hash(key), &[], move |s, _| s.lookup(&c, &k), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("lookup", e)))
+        let op = JobOp::Lookup { key: key.clone() };
+        self.call("lookup", Self::key_hash(key), caller, &[], op)
     }
 
     fn get_into(
@@ -137,37 +188,12 @@ impl Store for DpuStore {
     ) -> Result<Get, StoreError> {
         let slot_bytes = self.agent.slot_bytes();
         let room = dst.len().min(slot_bytes);
-        let (c, k) = (caller.clone(), key.clone());
-        let answer = self.run(
-            Self::key_hash(key),
-            &[],
-            move |s, slot| s.get_into(&c, &k, &mut slot[..room]),
-            |r, slot| {
-                if let Ok(Get::Hit { len, .. }) = &r {
-                    // len <= room <= dst.len(): the backing store wrote that much.
-                    let n = usize::try_from(*len).unwrap_or(usize::MAX).min(room);
-                    dst[..n].copy_from_slice(&slot[..n]);
-                }
-                if let Ok(Get::Miss(MissReason::Corrupt)) = &r {
-                    // The backing store zeroed what it read; so does the caller's buffer.
-                    dst[..room].fill(0);
-                }
-                r
-            },
-        );
-        match answer {
-            Ok(Err(StoreError::BufferTooSmall { needed, provided }))
-                if usize::try_from(needed).is_ok_and(|n| n > slot_bytes)
-                    && usize::try_from(provided).is_ok_and(|p| p == room)
-                    && dst.len() >= slot_bytes =>
-            {
-                // Larger than one slab slot: this agent cannot carry it.
-                Ok(Get::Miss(MissReason::Absent))
-            }
-            Ok(r) => r,
-            // A lost or failed completion on a read is a clean miss.
-            Err(_) => Ok(Get::Miss(MissReason::Absent)),
-        }
+        let op = JobOp::Get { key: key.clone(), room };
+        // `dst` is touched only once the job completed, while the slot's lease holds.
+        self.run(Self::key_hash(key), caller, &[], op, |answer, slot| {
+            get_answer(slot_bytes, room, dst, answer, slot)
+        })
+        .unwrap_or(GET_NOT_COMPLETED)
     }
 
     fn reserve(
@@ -181,9 +207,8 @@ impl Store for DpuStore {
         if len > max {
             return Ok(Reserve::Refused(Refusal::ObjectTooLarge { bytes: len, max }));
         }
-        let (c, k) = (caller.clone(), key.clone());
-        self.run(Self::key_hash(key), &[], move |s, _| s.reserve(&c, &k, len, request), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("reserve", e)))
+        let op = JobOp::Reserve { key: key.clone(), len, request };
+        self.call("reserve", Self::key_hash(key), caller, &[], op)
     }
 
     fn write(
@@ -198,15 +223,12 @@ impl Store for DpuStore {
         // Pieces larger than a slot go slot by slot; an empty write still goes once.
         loop {
             let n = (src.len() - done).min(slot_bytes);
-            let (c, r) = (caller.clone(), copy_reservation(reservation));
-            let at = offset + done as u64;
-            self.run(
-                reservation.region.0,
-                &src[done..done + n],
-                move |s, slot| s.write(&c, &r, at, &slot[..n]),
-                |r, _| r,
-            )
-            .unwrap_or_else(|e| Err(backend_err("write", e)))?;
+            let op = JobOp::Write {
+                reservation: copy_reservation(reservation),
+                offset: offset + done as u64,
+                len: n,
+            };
+            self.call::<()>("write", reservation.region.0, caller, &src[done..done + n], op)?;
             done += n;
             if done >= src.len() {
                 return Ok(());
@@ -215,9 +237,8 @@ impl Store for DpuStore {
     }
 
     fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
-        let (c, r) = (caller.clone(), copy_reservation(reservation));
-        self.run(reservation.region.0, &[], move |s, _| s.commit(&c, &r), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("commit", e)))
+        let op = JobOp::Commit { reservation: copy_reservation(reservation) };
+        self.call("commit", reservation.region.0, caller, &[], op)
     }
 
     fn abort(
@@ -226,16 +247,13 @@ impl Store for DpuStore {
         reservation: Reservation,
         outcome: Retirement,
     ) -> Result<Abort, StoreError> {
-        let c = caller.clone();
         let hash = reservation.region.0;
-        self.run(hash, &[], move |s, _| s.abort(&c, reservation, outcome), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("abort", e)))
+        self.call("abort", hash, caller, &[], JobOp::Abort { reservation, outcome })
     }
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        let (c, k) = (caller.clone(), key.clone());
-        self.run(Self::key_hash(key), &[], move |s, _| s.invalidate(&c, &k), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("invalidate", e)))
+        let op = JobOp::Invalidate { key: key.clone() };
+        self.call("invalidate", Self::key_hash(key), caller, &[], op)
     }
 
     /// The store's leases, and the agent's slab slots whose lease ran out (quarantined).

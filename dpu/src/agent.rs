@@ -421,6 +421,16 @@ impl Agent {
         self.submit(reactor, queue, fill, job, Op::Store)
     }
 
+    /// Most submissions `queue` holds outstanding (0 for a queue that does not exist).
+    pub(crate) fn depth_max(&self, queue: QueueId) -> usize {
+        self.queues.get(&queue).map_or(0, |q| q.depth_max)
+    }
+
+    /// Slots of the slab, whatever their state.
+    pub(crate) fn slab_slots(&self) -> usize {
+        self.slab_total
+    }
+
     /// Waits until `deadline` for the ticket's completion and settles its slot: retired on a
     /// completion, quarantined on an error completion or when the deadline passes (`Lost`).
     /// A ticket from an earlier run of the agent is a clean `Miss(Fenced)`.

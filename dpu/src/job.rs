@@ -15,7 +15,8 @@ use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::store::{
-    Abort, Committed, Get, Invalidate, Lookup, Reservation, Reserve, Retirement, Store, StoreError,
+    Abort, Committed, Get, Invalidate, Lookup, Put, Reservation, Reserve, Retirement, Store,
+    StoreError,
 };
 
 /// One store call to run on a reactor.
@@ -54,6 +55,12 @@ pub(crate) enum JobOp {
         reservation: Reservation,
         outcome: Retirement,
     },
+    /// A whole PUT (reserve, write, commit, or abort) of the first `len` bytes of the slot.
+    Put {
+        key: PhysicalKey,
+        len: usize,
+        request: Option<RequestId>,
+    },
     Invalidate {
         key: PhysicalKey,
     },
@@ -68,6 +75,7 @@ pub(crate) enum Answer {
     Write(Result<(), StoreError>),
     Commit(Result<Committed, StoreError>),
     Abort(Result<Abort, StoreError>),
+    Put(Result<Put, StoreError>),
     Invalidate(Result<Invalidate, StoreError>),
 }
 
@@ -96,6 +104,9 @@ impl Job {
             JobOp::Abort { reservation, outcome } => {
                 Answer::Abort(store.abort(c, reservation, outcome))
             }
+            JobOp::Put { key, len, request } => {
+                Answer::Put(store.put(c, &key, &slot[..part(len)], request))
+            }
             JobOp::Invalidate { key } => Answer::Invalidate(store.invalidate(c, &key)),
         }
     }
@@ -111,6 +122,7 @@ impl Answer {
             Self::Write(_) => "write",
             Self::Commit(_) => "commit",
             Self::Abort(_) => "abort",
+            Self::Put(_) => "put",
             Self::Invalidate(_) => "invalidate",
         }
     }
@@ -143,5 +155,6 @@ from_answer! {
     () => Write, "write";
     Committed => Commit, "commit";
     Abort => Abort, "abort";
+    Put => Put, "put";
     Invalidate => Invalidate, "invalidate";
 }

@@ -7,6 +7,12 @@
 //! Lifecycle, admission and identity stay in the backing store. A lost or failed completion on a
 //! read is a clean miss; on a write it is a backend error (the backing store's reservation then
 //! follows its own contract: abort, lease expiry, fence).
+//!
+//! The batch calls run one job per item ([`crate::batch`]): every queue a batch touches is given
+//! its items before any answer is waited on, so the queues work on one batch together, and each
+//! item answers what its single-key call answers (a batch PUT item runs the backing store's
+//! whole PUT as one job on its key's queue, where a single PUT runs reserve, write and commit as
+//! three).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,18 +22,23 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, Get, Implementation, Invalidate, Lookup, MissReason, Reclaimed, Reservation,
-    Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, Lookup,
+    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo,
+    StoreStats,
 };
 
 use crate::agent::Agent;
+use crate::batch::{Batch, Item};
 use crate::error::DpuError;
 use crate::job::{Answer, FromAnswer, Job, JobOp};
+use crate::queue::QueueId;
+use crate::reactor::ReactorId;
 
 /// How a [`DpuStore`] waits on its agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DpuStoreConfig {
-    /// Longest one call waits for its completion before the slot is quarantined.
+    /// Longest one call (or one item of a batch call, from its submission) waits for its
+    /// completion before the slot is quarantined.
     pub op_deadline: Duration,
 }
 
@@ -109,6 +120,47 @@ impl DpuStore {
         }
     }
 
+    /// The queue that runs `key`'s calls, and the reactor that owns it.
+    pub fn route(&self, key: &PhysicalKey) -> (ReactorId, QueueId) {
+        self.agent.route(Self::key_hash(key))
+    }
+
+    fn batch<'a>(&'a self, caller: &'a Caller) -> Batch<'a> {
+        Batch {
+            agent: &self.agent,
+            store: &self.backing,
+            caller,
+            op_deadline: self.config.op_deadline,
+        }
+    }
+
+    /// Runs one job per key (made by `op`) as a batch and answers per key, in order, as
+    /// [`DpuStore::call`] does for one key.
+    fn call_batch<T: FromAnswer>(
+        &self,
+        operation: &'static str,
+        caller: &Caller,
+        keys: &[&PhysicalKey],
+        op: impl Fn(&PhysicalKey) -> JobOp,
+    ) -> BatchAnswers<T> {
+        let mut answers: Vec<Option<Result<T, StoreError>>> =
+            std::iter::repeat_with(|| None).take(keys.len()).collect();
+        let items = keys.iter().enumerate().map(|(index, key)| Item {
+            index,
+            hash: Self::key_hash(key),
+            payload: &[],
+            op: op(key),
+        });
+        self.batch(caller).run(items, |index, done| {
+            let answer = match done.and_then(|(answer, _)| T::from_answer(answer)) {
+                Ok(r) => r,
+                Err(e) => Err(backend_err(operation, e)),
+            };
+            answers[index] = Some(answer);
+        });
+        collect(operation, answers)
+    }
+
     /// Which queue runs the key's calls: the key's own digest (made once, with the key), not a
     /// second hash of its bytes per call.
     fn key_hash(key: &PhysicalKey) -> u64 {
@@ -154,6 +206,26 @@ fn get_answer(
         }
         r => r,
     }
+}
+
+/// The answers of a batch in item order. Every item is answered exactly once by the batch; a
+/// missing one would be a fault of the batch itself, answered as a backend error.
+fn collect<T>(
+    operation: &'static str,
+    answers: Vec<Option<Result<T, StoreError>>>,
+) -> BatchAnswers<T> {
+    answers
+        .into_iter()
+        .map(|a| {
+            a.unwrap_or_else(|| {
+                Err(StoreError::Backend {
+                    operation,
+                    detail: "the batch ended without answering this item".into(),
+                    retirement: Retirement::Retired,
+                })
+            })
+        })
+        .collect()
 }
 
 impl Store for DpuStore {
@@ -254,6 +326,81 @@ impl Store for DpuStore {
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         let op = JobOp::Invalidate { key: key.clone() };
         self.call("invalidate", Self::key_hash(key), caller, &[], op)
+    }
+
+    /// Each key's lookup runs on its queue's reactor; every queue gets its keys before any
+    /// answer is waited on.
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        self.call_batch("lookup", caller, keys, |key| JobOp::Lookup { key: key.clone() })
+    }
+
+    /// Each item's read runs on its queue's reactor into the item's own slab slot, copied into
+    /// the item's buffer when its completion is reaped; a refused, lost or failed item is a
+    /// clean miss with its buffer untouched, as for [`Store::get_into`].
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let slot_bytes = self.agent.slot_bytes();
+        let jobs: Vec<Item<'static>> = items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| Item {
+                index,
+                hash: Self::key_hash(item.key),
+                payload: &[],
+                op: JobOp::Get { key: item.key.clone(), room: item.dst.len().min(slot_bytes) },
+            })
+            .collect();
+        let mut answers: Vec<Option<Result<Get, StoreError>>> = vec![None; items.len()];
+        self.batch(caller).run(jobs, |index, done| {
+            let dst = &mut *items[index].dst;
+            let room = dst.len().min(slot_bytes);
+            answers[index] = Some(match done {
+                Ok((answer, slot)) => get_answer(slot_bytes, room, dst, answer, slot),
+                Err(_) => GET_NOT_COMPLETED,
+            });
+        });
+        collect("get", answers)
+    }
+
+    /// Each item's whole PUT runs on its key's queue's reactor from the item's own slab slot.
+    /// An item larger than a slot is refused as [`Store::reserve`] refuses it, without a job;
+    /// a refused, lost or failed item is a backend error (the caller's bytes were copied into
+    /// the slot before submission, so they are retired).
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        let max = self.agent.slot_bytes();
+        let mut answers: Vec<Option<Result<Put, StoreError>>> = vec![None; items.len()];
+        let mut jobs = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            if item.src.len() > max {
+                let bytes = item.src.len() as u64;
+                let refusal = Refusal::ObjectTooLarge { bytes, max: max as u64 };
+                answers[index] = Some(Ok(Put::Refused(refusal)));
+                continue;
+            }
+            jobs.push(Item {
+                index,
+                hash: Self::key_hash(item.key),
+                payload: item.src,
+                op: JobOp::Put {
+                    key: item.key.clone(),
+                    len: item.src.len(),
+                    request: item.request,
+                },
+            });
+        }
+        self.batch(caller).run(jobs, |index, done| {
+            let answer = match done.and_then(|(answer, _)| Put::from_answer(answer)) {
+                Ok(r) => r,
+                Err(e) => Err(backend_err("put", e)),
+            };
+            answers[index] = Some(answer);
+        });
+        collect("put", answers)
+    }
+
+    /// Each key's invalidation runs on its queue's reactor; every queue gets its keys before
+    /// any answer is waited on.
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.call_batch("invalidate", caller, keys, |key| JobOp::Invalidate { key: key.clone() })
     }
 
     /// The store's leases, and the agent's slab slots whose lease ran out (quarantined).

@@ -2,7 +2,6 @@
 //! submissions through the owning reactor only, and settles slab slots as completions are
 //! reaped.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +16,7 @@ use gpucache_dataplane::registry::{
 use gpucache_storage::host::pool::{HugePagePolicy, HugePagePool, Tier};
 
 use crate::error::DpuError;
+use crate::job::{Answer, Job};
 use crate::queue::{
     BlockId, Done, MissCause, Op, Outcome, QUEUE_DEPTH_MAX, Queue, QueueBackend, QueueId,
     QueueKind, QueueStats, Submission, Ticket,
@@ -320,38 +320,48 @@ impl Agent {
         }
     }
 
-    /// Submits through `reactor` to `queue`: affinity, depth and slab are checked first and a
-    /// refusal submits and leases nothing. `fill` writes the payload into the leased slot.
-    fn submit(
+    /// Submits `work` (made into its operation by `op`) through `reactor` to `queue`:
+    /// affinity, depth and slab are checked first and a refusal submits and leases nothing and
+    /// hands `work` back. `fill` writes the payload into the leased slot.
+    fn submit<W>(
         &self,
         reactor: ReactorId,
         queue: QueueId,
         fill: impl FnOnce(&mut [u8]),
-        op: Op,
-    ) -> Result<Ticket, DpuError> {
-        let q = self.queue(queue)?;
+        work: W,
+        op: impl FnOnce(W) -> Op,
+    ) -> Result<Ticket, (DpuError, W)> {
+        let q = match self.queue(queue) {
+            Ok(q) => q,
+            Err(e) => return Err((e, work)),
+        };
         let mut st = q.lock();
         if q.owner != reactor {
             st.stats.affinity_violations += 1;
-            return Err(DpuError::AffinityViolation { queue, owner: q.owner, asked: reactor });
+            let e = DpuError::AffinityViolation { queue, owner: q.owner, asked: reactor };
+            return Err((e, work));
         }
         if self.stop.load(Ordering::Acquire) {
-            return Err(DpuError::Stopped);
+            return Err((DpuError::Stopped, work));
         }
         if st.outstanding.len() >= q.depth_max {
             st.stats.queue_full += 1;
-            return Err(DpuError::QueueFull { queue, depth_max: q.depth_max });
+            return Err((DpuError::QueueFull { queue, depth_max: q.depth_max }, work));
         }
-        let lease = {
+        let leased = {
             let mut pool = self.pool();
             let deadline = self.now_ms().saturating_add(self.lease_ms);
             match pool.checkout(&self.owner, 1, Some(deadline)) {
-                Ok(mut l) => l.pop().ok_or(DpuError::Stopped)?,
+                Ok(mut l) => l.pop().ok_or(DpuError::Stopped),
                 Err(PoolError::Exhausted { free, total, .. }) => {
-                    return Err(DpuError::SlabExhausted { free, total });
+                    Err(DpuError::SlabExhausted { free, total })
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => Err(e.into()),
             }
+        };
+        let lease = match leased {
+            Ok(l) => l,
+            Err(e) => return Err((e, work)),
         };
         // SAFETY: the lease was just checked out to this submission and nothing else holds it;
         // the slab lives as long as `self`.
@@ -359,7 +369,7 @@ impl Agent {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.outstanding.insert(seq, lease);
-        st.pending.push_back(Submission { seq, lease, op });
+        st.pending.push_back(Submission { seq, lease, op: op(work) });
         st.stats.submitted += 1;
         drop(st);
         self.wake(reactor);
@@ -381,12 +391,9 @@ impl Agent {
             });
         }
         let len = data.len();
-        self.submit(
-            reactor,
-            queue,
-            |slot| slot[..len].copy_from_slice(data),
-            Op::Write { block, len },
-        )
+        let write = Op::Write { block, len };
+        self.submit(reactor, queue, |slot| slot[..len].copy_from_slice(data), write, |op| op)
+            .map_err(|(e, _)| e)
     }
 
     /// Submits a read of `block` through `reactor` (which must own `queue`).
@@ -396,17 +403,32 @@ impl Agent {
         queue: QueueId,
         block: BlockId,
     ) -> Result<Ticket, DpuError> {
-        self.submit(reactor, queue, |_| {}, Op::Read { block })
+        self.submit(reactor, queue, |_| {}, Op::Read { block }, |op| op).map_err(|(e, _)| e)
     }
 
+    /// Submits a store job through `reactor` (which must own `queue`); `fill` writes the job's
+    /// payload into the leased slot. A refusal hands the job back with its reason, so that a
+    /// batch can submit it again once its own submissions have freed room (by value: a refusal
+    /// allocates nothing either).
+    #[allow(clippy::result_large_err)]
     pub(crate) fn submit_job(
         &self,
         reactor: ReactorId,
         queue: QueueId,
         fill: impl FnOnce(&mut [u8]),
-        job: crate::queue::Job,
-    ) -> Result<Ticket, DpuError> {
-        self.submit(reactor, queue, fill, Op::Run(job))
+        job: Job,
+    ) -> Result<Ticket, (DpuError, Job)> {
+        self.submit(reactor, queue, fill, job, Op::Store)
+    }
+
+    /// Most submissions `queue` holds outstanding (0 for a queue that does not exist).
+    pub(crate) fn depth_max(&self, queue: QueueId) -> usize {
+        self.queues.get(&queue).map_or(0, |q| q.depth_max)
+    }
+
+    /// Slots of the slab, whatever their state.
+    pub(crate) fn slab_slots(&self) -> usize {
+        self.slab_total
     }
 
     /// Waits until `deadline` for the ticket's completion and settles its slot: retired on a
@@ -453,24 +475,24 @@ impl Agent {
                 return Ok(Outcome::Read { len });
             }
             Done::Miss(cause) => Outcome::Miss(cause),
-            Done::Job(_) => Outcome::Miss(MissCause::Absent),
+            Done::Store(_) => Outcome::Miss(MissCause::Absent),
         };
         self.settle(&lease, Completion::Retired);
         Ok(outcome)
     }
 
-    /// Waits for a job's completion, hands its output and the slot's bytes to `take`, then
+    /// Waits for a job's completion, hands its answer and the slot's bytes to `take`, then
     /// retires the slot.
     pub(crate) fn wait_job<R>(
         &self,
         ticket: Ticket,
         deadline: Instant,
-        take: impl FnOnce(Box<dyn Any + Send>, &[u8]) -> R,
+        take: impl FnOnce(Answer, &[u8]) -> R,
     ) -> Result<R, DpuError> {
         let q = Arc::clone(self.queue(ticket.queue)?);
         let (lease, done) = self.reap(&q, &ticket, deadline)?;
         let r = match done {
-            Done::Job(out) => {
+            Done::Store(out) => {
                 // As in `wait`: only while the lease still holds the slot, under the slab lock.
                 let pool = self.pool();
                 if !pool.holds(&lease) {

@@ -36,6 +36,8 @@ pub enum DpuError {
     Lost { queue: QueueId, seq: u64 },
     #[error("queue {queue} completed ticket {seq} with an error: {detail}; slab slot quarantined")]
     Completion { queue: QueueId, seq: u64, detail: String },
+    #[error("a {expected} job was answered as {got}")]
+    ForeignAnswer { expected: &'static str, got: &'static str },
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("pinning reactor {reactor} to core {core} was refused: {detail}")]

@@ -25,14 +25,18 @@
 //!   here, never `Active` without a native backend), [`Agent::reactors`] ([`ReactorReport`]
 //!   with the real [`Pinning`]), [`Agent::stats`] ([`AgentStats`], per queue [`QueueStats`]).
 //! - [`DpuStore`]: the dataplane `Store` over an agent and a backing store (a FileStore with
-//!   the io_uring engine in the service): every call routes by key to its queue's reactor.
+//!   the io_uring engine in the service): every call routes by key to its queue's reactor
+//!   ([`DpuStore::route`]); a batch call gives every queue its items before waiting on any,
+//!   with at most [`BATCH_IN_FLIGHT_MAX`] items (and no more than the slab's slots) in flight.
 //! - [`sim`]: the simulated queue with seeded faults ([`sim::SimConfig`], [`sim::FaultRates`]).
 //! - `spdk` / `doca` features: [`QueueKind::Spdk`] / [`QueueKind::Doca`], which fail closed at
 //!   start with [`DpuError::NativeUnavailable`] naming what is missing.
 
 mod agent;
+mod batch;
 mod epoch;
 mod error;
+mod job;
 mod native;
 mod queue;
 mod reactor;
@@ -45,6 +49,7 @@ pub use agent::{
     Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueSpec, REACTOR_STOP_PATIENCE,
     REACTORS_MAX, ReactorSpec, SlabConfig, SlabCounts,
 };
+pub use batch::BATCH_IN_FLIGHT_MAX;
 pub use epoch::{EPOCH_FILE, read_persisted_epoch};
 pub use error::DpuError;
 pub use native::NativeMissing;

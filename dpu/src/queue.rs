@@ -7,7 +7,6 @@
 //! published (made readable) only then, so a write whose completion nobody reaped (a crash, a
 //! lost completion) never becomes visible.
 
-use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -107,15 +106,26 @@ pub struct QueueStats {
     pub fenced: u64,
 }
 
-/// A backend's answer for a staged write, published when reaped.
-pub(crate) type Staged = Box<dyn Any + Send>;
+/// A write a backend made but has not made readable yet: published (or discarded) by the
+/// submitter when it reaps the completion. Each backend stages writes in its own form and
+/// refuses to publish another's.
+#[derive(Debug)]
+pub(crate) enum Staged {
+    /// The simulation's block bytes, kept aside until published.
+    Sim { block: BlockId, bytes: Vec<u8> },
+    /// A host block file under its temporary name, renamed to `dst` when published.
+    File { tmp: std::path::PathBuf, dst: std::path::PathBuf },
+}
 
 /// What the backend did.
 pub(crate) enum Done {
     Staged(Staged),
-    Read { len: usize },
+    Read {
+        len: usize,
+    },
     Miss(MissCause),
-    Job(Box<dyn Any + Send>),
+    /// A store job's answer.
+    Store(crate::job::Answer),
 }
 
 /// A fault the backend injects into one submission's completion.
@@ -156,13 +166,17 @@ pub(crate) trait QueueBackend: Send + fmt::Debug {
     fn read(&mut self, block: BlockId, dst: &mut [u8]) -> Result<Done, String>;
 }
 
-/// A closure run on the reactor against the submission's slab slot.
-pub(crate) type Job = Box<dyn FnOnce(&mut [u8]) -> Box<dyn Any + Send> + Send>;
-
+/// What a submission asks its reactor to do with its slab slot. A store job travels by value
+/// (it is most of a submission's size) so that submitting one allocates nothing; the queues
+/// that hold submissions grow only as far as their bounded depth.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Op {
+    /// Stage the first `len` bytes of the slot as `block`.
     Write { block: BlockId, len: usize },
+    /// Read `block` into the slot.
     Read { block: BlockId },
-    Run(Job),
+    /// Run a store call against the slot.
+    Store(crate::job::Job),
 }
 
 pub(crate) struct Submission {
@@ -225,7 +239,10 @@ impl Queue {
             owner,
             depth_max,
             state: Mutex::new(QueueState {
-                pending: VecDeque::with_capacity(depth_max),
+                // Grown on demand, never past `depth_max` entries (`submit` refuses beyond it):
+                // a submission is a few hundred bytes, too many to reserve for every queue's
+                // largest possible depth up front.
+                pending: VecDeque::new(),
                 completed: BTreeMap::new(),
                 outstanding: BTreeMap::new(),
                 delayed: Vec::new(),

@@ -217,9 +217,10 @@ fn poll(q: &Queue, shared: &ReactorShared) -> bool {
                 backend.write(block, &slot[..len], sub.seq).map(Done::Staged)
             }
             Op::Read { block } => backend.read(block, slot),
-            Op::Run(job) => {
+            Op::Store(job) => {
+                // A store call runs against the store, not the queue's backend: release it.
                 drop(backend);
-                Ok(Done::Job(job(slot)))
+                Ok(Done::Store(job.run(slot)))
             }
         }
     };

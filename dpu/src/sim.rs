@@ -120,11 +120,12 @@ impl QueueBackend for SimQueue {
         if self.blocks.len() >= cap && !self.blocks.contains_key(&block) {
             return Err(format!("simulated queue holds {cap} blocks, its limit"));
         }
-        Ok(Box::new((block, data.to_vec())))
+        Ok(Staged::Sim { block, bytes: data.to_vec() })
     }
     fn publish(&mut self, staged: Staged) -> Result<(), String> {
-        let (block, bytes) =
-            *staged.downcast::<(BlockId, Vec<u8>)>().map_err(|_| "foreign staged write")?;
+        let Staged::Sim { block, bytes } = staged else {
+            return Err("foreign staged write".into());
+        };
         self.blocks.insert(block, bytes);
         Ok(())
     }

@@ -7,8 +7,13 @@
 //! Lifecycle, admission and identity stay in the backing store. A lost or failed completion on a
 //! read is a clean miss; on a write it is a backend error (the backing store's reservation then
 //! follows its own contract: abort, lease expiry, fence).
+//!
+//! The batch calls run one job per item ([`crate::batch`]): every queue a batch touches is given
+//! its items before any answer is waited on, so the queues work on one batch together, and each
+//! item answers what its single-key call answers (a batch PUT item runs the backing store's
+//! whole PUT as one job on its key's queue, where a single PUT runs reserve, write and commit as
+//! three).
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,17 +22,23 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, Get, Implementation, Invalidate, Lookup, MissReason, Reclaimed, Reservation,
-    Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, Lookup,
+    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo,
+    StoreStats,
 };
 
 use crate::agent::Agent;
+use crate::batch::{Batch, Item};
 use crate::error::DpuError;
+use crate::job::{Answer, FromAnswer, Job, JobOp};
+use crate::queue::QueueId;
+use crate::reactor::ReactorId;
 
 /// How a [`DpuStore`] waits on its agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DpuStoreConfig {
-    /// Longest one call waits for its completion before the slot is quarantined.
+    /// Longest one call (or one item of a batch call, from its submission) waits for its
+    /// completion before the slot is quarantined.
     pub op_deadline: Duration,
 }
 
@@ -72,28 +83,82 @@ impl DpuStore {
         &self.agent
     }
 
-    /// Runs `job` on the reactor owning `hash`'s queue with `payload` in the slot; `take` sees
-    /// the job's output and the slot afterwards.
-    fn run<T: Any + Send, R>(
+    /// Runs `op` for `caller` on the reactor owning `hash`'s queue with `payload` in the slot;
+    /// `take` sees the job's answer and the slot afterwards.
+    fn run<R>(
         &self,
         hash: u64,
+        caller: &Caller,
         payload: &[u8],
-        job: impl FnOnce(&dyn Store, &mut [u8]) -> T + Send + 'static,
-        take: impl FnOnce(T, &[u8]) -> R,
+        op: JobOp,
+        take: impl FnOnce(Answer, &[u8]) -> R,
     ) -> Result<R, DpuError> {
         let (reactor, queue) = self.agent.route(hash);
-        let backing = Arc::clone(&self.backing);
-        let ticket = self.agent.submit_job(
-            reactor,
-            queue,
-            |slot| slot[..payload.len()].copy_from_slice(payload),
-            Box::new(move |slot| Box::new(job(&*backing, slot)) as Box<dyn Any + Send>),
-        )?;
+        let job = Job { store: Arc::clone(&self.backing), caller: caller.clone(), op };
+        let ticket = self
+            .agent
+            .submit_job(reactor, queue, |slot| slot[..payload.len()].copy_from_slice(payload), job)
+            .map_err(|(e, _)| e)?;
         let deadline = Instant::now() + self.config.op_deadline;
-        self.agent.wait_job(ticket, deadline, |out, slot| match out.downcast::<T>() {
-            Ok(t) => Ok(take(*t, slot)),
-            Err(_) => Err(DpuError::Config("job answered a foreign type".into())),
-        })?
+        self.agent.wait_job(ticket, deadline, take)
+    }
+
+    /// Runs `op` and answers what the store call answered; a refused, lost or failed job is a
+    /// backend error of `operation` (the caller's buffers are retired either way: the job only
+    /// ever touched its slab slot).
+    fn call<T: FromAnswer>(
+        &self,
+        operation: &'static str,
+        hash: u64,
+        caller: &Caller,
+        payload: &[u8],
+        op: JobOp,
+    ) -> Result<T, StoreError> {
+        match self.run(hash, caller, payload, op, |answer, _| T::from_answer(answer)) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) | Err(e) => Err(backend_err(operation, e)),
+        }
+    }
+
+    /// The queue that runs `key`'s calls, and the reactor that owns it.
+    pub fn route(&self, key: &PhysicalKey) -> (ReactorId, QueueId) {
+        self.agent.route(Self::key_hash(key))
+    }
+
+    fn batch<'a>(&'a self, caller: &'a Caller) -> Batch<'a> {
+        Batch {
+            agent: &self.agent,
+            store: &self.backing,
+            caller,
+            op_deadline: self.config.op_deadline,
+        }
+    }
+
+    /// Runs one job per key (made by `op`) as a batch and answers per key, in order, as
+    /// [`DpuStore::call`] does for one key.
+    fn call_batch<T: FromAnswer>(
+        &self,
+        operation: &'static str,
+        caller: &Caller,
+        keys: &[&PhysicalKey],
+        op: impl Fn(&PhysicalKey) -> JobOp,
+    ) -> BatchAnswers<T> {
+        let mut answers: Vec<Option<Result<T, StoreError>>> =
+            std::iter::repeat_with(|| None).take(keys.len()).collect();
+        let items = keys.iter().enumerate().map(|(index, key)| Item {
+            index,
+            hash: Self::key_hash(key),
+            payload: &[],
+            op: op(key),
+        });
+        self.batch(caller).run(items, |index, done| {
+            let answer = match done.and_then(|(answer, _)| T::from_answer(answer)) {
+                Ok(r) => r,
+                Err(e) => Err(backend_err(operation, e)),
+            };
+            answers[index] = Some(answer);
+        });
+        collect(operation, answers)
     }
 
     /// Which queue runs the key's calls: the key's own digest (made once, with the key), not a
@@ -102,6 +167,65 @@ impl DpuStore {
         let [a, b, c, d, e, f, g, h, ..] = key.digest().0;
         u64::from_le_bytes([a, b, c, d, e, f, g, h])
     }
+}
+
+/// What a GET whose job was refused, lost or failed answers: a clean miss (nothing was copied
+/// to the caller's buffer).
+const GET_NOT_COMPLETED: Result<Get, StoreError> = Ok(Get::Miss(MissReason::Absent));
+
+/// What a GET of `room` bytes (at most a slot) into `dst` answers, from its job's answer and
+/// slot: a hit is copied from the slot to `dst`, and a corrupt miss zeroes `dst` as the backing
+/// store zeroed the slot.
+fn get_answer(
+    slot_bytes: usize,
+    room: usize,
+    dst: &mut [u8],
+    answer: Answer,
+    slot: &[u8],
+) -> Result<Get, StoreError> {
+    let Answer::Get(r) = answer else {
+        return GET_NOT_COMPLETED;
+    };
+    if let Ok(Get::Hit { len, .. }) = &r {
+        // len <= room <= dst.len(): the backing store wrote that much.
+        let n = usize::try_from(*len).unwrap_or(usize::MAX).min(room);
+        dst[..n].copy_from_slice(&slot[..n]);
+    }
+    if let Ok(Get::Miss(MissReason::Corrupt)) = &r {
+        // The backing store zeroed what it read; so does the caller's buffer.
+        dst[..room].fill(0);
+    }
+    match r {
+        Err(StoreError::BufferTooSmall { needed, provided })
+            if usize::try_from(needed).is_ok_and(|n| n > slot_bytes)
+                && usize::try_from(provided).is_ok_and(|p| p == room)
+                && dst.len() >= slot_bytes =>
+        {
+            // Larger than one slab slot: this agent cannot carry it.
+            Ok(Get::Miss(MissReason::Absent))
+        }
+        r => r,
+    }
+}
+
+/// The answers of a batch in item order. Every item is answered exactly once by the batch; a
+/// missing one would be a fault of the batch itself, answered as a backend error.
+fn collect<T>(
+    operation: &'static str,
+    answers: Vec<Option<Result<T, StoreError>>>,
+) -> BatchAnswers<T> {
+    answers
+        .into_iter()
+        .map(|a| {
+            a.unwrap_or_else(|| {
+                Err(StoreError::Backend {
+                    operation,
+                    detail: "the batch ended without answering this item".into(),
+                    retirement: Retirement::Retired,
+                })
+            })
+        })
+        .collect()
 }
 
 impl Store for DpuStore {
@@ -124,9 +248,8 @@ impl Store for DpuStore {
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        let (c, k) = (caller.clone(), key.clone());
-        self.run(Self::key_hash(key), &[], move |s, _| s.lookup(&c, &k), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("lookup", e)))
+        let op = JobOp::Lookup { key: key.clone() };
+        self.call("lookup", Self::key_hash(key), caller, &[], op)
     }
 
     fn get_into(
@@ -137,37 +260,12 @@ impl Store for DpuStore {
     ) -> Result<Get, StoreError> {
         let slot_bytes = self.agent.slot_bytes();
         let room = dst.len().min(slot_bytes);
-        let (c, k) = (caller.clone(), key.clone());
-        let answer = self.run(
-            Self::key_hash(key),
-            &[],
-            move |s, slot| s.get_into(&c, &k, &mut slot[..room]),
-            |r, slot| {
-                if let Ok(Get::Hit { len, .. }) = &r {
-                    // len <= room <= dst.len(): the backing store wrote that much.
-                    let n = usize::try_from(*len).unwrap_or(usize::MAX).min(room);
-                    dst[..n].copy_from_slice(&slot[..n]);
-                }
-                if let Ok(Get::Miss(MissReason::Corrupt)) = &r {
-                    // The backing store zeroed what it read; so does the caller's buffer.
-                    dst[..room].fill(0);
-                }
-                r
-            },
-        );
-        match answer {
-            Ok(Err(StoreError::BufferTooSmall { needed, provided }))
-                if usize::try_from(needed).is_ok_and(|n| n > slot_bytes)
-                    && usize::try_from(provided).is_ok_and(|p| p == room)
-                    && dst.len() >= slot_bytes =>
-            {
-                // Larger than one slab slot: this agent cannot carry it.
-                Ok(Get::Miss(MissReason::Absent))
-            }
-            Ok(r) => r,
-            // A lost or failed completion on a read is a clean miss.
-            Err(_) => Ok(Get::Miss(MissReason::Absent)),
-        }
+        let op = JobOp::Get { key: key.clone(), room };
+        // `dst` is touched only once the job completed, while the slot's lease holds.
+        self.run(Self::key_hash(key), caller, &[], op, |answer, slot| {
+            get_answer(slot_bytes, room, dst, answer, slot)
+        })
+        .unwrap_or(GET_NOT_COMPLETED)
     }
 
     fn reserve(
@@ -181,9 +279,8 @@ impl Store for DpuStore {
         if len > max {
             return Ok(Reserve::Refused(Refusal::ObjectTooLarge { bytes: len, max }));
         }
-        let (c, k) = (caller.clone(), key.clone());
-        self.run(Self::key_hash(key), &[], move |s, _| s.reserve(&c, &k, len, request), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("reserve", e)))
+        let op = JobOp::Reserve { key: key.clone(), len, request };
+        self.call("reserve", Self::key_hash(key), caller, &[], op)
     }
 
     fn write(
@@ -198,15 +295,12 @@ impl Store for DpuStore {
         // Pieces larger than a slot go slot by slot; an empty write still goes once.
         loop {
             let n = (src.len() - done).min(slot_bytes);
-            let (c, r) = (caller.clone(), copy_reservation(reservation));
-            let at = offset + done as u64;
-            self.run(
-                reservation.region.0,
-                &src[done..done + n],
-                move |s, slot| s.write(&c, &r, at, &slot[..n]),
-                |r, _| r,
-            )
-            .unwrap_or_else(|e| Err(backend_err("write", e)))?;
+            let op = JobOp::Write {
+                reservation: copy_reservation(reservation),
+                offset: offset + done as u64,
+                len: n,
+            };
+            self.call::<()>("write", reservation.region.0, caller, &src[done..done + n], op)?;
             done += n;
             if done >= src.len() {
                 return Ok(());
@@ -215,9 +309,8 @@ impl Store for DpuStore {
     }
 
     fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
-        let (c, r) = (caller.clone(), copy_reservation(reservation));
-        self.run(reservation.region.0, &[], move |s, _| s.commit(&c, &r), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("commit", e)))
+        let op = JobOp::Commit { reservation: copy_reservation(reservation) };
+        self.call("commit", reservation.region.0, caller, &[], op)
     }
 
     fn abort(
@@ -226,16 +319,88 @@ impl Store for DpuStore {
         reservation: Reservation,
         outcome: Retirement,
     ) -> Result<Abort, StoreError> {
-        let c = caller.clone();
         let hash = reservation.region.0;
-        self.run(hash, &[], move |s, _| s.abort(&c, reservation, outcome), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("abort", e)))
+        self.call("abort", hash, caller, &[], JobOp::Abort { reservation, outcome })
     }
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        let (c, k) = (caller.clone(), key.clone());
-        self.run(Self::key_hash(key), &[], move |s, _| s.invalidate(&c, &k), |r, _| r)
-            .unwrap_or_else(|e| Err(backend_err("invalidate", e)))
+        let op = JobOp::Invalidate { key: key.clone() };
+        self.call("invalidate", Self::key_hash(key), caller, &[], op)
+    }
+
+    /// Each key's lookup runs on its queue's reactor; every queue gets its keys before any
+    /// answer is waited on.
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        self.call_batch("lookup", caller, keys, |key| JobOp::Lookup { key: key.clone() })
+    }
+
+    /// Each item's read runs on its queue's reactor into the item's own slab slot, copied into
+    /// the item's buffer when its completion is reaped; a refused, lost or failed item is a
+    /// clean miss with its buffer untouched, as for [`Store::get_into`].
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let slot_bytes = self.agent.slot_bytes();
+        let jobs: Vec<Item<'static>> = items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| Item {
+                index,
+                hash: Self::key_hash(item.key),
+                payload: &[],
+                op: JobOp::Get { key: item.key.clone(), room: item.dst.len().min(slot_bytes) },
+            })
+            .collect();
+        let mut answers: Vec<Option<Result<Get, StoreError>>> = vec![None; items.len()];
+        self.batch(caller).run(jobs, |index, done| {
+            let dst = &mut *items[index].dst;
+            let room = dst.len().min(slot_bytes);
+            answers[index] = Some(match done {
+                Ok((answer, slot)) => get_answer(slot_bytes, room, dst, answer, slot),
+                Err(_) => GET_NOT_COMPLETED,
+            });
+        });
+        collect("get", answers)
+    }
+
+    /// Each item's whole PUT runs on its key's queue's reactor from the item's own slab slot.
+    /// An item larger than a slot is refused as [`Store::reserve`] refuses it, without a job;
+    /// a refused, lost or failed item is a backend error (the caller's bytes were copied into
+    /// the slot before submission, so they are retired).
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        let max = self.agent.slot_bytes();
+        let mut answers: Vec<Option<Result<Put, StoreError>>> = vec![None; items.len()];
+        let mut jobs = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            if item.src.len() > max {
+                let bytes = item.src.len() as u64;
+                let refusal = Refusal::ObjectTooLarge { bytes, max: max as u64 };
+                answers[index] = Some(Ok(Put::Refused(refusal)));
+                continue;
+            }
+            jobs.push(Item {
+                index,
+                hash: Self::key_hash(item.key),
+                payload: item.src,
+                op: JobOp::Put {
+                    key: item.key.clone(),
+                    len: item.src.len(),
+                    request: item.request,
+                },
+            });
+        }
+        self.batch(caller).run(jobs, |index, done| {
+            let answer = match done.and_then(|(answer, _)| Put::from_answer(answer)) {
+                Ok(r) => r,
+                Err(e) => Err(backend_err("put", e)),
+            };
+            answers[index] = Some(answer);
+        });
+        collect("put", answers)
+    }
+
+    /// Each key's invalidation runs on its queue's reactor; every queue gets its keys before
+    /// any answer is waited on.
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.call_batch("invalidate", caller, keys, |key| JobOp::Invalidate { key: key.clone() })
     }
 
     /// The store's leases, and the agent's slab slots whose lease ran out (quarantined).

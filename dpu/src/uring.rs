@@ -35,11 +35,6 @@ pub(crate) struct HostQueue {
     epoch: Epoch,
 }
 
-struct StagedFile {
-    tmp: PathBuf,
-    dst: PathBuf,
-}
-
 impl HostQueue {
     pub(crate) fn open(
         root: &Path,
@@ -104,15 +99,17 @@ impl QueueBackend for HostQueue {
             let _ = fs::remove_file(&tmp);
             return Err(format!("{}: {e}", tmp.display()));
         }
-        Ok(Box::new(StagedFile { tmp, dst }))
+        Ok(Staged::File { tmp, dst })
     }
     fn publish(&mut self, staged: Staged) -> Result<(), String> {
-        let s = staged.downcast::<StagedFile>().map_err(|_| "foreign staged write".to_string())?;
-        fs::rename(&s.tmp, &s.dst).map_err(|e| format!("{}: {e}", s.dst.display()))
+        let Staged::File { tmp, dst } = staged else {
+            return Err("foreign staged write".into());
+        };
+        fs::rename(&tmp, &dst).map_err(|e| format!("{}: {e}", dst.display()))
     }
     fn discard(&mut self, staged: Staged) {
-        if let Ok(s) = staged.downcast::<StagedFile>() {
-            let _ = fs::remove_file(&s.tmp);
+        if let Staged::File { tmp, .. } = staged {
+            let _ = fs::remove_file(&tmp);
         }
     }
     fn read(&mut self, block: BlockId, dst: &mut [u8]) -> Result<Done, String> {

@@ -631,12 +631,14 @@ impl WrittenRanges {
 /// calls it changes; [`Store`] is implemented for every layer, and each call it does not override
 /// goes to the inner store unchanged.
 ///
-/// The batch calls are the exception: by default a layer's batch call runs the layer's own
-/// single-key call per item, so a layer that changes `get_into` also changes what `get_batch`
-/// does and can never be bypassed by a batch. A layer that keeps the inner store's answers (a
-/// metrics layer, `Arc`) overrides the batch calls to forward them, keeping the inner store's
-/// batch path.
-pub trait StoreLayer: Send + Sync {
+/// The calls made of other calls are the exception: by default they are composed of the
+/// layer's own calls, as the plain [`Store`] defaults are. `put` is the layer's reserve, write
+/// and commit; a batch call is the layer's single-key call per item; `failures_retire` is what
+/// the layer's `info` says. So a layer that changes `get_into` or `reserve` also changes what
+/// `get_batch` or `put` does and is never bypassed. A layer that keeps the inner store's answers
+/// (a metrics layer, a test hook) overrides them to forward, keeping the inner store's own `put`
+/// and batch paths.
+pub trait StoreLayer: Send + Sync + Sized {
     type Inner: Store + ?Sized;
 
     /// The store this layer wraps.
@@ -646,7 +648,7 @@ pub trait StoreLayer: Send + Sync {
         self.inner().info()
     }
     fn failures_retire(&self) -> bool {
-        self.inner().failures_retire()
+        StoreLayer::info(self).failures_retire
     }
     fn epoch(&self) -> Epoch {
         self.inner().epoch()
@@ -719,7 +721,10 @@ pub trait StoreLayer: Send + Sync {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        self.inner().put(caller, key, src, request)
+        put_reserved(self, caller, key, src.len() as u64, request, |r| {
+            StoreLayer::write(self, caller, r, 0, src)
+                .and_then(|()| StoreLayer::commit(self, caller, r))
+        })
     }
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
         keys.iter().map(|key| StoreLayer::lookup(self, caller, key)).collect()
@@ -830,13 +835,88 @@ impl<L: StoreLayer> Store for L {
     }
 }
 
-/// A shared store is a store: servers, executors and tests hold stores behind `Arc`. It changes
-/// nothing, so its batch calls are the inner store's.
-impl<S: Store + ?Sized> StoreLayer for std::sync::Arc<S> {
-    type Inner = S;
-
-    fn inner(&self) -> &S {
-        self
+/// A shared store is a store: servers, executors and tests hold stores behind `Arc`. Every call,
+/// the batch calls included, is the inner store's. (`Arc` is not a [`StoreLayer`]: a method call
+/// on an `Arc` of a store would then find two traits' methods wherever both are in scope.)
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn info(&self) -> StoreInfo {
+        (**self).info()
+    }
+    fn failures_retire(&self) -> bool {
+        (**self).failures_retire()
+    }
+    fn epoch(&self) -> Epoch {
+        (**self).epoch()
+    }
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        (**self).lookup(caller, key)
+    }
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        (**self).get_into(caller, key, dst)
+    }
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        (**self).reserve(caller, key, len, request)
+    }
+    fn write(
+        &self,
+        caller: &Caller,
+        r: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        (**self).write(caller, r, offset, src)
+    }
+    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
+        (**self).commit(caller, r)
+    }
+    fn abort(
+        &self,
+        caller: &Caller,
+        r: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        (**self).abort(caller, r, outcome)
+    }
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        (**self).invalidate(caller, key)
+    }
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        (**self).expire_leases()
+    }
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        (**self).attest_drained(caller, region)
+    }
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        (**self).bump_epoch()
+    }
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        (**self).reclaim_fenced(epoch)
+    }
+    fn stats(&self) -> StoreStats {
+        (**self).stats()
+    }
+    fn condition(&self) -> StoreCondition {
+        (**self).condition()
+    }
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        (**self).put(caller, key, src, request)
     }
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
         (**self).lookup_batch(caller, keys)

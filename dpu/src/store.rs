@@ -20,11 +20,10 @@ use std::time::{Duration, Instant};
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId};
-use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, Lookup,
-    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo,
-    StoreStats,
+    MissReason, Put, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreLayer,
 };
 
 use crate::agent::Agent;
@@ -228,7 +227,13 @@ fn collect<T>(
         .collect()
 }
 
-impl Store for DpuStore {
+impl StoreLayer for DpuStore {
+    type Inner = dyn Store;
+
+    fn inner(&self) -> &Self::Inner {
+        &*self.backing
+    }
+
     fn info(&self) -> StoreInfo {
         let inner = self.backing.info();
         let implementation = match self.agent.offload() {
@@ -241,10 +246,6 @@ impl Store for DpuStore {
             failures_retire: true,
             full_policy: inner.full_policy,
         }
-    }
-
-    fn epoch(&self) -> Epoch {
-        self.backing.epoch()
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
@@ -277,7 +278,17 @@ impl Store for DpuStore {
     ) -> Result<Reserve, StoreError> {
         let max = self.agent.slot_bytes() as u64;
         if len > max {
-            return Ok(Reserve::Refused(Refusal::ObjectTooLarge { bytes: len, max }));
+            // Too large for a slot, but the backing store's answer comes first: a key it already
+            // holds (or a writer holds, or its own limits refuse) answers as it would anywhere.
+            // Only a block it would have taken is refused for the slot, its reservation released
+            // at once (no byte was written).
+            return match self.backing.reserve(caller, key, len, request)? {
+                Reserve::Reserved(r) => {
+                    self.backing.abort(caller, r, Retirement::Retired)?;
+                    Ok(Reserve::Refused(Refusal::ObjectTooLarge { bytes: len, max }))
+                }
+                other => Ok(other),
+            };
         }
         let op = JobOp::Reserve { key: key.clone(), len, request };
         self.call("reserve", Self::key_hash(key), caller, &[], op)
@@ -361,40 +372,42 @@ impl Store for DpuStore {
         collect("get", answers)
     }
 
-    /// Each item's whole PUT runs on its key's queue's reactor from the item's own slab slot.
-    /// An item larger than a slot is refused as [`Store::reserve`] refuses it, without a job;
-    /// a refused, lost or failed item is a backend error (the caller's bytes were copied into
-    /// the slot before submission, so they are retired).
+    /// Each item's whole PUT runs as one job (reserve, write, commit) on its key's queue's
+    /// reactor from a slab slot, one item after another: a PUT's admission depends on what is
+    /// in flight and committed before it, so items run in flight together could be refused where
+    /// the same PUTs one by one are not. A refused, lost or failed job is a backend error (the
+    /// caller's bytes were copied into the slot before submission, so they are retired). An item
+    /// larger than a slot takes the single-key path, whose refusal follows the backing store's
+    /// own answer (see `reserve` here).
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
         let max = self.agent.slot_bytes();
-        let mut answers: Vec<Option<Result<Put, StoreError>>> = vec![None; items.len()];
-        let mut jobs = Vec::with_capacity(items.len());
-        for (index, item) in items.iter().enumerate() {
-            if item.src.len() > max {
-                let bytes = item.src.len() as u64;
-                let refusal = Refusal::ObjectTooLarge { bytes, max: max as u64 };
-                answers[index] = Some(Ok(Put::Refused(refusal)));
-                continue;
-            }
-            jobs.push(Item {
-                index,
-                hash: Self::key_hash(item.key),
-                payload: item.src,
-                op: JobOp::Put {
-                    key: item.key.clone(),
-                    len: item.src.len(),
-                    request: item.request,
-                },
-            });
-        }
-        self.batch(caller).run(jobs, |index, done| {
-            let answer = match done.and_then(|(answer, _)| Put::from_answer(answer)) {
-                Ok(r) => r,
-                Err(e) => Err(backend_err("put", e)),
-            };
-            answers[index] = Some(answer);
-        });
-        collect("put", answers)
+        items
+            .iter()
+            .map(|item| {
+                if item.src.len() > max {
+                    return StoreLayer::put(self, caller, item.key, item.src, item.request);
+                }
+                let job = Item {
+                    index: 0,
+                    hash: Self::key_hash(item.key),
+                    payload: item.src,
+                    op: JobOp::Put {
+                        key: item.key.clone(),
+                        len: item.src.len(),
+                        request: item.request,
+                    },
+                };
+                let mut answer = None;
+                self.batch(caller).run(vec![job], |_, done| {
+                    answer = Some(match done.and_then(|(answer, _)| Put::from_answer(answer)) {
+                        Ok(r) => r,
+                        Err(e) => Err(backend_err("put", e)),
+                    });
+                });
+                // One item in, one answer out (`collect` answers every item it is given).
+                collect("put", vec![answer]).swap_remove(0)
+            })
+            .collect()
     }
 
     /// Each key's invalidation runs on its queue's reactor; every queue gets its keys before
@@ -407,10 +420,6 @@ impl Store for DpuStore {
     fn expire_leases(&self) -> Result<usize, StoreError> {
         let slab = self.agent.expire_slab_leases(self.agent.now_ms());
         Ok(self.backing.expire_leases()? + slab)
-    }
-
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.backing.attest_drained(caller, region)
     }
 
     /// Fences the agent's slab with the store: slab slots quarantined by lost or failed calls
@@ -429,13 +438,5 @@ impl Store for DpuStore {
             .reclaim_fenced(self.agent.slab().epoch, deadline)
             .map_err(|e| backend_err("reclaim_fenced", e))?;
         Ok(self.backing.reclaim_fenced(epoch)? + slab)
-    }
-
-    fn stats(&self) -> StoreStats {
-        self.backing.stats()
-    }
-
-    fn condition(&self) -> gpucache_dataplane::store::StoreCondition {
-        self.backing.condition()
     }
 }

@@ -10,10 +10,6 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use gpucache_backends::MemoryStore;
-use gpucache_backends::file::engine::EngineChoice;
-use gpucache_backends::file::{Durability, FileStoreConfig};
-use gpucache_backends::pool::{HugePagePolicy, Tier};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
@@ -27,6 +23,10 @@ use gpucache_dpu::{
     Agent, AgentConfig, DpuStore, DpuStoreConfig, PinPolicy, QueueId, QueueKind, QueueSpec,
     ReactorId, ReactorSpec, SlabConfig,
 };
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::engine::EngineChoice;
+use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::host::pool::{HugePagePolicy, Tier};
 
 const SLOT: usize = 4096;
 

@@ -21,6 +21,9 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     fc.engine = EngineChoice::Auto;
     fc.engine_config.staging_bytes = 0;
     fc.durability = Durability::None;
+    // Slots as large as the largest block the limits admit, so that every refusal the suite
+    // expects names the limits' maximum rather than a smaller slot.
+    let slot_bytes = usize::try_from(limits.object_bytes_max).unwrap();
     fc.limits = limits;
     let file = Arc::new(fc.open(Arc::new(clock)).unwrap());
     let reactors: Vec<ReactorSpec> =
@@ -44,7 +47,7 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
         pin: PinPolicy::BestEffort,
         slab: SlabConfig {
             slots: 32,
-            slot_bytes: 64 << 10,
+            slot_bytes,
             lease_ms: 60_000,
             policy: HugePagePolicy::only(Tier::Plain),
         },

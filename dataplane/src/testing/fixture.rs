@@ -142,27 +142,17 @@ impl<S: std::fmt::Debug, F> std::fmt::Debug for BeforeGet<S, F> {
     }
 }
 
-impl<S, F> crate::store::Store for BeforeGet<S, F>
+impl<S, F> crate::store::StoreLayer for BeforeGet<S, F>
 where
     S: crate::store::Store,
     F: Fn(&[u8]) + Send + Sync,
 {
-    fn info(&self) -> crate::store::StoreInfo {
-        self.inner.info()
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
     }
-    fn failures_retire(&self) -> bool {
-        self.inner.failures_retire()
-    }
-    fn epoch(&self) -> crate::registry::Epoch {
-        self.inner.epoch()
-    }
-    fn lookup(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-    ) -> Result<crate::store::Lookup, crate::store::StoreError> {
-        self.inner.lookup(caller, key)
-    }
+
     fn get_into(
         &self,
         caller: &Caller,
@@ -172,70 +162,8 @@ where
         (self.before)(dst);
         self.inner.get_into(caller, key, dst)
     }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<crate::limits::RequestId>,
-    ) -> Result<crate::store::Reserve, crate::store::StoreError> {
-        self.inner.reserve(caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        r: &crate::store::Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), crate::store::StoreError> {
-        self.inner.write(caller, r, offset, src)
-    }
-    fn commit(
-        &self,
-        caller: &Caller,
-        r: &crate::store::Reservation,
-    ) -> Result<crate::store::Committed, crate::store::StoreError> {
-        self.inner.commit(caller, r)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        r: crate::store::Reservation,
-        outcome: crate::store::Retirement,
-    ) -> Result<crate::store::Abort, crate::store::StoreError> {
-        self.inner.abort(caller, r, outcome)
-    }
-    fn invalidate(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-    ) -> Result<crate::store::Invalidate, crate::store::StoreError> {
-        self.inner.invalidate(caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, crate::store::StoreError> {
-        self.inner.expire_leases()
-    }
-    fn attest_drained(
-        &self,
-        caller: &Caller,
-        region: crate::registry::RegionId,
-    ) -> Result<crate::store::Reclaimed, crate::store::StoreError> {
-        self.inner.attest_drained(caller, region)
-    }
-    fn bump_epoch(&self) -> Result<crate::registry::Epoch, crate::store::StoreError> {
-        self.inner.bump_epoch()
-    }
-    fn reclaim_fenced(
-        &self,
-        epoch: crate::registry::Epoch,
-    ) -> Result<usize, crate::store::StoreError> {
-        self.inner.reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> crate::store::StoreStats {
-        self.inner.stats()
-    }
-    fn condition(&self) -> crate::store::StoreCondition {
-        self.inner.condition()
+    fn failures_retire(&self) -> bool {
+        self.inner.failures_retire()
     }
     fn put(
         &self,
@@ -245,5 +173,27 @@ where
         request: Option<crate::limits::RequestId>,
     ) -> Result<crate::store::Put, crate::store::StoreError> {
         self.inner.put(caller, key, src, request)
+    }
+    // GET batches run `before` per item through `get_into`; the others are the inner store's.
+    fn lookup_batch(
+        &self,
+        caller: &Caller,
+        keys: &[&PhysicalKey],
+    ) -> crate::store::BatchAnswers<crate::store::Lookup> {
+        self.inner.lookup_batch(caller, keys)
+    }
+    fn put_batch(
+        &self,
+        caller: &Caller,
+        items: &[crate::store::BatchPut<'_>],
+    ) -> crate::store::BatchAnswers<crate::store::Put> {
+        self.inner.put_batch(caller, items)
+    }
+    fn invalidate_batch(
+        &self,
+        caller: &Caller,
+        keys: &[&PhysicalKey],
+    ) -> crate::store::BatchAnswers<crate::store::Invalidate> {
+        self.inner.invalidate_batch(caller, keys)
     }
 }

@@ -17,10 +17,10 @@ use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
-use gpucache_dataplane::registry::{Epoch, RegionCounts, RegionId, RegisteredPool, SlotLease};
+use gpucache_dataplane::registry::{RegionCounts, RegionId, RegisteredPool, SlotLease};
 use gpucache_dataplane::store::{
-    Abort, Committed, Get, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
-    Retirement, Store, StoreError, StoreInfo, StoreStats,
+    BatchAnswers, Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
+    StoreInfo, StoreLayer,
 };
 use gpucache_storage::host::pool::HugePagePolicy;
 use gpucache_wire::GetItem;
@@ -407,15 +407,23 @@ fn store_error(operation: &'static str, e: NixlClientError) -> StoreError {
 
 /// The store contract over NIXL: GET and PUT move payloads over NIXL, everything else is the
 /// plain GPCW call.
-impl Store for NixlClient {
+impl StoreLayer for NixlClient {
+    type Inner = TcpStore;
+
+    fn inner(&self) -> &TcpStore {
+        &self.store
+    }
+
     fn info(&self) -> StoreInfo {
         StoreInfo { name: "nixl", ..self.store.info() }
     }
-    fn epoch(&self) -> Epoch {
-        self.store.epoch()
+    // Lookups and removals carry no payload: they are the GPCW batch calls. GET and PUT batches
+    // go item by item through the NIXL paths above (the layer's defaults).
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        self.store.lookup_batch(caller, keys)
     }
-    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        self.store.lookup(caller, key)
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.store.invalidate_batch(caller, keys)
     }
     fn get_into(
         &self,
@@ -425,35 +433,6 @@ impl Store for NixlClient {
     ) -> Result<Get, StoreError> {
         self.get(caller, key, dst).map_err(|e| store_error("get", e))
     }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        self.store.reserve(caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        reservation: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        self.store.write(caller, reservation, offset, src)
-    }
-    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
-        self.store.commit(caller, reservation)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        reservation: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        self.store.abort(caller, reservation, outcome)
-    }
     fn put(
         &self,
         caller: &Caller,
@@ -462,23 +441,5 @@ impl Store for NixlClient {
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
         NixlClient::put(self, caller, key, src, request).map_err(|e| store_error("put", e))
-    }
-    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        self.store.invalidate(caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.store.expire_leases()
-    }
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.store.attest_drained(caller, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        self.store.bump_epoch()
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.store.reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        self.store.stats()
     }
 }

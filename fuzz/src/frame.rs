@@ -52,20 +52,8 @@ pub fn run(data: &[u8]) -> Outcome {
 /// were decoded and checked.
 fn decode_stream(seed: u8, stream: &[u8]) -> usize {
     let mut frames = 0;
-    let mut state = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next_size = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        // Mostly small chunks, sometimes large ones.
-        if state % 8 == 0 { 1 + (state >> 8) % 4096 } else { 1 + (state >> 8) % 17 }
-    };
     let mut dec = FrameDecoder::new();
-    let mut rest = stream;
-    while !rest.is_empty() {
-        let size = usize::try_from(next_size()).unwrap_or(1).min(rest.len());
-        let (chunk, tail) = rest.split_at(size);
-        rest = tail;
+    for chunk in crate::Chunks::new(seed, stream) {
         let mut input = chunk;
         loop {
             assert!(dec.buffer_capacity() <= BODY_BYTES_MAX, "decoder buffer over the limit");

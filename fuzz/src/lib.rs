@@ -10,9 +10,13 @@
 //! [`seeds`] builds the seed inputs through the crates' own encoders; the `seeds` example writes
 //! them to `seeds/`.
 
+pub mod block_header;
 pub mod frame;
 pub mod logical_key;
+pub mod mooncake_wire;
+pub mod nixl_descriptor;
 pub mod physical_key;
+pub mod resp_request;
 pub mod seeds;
 
 /// What one input did. libFuzzer ignores it; the seed replay requires every seed to be
@@ -38,7 +42,46 @@ pub const TARGETS: &[Target] = &[
     Target { name: "logical_key", run: logical_key::run },
     Target { name: "physical_key", run: physical_key::run },
     Target { name: "frame", run: frame::run },
+    Target { name: "resp_request", run: resp_request::run },
+    Target { name: "nixl_descriptor", run: nixl_descriptor::run },
+    Target { name: "block_header", run: block_header::run },
+    Target { name: "mooncake_wire", run: mooncake_wire::run },
 ];
+
+/// `bytes` cut into pieces of pseudo-random sizes (mostly 1 to 17 bytes, sometimes up to
+/// 4 KiB), the same pieces for the same seed: how the stream decoders are fed, so that every
+/// place a read can end is tried.
+#[derive(Debug, Clone)]
+pub struct Chunks<'a> {
+    state: u64,
+    rest: &'a [u8],
+}
+
+impl<'a> Chunks<'a> {
+    pub fn new(seed: u8, bytes: &'a [u8]) -> Self {
+        Self { state: u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, rest: bytes }
+    }
+}
+
+impl<'a> Iterator for Chunks<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        // xorshift64
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let s = self.state;
+        let size = if s.is_multiple_of(8) { 1 + (s >> 8) % 4096 } else { 1 + (s >> 8) % 17 };
+        let size = usize::try_from(size).unwrap_or(1).min(self.rest.len());
+        let (chunk, rest) = self.rest.split_at(size);
+        self.rest = rest;
+        Some(chunk)
+    }
+}
 
 #[cfg(test)]
 mod tests;

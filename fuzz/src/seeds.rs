@@ -3,6 +3,7 @@
 //! writes them under `seeds/<target>/<name>`; the tests check that the files there are exactly
 //! these bytes and that every target accepts its seeds.
 
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::{
     CacheIdentity, CacheIdentityBuilder, Digest32, KvDtype, Multimodal, PositionEncoding,
     QuantFormat, RopeParams, RopeScaling, Shard,
@@ -10,6 +11,11 @@ use gpucache_dataplane::identity::{
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::store::{Invalidate, Lookup, MissReason};
+use gpucache_mooncake::Raw;
+use gpucache_mooncake::wire::{object_header, reply_body};
+use gpucache_nic::nixl::{BlockMem, RemoteBlock};
+use gpucache_storage::file::layout::{encode_header, header_len_for};
+use gpucache_wire::resp::encode_request;
 use gpucache_wire::{HEADER_BYTES, Request, Response, offset};
 
 /// One seed file.
@@ -149,10 +155,138 @@ fn frame_seeds(out: &mut Vec<Seed>) {
     });
 }
 
+/// `control` followed by `bytes`.
+fn with_control(control: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![control];
+    out.extend_from_slice(bytes);
+    out
+}
+
+fn resp_seeds(out: &mut Vec<Seed>) {
+    let mut pipeline = Vec::new();
+    encode_request(&[&b"SET"[..], b"user:1", b"binary\r\n\x00value"], &mut pipeline);
+    encode_request(&[&b"GET"[..], b"user:1"], &mut pipeline);
+    encode_request(&[&b"MSET"[..], b"a", b"1", b"b", b"2"], &mut pipeline);
+    encode_request(&[&b"DEL"[..], b"a", b"b"], &mut pipeline);
+    // Control 4: default limits, pieces seeded with 2.
+    out.push(Seed { target: "resp_request", name: "pipeline", bytes: with_control(4, &pipeline) });
+    // Inline commands as redis-cli and telnet users type them, with an empty line and an
+    // empty array between them (both skipped). The encoder writes arrays only.
+    let inline = b"PING\r\n\r\n*0\r\nGET user:1\r\n  SET\tkey  value \nQUIT\r\n";
+    out.push(Seed { target: "resp_request", name: "inline", bytes: with_control(6, inline) });
+    // Control 1: the tiny limits (64-byte bulk strings, 100 bytes a request), filled.
+    let mut small = Vec::new();
+    encode_request(&[&b"SET"[..], b"k", &[b'v'; 64][..]], &mut small);
+    out.push(Seed { target: "resp_request", name: "small_limits", bytes: with_control(1, &small) });
+}
+
+fn nixl_seeds(out: &mut Vec<Seed>) {
+    let dram = RemoteBlock {
+        agent: "gpucache-a".into(),
+        mem: BlockMem::Dram,
+        addr: 0x7f00_0000_1000,
+        len_bytes: 1 << 20,
+        dev_id: 0,
+    };
+    let vram = RemoteBlock {
+        agent: format!("node-7/gpu-{}", "x".repeat(200)),
+        mem: BlockMem::Vram,
+        addr: 0x0000_7000_0000_0000,
+        len_bytes: 2 << 20,
+        dev_id: 3,
+    };
+    for (name, control, block) in [("dram", 0, dram), ("vram_checked", 1, vram)] {
+        let bytes = block.encode().unwrap_or_else(|e| panic!("seed descriptor {name}: {e}"));
+        out.push(Seed { target: "nixl_descriptor", name, bytes: with_control(control, &bytes) });
+    }
+}
+
+/// One block header seed: which of [`keys`] it names and what else the header says.
+struct HeaderCase {
+    name: &'static str,
+    control: u8,
+    key: usize,
+    payload_len: u64,
+    seq: u64,
+    epoch: u64,
+    /// Bytes after the header (the start of a payload).
+    after: &'static [u8],
+}
+
+fn header_seeds(out: &mut Vec<Seed>) {
+    let keys = keys();
+    let cases = [
+        // A header alone, parsed as it is.
+        HeaderCase {
+            name: "minimal",
+            control: 0,
+            key: 0,
+            payload_len: 4096,
+            seq: 1,
+            epoch: 1,
+            after: b"",
+        },
+        // With control bit 0 set (the checksum rewritten, here to what it already is) and the
+        // start of the payload after the header.
+        HeaderCase {
+            name: "full_checked",
+            control: 1,
+            key: 1,
+            payload_len: 300,
+            seq: 77,
+            epoch: 2,
+            after: b"payload bytes after the header",
+        },
+        // An empty payload.
+        HeaderCase {
+            name: "alibi_empty",
+            control: 0,
+            key: 2,
+            payload_len: 0,
+            seq: 1 << 40,
+            epoch: 5,
+            after: b"",
+        },
+    ];
+    for case in cases {
+        let key = &keys[case.key].1;
+        let mut header = vec![0u8; header_len_for(key.encoded().len())];
+        let checksum = Checksum::of(&[b'p'; 7][..]);
+        encode_header(&mut header, key, case.payload_len, checksum, case.seq, case.epoch);
+        header.extend_from_slice(case.after);
+        let bytes = with_control(case.control, &header);
+        out.push(Seed { target: "block_header", name: case.name, bytes });
+    }
+}
+
+fn mooncake_seeds(out: &mut Vec<Seed>) {
+    // Control values modulo 5 pick the operation: 0 PUT, 1 GET, 4 REMOVE.
+    let replies: [(&'static str, u8, u64, Raw, &[u8]); 4] = [
+        ("get_hit", 1, 8, Raw::Code(3), b"abc"),
+        ("get_missing", 1, 8, Raw::Code(-704), b""),
+        ("put_done", 0, 0, Raw::Code(0), b""),
+        ("remove_raised", 4, 0, Raw::Raised, b""),
+    ];
+    for (name, control, argument, raw, payload) in replies {
+        let mut bytes = vec![control];
+        bytes.extend_from_slice(&argument.to_le_bytes());
+        bytes.extend_from_slice(&reply_body(raw, payload));
+        out.push(Seed { target: "mooncake_wire", name, bytes });
+    }
+    let payload = b"kv page bytes";
+    let mut object = object_header(payload).to_vec();
+    object.extend_from_slice(payload);
+    out.push(Seed { target: "mooncake_wire", name: "object", bytes: with_control(0x80, &object) });
+}
+
 /// Every seed of every target.
 pub fn all() -> Vec<Seed> {
     let mut out = Vec::new();
     frame_seeds(&mut out);
     key_seeds(&mut out);
+    resp_seeds(&mut out);
+    nixl_seeds(&mut out);
+    header_seeds(&mut out);
+    mooncake_seeds(&mut out);
     out
 }

@@ -3,9 +3,20 @@
 #
 #   scripts/fuzz.sh [SECONDS]        # default 60 seconds per target
 #
+# The targets (fuzz/fuzz_targets/, bodies in fuzz/src/), each decoding untrusted bytes and
+# checking what it accepts (round trips, canonical encodings, exact byte accounting):
+#   logical_key      GPCL logical prefix keys
+#   physical_key     GPCK physical keys (the identity encoding)
+#   frame            GPCW frames, requests and responses
+#   resp_request     RESP2 requests of the Redis front, fed in arbitrary pieces
+#   nixl_descriptor  NIXL block descriptors
+#   block_header     FileStore block-file headers
+#   mooncake_wire    Mooncake sidecar replies and stored objects
 # Targets run one after another, each from its checked-in seeds (fuzz/seeds/<target>) plus the
 # corpus it grew before (fuzz/corpus/<target>, git-ignored). A crash or failed assertion leaves
 # its input under fuzz/artifacts/<target>/ and makes the script exit non-zero after the rest ran.
+# Without cargo-fuzz, `cargo test --manifest-path fuzz/Cargo.toml` runs the same bodies over the
+# seeds (scripts/test.sh does).
 #
 # The default build needs only the stable toolchain: the decoders are safe Rust, so it runs
 # without a sanitizer. To fuzz under AddressSanitizer instead, use a nightly toolchain:

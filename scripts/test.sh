@@ -76,6 +76,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "tests (conformance: ${GPUCACHE_CONFORMANCE_CASES} cases per property)"
 cargo test --workspace --locked
 
+# The fuzz crate (fuzz/: its own workspace and lock file) in its own folder under the build
+# folder: format check, clippy over the library, its tests, the seed generator and every
+# libFuzzer binary (checked, not linked: linking them is cargo-fuzz's job), then its tests,
+# which run every target's body over every checked-in seed and over each seed's prefixes and
+# one-byte changes, and check that the seeds are still what fuzz/examples/seeds.rs makes. From a
+# cold folder it takes about 80 s of CPU (the dependencies compiled once more, libFuzzer's C++
+# among them) and 300 MB of disk. Fuzzing itself is scripts/fuzz.sh.
+step "fuzz targets (format, clippy, seed replay)"
+cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
+CARGO_TARGET_DIR="$target_dir/fuzz" \
+    cargo clippy --manifest-path fuzz/Cargo.toml --all-targets --locked -- -D warnings
+CARGO_TARGET_DIR="$target_dir/fuzz" cargo test --manifest-path fuzz/Cargo.toml --locked
+
 # RDMA verbs (sideway, libibverbs loaded at run time): builds everywhere, runs only on RDMA
 # hosts; here its tests check that discovery fails closed with the typed reason.
 step "verbs feature (clippy, build, tests)"

@@ -141,6 +141,22 @@ pub fn reply(body: &[u8], op: Op, argument: u64) -> Result<(Raw, &[u8]), ReplyEr
     Ok((raw, payload))
 }
 
+/// A reply body (without its prefix) as the sidecar writes it: status, code (zero for an
+/// exception or a refusal) and the payload; the inverse of [`reply`] for a payload that fits
+/// the request.
+pub fn reply_body(raw: Raw, payload: &[u8]) -> Vec<u8> {
+    let (status, code) = match raw {
+        Raw::Code(code) => (STATUS_CODE, code),
+        Raw::Raised => (STATUS_RAISED, 0),
+        Raw::Refused => (STATUS_REFUSED, 0),
+    };
+    let mut out = Vec::with_capacity(REPLY_HEAD_BYTES + payload.len());
+    out.push(status);
+    out.extend_from_slice(&code.to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
 /// The header stored in front of a payload: magic, payload length, checksum (little endian).
 pub fn object_header(payload: &[u8]) -> [u8; OBJECT_HEADER_BYTES] {
     let mut out = [0_u8; OBJECT_HEADER_BYTES];
@@ -203,6 +219,23 @@ mod tests {
         assert_eq!(reply(&body(0, 3, b"abc"), Op::Get, 8), Ok((Raw::Code(3), &b"abc"[..])));
         assert_eq!(reply(&body(1, 0, b""), Op::Put, 0), Ok((Raw::Raised, &b""[..])));
         assert_eq!(reply(&body(2, 0, b""), Op::Put, 0), Ok((Raw::Refused, &b""[..])));
+    }
+
+    #[test]
+    fn reply_bodies_decode_to_what_they_were_made_of() {
+        assert_eq!(reply_body(Raw::Code(3), b"abc"), body(0, 3, b"abc"));
+        assert_eq!(reply_body(Raw::Raised, b""), body(1, 0, b""));
+        assert_eq!(reply_body(Raw::Refused, b""), body(2, 0, b""));
+        for (raw, payload, op, argument) in [
+            (Raw::Code(3), &b"abc"[..], Op::Get, 8),
+            (Raw::Code(5), b"abcd", Op::Get, 4),
+            (Raw::Code(-704), b"", Op::Get, 8),
+            (Raw::Code(0), b"", Op::Put, 0),
+            (Raw::Raised, b"", Op::Remove, 0),
+            (Raw::Refused, b"", Op::Size, 0),
+        ] {
+            assert_eq!(reply(&reply_body(raw, payload), op, argument), Ok((raw, payload)));
+        }
     }
 
     #[test]

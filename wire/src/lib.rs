@@ -1,7 +1,7 @@
 //! GPUCache's wire formats, with no I/O: the GPCW protocol, version 2 (frames, typed messages and
-//! the incremental decoder), the block-staging contract its stage ops speak of ([`staging`]) and
-//! the tenant key-file lines ([`keys`]). The client, the service and the fuzz targets build on
-//! this crate.
+//! the incremental decoder), the block-staging contract its stage ops speak of ([`staging`]),
+//! the tenant key-file lines ([`keys`]) and the RESP2 codec of the Redis-protocol front
+//! ([`resp`]). The client, the service and the fuzz targets build on this crate.
 //!
 //! `docs/PROTOCOL.md` is the specification; this module is its implementation and must agree
 //! with it byte for byte. In short:
@@ -27,6 +27,7 @@ mod error;
 mod frame;
 pub mod keys;
 mod message;
+pub mod resp;
 pub mod seal;
 pub mod staging;
 mod text;

@@ -11,6 +11,10 @@
 //! multiple of 4 KiB, so that both O_DIRECT and buffered engines read it. The header names the
 //! block completely (its GPCK key), carries the payload length and checksum, its commit
 //! sequence and its own checksum. Opening a store reads headers only.
+//!
+//! The block header's format is public ([`BlockHeader`], [`encode_header`], [`decode_header`]),
+//! so that tools and the fuzz targets can read and write headers without a store; the rest of
+//! the layout is the store's own.
 
 use std::path::{Path, PathBuf};
 
@@ -19,16 +23,19 @@ use gpucache_dataplane::key::{KEY_BYTES_MAX, PhysicalKey};
 
 use super::engine::{DIRECT_ALIGN, round_up};
 
-pub(crate) const BLOCK_MAGIC: [u8; 4] = *b"GPCB";
-pub(crate) const BLOCK_FORMAT: u16 = 1;
+/// First bytes of every block file.
+pub const BLOCK_MAGIC: [u8; 4] = *b"GPCB";
+/// The block format this build writes and the only one it reads.
+pub const BLOCK_FORMAT: u16 = 1;
 pub(crate) const STORE_MAGIC: [u8; 8] = *b"GPCSTOR1";
-/// Bytes of the fixed part of a block header.
-pub(crate) const FIXED_HEADER_BYTES: usize = 56;
-const HEADER_CHECKSUM_AT: usize = 48;
+/// Bytes of the fixed part of a block header; the GPCK key follows it.
+pub const FIXED_HEADER_BYTES: usize = 56;
+/// Where the header's own checksum sits in the fixed part (8 bytes, computed with it zero).
+pub const HEADER_CHECKSUM_AT: usize = 48;
 pub(crate) const BLOCK_SUFFIX: &str = "blk";
 /// Largest payload a block file may declare (far above any object limit; keeps size arithmetic
 /// from overflowing on a crafted header).
-pub(crate) const PAYLOAD_BYTES_MAX: u64 = 1 << 40;
+pub const PAYLOAD_BYTES_MAX: u64 = 1 << 40;
 
 /// Why a block file is not a usable committed block.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,28 +89,36 @@ impl BlockFileError {
 }
 
 /// A parsed block header.
-#[derive(Debug, Clone)]
-pub(crate) struct BlockHeader {
-    pub(crate) header_len: u64,
-    pub(crate) payload_len: u64,
-    pub(crate) checksum: Checksum,
-    pub(crate) seq: u64,
-    pub(crate) epoch: u64,
-    pub(crate) key: PhysicalKey,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// Bytes of the header, padding included: [`header_len_for`] of the key's length.
+    pub header_len: u64,
+    /// Bytes of the payload, without its padding.
+    pub payload_len: u64,
+    /// Checksum of the payload.
+    pub checksum: Checksum,
+    /// Commit sequence (also in the file name).
+    pub seq: u64,
+    /// Epoch of the store that wrote the block.
+    pub epoch: u64,
+    pub key: PhysicalKey,
 }
 
 impl BlockHeader {
     /// Total file length: header and payload, each padded to 4 KiB.
-    pub(crate) fn file_len(&self) -> u64 {
+    pub fn file_len(&self) -> u64 {
         self.header_len + padded(self.payload_len)
     }
 }
 
-pub(crate) fn padded(len: u64) -> u64 {
+/// `len` rounded up to a multiple of 4 KiB.
+pub fn padded(len: u64) -> u64 {
     len.div_ceil(DIRECT_ALIGN as u64) * DIRECT_ALIGN as u64
 }
 
-pub(crate) fn header_len_for(key_len: usize) -> usize {
+/// Bytes of the header of a block whose GPCK key is `key_len` bytes: the fixed part and the
+/// key, rounded up to a multiple of 4 KiB.
+pub fn header_len_for(key_len: usize) -> usize {
     round_up(FIXED_HEADER_BYTES + key_len, DIRECT_ALIGN)
 }
 
@@ -119,8 +134,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
-/// Writes the header of a block into `out` (which must hold `header_len_for(key)` bytes).
-pub(crate) fn encode_header(
+/// Writes the header of a block into the first [`header_len_for`] (the key's encoded length)
+/// bytes of `out`, flags and padding zero, the header checksum last. Panics when `out` is
+/// shorter.
+pub fn encode_header(
     out: &mut [u8],
     key: &PhysicalKey,
     payload_len: u64,
@@ -147,7 +164,7 @@ pub(crate) fn encode_header(
 }
 
 /// The header length a file's first bytes declare, for reading the rest of a long header.
-pub(crate) fn declared_header_len(first: &[u8]) -> Result<usize, BlockFileError> {
+pub fn declared_header_len(first: &[u8]) -> Result<usize, BlockFileError> {
     if first.len() < FIXED_HEADER_BYTES {
         return Err(BlockFileError::Short { len: first.len() });
     }
@@ -169,8 +186,10 @@ pub(crate) fn declared_header_len(first: &[u8]) -> Result<usize, BlockFileError>
     Ok(header_len as usize)
 }
 
-/// Parses and checks a whole header.
-pub(crate) fn decode_header(bytes: &[u8]) -> Result<BlockHeader, BlockFileError> {
+/// Parses and checks a whole header: magic, format, header and key lengths, header checksum,
+/// payload length and key. Reads only the first `header_len` bytes of `bytes`; whatever follows
+/// (the payload) is not looked at.
+pub fn decode_header(bytes: &[u8]) -> Result<BlockHeader, BlockFileError> {
     let header_len = declared_header_len(bytes)?;
     if bytes.len() < header_len {
         return Err(BlockFileError::Short { len: bytes.len() });

@@ -8,7 +8,7 @@
 
 pub mod engine;
 mod fsck;
-pub(crate) mod layout;
+pub mod layout;
 mod sync;
 
 use std::collections::BTreeMap;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{
     Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
@@ -24,7 +25,7 @@ use gpucache_storage::file::engine::uring::UringEngine;
 use gpucache_storage::file::engine::{EngineConfig, IoEngine};
 use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
 
-use common::{Rng, assert_exact, mix};
+use common::assert_exact;
 
 const SEED_VAR: &str = "GPUCACHE_FAULTS_SEED";
 
@@ -79,7 +80,7 @@ fn put_ok(store: &FileStore, key: &PhysicalKey, data: &[u8]) {
 fn baseline(
     store: &FileStore,
     engine: &Faulty,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     space: u8,
 ) -> Vec<(PhysicalKey, Vec<u8>)> {
     engine.set_enabled(false);
@@ -120,9 +121,9 @@ fn failed_writes_retire_charge_nothing_and_forget_the_request() {
     ];
     for (k, (name, set)) in kinds.iter().enumerate() {
         for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
-            let case = mix(&[seed, k as u64, v as u64]);
+            let case = SplitMix64::mix(&[seed, k as u64, v as u64]);
             let what = format!("seed {seed}: {name} on {inner:?} direct={direct}");
-            let mut rng = Rng::new(case);
+            let mut rng = SplitMix64::new(case);
             let mut config = FaultConfig::none(case);
             set(&mut config);
             let engine = faulty(inner, config);
@@ -203,9 +204,9 @@ fn failed_writes_retire_charge_nothing_and_forget_the_request() {
 fn torn_writes_are_caught_by_the_checksum() {
     let seed = common::seed(SEED_VAR);
     for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
-        let case = mix(&[seed, 0x70, v as u64]);
+        let case = SplitMix64::mix(&[seed, 0x70, v as u64]);
         let what = format!("seed {seed}: torn writes on {inner:?} direct={direct}");
-        let mut rng = Rng::new(case);
+        let mut rng = SplitMix64::new(case);
         let engine = faulty(inner, FaultConfig { torn_write: 1.0, ..FaultConfig::none(case) });
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path();
@@ -260,9 +261,9 @@ fn torn_writes_are_caught_by_the_checksum() {
 fn read_faults_never_serve_wrong_bytes() {
     let seed = common::seed(SEED_VAR);
     for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
-        let case = mix(&[seed, 0x80, v as u64]);
+        let case = SplitMix64::mix(&[seed, 0x80, v as u64]);
         let what = format!("seed {seed}: read faults on {inner:?} direct={direct}");
-        let mut rng = Rng::new(case);
+        let mut rng = SplitMix64::new(case);
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path();
 
@@ -330,10 +331,10 @@ fn dropped_syncs_lose_blocks_cleanly_in_a_crash() {
     let seed = common::seed(SEED_VAR);
     for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
         for round in 0..3u64 {
-            let case = mix(&[seed, 0x90, v as u64, round]);
+            let case = SplitMix64::mix(&[seed, 0x90, v as u64, round]);
             let what =
                 format!("seed {seed}: dropped syncs on {inner:?} direct={direct} round {round}");
-            let mut rng = Rng::new(case);
+            let mut rng = SplitMix64::new(case);
             let engine =
                 faulty(inner, FaultConfig { dropped_sync: 0.5, ..FaultConfig::none(case) });
             let dir = tempfile::tempdir().expect("temp dir");
@@ -413,8 +414,8 @@ fn mixed_faults_never_serve_other_bytes() {
     let seed = common::seed(SEED_VAR);
     let mut totals = gpucache_storage::file::engine::faulty::FaultCounts::default();
     for case in 0..CASES {
-        let case_seed = mix(&[seed, 0xA0, case]);
-        let mut rng = Rng::new(case_seed);
+        let case_seed = SplitMix64::mix(&[seed, 0xA0, case]);
+        let mut rng = SplitMix64::new(case_seed);
         let (inner, direct) = VARIANTS[usize::try_from(case % 3).expect("small")];
         let p = 0.05;
         let config = FaultConfig {

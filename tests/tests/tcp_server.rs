@@ -13,6 +13,7 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Put, Store};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
@@ -143,18 +144,15 @@ fn hostile_connections_do_not_disturb_good_clients() {
     assert!(matches!(got.get(1), Some(Response::Hello { .. })), "{got:?}");
 
     // Truncated frames and random bytes on many connections, then hang up.
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut rng = SplitMix64::new(0x2545_f491_4f6c_dd1d);
     for i in 0..40usize {
         let mut bytes = hello();
         bytes.extend(Request::Stats.to_frame_bytes(2).expect("stats"));
         let cut = i * 7 % bytes.len();
         bytes.truncate(cut);
-        for _ in 0..(i % 5) * 13 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            bytes.push(x.to_le_bytes()[0]);
-        }
+        let noise = bytes.len()..bytes.len() + (i % 5) * 13;
+        bytes.resize(noise.end, 0);
+        rng.fill_bytes(&mut bytes[noise]);
         let mut s = TcpStream::connect(addr).expect("connect");
         let _ = s.write_all(&bytes);
     }

@@ -577,14 +577,9 @@ mod tests {
     fn seeded_walk_keeps_the_invariants() {
         for seed in 0..32_u64 {
             let (m, clock) = monitor();
-            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut next = || {
-                // xorshift64: a tiny deterministic generator; the seed reproduces the walk.
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng
-            };
+            // The seed reproduces the walk.
+            let mut rng = crate::rng::SplitMix64::new(seed);
+            let mut next = || rng.next_u64();
             let mut out: Vec<Admission> = Vec::new();
             let mut last_epoch = 0;
             for _ in 0..400 {

@@ -14,7 +14,7 @@ use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::rng::SplitMix64;
-use gpucache_dataplane::store::{Get, Put, Store};
+use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
@@ -230,4 +230,28 @@ fn batches_answer_per_item_in_order_across_frames() {
         }
     }
     assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn an_unreachable_server_is_an_io_failure_with_the_system_kind() {
+    // A loopback port nobody listens on any more: connecting is refused at once.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port");
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
+    let e = client.lookup(&caller, &key(0, &[1], KvDtype::F16, 16)).expect_err("nobody listens");
+    assert!(
+        matches!(
+            e,
+            StoreError::Io {
+                operation: "lookup",
+                kind: std::io::ErrorKind::ConnectionRefused,
+                retirement: Retirement::Retired,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("transport"), "{e}");
 }

@@ -27,8 +27,7 @@ use clap::{Args, ValueEnum};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::{
-    CacheIdentity, Digest32, KvDtype, PositionEncoding, QuantFormat, RopeParams, RopeScaling,
-    Shard, TenantId,
+    CacheIdentity, KvDtype, PositionEncoding, QuantFormat, RopeParams, RopeScaling, Shard, TenantId,
 };
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -37,6 +36,7 @@ use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStore, FileStoreConfig, OpenReport};
 
 use crate::fio;
+use crate::fixtures::{digest, payload};
 use gpucache_service::units::{
     KIB, MIB, SizeList, human_bytes, narrow, parse_size, size_label, size_list, wide,
 };
@@ -732,19 +732,6 @@ fn details(rows: &[Row]) -> String {
 // ---------------------------------------------------------------------------------------------
 // Keys, payloads and the machine
 
-/// A 32-byte digest derived from `seed` (a splitmix-style walk).
-fn digest(seed: u64) -> Digest32 {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(0x2545_f491_4f6c_dd1d);
-    let mut out = [0u8; 32];
-    for chunk in out.chunks_exact_mut(8) {
-        state ^= state >> 31;
-        state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        state ^= state >> 29;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
-    Digest32(out)
-}
-
 /// A realistic key whose one-link chain comes from `seed` (distinct seeds, distinct keys).
 pub fn bench_key(seed: u64) -> PhysicalKey {
     let id = CacheIdentity::builder()
@@ -767,19 +754,6 @@ pub fn bench_key(seed: u64) -> PhysicalKey {
         Ok(id) => PhysicalKey::new(id),
         Err(e) => panic!("the bench identity is invalid: {e}"),
     }
-}
-
-/// Pseudo-random bytes (no zero pages), the same for every call of one size.
-pub fn payload(bytes: usize) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    (0..bytes)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()[0]
-        })
-        .collect()
 }
 
 /// Flushes every dirty page to disk, so that the next phase starts without a writeback debt.

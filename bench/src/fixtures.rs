@@ -10,23 +10,21 @@ use gpucache_dataplane::identity::{
     Shard, TenantId,
 };
 use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Invalidate, Put, Store};
 
 pub const TENANT: &str = "tenant-0042";
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 
-/// A digest whose 32 bytes are derived from `seed` (a splitmix-style walk), so that distinct
+/// The seed of [`payload`]'s bytes.
+const PAYLOAD_SEED: u64 = 0x1234_5678;
+
+/// A digest whose 32 bytes are the first bytes of `seed`'s generator stream, so that distinct
 /// seeds give distinct, unremarkable-looking digests.
 pub fn digest(seed: u64) -> Digest32 {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(0x2545_f491_4f6c_dd1d);
     let mut out = [0u8; 32];
-    for chunk in out.chunks_exact_mut(8) {
-        state ^= state >> 31;
-        state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        state ^= state >> 29;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
+    SplitMix64::new(seed).fill_bytes(&mut out);
     Digest32(out)
 }
 
@@ -74,15 +72,10 @@ pub fn caller() -> Caller {
     }
 }
 
-/// A payload with every byte set (not zero pages), the same for every size.
+/// Pseudo-random bytes (no zero pages), the same for every call: a shorter payload is a prefix
+/// of a longer one.
 pub fn payload(bytes: usize) -> Vec<u8> {
-    let mut state = 0x1234_5678_u32;
-    (0..bytes)
-        .map(|_| {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            state.to_le_bytes()[3]
-        })
-        .collect()
+    SplitMix64::bytes(PAYLOAD_SEED, bytes)
 }
 
 pub fn size_label(bytes: usize) -> String {

@@ -145,72 +145,107 @@ fn parse_nixl_slot(text: &str) -> Result<u64, String> {
     }
 }
 
-/// A NIXL client over `store`, attached to the server's agent, with one slot of `slot_bytes`.
+// `--nixl`: the bytes move over NIXL in `nixl_real` with the feature; `nixl_unavailable`
+// refuses with the typed reason without it. Both offer the same functions.
 #[cfg(feature = "nixl")]
-fn nixl_client(
-    target: &Connection,
-    store: TcpStore,
-    caller: &Caller,
-    slot_bytes: usize,
-) -> Result<gpucache_nic::nixl::NixlClient, String> {
+use nixl_real as nixl;
+#[cfg(not(feature = "nixl"))]
+use nixl_unavailable as nixl;
+
+/// `--nixl` with NIXL built in.
+#[cfg(feature = "nixl")]
+mod nixl_real {
+    use std::time::Duration;
+
+    use gpucache_client::TcpStore;
+    use gpucache_dataplane::caller::Caller;
+    use gpucache_dataplane::key::PhysicalKey;
+    use gpucache_dataplane::store::{Get, Put};
     use gpucache_nic::nixl::{NixlClient, NixlClientConfig};
     use gpucache_storage::host::pool::{HugePagePolicy, Lock, Tier};
-    let config = NixlClientConfig {
-        agent_name: format!("gpucache-cli-{}", std::process::id()),
-        slot_bytes: slot_bytes.max(1),
-        slots: 1,
-        deadline: Duration::from_secs(target.deadline_s.max(1)),
-        huge_pages: HugePagePolicy::default().prefer(Tier::Huge2M).lock(Lock::Off),
-    };
-    let client = NixlClient::new(store, config).map_err(|e| format!("--nixl: {e}"))?;
-    client.attach(caller).map_err(|e| format!("--nixl: attaching to the server's agent: {e}"))?;
-    Ok(client)
-}
 
-/// Without the feature `--nixl` is refused with the typed reason.
-#[cfg(not(feature = "nixl"))]
-fn nixl_unavailable() -> String {
-    let reason = gpucache_nic::NixlUnavailable::NotBuilt;
-    format!("--nixl: {}", gpucache_nic::NicError::NixlUnavailable { reason })
-}
+    use super::Connection;
 
-/// PUT over NIXL: one slot of the value's size, RESERVE_PUT, WRITE, COMMIT_PUT.
-fn nixl_put(
-    target: &Connection,
-    store: TcpStore,
-    caller: &Caller,
-    key: &gpucache_dataplane::key::PhysicalKey,
-    data: &[u8],
-) -> Result<Put, String> {
-    #[cfg(feature = "nixl")]
-    {
-        let client = nixl_client(target, store, caller, data.len())?;
+    /// A NIXL client over `store`, attached to the server's agent, with one slot of
+    /// `slot_bytes`.
+    fn client(
+        target: &Connection,
+        store: TcpStore,
+        caller: &Caller,
+        slot_bytes: usize,
+    ) -> Result<NixlClient, String> {
+        let config = NixlClientConfig {
+            agent_name: format!("gpucache-cli-{}", std::process::id()),
+            slot_bytes: slot_bytes.max(1),
+            slots: 1,
+            deadline: Duration::from_secs(target.deadline_s.max(1)),
+            huge_pages: HugePagePolicy::default().prefer(Tier::Huge2M).lock(Lock::Off),
+        };
+        let client = NixlClient::new(store, config).map_err(|e| format!("--nixl: {e}"))?;
+        client
+            .attach(caller)
+            .map_err(|e| format!("--nixl: attaching to the server's agent: {e}"))?;
+        Ok(client)
+    }
+
+    /// PUT over NIXL: one slot of the value's size, RESERVE_PUT, WRITE, COMMIT_PUT.
+    pub(super) fn put(
+        target: &Connection,
+        store: TcpStore,
+        caller: &Caller,
+        key: &PhysicalKey,
+        data: &[u8],
+    ) -> Result<Put, String> {
+        let client = client(target, store, caller, data.len())?;
         client.put(caller, key, data, None).map_err(|e| format!("--nixl: {e}"))
     }
-    #[cfg(not(feature = "nixl"))]
-    {
-        let _ = (target, store, caller, key, data);
-        Err(nixl_unavailable())
+
+    /// GET over NIXL into `dst`: STAGE_GET, READ into this side's slot, verify, copy, RELEASE.
+    pub(super) fn get(
+        target: &Connection,
+        store: TcpStore,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, String> {
+        let client = client(target, store, caller, dst.len())?;
+        client.get(caller, key, dst).map_err(|e| format!("--nixl: {e}"))
     }
 }
 
-/// GET over NIXL into `dst`: STAGE_GET, READ into this side's slot, verify, copy, RELEASE.
-fn nixl_get(
-    target: &Connection,
-    store: TcpStore,
-    caller: &Caller,
-    key: &gpucache_dataplane::key::PhysicalKey,
-    dst: &mut [u8],
-) -> Result<Get, String> {
-    #[cfg(feature = "nixl")]
-    {
-        let client = nixl_client(target, store, caller, dst.len())?;
-        client.get(caller, key, dst).map_err(|e| format!("--nixl: {e}"))
+/// `--nixl` in a build without the feature: refused with the typed reason.
+#[cfg(not(feature = "nixl"))]
+mod nixl_unavailable {
+    use gpucache_client::TcpStore;
+    use gpucache_dataplane::caller::Caller;
+    use gpucache_dataplane::key::PhysicalKey;
+    use gpucache_dataplane::store::{Get, Put};
+
+    use super::Connection;
+
+    fn not_built() -> String {
+        let reason = gpucache_nic::NixlUnavailable::NotBuilt;
+        format!("--nixl: {}", gpucache_nic::NicError::NixlUnavailable { reason })
     }
-    #[cfg(not(feature = "nixl"))]
-    {
-        let _ = (target, store, caller, key, dst);
-        Err(nixl_unavailable())
+
+    pub(super) fn put(
+        _target: &Connection,
+        _store: TcpStore,
+        _caller: &Caller,
+        _key: &PhysicalKey,
+        _data: &[u8],
+    ) -> Result<Put, String> {
+        Err(not_built())
+    }
+
+    pub(super) fn get(
+        _target: &Connection,
+        _store: TcpStore,
+        _caller: &Caller,
+        _key: &PhysicalKey,
+        _dst: &mut [u8],
+    ) -> Result<Get, String> {
+        Err(not_built())
     }
 }
 
@@ -350,7 +385,7 @@ pub(crate) fn put(target: &PutTarget, name: &str, file: Option<&PathBuf>) -> Exi
             if data.is_empty() {
                 return Err("--nixl: an empty value cannot be stored".into());
             }
-            let put = nixl_put(connection, store, &caller, &key, &data)?;
+            let put = nixl::put(connection, store, &caller, &key, &data)?;
             // The NIXL client took the connection; the comparison below needs one.
             (put, connect(connection, None, Rights::READ_WRITE)?.0)
         } else {
@@ -406,7 +441,7 @@ pub(crate) fn get(target: &GetTarget, name: &str) -> ExitCode {
         if target.nixl {
             let mut buf =
                 vec![0u8; usize::try_from(target.nixl_slot_bytes).unwrap_or(GET_BYTES_MAX)];
-            return match nixl_get(connection, store, &caller, &key, &mut buf)? {
+            return match nixl::get(connection, store, &caller, &key, &mut buf)? {
                 Get::Hit { len, .. } => write_out(&buf, len),
                 Get::Miss(reason) => Ok(Some(format!("miss: {reason:?}"))),
             };

@@ -246,6 +246,23 @@ fn transport(operation: &'static str, detail: impl std::fmt::Display) -> StoreEr
     }
 }
 
+/// A transport failure; one caused by a system I/O error keeps that error's kind.
+fn transport_failure(
+    operation: &'static str,
+    kind: Option<io::ErrorKind>,
+    detail: impl std::fmt::Display,
+) -> StoreError {
+    match kind {
+        Some(kind) => StoreError::Io {
+            operation,
+            kind,
+            detail: format!("transport: {detail}"),
+            retirement: Retirement::Retired,
+        },
+        None => transport(operation, detail),
+    }
+}
+
 /// How one request and its answer failed, before any answer could be read.
 #[derive(Debug, thiserror::Error)]
 enum ExchangeFailure {
@@ -264,6 +281,16 @@ enum ExchangeFailure {
     PastTheAnswer,
     #[error("answer for request {found} ({what}), expected {expected}")]
     OtherAnswer { found: u64, what: String, expected: u64 },
+}
+
+impl ExchangeFailure {
+    /// The system's error kind, for a failure of the socket itself.
+    fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Self::Io(e) => Some(e.kind()),
+            _ => None,
+        }
+    }
 }
 
 /// Why a session could not be opened: the socket, or the server's answer to HELLO. As a
@@ -326,6 +353,14 @@ impl ConnectError {
             other => Self::Session(format!("HELLO: {other}")),
         }
     }
+
+    /// The system's error kind, when the server could not be reached at all.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Self::Unreachable { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
 }
 
 fn unexpected(operation: &'static str, response: &Response) -> StoreError {
@@ -381,8 +416,9 @@ impl TcpStore {
         if let Some(a) = self.arena.get() {
             return Ok(Some(a));
         }
-        let segment = Segment::create(local.segment_bytes, local.pages)
-            .map_err(|e| transport(operation, format!("shared segment: {e}")))?;
+        let segment = Segment::create(local.segment_bytes, local.pages).map_err(|e| {
+            transport_failure(operation, e.io_kind(), format!("shared segment: {e}"))
+        })?;
         Ok(Some(self.arena.get_or_init(|| SharedArena::new(segment))))
     }
 
@@ -421,7 +457,7 @@ impl TcpStore {
     }
 
     fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
-        self.open(caller).map_err(|e| transport(operation, e))
+        self.open(caller).map_err(|e| transport_failure(operation, e.io_kind(), e))
     }
 
     /// A new connection with its session open (and, on the same-host path, the segment
@@ -570,7 +606,7 @@ impl TcpStore {
                     detail: format!("request not encodable: {e}"),
                     retirement: Retirement::Retired,
                 },
-                other => transport(operation, other),
+                other => transport_failure(operation, other.io_kind(), other),
             }
         })
     }
@@ -1034,6 +1070,9 @@ fn unknown_retirement(e: StoreError) -> StoreError {
     match e {
         StoreError::Backend { operation, detail, .. } => {
             StoreError::Backend { operation, detail, retirement: Retirement::Unknown }
+        }
+        StoreError::Io { operation, kind, detail, .. } => {
+            StoreError::Io { operation, kind, detail, retirement: Retirement::Unknown }
         }
         other => other,
     }

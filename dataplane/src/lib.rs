@@ -6,7 +6,8 @@
 //! quarantine and epoch fences ([`registry`]), callers ([`caller`]), the [`store::Store`]
 //! trait, and the engine-facing asynchronous path: the executor with its bounded queues and
 //! workers, health monitor and owner agreement ([`executor`]), and the scheduler-side admission
-//! ([`admission`]).
+//! ([`admission`]). [`rng`] is the seeded generator that simulations, fault schedules and
+//! tests draw from.
 //! With the `testing` feature it also exports the conformance suite every backend runs
 //! ([`testing`]). It depends on no backend, transport or device library.
 
@@ -20,6 +21,7 @@ pub mod key;
 pub mod lifecycle;
 pub mod limits;
 pub mod registry;
+pub mod rng;
 pub mod store;
 
 #[cfg(feature = "testing")]

@@ -379,15 +379,52 @@ pub enum StoreError {
         effect: StorageEffect,
         retirement: Retirement,
     },
+    /// A system I/O call of the backend failed outside a file-system step: a socket to a
+    /// server or a sidecar, a shared-memory segment. `kind` for programs, `detail` (the
+    /// system's message, with what was being done) for people.
+    #[error("{operation} failed in the backend: {detail}")]
+    Io { operation: &'static str, kind: std::io::ErrorKind, detail: String, retirement: Retirement },
 }
 
 impl StoreError {
-    /// Whether the store has stopped touching the caller's buffers. Everything but a backend
-    /// or storage failure is refused before any buffer is touched.
+    /// Whether the store has stopped touching the caller's buffers. Everything but a failure
+    /// of the backend ([`is_backend_failure`](Self::is_backend_failure)) is refused before any
+    /// buffer is touched.
     pub fn retirement(&self) -> Retirement {
         match self {
-            Self::Backend { retirement, .. } | Self::Storage { retirement, .. } => *retirement,
+            Self::Backend { retirement, .. }
+            | Self::Storage { retirement, .. }
+            | Self::Io { retirement, .. } => *retirement,
             _ => Retirement::Retired,
+        }
+    }
+
+    /// Whether the backend failed (`Backend`, `Storage`, `Io`), as opposed to the store
+    /// refusing the call (rights, tenant, sizes, reservation and lifecycle rules).
+    pub fn is_backend_failure(&self) -> bool {
+        matches!(self, Self::Backend { .. } | Self::Storage { .. } | Self::Io { .. })
+    }
+
+    /// The system's error kind, when the failure came from a system I/O call.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Self::Storage { kind, .. } | Self::Io { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// An I/O failure of `operation` from the system's error, described as `context: error`;
+    /// the backend no longer touches the caller's buffers.
+    pub fn io(
+        operation: &'static str,
+        context: impl std::fmt::Display,
+        error: &std::io::Error,
+    ) -> Self {
+        Self::Io {
+            operation,
+            kind: error.kind(),
+            detail: format!("{context}: {error}"),
+            retirement: Retirement::Retired,
         }
     }
 

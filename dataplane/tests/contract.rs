@@ -379,6 +379,15 @@ fn every_error_message_carries_its_facts() {
             .to_string(),
             "get failed in the backend: EIO",
         ),
+        (
+            StoreError::io(
+                "put",
+                "transport",
+                &std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            )
+            .to_string(),
+            "put failed in the backend: transport: connection refused",
+        ),
     ];
     for (text, needle) in texts {
         assert!(text.contains(needle), "{text:?} lacks {needle:?}");
@@ -393,6 +402,42 @@ fn every_error_message_carries_its_facts() {
         Retirement::Unknown
     );
     assert_eq!(StoreError::EmptyObject.retirement(), Retirement::Retired);
+}
+
+/// An error built from a system I/O error keeps its kind; the store's own refusals have none.
+#[test]
+fn io_failures_keep_their_kind() {
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let e = StoreError::io("get", "transport", &refused);
+    assert_eq!(e.io_kind(), Some(std::io::ErrorKind::ConnectionRefused));
+    assert_eq!(e.retirement(), Retirement::Retired);
+    assert!(e.is_backend_failure());
+    let unknown = StoreError::Io {
+        operation: "get",
+        kind: std::io::ErrorKind::BrokenPipe,
+        detail: "sidecar socket: broken pipe".into(),
+        retirement: Retirement::Unknown,
+    };
+    assert_eq!(unknown.retirement(), Retirement::Unknown);
+    let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    let storage = StoreError::storage(
+        "get",
+        "block read",
+        std::path::Path::new("/cache/b.blk"),
+        &denied,
+        gpucache_dataplane::store::StorageEffect::Unchanged,
+    );
+    assert_eq!(storage.io_kind(), Some(std::io::ErrorKind::PermissionDenied));
+    assert!(storage.is_backend_failure());
+    let backend = StoreError::Backend {
+        operation: "get",
+        detail: "x".into(),
+        retirement: Retirement::Retired,
+    };
+    assert_eq!(backend.io_kind(), None);
+    assert!(backend.is_backend_failure());
+    assert_eq!(StoreError::EmptyObject.io_kind(), None);
+    assert!(!StoreError::EmptyObject.is_backend_failure());
 }
 
 #[test]

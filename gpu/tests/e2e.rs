@@ -26,6 +26,7 @@ use gpucache_dataplane::executor::{
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::registry::{Completion, LocalEpochs, RegisteredPool, SlotLease};
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Invalidate, MissReason, Store};
 use gpucache_dataplane::testing::fixture::{self, key, tenant};
 use gpucache_gpu::retire::{IN_FLIGHT_MAX, RetireLimits};
@@ -64,12 +65,7 @@ fn pattern(key: &PhysicalKey, len: usize) -> Vec<u8> {
         .encoded()
         .iter()
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
-    (0..len as u64)
-        .map(|offset| {
-            let x = (seed ^ offset.wrapping_mul(0x9E37_79B9_7F4A_7C15)).rotate_left(23);
-            x.to_le_bytes()[(offset % 8) as usize]
-        })
-        .collect()
+    SplitMix64::bytes(seed, len)
 }
 
 fn store(dir: &Path) -> Arc<dyn Store> {

@@ -116,6 +116,16 @@ pub(crate) enum Transport {
     TooLarge { body: usize, max: usize },
 }
 
+impl Transport {
+    /// The system's error kind, for a failure of the socket itself.
+    pub(crate) fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Self::Io(e) => Some(e.kind()),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

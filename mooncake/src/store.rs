@@ -197,6 +197,7 @@ impl MooncakeStore {
             Ok(answer) => Ok(answer),
             Err(e) => {
                 let detail = e.to_string();
+                let kind = e.io_kind();
                 inner.broken = Some(detail.clone());
                 // Whether the sidecar entered the SDK call is unknown: treat it as raised.
                 let failure = match call {
@@ -210,7 +211,11 @@ impl MooncakeStore {
                 if retirement == Retirement::Unknown {
                     inner.payload_halted = Some(detail.clone());
                 }
-                Err(StoreError::Backend { operation: call.name(), detail, retirement })
+                let operation = call.name();
+                Err(match kind {
+                    Some(kind) => StoreError::Io { operation, kind, detail, retirement },
+                    None => StoreError::Backend { operation, detail, retirement },
+                })
             }
         }
     }

@@ -23,6 +23,8 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use gpucache_dataplane::rng::SplitMix64;
+
 use crate::error::NicError;
 use crate::verbs::{
     Access, CompletionStatus, Implementation, LocalKey, MemoryRegion, NicEndpoint, Opcode,
@@ -129,7 +131,7 @@ impl SimNicConfig {
         }
         let fabric = Fabric {
             config: self,
-            rng: SplitMix64(self.seed),
+            rng: SplitMix64::new(self.seed),
             link_up: true,
             endpoints: [EndpointState::new(Side::A), EndpointState::new(Side::B)],
         };
@@ -172,20 +174,6 @@ pub struct SimStats {
     pub local_protection_errors: u64,
     pub retry_exceeded: u64,
     pub flushed: u64,
-}
-
-/// A small deterministic generator (SplitMix64); runtime code must not depend on test crates.
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
 #[derive(Debug)]

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::registry::{QuarantineCause, RegionState, RegisteredPool, SlotLease};
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::testing::fixture::tenant;
 use gpucache_dataplane::testing::process::{kill_process, output_within, stop_process};
 use gpucache_nic::nixl::xfer::UnknownCause;
@@ -49,15 +50,7 @@ fn nixl_here() -> bool {
 /// Bytes that depend on seed and position only, so any prefix of a pattern is the pattern of
 /// that length.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            let mut x = seed ^ (i as u64 / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            x ^= x >> 29;
-            x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x ^= x >> 32;
-            x.to_le_bytes()[i % 8]
-        })
-        .collect()
+    SplitMix64::bytes(seed, len)
 }
 
 fn checksum(bytes: &[u8]) -> u64 {

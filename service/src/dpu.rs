@@ -10,10 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpucache_dataplane::clock::Clock;
-#[cfg(feature = "doca")]
-use gpucache_dpu::DocaConfig;
-#[cfg(feature = "spdk")]
-use gpucache_dpu::SpdkConfig;
 use gpucache_dpu::{
     Agent, AgentConfig, DpuError, DpuStore, DpuStoreConfig, Offload, PinPolicy, Pinning, QueueId,
     QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
@@ -28,6 +24,127 @@ use crate::config::{ConfigError, DpuBackendName, DpuSection, PinName, ServeConfi
 
 /// How long an idle reactor parks before it looks at its queues again.
 const IDLE_PARK: Duration = Duration::from_millis(1);
+
+// The native backends' queues: each is built from `[dpu]` with its feature, and refused as not
+// built without it. Each pair offers the same function.
+#[cfg(feature = "doca")]
+use doca_real as doca;
+#[cfg(not(feature = "doca"))]
+use doca_unavailable as doca;
+#[cfg(feature = "spdk")]
+use spdk_real as spdk;
+#[cfg(not(feature = "spdk"))]
+use spdk_unavailable as spdk;
+
+/// SPDK queues: an NVMe controller by PCI address.
+#[cfg(feature = "spdk")]
+mod spdk_real {
+    use gpucache_dpu::{QueueKind, SpdkConfig};
+
+    use crate::config::{ConfigError, DpuSection};
+
+    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
+        Ok(QueueKind::Spdk(SpdkConfig { pci_addr: dpu.spdk_pci_addr.clone().unwrap_or_default() }))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::config::{DpuBackendName, DpuSection};
+
+        #[test]
+        fn spdk_queues_name_the_configured_controller() {
+            let dpu = DpuSection {
+                backend: DpuBackendName::Spdk,
+                spdk_pci_addr: Some("0000:3b:00.0".into()),
+                ..DpuSection::default()
+            };
+            let c = crate::dpu::agent_config(&dpu).expect("spdk is built");
+            assert!(!c.queues.is_empty());
+            for q in &c.queues {
+                assert!(format!("{:?}", q.kind).contains("0000:3b:00.0"), "{:?}", q.kind);
+            }
+        }
+    }
+}
+
+/// A build without the `spdk` feature refuses SPDK queues.
+#[cfg(not(feature = "spdk"))]
+mod spdk_unavailable {
+    use gpucache_dpu::QueueKind;
+
+    use crate::config::{ConfigError, DpuSection};
+
+    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
+        Err(ConfigError::DpuNotBuilt { backend: "spdk" })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::config::{ConfigError, DpuBackendName, DpuSection};
+
+        #[test]
+        fn spdk_queues_are_refused_as_not_built() {
+            let dpu = DpuSection { backend: DpuBackendName::Spdk, ..DpuSection::default() };
+            let e = crate::dpu::agent_config(&dpu).expect_err("spdk is not built");
+            assert!(matches!(e, ConfigError::DpuNotBuilt { backend: "spdk" }), "{e:?}");
+        }
+    }
+}
+
+/// DOCA queues: a BlueField device by name.
+#[cfg(feature = "doca")]
+mod doca_real {
+    use gpucache_dpu::{DocaConfig, QueueKind};
+
+    use crate::config::{ConfigError, DpuSection};
+
+    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
+        Ok(QueueKind::Doca(DocaConfig { device: dpu.doca_device.clone().unwrap_or_default() }))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::config::{DpuBackendName, DpuSection};
+
+        #[test]
+        fn doca_queues_name_the_configured_device() {
+            let dpu = DpuSection {
+                backend: DpuBackendName::Doca,
+                doca_device: Some("mlx5_0".into()),
+                ..DpuSection::default()
+            };
+            let c = crate::dpu::agent_config(&dpu).expect("doca is built");
+            assert!(!c.queues.is_empty());
+            for q in &c.queues {
+                assert!(format!("{:?}", q.kind).contains("mlx5_0"), "{:?}", q.kind);
+            }
+        }
+    }
+}
+
+/// A build without the `doca` feature refuses DOCA queues.
+#[cfg(not(feature = "doca"))]
+mod doca_unavailable {
+    use gpucache_dpu::QueueKind;
+
+    use crate::config::{ConfigError, DpuSection};
+
+    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
+        Err(ConfigError::DpuNotBuilt { backend: "doca" })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::config::{ConfigError, DpuBackendName, DpuSection};
+
+        #[test]
+        fn doca_queues_are_refused_as_not_built() {
+            let dpu = DpuSection { backend: DpuBackendName::Doca, ..DpuSection::default() };
+            let e = crate::dpu::agent_config(&dpu).expect_err("doca is not built");
+            assert!(matches!(e, ConfigError::DpuNotBuilt { backend: "doca" }), "{e:?}");
+        }
+    }
+}
 
 /// The agent configuration `[dpu]` describes: reactors in file order, `queues_per_reactor`
 /// queues each (ids numbered across all reactors), every queue of the configured backend. A
@@ -53,18 +170,8 @@ pub fn agent_config(dpu: &DpuSection) -> Result<AgentConfig, ConfigError> {
                     engine: EngineChoice::Uring,
                     sync: true,
                 },
-                #[cfg(feature = "spdk")]
-                DpuBackendName::Spdk => QueueKind::Spdk(SpdkConfig {
-                    pci_addr: dpu.spdk_pci_addr.clone().unwrap_or_default(),
-                }),
-                #[cfg(not(feature = "spdk"))]
-                DpuBackendName::Spdk => return Err(ConfigError::DpuNotBuilt { backend: "spdk" }),
-                #[cfg(feature = "doca")]
-                DpuBackendName::Doca => QueueKind::Doca(DocaConfig {
-                    device: dpu.doca_device.clone().unwrap_or_default(),
-                }),
-                #[cfg(not(feature = "doca"))]
-                DpuBackendName::Doca => return Err(ConfigError::DpuNotBuilt { backend: "doca" }),
+                DpuBackendName::Spdk => spdk::queue_kind(dpu)?,
+                DpuBackendName::Doca => doca::queue_kind(dpu)?,
             };
             queues.push(QueueSpec {
                 id: QueueId(n),

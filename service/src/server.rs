@@ -824,5 +824,9 @@ fn shm_backend(
     operation: &'static str,
     e: gpucache_storage::host::segment::ShmError,
 ) -> StoreError {
-    StoreError::Backend { operation, detail: e.to_string(), retirement: Retirement::Retired }
+    let detail = e.to_string();
+    match e.io_kind() {
+        Some(kind) => StoreError::Io { operation, kind, detail, retirement: Retirement::Retired },
+        None => StoreError::Backend { operation, detail, retirement: Retirement::Retired },
+    }
 }

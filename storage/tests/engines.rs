@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
 use gpucache_storage::file::engine::psync::PsyncEngine;
 use gpucache_storage::file::engine::uring::{SLOT_BYTES, UringEngine};
@@ -81,15 +82,7 @@ fn open_direct(path: &Path) -> Option<File> {
 
 /// Deterministic bytes, different per seed.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()[3]
-        })
-        .collect()
+    SplitMix64::bytes(seed, len)
 }
 
 fn small_config() -> EngineConfig {

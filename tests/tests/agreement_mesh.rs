@@ -17,6 +17,7 @@ use gpucache_dataplane::executor::{
     Agreement, AgreementLimits, CompletionRecord, OperationId, OperationKind, OwnerIndex,
     OwnerReport, Pressure,
 };
+use gpucache_dataplane::rng::SplitMix64;
 
 const OWNERS: u16 = 4;
 const OPERATIONS: u64 = 12;
@@ -25,6 +26,8 @@ const ROUNDS_N: usize = 6;
 const OPERATIONS_N: usize = 12;
 const KEYS: usize = 5;
 const IO_DEADLINE: Duration = Duration::from_secs(30);
+/// Seeds the order in which every owner receives each round's reports.
+const SHUFFLE_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Which scenario the owners play.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -313,7 +316,7 @@ fn run_mesh(scenario: Scenario) -> (Vec<String>, Vec<Vec<String>>) {
     let mut conns: Vec<TcpStream> = conns.into_iter().map(|c| c.expect("every owner")).collect();
     let mut reference = agreement();
     let mut expected = Vec::new();
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut rng = SplitMix64::new(SHUFFLE_SEED);
     for round in 0..ROUNDS {
         let gathered: Vec<OwnerReport> = if round == 0 {
             first.iter_mut().map(|r| r.take().expect("first report")).collect()
@@ -325,10 +328,7 @@ fn run_mesh(scenario: Scenario) -> (Vec<String>, Vec<Vec<String>>) {
         for conn in &mut conns {
             let mut order: Vec<usize> = (0..gathered.len()).collect();
             for i in (1..order.len()).rev() {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                order.swap(i, usize::try_from(state % (i as u64 + 1)).expect("index"));
+                order.swap(i, rng.index(i + 1));
             }
             for i in order {
                 send_frame(conn, &encode(&gathered[i]));

@@ -14,13 +14,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{CorruptPhase, CorruptReason, Get, Lookup, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_service::metered::{ExpositionFormat, MeteredStore, Metrics};
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStore, fsck};
 
-use common::{Rng, assert_exact, block_file, block_files, header_fields, mix};
+use common::{assert_exact, block_file, block_files, header_fields};
 
 const SEED_VAR: &str = "GPUCACHE_CORRUPTION_SEED";
 /// Blocks per iteration.
@@ -45,13 +46,13 @@ fn open_store(root: &Path, it: u16) -> FileStore {
 }
 
 /// Log-uniform over 1 B ..= 256 KiB.
-fn random_len(rng: &mut Rng) -> usize {
+fn random_len(rng: &mut SplitMix64) -> usize {
     let bits = rng.range(0, 18);
     usize::try_from(rng.range(1 << bits, (2 << bits) - 1).min(256 << 10)).expect("fits")
 }
 
 /// Puts `BLOCKS` blocks of random sizes under `(space, it, 0..)`.
-fn put_blocks(store: &FileStore, rng: &mut Rng, space: u8, it: u16) -> Blocks {
+fn put_blocks(store: &FileStore, rng: &mut SplitMix64, space: u8, it: u16) -> Blocks {
     (0..BLOCKS)
         .map(|i| {
             let key = common::block_key(space, it, i);
@@ -66,7 +67,7 @@ fn put_blocks(store: &FileStore, rng: &mut Rng, space: u8, it: u16) -> Blocks {
 }
 
 /// XORs the byte at `pos` of `path` with a nonzero value.
-fn flip_byte(path: &Path, pos: u64, rng: &mut Rng) {
+fn flip_byte(path: &Path, pos: u64, rng: &mut SplitMix64) {
     let f = OpenOptions::new().read(true).write(true).open(path).expect("open block file");
     let mut b = [0u8];
     f.read_exact_at(&mut b, pos).expect("read byte");
@@ -128,7 +129,7 @@ fn assert_all_exact(store: &FileStore, blocks: &[(PhysicalKey, Vec<u8>)], what: 
 #[test]
 fn flipped_payload_byte_is_never_served() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xA]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xA]));
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
     for it in 0..18u16 {
@@ -174,7 +175,7 @@ fn flipped_payload_byte_is_never_served() {
 #[test]
 fn flipped_header_byte_is_skipped_at_open() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xB]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xB]));
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
     for it in 0..15u16 {
@@ -218,7 +219,7 @@ fn flipped_header_byte_is_skipped_at_open() {
 #[test]
 fn truncated_block_is_a_miss_and_skipped_at_open() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xC]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xC]));
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
     for it in 0..16u16 {
@@ -273,7 +274,7 @@ fn truncated_block_is_a_miss_and_skipped_at_open() {
 #[test]
 fn damage_found_at_open_is_counted_by_phase_and_reason() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xC1]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xC1]));
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
     let (blocks, intact) = {
@@ -349,7 +350,7 @@ fn damage_found_at_open_is_counted_by_phase_and_reason() {
 #[test]
 fn swapped_block_files_never_serve_the_other_block() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xD]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xD]));
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
     for it in 0..12u16 {
@@ -408,7 +409,7 @@ fn swapped_block_files_never_serve_the_other_block() {
 #[test]
 fn foreign_files_and_garbage_store_record_do_not_stop_open() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xE]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xE]));
     for it in 0..6u16 {
         let what = format!("seed {seed}, iteration {it}");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -479,7 +480,7 @@ fn foreign_files_and_garbage_store_record_do_not_stop_open() {
 /// returns the healthy blocks and each bad path with the start of the reason fsck must give.
 fn damage_everything(
     root: &Path,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     it: u16,
 ) -> (Blocks, Vec<(PathBuf, &'static str)>) {
     let store = open_store(root, it);
@@ -535,7 +536,7 @@ fn damage_everything(
 #[test]
 fn fsck_names_every_bad_file_and_repair_removes_them() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 0xF]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 0xF]));
     for it in 0..6u16 {
         let what = format!("seed {seed}, iteration {it}");
         let dir = tempfile::tempdir().expect("temp dir");

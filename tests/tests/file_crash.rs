@@ -23,12 +23,11 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, fsck};
-
-use common::{Rng, mix};
 
 /// Set in the child: `<dir>:<seed>:<round>:<big index>`.
 const CHILD_ENV: &str = "GPUCACHE_CRASH_CHILD";
@@ -66,7 +65,8 @@ fn engine_of(round: u16) -> (EngineChoice, bool) {
 /// Payload length of block `index` of `round`: log-uniform over 1 B ..= 300 KiB, now and then
 /// 1 ..= 3 MiB, and always large for the round's `big` index.
 fn size_of(seed: u64, round: u16, index: u16, big: u16) -> usize {
-    let mut r = Rng::new(mix(&[seed, 0x512E, u64::from(round), u64::from(index)]));
+    let mut r =
+        SplitMix64::new(SplitMix64::mix(&[seed, 0x512E, u64::from(round), u64::from(index)]));
     let len = if index == big || r.chance(0.02) {
         r.range(MIB, 3 * MIB)
     } else {
@@ -78,7 +78,7 @@ fn size_of(seed: u64, round: u16, index: u16, big: u16) -> usize {
 
 fn payload_of(seed: u64, round: u16, index: u16, big: u16) -> Vec<u8> {
     common::payload(
-        mix(&[seed, 0xDA7A, u64::from(round), u64::from(index)]),
+        SplitMix64::mix(&[seed, 0xDA7A, u64::from(round), u64::from(index)]),
         size_of(seed, round, index, big),
     )
 }
@@ -288,7 +288,7 @@ fn kill_9_never_loses_or_forges_a_block() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix64::new(seed);
     // Blocks that must read back byte-exact from now on: acknowledged ones, and in-flight ones
     // that turned out to be committed.
     let mut present: BTreeMap<(u16, u16), Vec<u8>> = BTreeMap::new();

@@ -8,14 +8,16 @@
 mod common;
 
 use std::collections::HashMap;
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{
-    Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
+    Get, Invalidate, Lookup, MissReason, Put, Retirement, StorageEffect, Store, StoreError,
 };
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
@@ -24,7 +26,7 @@ use gpucache_storage::file::engine::uring::UringEngine;
 use gpucache_storage::file::engine::{EngineConfig, IoEngine};
 use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
 
-use common::{Rng, assert_exact, mix};
+use common::assert_exact;
 
 const SEED_VAR: &str = "GPUCACHE_FAULTS_SEED";
 
@@ -79,7 +81,7 @@ fn put_ok(store: &FileStore, key: &PhysicalKey, data: &[u8]) {
 fn baseline(
     store: &FileStore,
     engine: &Faulty,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     space: u8,
 ) -> Vec<(PhysicalKey, Vec<u8>)> {
     engine.set_enabled(false);
@@ -98,13 +100,36 @@ fn baseline(
     blocks
 }
 
-fn assert_backend_retired(e: &StoreError, operation: &str, what: &str) {
+/// A retired storage error of `operation`: a block file that could not be read (a GET) or
+/// written (a commit), which changed nothing, with the system's error kind when `kind` is given.
+fn assert_storage_retired(
+    e: &StoreError,
+    operation: &str,
+    kind: Option<io::ErrorKind>,
+    what: &str,
+) {
     assert_eq!(e.retirement(), Retirement::Retired, "{what}: {e}");
+    let step = if operation == "get" { "block read" } else { "block write" };
     assert!(
-        matches!(e, StoreError::Backend { operation: op, .. } if *op == operation),
-        "{what}: expected a {operation} backend error, got {e:?}"
+        matches!(
+            e,
+            StoreError::Storage { operation: op, step: s, effect: StorageEffect::Unchanged, .. }
+                if *op == operation && *s == step
+        ),
+        "{what}: expected a {operation} storage error at {step}, got {e:?}"
     );
+    if let Some(kind) = kind {
+        assert_eq!(e.io_kind(), Some(kind), "{what}: {e}");
+    }
 }
+
+/// The kind the system gives an errno.
+fn kind_of(errno: i32) -> io::ErrorKind {
+    io::Error::from_raw_os_error(errno).kind()
+}
+
+/// EIO on Linux.
+const EIO: i32 = 5;
 
 // ---------------------------------------------------------------------------------------------
 // Failed writes
@@ -113,16 +138,16 @@ fn assert_backend_retired(e: &StoreError, operation: &str, what: &str) {
 fn failed_writes_retire_charge_nothing_and_forget_the_request() {
     let seed = common::seed(SEED_VAR);
     type Set = fn(&mut FaultConfig);
-    let kinds: [(&str, Set); 3] = [
-        ("EIO", |c| c.write_eio = 1.0),
-        ("ENOSPC", |c| c.write_enospc = 1.0),
-        ("short write", |c| c.short_write = 1.0),
+    let kinds: [(&str, Set, io::ErrorKind); 3] = [
+        ("EIO", |c| c.write_eio = 1.0, kind_of(EIO)),
+        ("ENOSPC", |c| c.write_enospc = 1.0, io::ErrorKind::StorageFull),
+        ("short write", |c| c.short_write = 1.0, io::ErrorKind::WriteZero),
     ];
-    for (k, (name, set)) in kinds.iter().enumerate() {
+    for (k, (name, set, io_kind)) in kinds.iter().enumerate() {
         for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
-            let case = mix(&[seed, k as u64, v as u64]);
+            let case = SplitMix64::mix(&[seed, k as u64, v as u64]);
             let what = format!("seed {seed}: {name} on {inner:?} direct={direct}");
-            let mut rng = Rng::new(case);
+            let mut rng = SplitMix64::new(case);
             let mut config = FaultConfig::none(case);
             set(&mut config);
             let engine = faulty(inner, config);
@@ -142,7 +167,7 @@ fn failed_writes_retire_charge_nothing_and_forget_the_request() {
                 let request = (attempt % 2 == 0).then_some(RequestId(1000 + u64::from(attempt)));
                 let err =
                     store.put(&caller(0), &k, &data, request).expect_err("put over a failing disk");
-                assert_backend_retired(&err, "commit", &what);
+                assert_storage_retired(&err, "commit", Some(*io_kind), &what);
                 assert_eq!(store.stats(), before, "{what}: a failed put left charges");
                 assert_eq!(
                     store.lookup(&caller(0), &k).expect("lookup"),
@@ -160,7 +185,7 @@ fn failed_writes_retire_charge_nothing_and_forget_the_request() {
                     let again = store
                         .put(&caller(0), &k, &data, Some(r))
                         .expect_err("replay, still failing");
-                    assert_backend_retired(&again, "commit", &what);
+                    assert_storage_retired(&again, "commit", Some(*io_kind), &what);
                     // With the disk healthy, the replay really writes the block.
                     engine.set_enabled(false);
                     assert_eq!(
@@ -203,9 +228,9 @@ fn failed_writes_retire_charge_nothing_and_forget_the_request() {
 fn torn_writes_are_caught_by_the_checksum() {
     let seed = common::seed(SEED_VAR);
     for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
-        let case = mix(&[seed, 0x70, v as u64]);
+        let case = SplitMix64::mix(&[seed, 0x70, v as u64]);
         let what = format!("seed {seed}: torn writes on {inner:?} direct={direct}");
-        let mut rng = Rng::new(case);
+        let mut rng = SplitMix64::new(case);
         let engine = faulty(inner, FaultConfig { torn_write: 1.0, ..FaultConfig::none(case) });
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path();
@@ -260,9 +285,9 @@ fn torn_writes_are_caught_by_the_checksum() {
 fn read_faults_never_serve_wrong_bytes() {
     let seed = common::seed(SEED_VAR);
     for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
-        let case = mix(&[seed, 0x80, v as u64]);
+        let case = SplitMix64::mix(&[seed, 0x80, v as u64]);
         let what = format!("seed {seed}: read faults on {inner:?} direct={direct}");
-        let mut rng = Rng::new(case);
+        let mut rng = SplitMix64::new(case);
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path();
 
@@ -307,7 +332,7 @@ fn read_faults_never_serve_wrong_bytes() {
         for (k, d) in &blocks {
             let mut buf = vec![0xEE; d.len()];
             let err = store.get_into(&caller(0), k, &mut buf).expect_err("read EIO");
-            assert_backend_retired(&err, "get", &what);
+            assert_storage_retired(&err, "get", Some(kind_of(EIO)), &what);
             assert!(buf.iter().all(|b| *b == 0), "{what}: buffer not zeroed after EIO");
             assert_eq!(
                 store.lookup(&caller(0), k).expect("lookup"),
@@ -330,10 +355,10 @@ fn dropped_syncs_lose_blocks_cleanly_in_a_crash() {
     let seed = common::seed(SEED_VAR);
     for (v, &(inner, direct)) in VARIANTS.iter().enumerate() {
         for round in 0..3u64 {
-            let case = mix(&[seed, 0x90, v as u64, round]);
+            let case = SplitMix64::mix(&[seed, 0x90, v as u64, round]);
             let what =
                 format!("seed {seed}: dropped syncs on {inner:?} direct={direct} round {round}");
-            let mut rng = Rng::new(case);
+            let mut rng = SplitMix64::new(case);
             let engine =
                 faulty(inner, FaultConfig { dropped_sync: 0.5, ..FaultConfig::none(case) });
             let dir = tempfile::tempdir().expect("temp dir");
@@ -413,8 +438,8 @@ fn mixed_faults_never_serve_other_bytes() {
     let seed = common::seed(SEED_VAR);
     let mut totals = gpucache_storage::file::engine::faulty::FaultCounts::default();
     for case in 0..CASES {
-        let case_seed = mix(&[seed, 0xA0, case]);
-        let mut rng = Rng::new(case_seed);
+        let case_seed = SplitMix64::mix(&[seed, 0xA0, case]);
+        let mut rng = SplitMix64::new(case_seed);
         let (inner, direct) = VARIANTS[usize::try_from(case % 3).expect("small")];
         let p = 0.05;
         let config = FaultConfig {
@@ -460,7 +485,7 @@ fn mixed_faults_never_serve_other_bytes() {
                         }
                         Ok(other) => panic!("{what}: put answered {other:?}"),
                         Err(e) => {
-                            assert_backend_retired(&e, "commit", &what);
+                            assert_storage_retired(&e, "commit", None, &what);
                             assert!(
                                 !model.contains_key(&i),
                                 "{what}: put of a present key failed: {e}"
@@ -501,7 +526,7 @@ fn mixed_faults_never_serve_other_bytes() {
                         }
                         Ok(other) => panic!("{what}: get answered {other:?}"),
                         Err(e) => {
-                            assert_backend_retired(&e, "get", &what);
+                            assert_storage_retired(&e, "get", None, &what);
                             assert!(model.contains_key(&i), "{what}: read error on an absent key");
                             assert!(buf.iter().all(|b| *b == 0), "{what}: failed read not zeroed");
                         }

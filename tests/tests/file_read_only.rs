@@ -262,7 +262,16 @@ fn a_read_only_mount_refuses_invalidations_and_puts_and_keeps_every_block() {
         // A PUT is refused with a typed, retired error and leaves no trace.
         let e = store.put(&caller(0), &k3, &common::payload(33, 9000), None).expect_err("put");
         assert!(
-            matches!(e, StoreError::Backend { operation: "commit", .. }),
+            matches!(
+                e,
+                StoreError::Storage {
+                    operation: "commit",
+                    step: "block write",
+                    kind: io::ErrorKind::ReadOnlyFilesystem,
+                    effect: StorageEffect::Unchanged,
+                    ..
+                }
+            ),
             "a put on a read-only mount: {e:?}"
         );
         assert_eq!(e.retirement(), Retirement::Retired);
@@ -438,6 +447,50 @@ fn the_native_protocol_carries_the_storage_error_whole() {
     assert_exact(&client, &k, &data, "over the wire after a refused invalidation");
     engine.fail_unlinks(None);
     assert_eq!(client.invalidate(&caller(0), &k), Ok(Invalidate::Removed));
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn a_block_file_that_cannot_be_written_reaches_a_remote_caller_with_its_kind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let engine = Arc::new(FaultyEngine::new(
+        Arc::new(PsyncEngine) as Arc<dyn IoEngine>,
+        FaultConfig { write_enospc: 1.0, ..FaultConfig::none(2) },
+    ));
+    let store = Arc::new(open_faulty(dir.path(), &engine, Durability::PerBlock));
+    let config = ServerConfig::new(
+        "127.0.0.1:0".parse().expect("addr"),
+        vec![Caller::new(tenant(0), Rights::READ_WRITE)],
+    );
+    let server = Server::start(config, Arc::clone(&store) as Arc<dyn Store>).expect("server");
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller(0)));
+    let k = common::block_key(6, 0, 0);
+    let data = common::payload(60, 4096);
+    for (e, what) in [
+        (store.put(&caller(0), &k, &data, None).expect_err("local put"), "local"),
+        (client.put(&caller(0), &k, &data, None).expect_err("remote put"), "remote"),
+    ] {
+        assert!(
+            matches!(
+                e,
+                StoreError::Storage {
+                    operation: "commit",
+                    step: "block write",
+                    kind: io::ErrorKind::StorageFull,
+                    effect: StorageEffect::Unchanged,
+                    retirement: Retirement::Retired,
+                    ..
+                }
+            ),
+            "{what}: {e:?}"
+        );
+    }
+    assert!(common::tmp_files(dir.path()).is_empty(), "a failed put left a file");
+    // The disk has room again: the same put goes through.
+    engine.set_enabled(false);
+    put_ok(&client, &k, &data);
+    assert_exact(&client, &k, &data, "over the wire after the disk had room");
     drop(client);
     server.shutdown();
 }

@@ -11,12 +11,13 @@ use std::path::Path;
 
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::registry::RegionId;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Invalidate, Lookup, MissReason, Put, Reserve, Store};
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStore, FileStoreError, fsck};
 
-use common::{Rng, assert_exact, mix};
+use common::assert_exact;
 
 const SEED_VAR: &str = "GPUCACHE_RESTART_SEED";
 
@@ -58,7 +59,7 @@ fn lookup(store: &FileStore, key: &gpucache_dataplane::PhysicalKey) -> Lookup {
 #[test]
 fn committed_blocks_reload_byte_exact_on_any_engine() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 1]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 1]));
     let variants =
         [(EngineChoice::Psync, false), (EngineChoice::Uring, false), (EngineChoice::Uring, true)];
     for (v, &(engine, direct)) in variants.iter().enumerate() {
@@ -124,7 +125,7 @@ fn every_open_takes_a_new_epoch() {
 #[test]
 fn open_reservations_and_unfinished_writes_do_not_survive() {
     let seed = common::seed(SEED_VAR);
-    let mut rng = Rng::new(mix(&[seed, 3]));
+    let mut rng = SplitMix64::new(SplitMix64::mix(&[seed, 3]));
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
     for round in 0..5u16 {

@@ -6,6 +6,7 @@
 //! venv. Skipped (with a printed reason) when `python3` is missing.
 
 use std::fs;
+use std::io;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -13,7 +14,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use gpucache_dataplane::identity::KvDtype;
-use gpucache_dataplane::store::{Get, Invalidate, Lookup, MissReason, Put, Retirement, Store};
+use gpucache_dataplane::store::{
+    Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
+};
 use gpucache_dataplane::testing::fixture;
 use gpucache_mooncake::{
     MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, SidecarConfig,
@@ -49,6 +52,8 @@ class MooncakeDistributedStore:
         if key not in self.objects:
             return -704
         data = self.objects[key]
+        if MODE == "exit":
+            os._exit(3)
         if MODE == "hang":
             time.sleep(30)
         if MODE == "short":
@@ -205,6 +210,31 @@ fn a_missed_deadline_is_unretired_and_breaks_the_sidecar() {
     drop(store);
     // Killed by PID on drop: the process is gone (reaped), not left sleeping.
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "sidecar {pid} survived the drop");
+}
+
+#[test]
+fn a_sidecar_that_dies_mid_call_is_an_io_failure_with_the_socket_kind() {
+    let Some((_dir, store)) = store("exit") else { return };
+    let caller = fixture::caller(0);
+    store.put(&caller, &key(1), b"payload", None).expect("put");
+    let e = store.get_into(&caller, &key(1), &mut [0_u8; 64]).expect_err("the sidecar exited");
+    // The reply never comes: the socket reaches its end mid-call, and whether the GET wrote
+    // the buffer is unknown.
+    assert!(
+        matches!(
+            e,
+            StoreError::Io {
+                operation: "mooncake get",
+                kind: io::ErrorKind::UnexpectedEof,
+                retirement: Retirement::Unknown,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.is_backend_failure());
+    let e = store.lookup(&caller, &key(1)).expect_err("broken");
+    assert!(e.to_string().contains("sidecar unusable"), "{e}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::thread;
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{BatchGet, BatchPut, Get, Put, Store};
 use gpucache_dataplane::testing::fixture::{caller, key, payload};
 use gpucache_storage::MemoryStore;
@@ -29,14 +30,12 @@ fn hammer(store: Arc<dyn Store>) {
         .map(|t| {
             let store = Arc::clone(&store);
             thread::spawn(move || {
-                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut rng = SplitMix64::new(t as u64 + 1);
                 let mut buf = vec![0u8; len_of(KEYS)];
                 let mut batch_bufs = vec![vec![0u8; len_of(KEYS)]; BATCH_KEYS_MAX];
                 let mut hits = 0u64;
                 for _ in 0..OPS_PER_THREAD {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let k = u8::try_from(x % u64::from(KEYS)).unwrap_or(0);
                     let pk = key(0, &[k], KvDtype::F16, 16);
                     let want = payload(u64::from(k), len_of(k));

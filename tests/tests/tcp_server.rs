@@ -13,7 +13,8 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_dataplane::store::{Get, Put, Store};
+use gpucache_dataplane::rng::SplitMix64;
+use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
@@ -143,18 +144,15 @@ fn hostile_connections_do_not_disturb_good_clients() {
     assert!(matches!(got.get(1), Some(Response::Hello { .. })), "{got:?}");
 
     // Truncated frames and random bytes on many connections, then hang up.
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut rng = SplitMix64::new(0x2545_f491_4f6c_dd1d);
     for i in 0..40usize {
         let mut bytes = hello();
         bytes.extend(Request::Stats.to_frame_bytes(2).expect("stats"));
         let cut = i * 7 % bytes.len();
         bytes.truncate(cut);
-        for _ in 0..(i % 5) * 13 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            bytes.push(x.to_le_bytes()[0]);
-        }
+        let noise = bytes.len()..bytes.len() + (i % 5) * 13;
+        bytes.resize(noise.end, 0);
+        rng.fill_bytes(&mut bytes[noise]);
         let mut s = TcpStream::connect(addr).expect("connect");
         let _ = s.write_all(&bytes);
     }
@@ -232,4 +230,28 @@ fn batches_answer_per_item_in_order_across_frames() {
         }
     }
     assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn an_unreachable_server_is_an_io_failure_with_the_system_kind() {
+    // A loopback port nobody listens on any more: connecting is refused at once.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port");
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
+    let e = client.lookup(&caller, &key(0, &[1], KvDtype::F16, 16)).expect_err("nobody listens");
+    assert!(
+        matches!(
+            e,
+            StoreError::Io {
+                operation: "lookup",
+                kind: std::io::ErrorKind::ConnectionRefused,
+                retirement: Retirement::Retired,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("transport"), "{e}");
 }

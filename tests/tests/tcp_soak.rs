@@ -12,6 +12,7 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Lookup, Put, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
@@ -75,12 +76,10 @@ fn thirty_two_clients_two_tenants_mixed_operations() {
                 let me = c % 2;
                 let caller = Caller::new(tenant(me), Rights::READ_WRITE);
                 let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
-                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((c as u64 + 1) * 0x1000_0000_01B3);
+                let mut rng = SplitMix64::new(c as u64 + 1);
                 let mut buf = vec![0u8; 192 << 10];
                 while Instant::now() < until {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let k = u8::try_from(x % u64::from(KEYS_PER_TENANT)).unwrap_or(0);
                     // One operation in sixteen deliberately names the other tenant's key.
                     let owner = if (x >> 20).is_multiple_of(16) { 1 - me } else { me };

@@ -39,6 +39,8 @@ pub const DATAPLANE_TEXT: &[&str] = &[
     "unlink",
     "directory sync",
     "group flush",
+    "block read",
+    "block write",
     // Registry operations (RegistryError::WrongState.operation).
     "settle",
     "complete",

@@ -621,13 +621,21 @@ fn put_store_error_exact(w: &mut Writer<'_>, e: &StoreError) -> Encoded {
             });
             put_retirement(w, *retirement);
         }
+        StoreError::Io { operation, kind, detail, retirement } => {
+            w.u8(13);
+            w.text(operation);
+            w.u8(io_kind_tag(*kind));
+            w.text(detail);
+            put_retirement(w, *retirement);
+        }
         other => return Err(Unrepresentable(other.to_string())),
     }
     Ok(())
 }
 
-/// The `std::io::ErrorKind`s a storage error carries by tag (its index here); any other kind
-/// travels as `Other` (tag 0), its message still in the error's detail.
+/// The `std::io::ErrorKind`s a storage or I/O error carries by tag (its index here); any other
+/// kind travels as `Other` (tag 0), its message still in the error's detail. New kinds are only
+/// ever appended, so a tag keeps its meaning.
 pub(super) const IO_KINDS: &[std::io::ErrorKind] = {
     use std::io::ErrorKind as K;
     &[
@@ -655,11 +663,30 @@ pub(super) const IO_KINDS: &[std::io::ErrorKind] = {
         K::StaleNetworkFileHandle,
         K::Unsupported,
         K::OutOfMemory,
+        K::ConnectionRefused,
+        K::ConnectionReset,
+        K::ConnectionAborted,
+        K::NotConnected,
+        K::BrokenPipe,
+        K::AddrInUse,
+        K::AddrNotAvailable,
+        K::HostUnreachable,
+        K::NetworkUnreachable,
+        K::NetworkDown,
+        K::WouldBlock,
     ]
 };
 
 fn io_kind_tag(kind: std::io::ErrorKind) -> u8 {
     IO_KINDS.iter().position(|k| *k == kind).and_then(|i| u8::try_from(i).ok()).unwrap_or(0)
+}
+
+fn get_io_kind(r: &mut Reader<'_>) -> Result<std::io::ErrorKind, WireError> {
+    let tag = r.u8(text::IO_KIND)?;
+    IO_KINDS
+        .get(usize::from(tag))
+        .copied()
+        .ok_or(WireError::UnknownTag { what: text::IO_KIND, tag })
 }
 
 fn put_registry_error(w: &mut Writer<'_>, e: &RegistryError) -> Encoded {
@@ -748,18 +775,19 @@ pub(super) fn get_store_error(r: &mut Reader<'_>) -> Result<StoreError, WireErro
             operation: r.static_text(text::TEXT, REMOTE_TEXT)?,
             step: r.static_text(text::TEXT, REMOTE_TEXT)?,
             path: r.text(text::TEXT)?.into(),
-            kind: {
-                let tag = r.u8(text::IO_KIND)?;
-                *IO_KINDS
-                    .get(usize::from(tag))
-                    .ok_or(WireError::UnknownTag { what: text::IO_KIND, tag })?
-            },
+            kind: get_io_kind(r)?,
             detail: r.text(text::TEXT)?,
             effect: match r.u8(text::STORAGE_EFFECT)? {
                 0 => StorageEffect::Unchanged,
                 1 => StorageEffect::NotDurable,
                 tag => return Err(WireError::UnknownTag { what: text::STORAGE_EFFECT, tag }),
             },
+            retirement: get_retirement(r)?,
+        },
+        13 => StoreError::Io {
+            operation: r.static_text(text::TEXT, REMOTE_TEXT)?,
+            kind: get_io_kind(r)?,
+            detail: r.text(text::TEXT)?,
             retirement: get_retirement(r)?,
         },
         tag => return Err(WireError::UnknownTag { what: text::STORE_ERROR, tag }),

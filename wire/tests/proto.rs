@@ -262,21 +262,62 @@ fn store_error() -> impl Strategy<Value = StoreError> {
                     retirement,
                 }
             }),
+        (static_text(), io_kind(), text(), retirement()).prop_map(
+            |(operation, kind, detail, retirement)| StoreError::Io {
+                operation,
+                kind,
+                detail,
+                retirement
+            }
+        ),
     ]
 }
 
-/// Some of the io error kinds a storage error carries by tag.
-fn io_kind() -> impl Strategy<Value = std::io::ErrorKind> {
+/// Every io error kind a storage or I/O error carries by tag, in tag order (PROTOCOL.md,
+/// `io_kind`).
+const IO_KINDS: [std::io::ErrorKind; 35] = {
     use std::io::ErrorKind as K;
-    select(vec![
+    [
         K::Other,
         K::NotFound,
         K::PermissionDenied,
         K::ReadOnlyFilesystem,
         K::StorageFull,
+        K::QuotaExceeded,
+        K::FileTooLarge,
+        K::ResourceBusy,
         K::TimedOut,
+        K::Interrupted,
+        K::UnexpectedEof,
+        K::WriteZero,
+        K::InvalidInput,
+        K::InvalidData,
+        K::AlreadyExists,
+        K::NotADirectory,
+        K::IsADirectory,
+        K::DirectoryNotEmpty,
+        K::CrossesDevices,
+        K::TooManyLinks,
+        K::InvalidFilename,
+        K::StaleNetworkFileHandle,
+        K::Unsupported,
         K::OutOfMemory,
-    ])
+        K::ConnectionRefused,
+        K::ConnectionReset,
+        K::ConnectionAborted,
+        K::NotConnected,
+        K::BrokenPipe,
+        K::AddrInUse,
+        K::AddrNotAvailable,
+        K::HostUnreachable,
+        K::NetworkUnreachable,
+        K::NetworkDown,
+        K::WouldBlock,
+    ]
+};
+
+fn io_kind() -> impl Strategy<Value = std::io::ErrorKind> {
+    select(IO_KINDS.to_vec())
 }
 
 fn corrupt_drops() -> impl Strategy<Value = CorruptDrops> {
@@ -1735,7 +1776,7 @@ fn bad_names_text_and_tags_are_typed() {
     let cases: [(Op, &[u8], &str); 9] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
-        (Op::Write, &[1, 13], "store error"),
+        (Op::Write, &[1, 14], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
         (Op::Error, &[28], "wire error"),
@@ -1812,6 +1853,8 @@ fn static_strings_in_use_are_known() {
         "unlink",
         "directory sync",
         "group flush",
+        "block read",
+        "block write",
         // RegistryError::WrongState.operation and .state
         "settle",
         "complete",
@@ -1881,6 +1924,61 @@ fn a_storage_error_keeps_its_kind_path_and_effect_across_the_wire() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn an_io_error_keeps_its_kind_across_the_wire() {
+    for kind in IO_KINDS {
+        let e = StoreError::io("get", "transport", &std::io::Error::from(kind));
+        assert_eq!(round_trip_error(e.clone()), e, "{kind:?}");
+        let stored = StoreError::storage(
+            "get",
+            "block read",
+            std::path::Path::new("/store/blocks/ab/ab12-7.blk"),
+            &std::io::Error::from(kind),
+            StorageEffect::Unchanged,
+        );
+        assert_eq!(round_trip_error(stored.clone()), stored, "{kind:?}");
+    }
+    // The tag is the kind's place in the table: pinned, because peers must agree on it.
+    let e = StoreError::Io {
+        operation: "put",
+        kind: std::io::ErrorKind::ConnectionReset,
+        detail: "d".into(),
+        retirement: Retirement::Unknown,
+    };
+    let mut body = Vec::new();
+    Response::Write(Err(e)).encode_body(&mut body).unwrap_or_else(|e| panic!("{e}"));
+    let mut expected = vec![1, 13];
+    expected.extend_from_slice(&3u32.to_le_bytes());
+    expected.extend_from_slice(b"put");
+    expected.push(25);
+    expected.extend_from_slice(&1u32.to_le_bytes());
+    expected.extend_from_slice(b"d");
+    expected.push(1);
+    assert_eq!(body, expected);
+    // A kind without a tag travels as Other, with the system's message in the detail.
+    let odd = StoreError::io(
+        "get",
+        "sidecar socket",
+        &std::io::Error::from(std::io::ErrorKind::Deadlock),
+    );
+    match round_trip_error(odd.clone()) {
+        StoreError::Io { kind, detail, retirement, .. } => {
+            assert_eq!(kind, std::io::ErrorKind::Other);
+            assert_eq!(retirement, Retirement::Retired);
+            let StoreError::Io { detail: sent, .. } = odd else { unreachable!() };
+            assert_eq!(detail, sent);
+        }
+        other => panic!("{other:?}"),
+    }
+    // An io kind tag past the table is refused.
+    let mut bad = expected.clone();
+    bad[2 + 4 + 3] = u8::try_from(IO_KINDS.len()).unwrap();
+    assert!(matches!(
+        Response::decode_body(Op::Write, &bad),
+        Err(WireError::UnknownTag { what: "io error kind", .. })
+    ));
 }
 
 #[test]

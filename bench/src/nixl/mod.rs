@@ -27,10 +27,21 @@
 #![cfg_attr(not(feature = "nixl"), allow(dead_code))]
 
 mod paths;
+#[cfg(feature = "nixl")]
+mod real;
 mod report;
 mod tcp;
 #[cfg(feature = "nixl")]
 mod transfers;
+#[cfg(not(feature = "nixl"))]
+mod unavailable;
+
+// The run and the peer: over NIXL in `real` with the feature, refused as not built in
+// `unavailable` without it. Both offer the same functions.
+#[cfg(feature = "nixl")]
+use real as built;
+#[cfg(not(feature = "nixl"))]
+use unavailable as built;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -182,7 +193,7 @@ pub fn run(args: &NixlBenchArgs) -> ExitCode {
         eprintln!("gpucache bench nixl: NIXL unavailable: {reason}");
         return ExitCode::from(2);
     }
-    match run_inner(args, &plan) {
+    match built::run_inner(args, &plan) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -194,94 +205,13 @@ pub fn run(args: &NixlBenchArgs) -> ExitCode {
 
 /// The hidden peer role. Exit status 0 after the parent said goodbye, 2 otherwise.
 pub fn peer(args: &NixlPeerArgs) -> ExitCode {
-    #[cfg(feature = "nixl")]
-    {
-        match transfers::peer_main(args.connect, args.slot_bytes) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("gpucache bench nixl-peer: {e}");
-                ExitCode::from(2)
-            }
+    match built::peer_main(args.connect, args.slot_bytes) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpucache bench nixl-peer: {e}");
+            ExitCode::from(2)
         }
     }
-    #[cfg(not(feature = "nixl"))]
-    {
-        let _ = (args.connect, args.slot_bytes);
-        eprintln!(
-            "gpucache bench nixl-peer: NIXL unavailable: {}",
-            gpucache_nic::NixlUnavailable::NotBuilt
-        );
-        ExitCode::from(2)
-    }
-}
-
-#[cfg(not(feature = "nixl"))]
-fn run_inner(_args: &NixlBenchArgs, _plan: &Plan) -> Result<bool, String> {
-    // `run` returned at the probe already; a build without the feature never gets here.
-    Err(format!("NIXL unavailable: {}", gpucache_nic::NixlUnavailable::NotBuilt))
-}
-
-#[cfg(feature = "nixl")]
-fn run_inner(args: &NixlBenchArgs, plan: &Plan) -> Result<bool, String> {
-    let load_start = crate::service::loadavg();
-    let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
-    let scratch = tempfile::Builder::new()
-        .prefix("gpucache-bench-nixl-")
-        .tempdir_in(&base)
-        .map_err(|e| format!("cannot make a directory in {}: {e}", base.display()))?;
-    let dir = scratch.path().to_owned();
-    eprintln!("bench: working in {}", dir.display());
-
-    let mut runs: Vec<PathRun> = Vec::new();
-    let mut ucx_version = None;
-    if plan.wants(PathName::Nixl) || plan.wants(PathName::NixlRaw) {
-        match transfers::Session::start(&dir, plan) {
-            Ok(mut session) => {
-                ucx_version = session.ucx_version();
-                runs.extend(session.measure(plan));
-                session.finish();
-            }
-            Err(e) => {
-                eprintln!("bench: nixl: {e}");
-                for name in transfers::path_names(plan) {
-                    runs.push(PathRun::failed(name, e.clone()));
-                }
-            }
-        }
-    }
-    if plan.wants(PathName::Tcp) {
-        runs.extend(tcp::measure(&dir, plan));
-    }
-    if plan.wants(PathName::Memcpy) {
-        runs.push(paths::memcpy(plan));
-    }
-
-    let ucx_tls = std::env::var("UCX_TLS").ok();
-    let context = report::Context {
-        command: std::env::args().collect(),
-        date: crate::service::utc_now(),
-        commit: crate::service::git_commit(),
-        machine: crate::service::machine(&load_start),
-        ucx_tls,
-        ucx_version,
-    };
-    let clean = runs.iter().all(PathRun::clean);
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{}", report::text(&context, plan, &runs).trim_end());
-    }
-    if let Some(path) = &args.json {
-        let doc = report::json(&context, plan, &runs);
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
-        crate::service::write_file(path, &text)?;
-        eprintln!("bench: JSON written to {}", path.display());
-    }
-    if args.keep_logs {
-        let kept = scratch.keep();
-        eprintln!("bench: logs kept in {}", kept.display());
-    }
-    Ok(clean)
 }
 
 /// How long every control step (peer start, one control frame, service start) may take.

@@ -104,20 +104,10 @@ where
     Ok(samples)
 }
 
-/// Bytes that depend only on the seed and the position.
+/// Bytes that depend only on the seed and the position (the seed's generator stream, so a
+/// shorter pattern is a prefix of a longer one).
 pub(super) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut i: u64 = 0;
-    while out.len() < len {
-        let mut x = seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        x ^= x >> 29;
-        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x >> 32;
-        out.extend_from_slice(&x.to_le_bytes());
-        i += 1;
-    }
-    out.truncate(len);
-    out
+    gpucache_dataplane::rng::SplitMix64::bytes(seed, len)
 }
 
 /// The block's checksum (the data plane's xxh3), compared at both ends once per size.

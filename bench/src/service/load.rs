@@ -5,6 +5,7 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use gpucache_dataplane::rng::SplitMix64;
 use serde::Serialize;
 
 /// Every `VERIFY_EVERY`-th GET of a thread is compared in full with the value that was put.
@@ -12,6 +13,8 @@ pub(crate) const VERIFY_EVERY: u64 = 16;
 /// A phase stops early after this many failed operations in a row (a dead server must not spin
 /// for the whole deadline).
 const FAILURES_IN_A_ROW_MAX: u32 = 16;
+/// The seed of the bytes every value shares.
+const VALUE_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// One client of a peer. `index` names a key; the driver maps indices to distinct keys.
 pub(crate) trait KvClient {
@@ -85,16 +88,7 @@ pub(crate) struct ValuePattern {
 
 impl ValuePattern {
     pub(crate) fn new(bytes: usize) -> Self {
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        let base = (0..bytes.max(8))
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()[0]
-            })
-            .collect();
-        Self { base }
+        Self { base: SplitMix64::bytes(VALUE_SEED, bytes.max(8)) }
     }
 
     /// A fresh buffer holding the pattern (the caller stamps indices into it).

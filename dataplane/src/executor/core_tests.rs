@@ -791,13 +791,8 @@ fn seeded_walk_keeps_the_executor_invariants() {
 }
 
 fn walk(seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rng = crate::rng::SplitMix64::new(seed);
+    let mut next = move |n: u64| rng.below(n);
     let failures_retire = next(2) == 0;
     let mut c = config();
     c.operations_outstanding_max = nz(6);

@@ -111,16 +111,17 @@ impl BackendOutcome {
         self.evidence() == Evidence::Outage
     }
 
-    /// The outcome of a store call that returned an error. A backend failure of unknown
-    /// retirement is a native failure, a retired one a backend error; every other error is the
-    /// store refusing the caller before touching a buffer.
+    /// The outcome of a store call that returned an error. A backend failure
+    /// ([`StoreError::is_backend_failure`]: `Backend`, `Storage` or `Io`) of unknown retirement
+    /// is a native failure, a retired one a backend error; every other error is the store
+    /// refusing the caller before touching a buffer.
     pub fn from_store_error(error: &StoreError) -> Self {
-        match error {
-            StoreError::Backend { retirement: Retirement::Unknown, .. } => {
-                Self::UnknownNativeFailure
-            }
-            StoreError::Backend { retirement: Retirement::Retired, .. } => Self::BackendError,
-            _ => Self::CallerRefused,
+        if !error.is_backend_failure() {
+            return Self::CallerRefused;
+        }
+        match error.retirement() {
+            Retirement::Unknown => Self::UnknownNativeFailure,
+            Retirement::Retired => Self::BackendError,
         }
     }
 }
@@ -554,6 +555,30 @@ mod tests {
         );
         assert_eq!(BackendOutcome::from_store_error(&retired), BackendOutcome::BackendError);
         assert_eq!(BackendOutcome::from_store_error(&refused), BackendOutcome::CallerRefused);
+        // A failed file-system step and a failed socket are failures of the backend too.
+        let storage = StoreError::Storage {
+            operation: "get",
+            step: "block read",
+            path: "/cache/blocks/ab/x.blk".into(),
+            kind: std::io::ErrorKind::PermissionDenied,
+            detail: "permission denied".into(),
+            effect: crate::store::StorageEffect::Unchanged,
+            retirement: Retirement::Retired,
+        };
+        assert_eq!(BackendOutcome::from_store_error(&storage), BackendOutcome::BackendError);
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let io = StoreError::io("get", "transport", &reset);
+        assert_eq!(BackendOutcome::from_store_error(&io), BackendOutcome::BackendError);
+        let io_unknown = StoreError::Io {
+            operation: "get",
+            kind: std::io::ErrorKind::ConnectionReset,
+            detail: "transport: connection reset".into(),
+            retirement: Retirement::Unknown,
+        };
+        assert_eq!(
+            BackendOutcome::from_store_error(&io_unknown),
+            BackendOutcome::UnknownNativeFailure
+        );
     }
 
     #[test]
@@ -577,14 +602,9 @@ mod tests {
     fn seeded_walk_keeps_the_invariants() {
         for seed in 0..32_u64 {
             let (m, clock) = monitor();
-            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut next = || {
-                // xorshift64: a tiny deterministic generator; the seed reproduces the walk.
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng
-            };
+            // The seed reproduces the walk.
+            let mut rng = crate::rng::SplitMix64::new(seed);
+            let mut next = || rng.next_u64();
             let mut out: Vec<Admission> = Vec::new();
             let mut last_epoch = 0;
             for _ in 0..400 {

@@ -68,17 +68,10 @@ pub fn key_pool(tenant: usize) -> Vec<PhysicalKey> {
     ]
 }
 
-/// Deterministic payload bytes for `(seed, len)`.
+/// Deterministic payload bytes for `(seed, len)`: the seed's generator stream, so a shorter
+/// payload of one seed is a prefix of a longer one.
 pub fn payload(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()[0]
-        })
-        .collect()
+    crate::rng::SplitMix64::bytes(seed, len)
 }
 
 /// An executor with the default configuration over `store`, acting for tenant 0 with every

@@ -15,6 +15,9 @@ pub mod pool;
 pub mod process;
 pub mod rules;
 
+/// The seeded generator, for tests that name it from here.
+pub use crate::rng;
+
 use crate::clock::ManualClock;
 use crate::key::PhysicalKey;
 use crate::limits::ResourceLimits;

@@ -149,20 +149,31 @@ pub struct NixlProbe {
 /// a throwaway agent; never panics or aborts (the library is checked before any call that
 /// would abort without it).
 pub fn probe() -> Result<NixlProbe, NixlUnavailable> {
-    #[cfg(feature = "nixl")]
-    {
-        agent::probe()
-    }
-    #[cfg(not(feature = "nixl"))]
-    {
-        Err(NixlUnavailable::NotBuilt)
-    }
+    built::probe()
 }
 
-#[cfg(all(test, not(feature = "nixl")))]
-mod tests {
-    #[test]
-    fn without_the_feature_probe_says_not_built() {
-        assert_eq!(super::probe(), Err(crate::NixlUnavailable::NotBuilt));
+// What answers `probe`: the library through `agent` with the feature, `unavailable` without
+// it. Both offer the same functions.
+#[cfg(feature = "nixl")]
+use agent as built;
+#[cfg(not(feature = "nixl"))]
+use unavailable as built;
+
+/// A build without the `nixl` feature: every question about NIXL is answered "not built".
+#[cfg(not(feature = "nixl"))]
+mod unavailable {
+    use super::NixlProbe;
+    use crate::error::NixlUnavailable;
+
+    pub(super) fn probe() -> Result<NixlProbe, NixlUnavailable> {
+        Err(NixlUnavailable::NotBuilt)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn without_the_feature_probe_says_not_built() {
+            assert_eq!(crate::nixl::probe(), Err(crate::NixlUnavailable::NotBuilt));
+        }
     }
 }

@@ -516,11 +516,15 @@ impl FileStore {
                 // The engine call returned, so it no longer touches the payload: retired.
                 let released = self.lock().fail_commit(region, Retirement::Retired);
                 dispose(released);
-                Err(StoreError::Backend {
-                    operation: "commit",
-                    detail: format!("block file not stored: {e}"),
-                    retirement: Retirement::Retired,
-                })
+                // A failed commit leaves no file behind (`persist` removes both names).
+                let path = layout::block_path(&self.root, key, seq);
+                Err(StoreError::storage(
+                    "commit",
+                    "block write",
+                    &path,
+                    &e,
+                    StorageEffect::Unchanged,
+                ))
             }
         }
     }
@@ -834,11 +838,13 @@ impl Store for FileStore {
             );
         }
         if let Some(e) = failure {
-            return Err(StoreError::Backend {
-                operation: "get",
-                detail: format!("{}: {e}", path.display()),
-                retirement: Retirement::Retired,
-            });
+            return Err(StoreError::storage(
+                "get",
+                "block read",
+                &path,
+                &e,
+                StorageEffect::Unchanged,
+            ));
         }
         if corrupt && removing {
             return Ok(Get::Miss(MissReason::NotReadable(

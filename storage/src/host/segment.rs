@@ -77,6 +77,16 @@ pub enum ShmError {
     },
 }
 
+impl ShmError {
+    /// The system's error kind, for a failed system call.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Self::Os { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
+}
+
 fn os(op: &'static str) -> impl FnOnce(io::Error) -> ShmError {
     move |source| ShmError::Os { op, source }
 }

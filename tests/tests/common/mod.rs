@@ -1,5 +1,5 @@
 //! Helpers shared by the FileStore integration tests (crash, corruption, faults, restart):
-//! a seeded generator, keys and payloads, and readers of the on-disk layout (ADR 0008).
+//! seeds, keys and payloads, and readers of the on-disk layout (ADR 0008).
 
 #![allow(dead_code, reason = "each test file uses a different subset of these helpers")]
 
@@ -10,59 +10,11 @@ use std::sync::Arc;
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Store};
 use gpucache_dataplane::testing::fixture;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStore, FileStoreConfig};
-
-/// SplitMix64: a small seeded generator for test schedules.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        assert!(n > 0, "below(0)");
-        self.next_u64() % n
-    }
-
-    /// Uniform in `0..n` as a usize (`n` > 0).
-    pub(crate) fn index(&mut self, n: usize) -> usize {
-        usize::try_from(self.below(n as u64)).expect("index fits usize")
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-
-    /// True with probability `p`.
-    pub(crate) fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
-
-/// Mixes several numbers into one seed.
-pub(crate) fn mix(parts: &[u64]) -> u64 {
-    let mut r = Rng::new(0x005E_ED0F_F11E);
-    for p in parts {
-        r.0 ^= *p;
-        r.next_u64();
-    }
-    r.next_u64()
-}
 
 /// The seed of a randomized test: `$var` when set (to replay a failure), otherwise fresh. It is
 /// printed (libtest shows it when the test fails).
@@ -74,23 +26,17 @@ pub(crate) fn seed(var: &str) -> u64 {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());
             let low = u64::try_from(nanos & u128::from(u64::MAX)).unwrap_or(0);
-            mix(&[low, u64::from(std::process::id())])
+            SplitMix64::mix(&[low, u64::from(std::process::id())])
         }
     };
     eprintln!("seed: {seed} (replay with {var}={seed})");
     seed
 }
 
-/// Deterministic payload bytes for `seed` (8 bytes per generator step, so large payloads are
-/// cheap in debug builds).
+/// Deterministic payload bytes for `seed`: the seed's generator stream (8 bytes per step, so
+/// large payloads are cheap in debug builds).
 pub(crate) fn payload(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng::new(seed);
-    let mut out = vec![0u8; len];
-    for chunk in out.chunks_mut(8) {
-        let word = r.next_u64().to_le_bytes();
-        chunk.copy_from_slice(&word[..chunk.len()]);
-    }
-    out
+    SplitMix64::bytes(seed, len)
 }
 
 /// Like [`payload`], with no zero byte: losing any suffix of it changes its content.

@@ -4,7 +4,7 @@
 //!
 //! # Determinism
 //!
-//! One generator (SplitMix64 seeded with [`FaultConfig::seed`]) behind a mutex decides every
+//! One generator ([`SplitMix64`] seeded with [`FaultConfig::seed`]) behind a mutex decides every
 //! fault. Each call takes all of its draws in one critical section before doing any I/O, so the
 //! same seed and the same sequence of calls (as serialized by that mutex) give the same faults,
 //! the same prefixes, the same flipped bits and the same crash garbage. Calls with empty buffers
@@ -61,6 +61,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use gpucache_dataplane::rng::SplitMix64;
 
 use super::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
 
@@ -308,7 +310,7 @@ impl<E: IoEngine> FaultyEngine<E> {
                 let mut at = start;
                 while at < end {
                     let n = usize::try_from(end - at).unwrap_or(usize::MAX).min(CRASH_PIECE_BYTES);
-                    garbage.fill(&mut piece[..n]);
+                    garbage.fill_bytes(&mut piece[..n]);
                     if let Err(e) = self.inner.write_all_at(&tracked.file, at, &piece[..n]) {
                         first_error.get_or_insert(e);
                         break;
@@ -345,17 +347,17 @@ impl<E: IoEngine> FaultyEngine<E> {
         edge += c.write_eio;
         if u < edge {
             state.counts.write_eio += 1;
-            return Some(WriteFault::Eio(state.rng.below(len)));
+            return Some(WriteFault::Eio(state.rng.index(len)));
         }
         edge += c.short_write;
         if u < edge {
             state.counts.short_writes += 1;
-            return Some(WriteFault::Short(state.rng.below(len)));
+            return Some(WriteFault::Short(state.rng.index(len)));
         }
         edge += c.torn_write;
         if u < edge {
             state.counts.torn_writes += 1;
-            return Some(WriteFault::Torn(state.rng.below(len)));
+            return Some(WriteFault::Torn(state.rng.index(len)));
         }
         None
     }
@@ -597,46 +599,6 @@ fn add_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) {
     ranges.splice(first..last, [(s, e)]);
 }
 
-/// SplitMix64: small, fast, and good enough to drive a fault schedule.
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0.0..1.0`.
-    fn unit(&mut self) -> f64 {
-        // The top 53 bits fill an f64 mantissa exactly.
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..n` (0 when `n` is 0).
-    fn below(&mut self, n: usize) -> usize {
-        let n64 = wide(n);
-        if n64 == 0 {
-            return 0;
-        }
-        usize::try_from(self.next_u64() % n64).unwrap_or(0)
-    }
-
-    fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let word = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -657,19 +619,5 @@ mod tests {
         assert_eq!(r, vec![(0, 5), (10, 60)]);
         add_range(&mut r, 0, 100);
         assert_eq!(r, vec![(0, 100)]);
-    }
-
-    #[test]
-    fn generator_is_seeded_and_in_range() {
-        let mut a = SplitMix64::new(7);
-        let mut b = SplitMix64::new(7);
-        for _ in 0..1000 {
-            let x = a.unit();
-            assert!((0.0..1.0).contains(&x));
-            assert_eq!(x.to_bits(), b.unit().to_bits());
-            assert!(a.below(13) < 13);
-            b.below(13);
-        }
-        assert_eq!(a.below(0), 0);
     }
 }

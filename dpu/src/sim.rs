@@ -5,6 +5,7 @@
 //! It is a simulation and says so: its backend name is `"sim-dpu"`, an agent with a simulated
 //! queue reports [`crate::Offload::Simulated`] with the seed, and its slab is marked simulated.
 
+use gpucache_dataplane::rng::SplitMix64;
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::queue::{BlockId, Done, MissCause, QueueBackend, Staged};
@@ -51,22 +52,10 @@ impl SimConfig {
     }
 }
 
-/// SplitMix64: small, seedable, good enough for fault draws.
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u32) -> u32 {
-        // n > 0; the remainder is below n, so it fits u32.
-        u32::try_from(self.next() % u64::from(n.max(1))).unwrap_or(0)
-    }
+/// A draw below `n` (at least 1) from the seeded generator, as a `u32`.
+fn below(rng: &mut SplitMix64, n: u32) -> u32 {
+    // The remainder is below n, so it fits u32.
+    u32::try_from(rng.below(u64::from(n.max(1)))).unwrap_or(0)
 }
 
 /// The simulated queue backend.
@@ -82,7 +71,7 @@ impl SimQueue {
     pub(crate) fn new(config: SimConfig) -> Self {
         let mut script: VecDeque<Fault> = config.script.iter().copied().collect();
         script.truncate(SIM_SCRIPT_MAX);
-        Self { rng: SplitMix64(config.seed), script, blocks: BTreeMap::new(), config }
+        Self { rng: SplitMix64::new(config.seed), script, blocks: BTreeMap::new(), config }
     }
 }
 
@@ -98,8 +87,8 @@ impl QueueBackend for SimQueue {
             return f;
         }
         let r = self.config.rates;
-        let polls = 1 + self.rng.below(self.config.polls_max.max(1));
-        let draw = self.rng.below(1_000_000);
+        let polls = 1 + below(&mut self.rng, self.config.polls_max.max(1));
+        let draw = below(&mut self.rng, 1_000_000);
         let mut edge = 0u32;
         for (ppm, fault) in [
             (r.lost_ppm, Fault::Lost),

@@ -69,8 +69,18 @@ fn copy_reservation(r: &Reservation) -> Reservation {
     Reservation { region: r.region, epoch: r.epoch, len: r.len, request: r.request }
 }
 
+/// A failure of the agent as a store error; one that came from the system keeps its io kind.
 fn backend_err(operation: &'static str, e: DpuError) -> StoreError {
-    StoreError::Backend { operation, detail: e.to_string(), retirement: Retirement::Retired }
+    let detail = e.to_string();
+    match e {
+        DpuError::Io { source, .. } => StoreError::Io {
+            operation,
+            kind: source.kind(),
+            detail,
+            retirement: Retirement::Retired,
+        },
+        _ => StoreError::Backend { operation, detail, retirement: Retirement::Retired },
+    }
 }
 
 impl DpuStore {

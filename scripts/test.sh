@@ -70,6 +70,9 @@ step() {
 step "format"
 cargo fmt --all -- --check
 
+step "layers (crate dependencies and the thin binary, from cargo tree)"
+scripts/check-layers.sh
+
 step "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

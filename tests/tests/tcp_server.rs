@@ -8,17 +8,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gpucache_client::{ClientConfig, TcpStore};
+use gpucache_client::{ClientConfig, FRAMES_IN_FLIGHT_MAX, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_dataplane::store::{Get, Put, Store};
+use gpucache_dataplane::store::{
+    BatchGet, BatchPut, Get, Lookup, MissReason, Put, Retirement, Store,
+};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
 use gpucache_wire::{
-    FrameDecoder, HEADER_BYTES, Request, Response, WireError, header_checksum, offset,
+    BATCH_ITEMS_MAX, Fetched, FrameDecoder, HEADER_BYTES, Request, Response, VERSION, WireError,
+    header_checksum, offset,
 };
 
 fn server(connections_max: u32) -> Server {
@@ -202,20 +207,24 @@ fn batches_answer_per_item_in_order_across_frames() {
         .collect();
     let data: Vec<Vec<u8>> = (0..n).map(|i| payload(i as u64, 1 + i % 97)).collect();
     // Every other key is written.
-    let puts: Vec<_> =
-        keys.iter().zip(&data).step_by(2).map(|(k, d)| (k.clone(), d.as_slice(), None)).collect();
-    let answers = client.put_many(&caller, &puts).expect("put_many");
+    let puts: Vec<_> = keys
+        .iter()
+        .zip(&data)
+        .step_by(2)
+        .map(|(key, src)| BatchPut { key, src, request: None })
+        .collect();
+    let answers = client.put_batch(&caller, &puts);
     assert_eq!(answers.len(), puts.len());
     assert!(answers.iter().all(|a| matches!(a, Ok(Put::Committed(_)))));
-    let looked = client.lookup_many(&caller, &keys).expect("lookup_many");
+    let looked = client.lookup_batch(&caller, &keys.iter().collect::<Vec<_>>());
     for (i, l) in looked.iter().enumerate() {
         let hit = matches!(l, Ok(gpucache_dataplane::store::Lookup::Hit { .. }));
         assert_eq!(hit, i % 2 == 0, "lookup {i}: {l:?}");
     }
     let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 128]).collect();
     let mut items: Vec<_> =
-        keys.iter().cloned().zip(bufs.iter_mut().map(|b| b.as_mut_slice())).collect();
-    let got = client.get_many(&caller, &mut items).expect("get_many");
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&caller, &mut items);
     drop(items);
     for (i, g) in got.iter().enumerate() {
         match g {
@@ -232,4 +241,189 @@ fn batches_answer_per_item_in_order_across_frames() {
         }
     }
     assert_eq!(server.shutdown(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch exchanges against a scripted stand-in for the server
+
+/// How long the stand-in waits for the client's next bytes before it gives up.
+const STAND_IN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// One connection of a scripted stand-in for the server: it reads request frames and writes
+/// the answers its script chooses, when it chooses.
+struct StandIn {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    /// Bytes read past the last frame taken.
+    rest: Vec<u8>,
+}
+
+impl StandIn {
+    /// The next request and its id; panics when none arrives within [`STAND_IN_PATIENCE`].
+    fn next_request(&mut self) -> (u64, Request) {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let mut input = &self.rest[..];
+            let fed = self.decoder.feed(&mut input).expect("the client sends sound frames");
+            self.rest = input.to_vec();
+            if let Some(frame) = fed {
+                let request = Request::from_frame(&frame).expect("the client sends requests");
+                return (frame.request_id, request);
+            }
+            let n = self.stream.read(&mut buf).expect("the client's next request in time");
+            assert!(n > 0, "the client closed the connection");
+            self.rest.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    fn answer(&mut self, id: u64, response: &Response) {
+        let bytes = response.to_frame_bytes(id).expect("answer encodes");
+        self.stream.write_all(&bytes).expect("answer sent");
+    }
+
+    /// Ends the connection without answering what is left: the end of the stream first, then
+    /// whatever the client still sends is read and dropped until it closes too.
+    fn vanish(mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        let mut buf = vec![0u8; 64 << 10];
+        while matches!(self.stream.read(&mut buf), Ok(n) if n > 0) {}
+    }
+}
+
+/// A stand-in on a fresh port: it takes one connection, answers its HELLO and runs `script`.
+fn stand_in(
+    script: impl FnOnce(StandIn) + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let thread = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("the client connects");
+        stream.set_read_timeout(Some(STAND_IN_PATIENCE)).expect("timeout");
+        let mut conn = StandIn { stream, decoder: FrameDecoder::new(), rest: Vec::new() };
+        let (id, hello) = conn.next_request();
+        assert!(matches!(hello, Request::Hello { .. }), "{hello:?}");
+        let answer = Response::Hello {
+            version: VERSION,
+            server: "stand-in".into(),
+            session: None,
+            local: None,
+        };
+        conn.answer(id, &answer);
+        script(conn);
+    });
+    (addr, thread)
+}
+
+fn batch_keys(n: usize, tag: u8) -> Vec<PhysicalKey> {
+    (0..n)
+        .map(|i| {
+            let [lo, hi, ..] = i.to_le_bytes();
+            key(0, &[tag, lo, hi], KvDtype::F16, 16)
+        })
+        .collect()
+}
+
+fn stand_in_client(addr: SocketAddr) -> (TcpStore, Caller) {
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let mut config = ClientConfig::new(addr, caller.clone());
+    config.deadline = STAND_IN_PATIENCE;
+    (TcpStore::new(config), caller)
+}
+
+#[test]
+fn a_batch_sends_its_frames_before_it_reads_an_answer() {
+    let frames = FRAMES_IN_FLIGHT_MAX + 2;
+    let (addr, script) = stand_in(move |mut conn| {
+        // Nothing is answered until FRAMES_IN_FLIGHT_MAX frames have arrived: a client that
+        // waited for each answer before sending the next frame would never get here.
+        let mut waiting = Vec::new();
+        while waiting.len() < FRAMES_IN_FLIGHT_MAX {
+            waiting.push(conn.next_request());
+        }
+        let mut answered = 0;
+        while answered < frames {
+            if waiting.is_empty() {
+                waiting.push(conn.next_request());
+            }
+            let (id, request) = waiting.remove(0);
+            let Request::Lookup { keys } = request else { panic!("a lookup: {request:?}") };
+            let misses = keys.iter().map(|_| Ok(Lookup::Miss(MissReason::Absent))).collect();
+            conn.answer(id, &Response::Lookup(misses));
+            answered += 1;
+        }
+    });
+    let (client, caller) = stand_in_client(addr);
+    let keys = batch_keys(frames * BATCH_ITEMS_MAX, 1);
+    let answers = client.lookup_batch(&caller, &keys.iter().collect::<Vec<_>>());
+    assert_eq!(answers.len(), keys.len());
+    assert!(answers.iter().all(|a| *a == Ok(Lookup::Miss(MissReason::Absent))), "{answers:?}");
+    script.join().expect("the stand-in saw the frames it expected");
+}
+
+#[test]
+fn a_server_that_vanishes_mid_batch_fails_every_unanswered_item_retired() {
+    let data = |i: usize| payload(i as u64, 1 + i % 13);
+    let (addr, script) = stand_in(move |mut conn| {
+        // The first frame is answered in full, the second is read and never answered.
+        let (id, request) = conn.next_request();
+        let Request::Get { items } = request else { panic!("a get: {request:?}") };
+        let hits = (0..items.len())
+            .map(|i| {
+                let data = data(i);
+                Ok(Fetched::Hit { checksum: Checksum::of(&data), data })
+            })
+            .collect();
+        conn.answer(id, &Response::Get(hits));
+        let _ = conn.next_request();
+        conn.vanish();
+    });
+    let (client, caller) = stand_in_client(addr);
+    let n = 3 * BATCH_ITEMS_MAX;
+    let keys = batch_keys(n, 2);
+    let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 16]).collect();
+    let mut items: Vec<_> =
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let answers = client.get_batch(&caller, &mut items);
+    drop(items);
+    assert_eq!(answers.len(), n);
+    for (i, (answer, buf)) in answers.iter().zip(&bufs).enumerate() {
+        if i < BATCH_ITEMS_MAX {
+            let expected = data(i);
+            assert_eq!(
+                *answer,
+                Ok(Get::Hit { len: expected.len() as u64, checksum: Checksum::of(&expected) }),
+                "item {i}"
+            );
+            assert_eq!(&buf[..expected.len()], &expected[..], "item {i}");
+        } else {
+            let e = answer.as_ref().expect_err("unanswered items fail");
+            assert_eq!(e.retirement(), Retirement::Retired, "item {i}: {e}");
+            assert!(e.to_string().contains("transport"), "item {i}: {e}");
+            assert!(buf.iter().all(|&b| b == 0), "item {i}: an unanswered buffer was written");
+        }
+    }
+    script.join().expect("stand-in");
+
+    // A PUT batch the same way: the first frame's answers, then a failure for every other item.
+    let (addr, script) = stand_in(move |mut conn| {
+        let (id, request) = conn.next_request();
+        let Request::Put { items } = request else { panic!("a put: {request:?}") };
+        let stored = items.iter().map(|i| Ok(Put::Committed(Checksum::of(&i.data)))).collect();
+        conn.answer(id, &Response::Put(stored));
+        conn.vanish();
+    });
+    let (client, caller) = stand_in_client(addr);
+    let values: Vec<Vec<u8>> = (0..n).map(data).collect();
+    let puts: Vec<_> =
+        keys.iter().zip(&values).map(|(key, src)| BatchPut { key, src, request: None }).collect();
+    let answers = client.put_batch(&caller, &puts);
+    for (i, answer) in answers.iter().enumerate() {
+        if i < BATCH_ITEMS_MAX {
+            assert_eq!(*answer, Ok(Put::Committed(Checksum::of(&values[i]))), "item {i}");
+        } else {
+            let e = answer.as_ref().expect_err("unanswered items fail");
+            assert_eq!(e.retirement(), Retirement::Retired, "item {i}: {e}");
+        }
+    }
+    script.join().expect("stand-in");
 }

@@ -18,7 +18,9 @@ use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{RequestId, ResourceLimits};
-use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Retirement, Store, StoreError};
+use gpucache_dataplane::store::{
+    BatchGet, Get, Lookup, MissReason, Put, Retirement, Store, StoreError,
+};
 use gpucache_dataplane::testing::fixture::{BeforeGet, key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
@@ -111,9 +113,14 @@ fn ordinary_buffers_bounce_and_fall_back_to_frames_when_the_segment_is_full() {
     // Batches mix both kinds of buffer in one frame.
     let mut shared_dst = client.shared_buffer(1 << 20).expect("shared buffer");
     let mut plain_dst = vec![0u8; 4 << 20];
-    let answers = client
-        .get_many(&c, &mut [(k(4), &mut plain_dst[..]), (k(3), &mut shared_dst[..])])
-        .expect("batch");
+    let (k3, k4) = (k(3), k(4));
+    let answers = client.get_batch(
+        &c,
+        &mut [
+            BatchGet { key: &k4, dst: &mut plain_dst[..] },
+            BatchGet { key: &k3, dst: &mut shared_dst[..] },
+        ],
+    );
     assert!(matches!(answers[0], Ok(Get::Hit { len, .. }) if len == other.len() as u64));
     assert_eq!(&plain_dst[..other.len()], &other[..]);
     // 3 MiB does not fit a 1 MiB buffer: the store's own answer, through the segment or not.

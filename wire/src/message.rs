@@ -6,8 +6,8 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
-    Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
+    Abort, BatchPut, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason,
+    Put, Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer};
@@ -607,20 +607,20 @@ pub fn decode_put_request(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
     Ok(items)
 }
 
-/// Appends a PUT request frame whose payloads are written straight from the caller's slices
-/// (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
+/// Appends a PUT request frame whose keys and payloads are written straight from the caller's
+/// batch items (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
 pub fn encode_put_request(
     request_id: u64,
     seal: Option<&SealKey>,
-    items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    items: &[BatchPut<'_>],
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
     write_frame(Kind::Request, Op::Put, request_id, seal, out, |w| {
         w.count(items.len());
-        for (key, data, request) in items {
-            w.key(key);
-            put_request_id(w, *request);
-            w.bytes(data);
+        for item in items {
+            w.key(item.key);
+            put_request_id(w, item.request);
+            w.bytes(item.src);
         }
     })
 }

@@ -13,9 +13,9 @@ use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
-    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
-    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StorageEffect, StoreError, StoreStats,
+    Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
+    Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
+    Retirement, StorageEffect, StoreError, StoreStats,
 };
 use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
@@ -765,8 +765,8 @@ proptest! {
                 .map(|(key, request, data)| PutItem { key: key.clone(), request: *request, data: data.clone() })
                 .collect(),
         };
-        let slices: Vec<(PhysicalKey, &[u8], Option<RequestId>)> =
-            items.iter().map(|(k, r, d)| (k.clone(), &d[..], *r)).collect();
+        let slices: Vec<BatchPut<'_>> =
+            items.iter().map(|(key, request, src)| BatchPut { key, src, request: *request }).collect();
         let mut borrowed = Vec::new();
         encode_put_request(id, None, &slices, &mut borrowed).unwrap_or_else(|e| panic!("{e}"));
         prop_assert_eq!(&borrowed, &request_frame(&owned, id));

@@ -1,6 +1,11 @@
 //! The native server under hostile input: garbage, truncated and oversize frames, unknown
 //! versions and requests before HELLO are refused with typed errors while well-behaved clients
-//! on other connections keep being served correctly; the connection limit answers Busy.
+//! on other connections keep being served correctly; the connection limit answers Busy. Batches:
+//! each frame reaches the store as one batch call, a batch is one pipelined exchange on one
+//! connection whose answers equal the single-key answers, and a server that vanishes mid-batch
+//! fails every unanswered item, retired.
+
+mod counting;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,14 +21,16 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{
-    BatchGet, BatchPut, Get, Lookup, MissReason, Put, Retirement, Store,
+    BatchGet, BatchPut, Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
+
+use counting::{Call, Counting};
 use gpucache_wire::{
-    BATCH_ITEMS_MAX, Fetched, FrameDecoder, HEADER_BYTES, Request, Response, VERSION, WireError,
-    header_checksum, offset,
+    BATCH_ITEMS_MAX, Fetched, FrameDecoder, HEADER_BYTES, PAYLOAD_BYTES_MAX, Request, Response,
+    VERSION, WireError, header_checksum, offset,
 };
 
 fn server(connections_max: u32) -> Server {
@@ -426,4 +433,188 @@ fn a_server_that_vanishes_mid_batch_fails_every_unanswered_item_retired() {
         }
     }
     script.join().expect("stand-in");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server hands each frame's items to the store as one batch
+
+/// A server over a counting MemoryStore (tenant 0 may read and write), and a TCP client of it.
+fn counted_server() -> (Server, Arc<Counting<Arc<MemoryStore>>>, Arc<MemoryStore>) {
+    let limits = ResourceLimits { object_bytes_max: 32 << 20, ..ResourceLimits::default() };
+    let memory =
+        Arc::new(MemoryStore::new(limits, Arc::new(MonotonicClock::default())).expect("store"));
+    let counting = Arc::new(Counting::new(Arc::clone(&memory)));
+    let config = ServerConfig::new(
+        "127.0.0.1:0".parse().expect("addr"),
+        vec![Caller::new(tenant(0), Rights::READ_WRITE)],
+    );
+    let server = Server::start(config, Arc::clone(&counting) as Arc<dyn Store>).expect("server");
+    (server, counting, memory)
+}
+
+/// The item counts of `calls`, which must all be `call` and all come from one connection.
+fn batch_sizes(seen: &[counting::Seen], call: Call) -> Vec<usize> {
+    assert!(seen.iter().all(|s| s.call == call), "{seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0].thread == w[1].thread),
+        "more than one connection: {seen:?}"
+    );
+    seen.iter().map(|s| s.items).collect()
+}
+
+#[test]
+fn every_frame_reaches_the_store_as_one_batch_call() {
+    let (server, counting, _) = counted_server();
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller.clone()));
+
+    // 128 items: one frame, one batch call of 128 items for each kind of call.
+    let keys = batch_keys(128, 3);
+    let values: Vec<Vec<u8>> = (0..128usize).map(|i| payload(i as u64, 1 + i)).collect();
+    let puts: Vec<_> =
+        keys.iter().zip(&values).map(|(key, src)| BatchPut { key, src, request: None }).collect();
+    assert!(client.put_batch(&caller, &puts).iter().all(|a| matches!(a, Ok(Put::Committed(_)))));
+    assert_eq!(counting.take_calls(), [(Call::PutBatch, 128)]);
+    let refs: Vec<&PhysicalKey> = keys.iter().collect();
+    assert!(
+        client.lookup_batch(&caller, &refs).iter().all(|a| matches!(a, Ok(Lookup::Hit { .. })))
+    );
+    assert_eq!(counting.take_calls(), [(Call::LookupBatch, 128)]);
+    let mut bufs: Vec<Vec<u8>> = (0..128).map(|_| vec![0u8; 256]).collect();
+    let mut items: Vec<_> =
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&caller, &mut items);
+    drop(items);
+    assert!(got.iter().all(|a| matches!(a, Ok(Get::Hit { .. }))));
+    assert!(bufs.iter().zip(&values).all(|(b, v)| b[..v.len()] == v[..]));
+    assert_eq!(counting.take_calls(), [(Call::GetBatch, 128)]);
+
+    // Over BATCH_ITEMS_MAX: ceil(n / BATCH_ITEMS_MAX) frames, each one batch call, all on the
+    // one connection of the exchange.
+    let n = 2 * BATCH_ITEMS_MAX + 5;
+    let keys = batch_keys(n, 4);
+    let refs: Vec<&PhysicalKey> = keys.iter().collect();
+    let split = [BATCH_ITEMS_MAX, BATCH_ITEMS_MAX, 5];
+    assert_eq!(client.lookup_batch(&caller, &refs).len(), n);
+    assert_eq!(batch_sizes(&counting.take(), Call::LookupBatch), split);
+    let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; 16]).collect();
+    let mut items: Vec<_> =
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&caller, &mut items);
+    assert!(got.iter().all(|a| *a == Ok(Get::Miss(MissReason::Absent))));
+    assert_eq!(batch_sizes(&counting.take(), Call::GetBatch), split);
+    let values: Vec<Vec<u8>> = (0..n).map(|i| payload(i as u64, 8)).collect();
+    let puts: Vec<_> =
+        keys.iter().zip(&values).map(|(key, src)| BatchPut { key, src, request: None }).collect();
+    assert!(client.put_batch(&caller, &puts).iter().all(|a| matches!(a, Ok(Put::Committed(_)))));
+    assert_eq!(batch_sizes(&counting.take(), Call::PutBatch), split);
+    let removed = client.invalidate_batch(&caller, &refs);
+    assert!(removed.iter().all(|a| *a == Ok(Invalidate::Removed)));
+    assert_eq!(batch_sizes(&counting.take(), Call::InvalidateBatch), split);
+
+    // Over the payload limit: the capacities of one frame stay within PAYLOAD_BYTES_MAX.
+    let big = usize::try_from(PAYLOAD_BYTES_MAX * 3 / 8).expect("fits");
+    let keys = batch_keys(3, 5);
+    let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; big]).collect();
+    let mut items: Vec<_> =
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&caller, &mut items);
+    assert!(got.iter().all(|a| *a == Ok(Get::Miss(MissReason::Absent))));
+    assert_eq!(batch_sizes(&counting.take(), Call::GetBatch), [2, 1]);
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn batch_answers_equal_the_single_key_answers() {
+    let (server, counting, memory) = counted_server();
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller.clone()));
+    let k = |space: u8, i: u8| key(0, &[space, i], KvDtype::F16, 16);
+    let theirs = |space: u8| key(1, &[space], KvDtype::F16, 16);
+
+    // PUTs: stored, the same key again, another tenant's key, an empty value, one too large.
+    // The batch and the one-by-one calls each write their own keys (a PUT changes the store).
+    let data = payload(1, 300);
+    let large = vec![3u8; (32 << 20) + 1];
+    let put_answers = |space: u8, batch: bool| {
+        let (a, b) = (k(space, 1), theirs(space));
+        let items = [
+            BatchPut { key: &a, src: &data, request: None },
+            BatchPut { key: &a, src: &data, request: None },
+            BatchPut { key: &b, src: &data, request: None },
+            BatchPut { key: &k(space, 2), src: &[], request: None },
+            BatchPut { key: &k(space, 3), src: &large, request: None },
+        ];
+        if batch {
+            client.put_batch(&caller, &items)
+        } else {
+            items.iter().map(|i| client.put(&caller, i.key, i.src, i.request)).collect()
+        }
+    };
+    let (batched, single) = (put_answers(10, true), put_answers(11, false));
+    assert_eq!(batched, single);
+    assert!(matches!(batched[0], Ok(Put::Committed(_))), "{batched:?}");
+    assert_eq!(batched[1], Ok(Put::AlreadyCommitted));
+    assert!(matches!(batched[2], Err(StoreError::WrongTenant { .. })), "{batched:?}");
+    assert!(batched[3].is_err() && matches!(batched[4], Ok(Put::Refused(_))), "{batched:?}");
+
+    // Reads of a mix: a hit, a miss, another tenant's key, a hit into too small a buffer, a hit
+    // into exactly its size, and the first key again.
+    let short = payload(2, 40);
+    assert!(matches!(client.put(&caller, &k(12, 1), &short, None), Ok(Put::Committed(_))));
+    let keys = [k(10, 1), k(12, 9), theirs(12), k(10, 1), k(12, 1), k(10, 1)];
+    let sizes = [1024, 64, 64, 100, short.len(), 300];
+    let refs: Vec<&PhysicalKey> = keys.iter().collect();
+    let looked = client.lookup_batch(&caller, &refs);
+    let looked_one: Vec<_> = keys.iter().map(|key| client.lookup(&caller, key)).collect();
+    let looked_here: Vec<_> = keys.iter().map(|key| memory.lookup(&caller, key)).collect();
+    assert_eq!(looked, looked_one);
+    assert_eq!(looked, looked_here);
+    let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    let mut items: Vec<_> =
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&caller, &mut items);
+    drop(items);
+    let mut one_bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    let got_one: Vec<_> = keys
+        .iter()
+        .zip(&mut one_bufs)
+        .map(|(key, dst)| client.get_into(&caller, key, dst))
+        .collect();
+    let mut here_bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    let got_here: Vec<_> = keys
+        .iter()
+        .zip(&mut here_bufs)
+        .map(|(key, dst)| memory.get_into(&caller, key, dst))
+        .collect();
+    assert_eq!(got, got_one);
+    assert_eq!(got, got_here);
+    assert_eq!(bufs, one_bufs);
+    assert_eq!(bufs, here_bufs);
+    assert!(matches!(got[0], Ok(Get::Hit { len: 300, .. })), "{got:?}");
+    assert_eq!(got[1], Ok(Get::Miss(MissReason::Absent)));
+    assert!(matches!(got[2], Err(StoreError::WrongTenant { .. })), "{got:?}");
+    assert!(matches!(got[3], Err(StoreError::BufferTooSmall { .. })), "{got:?}");
+
+    // INVALIDATE: removed, absent, another tenant's key, the same key again.
+    let drop_answers = |space: u8, batch: bool| {
+        let keys = [k(space, 1), k(space, 7), theirs(space), k(space, 1)];
+        if batch {
+            client.invalidate_batch(&caller, &keys.iter().collect::<Vec<_>>())
+        } else {
+            keys.iter().map(|key| client.invalidate(&caller, key)).collect()
+        }
+    };
+    let (batched, single) = (drop_answers(10, true), drop_answers(11, false));
+    assert_eq!(batched, single);
+    assert_eq!(batched[0], Ok(Invalidate::Removed));
+    assert_eq!(batched[3], Ok(Invalidate::Absent));
+    // The single-key calls went to the store as batches of one.
+    assert!(
+        counting
+            .take()
+            .iter()
+            .all(|s| !matches!(s.call, Call::Lookup | Call::Get | Call::Put | Call::Invalidate))
+    );
+    assert_eq!(server.shutdown(), 0);
 }

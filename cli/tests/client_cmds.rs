@@ -182,9 +182,9 @@ fn an_oversize_put_is_refused_before_it_is_read() {
     running.stop();
 }
 
-/// The server fills (and zeroes first) as many bytes as a GET asks for: asking for the largest
-/// value to read a small one made every small `get` tens of milliseconds slower than `put`.
-/// `get` asks for exactly the looked-up length.
+/// The server fills (and, past the buffer it reuses, zeroes) as many bytes as a GET asks for:
+/// asking for the largest value to read a small one made every small `get` tens of milliseconds
+/// slower than `put`. `get` asks for exactly the looked-up length.
 #[test]
 fn a_small_get_asks_for_exactly_the_value_and_not_the_largest_one() {
     // The destination size of every GET the server serves.

@@ -1,11 +1,14 @@
 //! The GPUCache client: [`TcpStore`], a `Store` served by a remote `gpucache serve` over GPCW,
 //! with the same-host shared-memory path and the staging calls of one-sided transfers.
 //!
-//! - [`tcp`]: the connection pool, the handshake, framed and shared-segment batches, staging.
+//! - [`tcp`]: the connection pool, the handshake, pipelined batches (framed or through the
+//!   shared segment), staging.
 //! - [`credentials`]: what a client signs a tenant's sessions with.
 
 pub mod credentials;
 pub mod tcp;
 
 pub use credentials::Credentials;
-pub use tcp::{ClientConfig, ConnectError, LocalConfig, SharedStats, TcpStore};
+pub use tcp::{
+    ClientConfig, ConnectError, FRAMES_IN_FLIGHT_MAX, LocalConfig, SharedStats, TcpStore,
+};

@@ -1,5 +1,12 @@
-//! The client of the native GPCW service, as a [`Store`]: every call is one request frame and
-//! its answer, over pooled connections (one pool per tenant and rights), each with a deadline.
+//! The client of the native GPCW service, as a [`Store`], over pooled connections (one pool per
+//! tenant and rights), each exchange with a deadline. A single-key call is one request frame
+//! and its answer. A batch call ([`Store::lookup_batch`], [`Store::get_batch`],
+//! [`Store::put_batch`], [`Store::invalidate_batch`]) is one exchange on one connection: the
+//! batch is split into as few frames as the protocol's limits allow ([`BATCH_ITEMS_MAX`]
+//! items, [`PAYLOAD_BYTES_MAX`] payload bytes), every frame is sent without waiting for the
+//! answers before it (at most [`FRAMES_IN_FLIGHT_MAX`] unanswered), and each answer is landed
+//! as it arrives. Every item gets its own answer; when the exchange breaks, every item whose
+//! frame was not answered gets the failure, with the retirement its buffer is in.
 //!
 //! A tenant with [`Credentials`] in the configuration opens sealed sessions (ADR 0012): every
 //! request is sealed with the session key and every answer's seal is checked before anything in
@@ -16,16 +23,18 @@
 //! into it is written there by the server directly (no copy here) and a PUT from it is read from
 //! there; any other buffer goes through a bounce buffer of the segment (one copy here, none
 //! through the socket). The store verifies a block's checksum over the bytes it wrote into the
-//! segment (that is what a hit means), so the client does not hash them again. A failed call whose server side may still be writing a caller's shared buffer
-//! reports [`Retirement::Unknown`]; a bounce buffer in that state is quarantined for good.
+//! segment (that is what a hit means), so the client does not hash them again. A failed call
+//! whose server side may still be writing a caller's shared buffer reports
+//! [`Retirement::Unknown`]; a bounce buffer in that state is quarantined for good.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::ops::Range;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -38,8 +47,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
-    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
+    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
+    StoreError, StoreInfo, StoreStats,
 };
 
 use gpucache_storage::host::segment::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
@@ -150,6 +160,22 @@ impl Stream {
             Self::Local(s) => s.set_write_timeout(t),
         }
     }
+
+    /// A second handle on the same socket, for the thread that sends a batch's frames while
+    /// this one reads their answers.
+    fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(s) => Self::Tcp(s.try_clone()?),
+            Self::Local(s) => Self::Local(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.shutdown(how),
+            Self::Local(s) => s.shutdown(how),
+        }
+    }
 }
 
 impl Read for Stream {
@@ -184,6 +210,9 @@ struct Conn {
     out: Vec<u8>,
     decoder: FrameDecoder,
     buf: Vec<u8>,
+    /// Bytes of `buf` read from the socket and not yet fed to the decoder: the start of the
+    /// next answer, when several answers arrived in one read.
+    pending: Range<usize>,
     /// The session key of a sealed session.
     seal: Option<SealKey>,
 }
@@ -291,6 +320,53 @@ impl ExchangeFailure {
             _ => None,
         }
     }
+
+    /// Whether the connection turned out closed or reset: its server side is gone, and a
+    /// request sent on it while it sat idle in the pool can be sent again on a fresh one.
+    fn is_dead(&self) -> bool {
+        matches!(self, Self::Closed | Self::Io(_))
+    }
+
+    fn into_store_error(self, operation: &'static str) -> StoreError {
+        match self {
+            Self::Encode(e) => not_encodable(operation, e),
+            other => transport_failure(operation, other.io_kind(), other),
+        }
+    }
+}
+
+fn not_encodable(operation: &'static str, e: WireError) -> StoreError {
+    StoreError::Backend {
+        operation,
+        detail: format!("request not encodable: {e}"),
+        retirement: Retirement::Retired,
+    }
+}
+
+/// An answer frame as the caller may use it: its seal verified on a sealed session, and not an
+/// error that closes the connection (those are transport failures). On failure, says whether
+/// the server turned the connection away before serving anything (a dead connection).
+fn checked(
+    frame: Frame,
+    seal: Option<&SealKey>,
+    operation: &'static str,
+) -> Result<Frame, (StoreError, bool)> {
+    if let Some(key) = seal {
+        // Never let an answer that fails its seal reach the caller, whatever it holds.
+        frame
+            .verify_seal(key)
+            .map_err(|e| (transport(operation, format!("answer: {e}")), false))?;
+    }
+    if frame.op == Op::Error {
+        let response =
+            Response::from_frame(&frame).map_err(|e| (transport(operation, e), false))?;
+        if let Response::Error(e) = &response
+            && e.closes_connection()
+        {
+            return Err((unexpected(operation, &response), frame.request_id == 0));
+        }
+    }
+    Ok(frame)
 }
 
 /// Why a session could not be opened: the socket, or the server's answer to HELLO. As a
@@ -476,7 +552,7 @@ impl TcpStore {
             let segment = arena.segment();
             let attach = Request::ShmAttach { len: segment.len() };
             let frame = self
-                .exchange_with(&mut conn, &Outgoing::Request(&attach), "connect", Some(segment))
+                .exchange_with(&mut conn, &attach, "connect", Some(segment))
                 .map_err(|e| ConnectError::Session(format!("SHM_ATTACH: {e}")))?;
             match Response::from_frame(&frame) {
                 Ok(Response::ShmAttach(len)) if len == segment.len() => {}
@@ -509,6 +585,7 @@ impl TcpStore {
             out: Vec::new(),
             decoder: FrameDecoder::new(),
             buf: vec![0; READ_CHUNK_BYTES],
+            pending: 0..0,
             seal: None,
         };
         let credentials = self.config.credentials.get(&caller.tenant);
@@ -534,7 +611,7 @@ impl TcpStore {
         let frame = self
             .exchange_within(
                 &mut conn,
-                &Outgoing::Request(&hello),
+                &hello,
                 hello_key.as_ref(),
                 None,
                 self.config.handshake_deadline,
@@ -568,67 +645,53 @@ impl TcpStore {
     fn exchange_with(
         &self,
         conn: &mut Conn,
-        outgoing: &Outgoing<'_>,
+        request: &Request,
         operation: &'static str,
         segment: Option<&Segment>,
     ) -> Result<Frame, StoreError> {
         let seal = conn.seal.clone();
-        let frame = self.exchange_frame(conn, outgoing, seal.as_ref(), segment, operation)?;
-        if let Some(key) = &seal {
-            // Never let an answer that fails its seal reach the caller, whatever it holds.
-            frame.verify_seal(key).map_err(|e| transport(operation, format!("answer: {e}")))?;
-        }
-        if frame.op == Op::Error {
-            let response = Response::from_frame(&frame).map_err(|e| transport(operation, e))?;
-            if let Response::Error(e) = &response
-                && e.closes_connection()
-            {
-                return Err(unexpected(operation, &response));
-            }
-        }
-        Ok(frame)
+        let frame = self
+            .exchange_within(conn, request, seal.as_ref(), segment, self.config.deadline)
+            .map_err(|f| f.into_store_error(operation))?;
+        checked(frame, seal.as_ref(), operation).map_err(|(e, _)| e)
     }
 
     /// Sends one request (sealed with `seal` when given, with `segment`'s descriptor when
-    /// given) and returns the frame that answers it, within the request deadline.
-    fn exchange_frame(
-        &self,
-        conn: &mut Conn,
-        outgoing: &Outgoing<'_>,
-        seal: Option<&SealKey>,
-        segment: Option<&Segment>,
-        operation: &'static str,
-    ) -> Result<Frame, StoreError> {
-        self.exchange_within(conn, outgoing, seal, segment, self.config.deadline).map_err(|f| {
-            match f {
-                ExchangeFailure::Encode(e) => StoreError::Backend {
-                    operation,
-                    detail: format!("request not encodable: {e}"),
-                    retirement: Retirement::Retired,
-                },
-                other => transport_failure(operation, other.io_kind(), other),
-            }
-        })
-    }
-
-    /// [`Self::exchange_frame`] within `deadline`, failing with what went wrong. The request
-    /// is encoded into the connection's reused buffer; the rest of a large answer is read
-    /// straight into the decoder's body buffer. An ERROR frame with request id 0 answers the
-    /// request too: it is how a server turns a connection away (busy, stopping) or answers a
-    /// frame whose header it could not trust.
+    /// given) and returns the frame that answers it within `deadline`, failing with what went
+    /// wrong. The request is encoded into the connection's reused buffer; the rest of a large
+    /// answer is read straight into the decoder's body buffer. An ERROR frame with request id
+    /// 0 answers the request too: it is how a server turns a connection away (busy, stopping)
+    /// or answers a frame whose header it could not trust.
     fn exchange_within(
         &self,
         conn: &mut Conn,
-        outgoing: &Outgoing<'_>,
+        request: &Request,
         seal: Option<&SealKey>,
         segment: Option<&Segment>,
         deadline: Duration,
     ) -> Result<Frame, ExchangeFailure> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         conn.out.clear();
-        outgoing.encode(id, seal, &mut conn.out).map_err(ExchangeFailure::Encode)?;
+        request.encode_sealed_frame(id, seal, &mut conn.out).map_err(ExchangeFailure::Encode)?;
         let until = Instant::now() + deadline;
-        conn.stream.set_write_timeout(Some(deadline)).map_err(ExchangeFailure::Io)?;
+        let sent = self.send_out(conn, segment, deadline);
+        let frame = self.answer_after_send(conn, sent, id, until, deadline)?;
+        // One request, one answer: anything after it breaks the connection.
+        if !conn.pending.is_empty() {
+            return Err(ExchangeFailure::PastTheAnswer);
+        }
+        Ok(frame)
+    }
+
+    /// Writes the connection's encoded request (with `segment`'s descriptor, on a Unix socket)
+    /// within `deadline`.
+    fn send_out(
+        &self,
+        conn: &mut Conn,
+        segment: Option<&Segment>,
+        deadline: Duration,
+    ) -> io::Result<()> {
+        conn.stream.set_write_timeout(Some(deadline))?;
         let sent = match (&conn.stream, segment) {
             (Stream::Local(s), Some(seg)) => send_with_fd(s, &conn.out, seg.fd()),
             (Stream::Tcp(_), Some(_)) => Err(io::Error::other("a descriptor needs a Unix socket")),
@@ -637,17 +700,31 @@ impl TcpStore {
         if conn.out.capacity() > OUT_BUFFER_KEEP_BYTES {
             conn.out = Vec::new();
         }
-        if let Err(e) = sent {
-            // A server that turned the connection away wrote why before it closed: read that.
-            return match self.read_answer(conn, id, until, deadline) {
-                Ok(frame) if frame.request_id == 0 && frame.op == Op::Error => Ok(frame),
-                _ => Err(ExchangeFailure::Io(e)),
-            };
-        }
-        self.read_answer(conn, id, until, deadline)
+        sent
     }
 
-    /// Reads the frame that answers request `id`, until `until`.
+    /// The answer to request `id` once its frame was written (`sent`). When writing failed, a
+    /// server that turned the connection away wrote why before it closed: that is the answer.
+    fn answer_after_send(
+        &self,
+        conn: &mut Conn,
+        sent: io::Result<()>,
+        id: u64,
+        until: Instant,
+        deadline: Duration,
+    ) -> Result<Frame, ExchangeFailure> {
+        match sent {
+            Ok(()) => self.read_answer(conn, id, until, deadline),
+            Err(e) => match self.read_answer(conn, id, until, deadline) {
+                Ok(frame) if frame.request_id == 0 && frame.op == Op::Error => Ok(frame),
+                _ => Err(ExchangeFailure::Io(e)),
+            },
+        }
+    }
+
+    /// Reads the frame that answers request `id`, until `until`. Bytes read past that frame
+    /// (the start of the next answer of a pipelined batch) stay in `conn.pending` for the next
+    /// call.
     fn read_answer(
         &self,
         conn: &mut Conn,
@@ -656,41 +733,45 @@ impl TcpStore {
         deadline: Duration,
     ) -> Result<Frame, ExchangeFailure> {
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ExchangeFailure::Deadline(deadline));
-            }
-            conn.stream.set_read_timeout(Some(left)).map_err(ExchangeFailure::Io)?;
-            let direct = conn.decoder.body_window().is_some();
-            let read = match conn.decoder.body_window() {
-                Some(window) => conn.stream.read(window),
-                None => conn.stream.read(&mut conn.buf),
-            };
-            let n = match read {
-                Ok(0) => return Err(ExchangeFailure::Closed),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
-                {
+            if conn.pending.is_empty() {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
                     return Err(ExchangeFailure::Deadline(deadline));
                 }
-                Err(e) => return Err(ExchangeFailure::Io(e)),
-            };
-            let mut input = if direct {
-                conn.decoder.commit_body(n);
-                &conn.buf[..0]
-            } else {
-                &conn.buf[..n]
-            };
-            match conn.decoder.feed(&mut input) {
+                conn.stream.set_read_timeout(Some(left)).map_err(ExchangeFailure::Io)?;
+                let direct = conn.decoder.body_window().is_some();
+                let read = match conn.decoder.body_window() {
+                    Some(window) => conn.stream.read(window),
+                    None => conn.stream.read(&mut conn.buf),
+                };
+                let n = match read {
+                    Ok(0) => return Err(ExchangeFailure::Closed),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        return Err(ExchangeFailure::Deadline(deadline));
+                    }
+                    Err(e) => return Err(ExchangeFailure::Io(e)),
+                };
+                if direct {
+                    conn.decoder.commit_body(n);
+                } else {
+                    conn.pending = 0..n;
+                }
+            }
+            let mut input = conn.buf.get(conn.pending.clone()).unwrap_or_default();
+            let before = input.len();
+            let fed = conn.decoder.feed(&mut input);
+            conn.pending.start += before - input.len();
+            match fed {
                 Ok(None) => continue,
                 Err(e) => return Err(ExchangeFailure::Frame(e.error)),
                 Ok(Some(frame)) => {
-                    // One request, one answer: anything else breaks the connection.
-                    if !input.is_empty() {
-                        return Err(ExchangeFailure::PastTheAnswer);
-                    }
                     let turned_away = frame.request_id == 0 && frame.op == Op::Error;
                     if frame.request_id != id && !turned_away {
                         let what = Response::from_frame(&frame)
@@ -707,6 +788,23 @@ impl TcpStore {
         }
     }
 
+    /// A pooled connection as `caller`, or a new one; says which.
+    fn take_conn(
+        &self,
+        caller: &Caller,
+        operation: &'static str,
+    ) -> Result<(Conn, bool), StoreError> {
+        let pooled = self
+            .pools
+            .lock()
+            .ok()
+            .and_then(|mut p| p.get_mut(&pool_key(caller)).and_then(Vec::pop));
+        match pooled {
+            Some(c) => Ok((c, true)),
+            None => Ok((self.connect(caller, operation)?, false)),
+        }
+    }
+
     /// One request as `caller`, answered by `decode`: a pooled connection, or a new one. A
     /// request that only reads (or whose repetition is harmless) is retried once on a fresh
     /// connection when a pooled one turns out dead; writes are never retried here (their
@@ -714,34 +812,29 @@ impl TcpStore {
     fn call_with<T>(
         &self,
         caller: &Caller,
-        outgoing: Outgoing<'_>,
+        request: &Request,
         operation: &'static str,
         decode: impl FnOnce(&Frame) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let key = pool_key(caller);
-        let pooled = self.pools.lock().ok().and_then(|mut p| p.get_mut(&key).and_then(Vec::pop));
-        let was_pooled = pooled.is_some();
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => self.connect(caller, operation)?,
-        };
-        let frame = match self.exchange_with(&mut conn, &outgoing, operation, None) {
+        let (mut conn, was_pooled) = self.take_conn(caller, operation)?;
+        let frame = match self.exchange_with(&mut conn, request, operation, None) {
             Ok(f) => f,
-            Err(e) if was_pooled && outgoing.retryable() => {
+            Err(e) if was_pooled && retryable(request) => {
                 conn = self.connect(caller, operation)?;
-                self.exchange_with(&mut conn, &outgoing, operation, None).map_err(|_| e)?
+                self.exchange_with(&mut conn, request, operation, None).map_err(|_| e)?
             }
             Err(e) => return Err(e),
         };
         let answer = decode(&frame);
         conn.decoder.recycle(frame.body);
-        self.keep(key, conn);
+        self.keep(pool_key(caller), conn);
         answer
     }
 
     /// Returns an idle connection to its pool (unless the pool is full).
     fn keep(&self, key: PoolKey, conn: Conn) {
         if conn.decoder.is_idle()
+            && conn.pending.is_empty()
             && let Ok(mut pools) = self.pools.lock()
         {
             let pool = pools.entry(key).or_default();
@@ -757,16 +850,7 @@ impl TcpStore {
         request: Request,
         operation: &'static str,
     ) -> Result<Response, StoreError> {
-        self.call_outgoing(caller, Outgoing::Request(&request), operation)
-    }
-
-    fn call_outgoing(
-        &self,
-        caller: &Caller,
-        outgoing: Outgoing<'_>,
-        operation: &'static str,
-    ) -> Result<Response, StoreError> {
-        self.call_with(caller, outgoing, operation, |frame| {
+        self.call_with(caller, &request, operation, |frame| {
             Response::from_frame(frame).map_err(|e| transport(operation, e))
         })
     }
@@ -797,214 +881,423 @@ impl TcpStore {
     }
 }
 
+/// Most request frames of one batch exchange that are sent and not yet answered. The server
+/// answers a connection's requests one at a time, in order, and reads the next request only
+/// after it has written the answer before it; more frames in flight would only wait in the
+/// socket buffers. A few keep the server busy while an answer travels back, and the bound keeps
+/// a huge batch from running far ahead of its answers.
+pub const FRAMES_IN_FLIGHT_MAX: usize = 4;
+
+/// How a batch exchange stopped before every frame was answered.
+#[derive(Debug)]
+struct Interrupted {
+    /// Frames answered, in order, before it stopped: their items have their answers.
+    answered: usize,
+    /// Frames written whole to the socket. The server may have served any of these; a frame
+    /// that never left whole cannot be decoded, so the server never served one past these.
+    sent: usize,
+    /// Why the answers stopped: the failure of every frame from `answered` on.
+    error: StoreError,
+    /// Why frames from `sent` on were never sent, when the cause is the request itself (a
+    /// frame that could not be encoded) rather than the connection.
+    unsent: Option<StoreError>,
+    /// Whether the connection turned out dead (closed, reset, turned away) before any
+    /// answer: a pooled connection that died while idle.
+    dead: bool,
+}
+
+impl Interrupted {
+    fn before_sending(error: StoreError) -> Box<Self> {
+        Box::new(Self { answered: 0, sent: 0, error, unsent: None, dead: false })
+    }
+
+    /// Whether the server may have served frame `f` without its answer arriving.
+    fn maybe_served(&self, f: usize) -> bool {
+        f >= self.answered && f < self.sent
+    }
+
+    /// The failure of frame `f`, which was not answered.
+    fn error_of(&self, f: usize) -> StoreError {
+        match &self.unsent {
+            Some(e) if f >= self.sent => e.clone(),
+            _ => self.error.clone(),
+        }
+    }
+}
+
+/// The items of a batch as its frames carry them: frame `f` carries items `frames[f]`.
+type FrameItems = Vec<Range<usize>>;
+
+/// Every item's answer, in order: what its frame's answer said, or, for the items of frames
+/// that were not answered, the exchange's failure; `failed` adjusts that failure per item,
+/// given whether the server may have served its frame.
+fn every_answer<T>(
+    mut answers: Vec<Option<Result<T, StoreError>>>,
+    frames: &[Range<usize>],
+    outcome: &Result<(), Box<Interrupted>>,
+    operation: &'static str,
+    mut failed: impl FnMut(usize, bool, StoreError) -> StoreError,
+) -> BatchAnswers<T> {
+    for (f, items) in frames.iter().enumerate() {
+        for i in items.clone() {
+            let Some(slot) = answers.get_mut(i) else { continue };
+            if slot.is_some() {
+                continue;
+            }
+            *slot = Some(Err(match outcome {
+                Err(stop) => failed(i, stop.maybe_served(f), stop.error_of(f)),
+                Ok(()) => transport(operation, "the answer left this item out"),
+            }));
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(transport(operation, "no frame carried this item"))))
+        .collect()
+}
+
+/// The same failure for each of `n` items.
+fn every_item<T>(n: usize, e: &StoreError) -> BatchAnswers<T> {
+    (0..n).map(|_| Err(e.clone())).collect()
+}
+
+/// Stores one frame's answers (or its one failure) in the item slots of its range.
+fn fill<T>(
+    slots: &mut [Option<Result<T, StoreError>>],
+    got: Result<BatchAnswers<T>, StoreError>,
+    operation: &'static str,
+) {
+    match got {
+        Ok(answers) if answers.len() == slots.len() => {
+            for (slot, a) in slots.iter_mut().zip(answers) {
+                *slot = Some(a);
+            }
+        }
+        Ok(_) => {
+            let e = transport(operation, "answers do not match the batch");
+            fill(slots, Err(e), operation);
+        }
+        Err(e) => {
+            for slot in slots {
+                *slot = Some(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// One GET or PUT frame of a batch: its items, and where their bytes are in the shared segment
+/// when the frame goes through it (GET_SHARED, PUT_SHARED) rather than carrying them.
+#[derive(Debug)]
+struct PlannedFrame {
+    items: Range<usize>,
+    offsets: Option<Vec<u64>>,
+}
+
+/// Batch exchanges: a batch is split into frames by the protocol's limits, and its frames go out
+/// on one connection one after another, without waiting for the answers before them
+/// (pipelined); the server answers them in order.
+///
+/// Deadlock: the server reads one request, serves it, writes its whole answer, and only then
+/// reads the next request. A client that wrote frames without reading answers could block
+/// writing a request (the server is not reading) while the server blocks writing an answer (the
+/// client is not reading): a GET answer of up to 64 MiB fills the socket buffers at once. So a
+/// batch of more than one frame is sent by a second thread while this one reads the answers as
+/// they come, landing each in the caller's buffers. The reader never waits for the writer, so
+/// every answer the server writes is drained and the server always gets back to reading. The
+/// writer keeps at most [`FRAMES_IN_FLIGHT_MAX`] frames unanswered, so how far the requests run
+/// ahead stays bounded however large the batch, and each side holds one frame in memory at a
+/// time. A batch of one frame is written and then read on this thread: the server reads a
+/// whole request before it answers, so that cannot deadlock.
 impl TcpStore {
-    /// Batch QUERY: one answer per key, in order, in as few frames as the limits allow.
-    pub fn lookup_many(
+    /// Sends `frames` request frames on one connection as `caller` (`encode` writes frame `f`
+    /// with a request id and the session's seal) and hands each answer, in order, to `answer`
+    /// (which lands it and records per-item failures itself). A request that only reads is sent
+    /// again on a fresh connection when a pooled one turns out dead before any answer.
+    fn batch_exchange<E, A>(
         &self,
         caller: &Caller,
-        keys: &[PhysicalKey],
-    ) -> Result<Vec<Result<Lookup, StoreError>>, StoreError> {
-        check_right(caller, Right::Read)?;
-        let mut out = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(BATCH_ITEMS_MAX) {
-            match self.call(caller, Request::Lookup { keys: chunk.to_vec() }, "lookup")? {
-                Response::Lookup(items) if items.len() == chunk.len() => out.extend(items),
-                other => return Err(unexpected("lookup", &other)),
-            }
+        operation: &'static str,
+        frames: usize,
+        retryable: bool,
+        encode: &E,
+        mut answer: A,
+    ) -> Result<(), Box<Interrupted>>
+    where
+        E: Fn(usize, u64, Option<&SealKey>, &mut Vec<u8>) -> Result<(), WireError> + Sync,
+        A: FnMut(usize, &Frame),
+    {
+        if frames == 0 {
+            return Ok(());
         }
-        Ok(out)
-    }
-
-    /// Batch GET into caller buffers: one answer per item, in order. Over TCP items are grouped
-    /// so that each frame's capacities stay within the protocol's payload limit; on the
-    /// same-host path they go through the shared segment (falling back to frames when the
-    /// segment has no room for a bounce buffer).
-    pub fn get_many(
-        &self,
-        caller: &Caller,
-        items: &mut [(PhysicalKey, &mut [u8])],
-    ) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
-        check_right(caller, Right::Read)?;
-        let Some(arena) = self.arena("get")? else { return self.get_framed(caller, items) };
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks_mut(BATCH_ITEMS_MAX) {
-            match self.get_shared(caller, arena, chunk)? {
-                Some(answers) => out.extend(answers),
-                None => {
-                    self.shared.framed_batches.fetch_add(1, Ordering::Relaxed);
-                    out.extend(self.get_framed(caller, chunk)?);
+        let (mut conn, was_pooled) =
+            self.take_conn(caller, operation).map_err(Interrupted::before_sending)?;
+        let mut outcome = self.pipeline(&mut conn, operation, frames, encode, &mut answer);
+        if let Err(stop) = &outcome
+            && was_pooled
+            && retryable
+            && stop.dead
+            && stop.answered == 0
+        {
+            let sent = stop.sent;
+            conn = match self.connect(caller, operation) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Err(Box::new(Interrupted { sent, ..*Interrupted::before_sending(e) }));
                 }
-            }
-        }
-        Ok(out)
-    }
-
-    fn get_framed(
-        &self,
-        caller: &Caller,
-        items: &mut [(PhysicalKey, &mut [u8])],
-    ) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
-        let mut out = Vec::with_capacity(items.len());
-        let sizes: Vec<u64> = items.iter().map(|(_, dst)| dst.len() as u64).collect();
-        for (start, end) in frame_ranges(&sizes) {
-            let request = Request::Get {
-                items: items[start..end]
-                    .iter()
-                    .map(|(key, dst)| GetItem { key: key.clone(), capacity: dst.len() as u64 })
-                    .collect(),
             };
-            let batch = &mut items[start..end];
-            let answers = self.call_with(caller, Outgoing::Request(&request), "get", |frame| {
-                if frame.op != Op::Get {
-                    let answer = Response::from_frame(frame).map_err(|e| transport("get", e))?;
-                    return Err(unexpected("get", &answer));
-                }
-                let answers = decode_get_response(&frame.body).map_err(|e| transport("get", e))?;
-                if answers.len() != batch.len() {
-                    return Err(transport("get", "answers do not match the batch"));
-                }
-                // The block lands in the caller's buffer straight from the frame body.
-                Ok(batch
-                    .iter_mut()
-                    .zip(answers)
-                    .map(|((_, dst), answer)| answer.map(|f| land(f, dst)))
-                    .collect::<Vec<_>>())
-            })?;
-            out.extend(answers);
+            outcome = self.pipeline(&mut conn, operation, frames, encode, &mut answer);
         }
-        Ok(out)
+        if outcome.is_ok() {
+            self.keep(pool_key(caller), conn);
+        }
+        outcome
     }
 
-    /// One GET_SHARED frame for at most [`BATCH_ITEMS_MAX`] items; `None` when a bounce
-    /// buffer does not fit the segment.
-    fn get_shared(
+    /// One batch exchange on `conn` (see the `impl` comment above for why more than one frame
+    /// is written by another thread).
+    fn pipeline<E, A>(
         &self,
-        caller: &Caller,
-        arena: &SharedArena,
-        items: &mut [(PhysicalKey, &mut [u8])],
-    ) -> Result<Option<Vec<Result<Get, StoreError>>>, StoreError> {
-        let mut places = Vec::with_capacity(items.len());
-        for (_, dst) in items.iter() {
-            match Place::of(arena, dst) {
-                Some(p) => places.push(p),
-                None => return Ok(None),
+        conn: &mut Conn,
+        operation: &'static str,
+        frames: usize,
+        encode: &E,
+        answer: &mut A,
+    ) -> Result<(), Box<Interrupted>>
+    where
+        E: Fn(usize, u64, Option<&SealKey>, &mut Vec<u8>) -> Result<(), WireError> + Sync,
+        A: FnMut(usize, &Frame),
+    {
+        let deadline = self.config.deadline;
+        let first = self.next_id.fetch_add(frames as u64, Ordering::Relaxed);
+        let seal = conn.seal.clone();
+        let seal = seal.as_ref();
+        let stop = |answered, sent, (error, dead)| {
+            Box::new(Interrupted {
+                answered,
+                sent,
+                error,
+                unsent: None,
+                dead: dead && answered == 0,
+            })
+        };
+        let failed = |f: ExchangeFailure| {
+            let dead = f.is_dead();
+            (f.into_store_error(operation), dead)
+        };
+        if frames == 1 {
+            conn.out.clear();
+            encode(0, first, seal, &mut conn.out)
+                .map_err(|e| Interrupted::before_sending(not_encodable(operation, e)))?;
+            let until = Instant::now() + deadline;
+            let written = self.send_out(conn, None, deadline);
+            let sent = usize::from(written.is_ok());
+            let frame = self
+                .answer_after_send(conn, written, first, until, deadline)
+                .map_err(|f| stop(0, sent, failed(f)))
+                .and_then(|frame| checked(frame, seal, operation).map_err(|e| stop(0, sent, e)))?;
+            answer(0, &frame);
+            conn.decoder.recycle(frame.body);
+            return Ok(());
+        }
+
+        let mut writer_stream = conn
+            .stream
+            .try_clone()
+            .and_then(|s| s.set_write_timeout(Some(deadline)).map(|()| s))
+            .map_err(|e| Interrupted::before_sending(transport(operation, e)))?;
+        let mut out = std::mem::take(&mut conn.out);
+        // One credit per answer read: the writer sends frame `f` past the first
+        // FRAMES_IN_FLIGHT_MAX only once answer `f - FRAMES_IN_FLIGHT_MAX` was read, so at
+        // most that many credits are ever unspent and the channel never fills.
+        let (credits, credit) = mpsc::sync_channel::<()>(FRAMES_IN_FLIGHT_MAX);
+        // The writer waits for the one answer that frees its next frame; the reader waits for
+        // that answer at most `deadline`, and ends the exchange (dropping `credits`) when it
+        // does not come. This bound is never what ends a sound exchange.
+        let credit_wait = deadline.saturating_mul(2);
+        let (answered, failure, sent, unsent) = std::thread::scope(|scope| {
+            let out = &mut out;
+            let writer = scope.spawn(move || {
+                for f in 0..frames {
+                    if f >= FRAMES_IN_FLIGHT_MAX && credit.recv_timeout(credit_wait).is_err() {
+                        // The reader stopped: the answers ended or never came.
+                        return (f, None);
+                    }
+                    out.clear();
+                    let id = first + f as u64;
+                    let failure = match encode(f, id, seal, out) {
+                        Err(e) => ExchangeFailure::Encode(e),
+                        Ok(()) => match writer_stream.write_all(out) {
+                            Ok(()) => continue,
+                            Err(e) => ExchangeFailure::Io(e),
+                        },
+                    };
+                    // The server answers the whole frames it has and then sees the end of
+                    // the stream, so the reader gets those answers and then the close.
+                    let _ = writer_stream.shutdown(Shutdown::Write);
+                    return (f, Some(failure));
+                }
+                (frames, None)
+            });
+            let mut answered = 0;
+            let mut failure = None;
+            while answered < frames {
+                let id = first + answered as u64;
+                let until = Instant::now() + deadline;
+                let frame = self
+                    .read_answer(conn, id, until, deadline)
+                    .map_err(failed)
+                    .and_then(|frame| checked(frame, seal, operation));
+                match frame {
+                    Ok(frame) => {
+                        answer(answered, &frame);
+                        conn.decoder.recycle(frame.body);
+                        answered += 1;
+                        let _ = credits.try_send(());
+                    }
+                    Err(e) => {
+                        // A writer blocked on a socket nobody will read fails at once.
+                        let _ = conn.stream.shutdown(Shutdown::Both);
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            drop(credits);
+            // A writer that panicked may have sent any of the frames.
+            let (sent, unsent) = writer.join().unwrap_or_else(|_| {
+                let panicked = io::Error::other("the sending thread panicked");
+                (frames, Some(ExchangeFailure::Io(panicked)))
+            });
+            (answered, failure, sent, unsent)
+        });
+        if out.capacity() <= OUT_BUFFER_KEEP_BYTES {
+            conn.out = out;
+        }
+        match failure {
+            None => Ok(()),
+            Some(e) => {
+                let unsent = unsent.and_then(|f| match f {
+                    ExchangeFailure::Encode(e) => Some(not_encodable(operation, e)),
+                    _ => None,
+                });
+                Err(Box::new(Interrupted { unsent, ..*stop(answered, sent, e) }))
             }
         }
-        self.shared.count(&places);
-        let request = Request::GetShared {
-            items: items
-                .iter()
-                .zip(&places)
-                .map(|((key, dst), place)| SharedGetItem {
-                    key: key.clone(),
-                    offset: place.offset(),
-                    capacity: dst.len() as u64,
-                })
-                .collect(),
-        };
-        let answers = match self.call(caller, request, "get") {
-            Ok(Response::GetShared(a)) if a.len() == items.len() => a,
-            // Refused at the protocol level: the server wrote nothing.
-            Ok(other) => return Err(unexpected("get", &other)),
-            Err(e) => {
-                // The server may still be writing the ranges it was given.
-                let callers = places.iter().any(|p| matches!(p, Place::Caller(_)));
-                places.into_iter().for_each(Place::quarantine);
-                return Err(if callers { unknown_retirement(e) } else { e });
-            }
-        };
-        Ok(Some(
-            items
-                .iter_mut()
-                .zip(places)
-                .zip(answers)
-                .map(|(((_, dst), place), answer)| answer.map(|g| land_shared(g, &place, dst)))
-                .collect(),
-        ))
     }
 
-    /// Batch PUT: one answer per item, in order. On the same-host path the bytes go through the
-    /// shared segment (falling back to frames when it has no room for a bounce buffer).
-    pub fn put_many(
+    /// LOOKUP or INVALIDATE for `keys`: frames of at most [`BATCH_ITEMS_MAX`] keys, pipelined on
+    /// one connection; `request` builds a frame's request, `take` its answers. A batch that needs
+    /// only the read right (LOOKUP) only reads, so it may be sent again on a fresh connection.
+    fn keyed_batch<T>(
         &self,
         caller: &Caller,
-        items: &[(PhysicalKey, &[u8], Option<RequestId>)],
-    ) -> Result<Vec<Result<Put, StoreError>>, StoreError> {
-        check_right(caller, Right::Write)?;
-        let Some(arena) = self.arena("put")? else { return self.put_framed(caller, items) };
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(BATCH_ITEMS_MAX) {
-            match self.put_shared(caller, arena, chunk)? {
-                Some(answers) => out.extend(answers),
+        keys: &[&PhysicalKey],
+        right: Right,
+        operation: &'static str,
+        request: fn(Vec<PhysicalKey>) -> Request,
+        take: fn(Response) -> Result<BatchAnswers<T>, Box<Response>>,
+    ) -> BatchAnswers<T> {
+        if let Err(e) = check_right(caller, right) {
+            return every_item(keys.len(), &e);
+        }
+        let frames: FrameItems = (0..keys.len())
+            .step_by(BATCH_ITEMS_MAX)
+            .map(|start| start..(start + BATCH_ITEMS_MAX).min(keys.len()))
+            .collect();
+        let encode = |f: usize, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>| {
+            let chunk = keys.get(frames[f].clone()).unwrap_or_default();
+            request(chunk.iter().map(|k| (*k).clone()).collect()).encode_sealed_frame(id, seal, out)
+        };
+        let mut answers: Vec<Option<Result<T, StoreError>>> =
+            (0..keys.len()).map(|_| None).collect();
+        let retryable = right == Right::Read;
+        let outcome =
+            self.batch_exchange(caller, operation, frames.len(), retryable, &encode, |f, frame| {
+                let got = match Response::from_frame(frame) {
+                    Ok(response) => take(response).map_err(|other| unexpected(operation, &other)),
+                    Err(e) => Err(transport(operation, e)),
+                };
+                fill(&mut answers[frames[f].clone()], got, operation);
+            });
+        every_answer(answers, &frames, &outcome, operation, |_, _, e| e)
+    }
+
+    /// How a GET or PUT batch of items of `sizes` bytes travels: over TCP, frames within the
+    /// payload limit; on the same-host path, shared frames of at most [`BATCH_ITEMS_MAX`]
+    /// items, each placed in the segment by `place` (the caller's shared buffer, or a bounce
+    /// buffer), except that a group whose bounce buffers do not fit is sent as ordinary frames.
+    /// Returns the frames and, for each shared one, its items' places.
+    fn plan_frames(
+        &self,
+        arena: Option<&SharedArena>,
+        sizes: &[u64],
+        mut place: impl FnMut(&SharedArena, usize) -> Option<Place>,
+    ) -> (Vec<PlannedFrame>, Vec<Option<Vec<Place>>>) {
+        let (mut frames, mut places) = (Vec::new(), Vec::new());
+        let framed = |frames: &mut Vec<PlannedFrame>, places: &mut Vec<_>, at, sizes| {
+            for (start, end) in frame_ranges(sizes) {
+                frames.push(PlannedFrame { items: at + start..at + end, offsets: None });
+                places.push(None);
+            }
+        };
+        let Some(arena) = arena else {
+            framed(&mut frames, &mut places, 0, sizes);
+            return (frames, places);
+        };
+        for start in (0..sizes.len()).step_by(BATCH_ITEMS_MAX) {
+            let end = (start + BATCH_ITEMS_MAX).min(sizes.len());
+            // Stops at the first item that does not fit, freeing the bounce buffers taken.
+            let group: Option<Vec<Place>> = (start..end).map(|i| place(arena, i)).collect();
+            match group {
+                Some(group) => {
+                    self.shared.count(&group);
+                    let offsets = group.iter().map(Place::offset).collect();
+                    frames.push(PlannedFrame { items: start..end, offsets: Some(offsets) });
+                    places.push(Some(group));
+                }
                 None => {
                     self.shared.framed_batches.fetch_add(1, Ordering::Relaxed);
-                    out.extend(self.put_framed(caller, chunk)?);
+                    framed(&mut frames, &mut places, start, &sizes[start..end]);
                 }
             }
         }
-        Ok(out)
+        (frames, places)
     }
+}
 
-    fn put_framed(
-        &self,
-        caller: &Caller,
-        items: &[(PhysicalKey, &[u8], Option<RequestId>)],
-    ) -> Result<Vec<Result<Put, StoreError>>, StoreError> {
-        let mut out = Vec::with_capacity(items.len());
-        let sizes: Vec<u64> = items.iter().map(|(_, data, _)| data.len() as u64).collect();
-        for (start, end) in frame_ranges(&sizes) {
-            // The payloads go into the frame straight from the caller's slices.
-            match self.call_outgoing(caller, Outgoing::Put(&items[start..end]), "put")? {
-                Response::Put(a) if a.len() == end - start => out.extend(a),
-                other => return Err(unexpected("put", &other)),
-            }
-        }
-        Ok(out)
+/// Lands one GET frame's answer in its items' buffers.
+fn land_framed(
+    frame: &Frame,
+    dsts: &mut [&mut [u8]],
+) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
+    if frame.op != Op::Get {
+        let answer = Response::from_frame(frame).map_err(|e| transport("get", e))?;
+        return Err(unexpected("get", &answer));
     }
+    let answers = decode_get_response(&frame.body).map_err(|e| transport("get", e))?;
+    if answers.len() != dsts.len() {
+        return Err(transport("get", "answers do not match the batch"));
+    }
+    // The block lands in the caller's buffer straight from the frame body.
+    Ok(dsts.iter_mut().zip(answers).map(|(dst, answer)| answer.map(|f| land(f, dst))).collect())
+}
 
-    /// One PUT_SHARED frame for at most [`BATCH_ITEMS_MAX`] items; `None` when a bounce
-    /// buffer does not fit the segment.
-    fn put_shared(
-        &self,
-        caller: &Caller,
-        arena: &SharedArena,
-        items: &[(PhysicalKey, &[u8], Option<RequestId>)],
-    ) -> Result<Option<Vec<Result<Put, StoreError>>>, StoreError> {
-        let mut places = Vec::with_capacity(items.len());
-        for (_, src, _) in items {
-            match Place::of(arena, src) {
-                Some(Place::Bounce(mut b)) => {
-                    b.copy_from_slice(src);
-                    places.push(Place::Bounce(b));
-                }
-                Some(p) => places.push(p),
-                None => return Ok(None),
-            }
-        }
-        self.shared.count(&places);
-        let request = Request::PutShared {
-            items: items
-                .iter()
-                .zip(&places)
-                .map(|((key, src, request), place)| SharedPutItem {
-                    key: key.clone(),
-                    request: *request,
-                    offset: place.offset(),
-                    len: src.len() as u64,
-                    checksum: Checksum::of(src),
-                })
-                .collect(),
-        };
-        match self.call(caller, request, "put") {
-            Ok(Response::PutShared(a)) if a.len() == items.len() => Ok(Some(a)),
-            Ok(other) => Err(unexpected("put", &other)),
-            Err(e) => {
-                // The server only reads these ranges, and refuses bytes that no longer match
-                // their checksum; bounce buffers are still kept out of reuse.
-                places.into_iter().for_each(Place::quarantine);
-                Err(e)
-            }
-        }
+/// Lands one GET_SHARED frame's answer: each hit is in the segment at its item's place.
+fn land_shared_frame(
+    frame: &Frame,
+    places: &[Place],
+    dsts: &mut [&mut [u8]],
+) -> Result<Vec<Result<Get, StoreError>>, StoreError> {
+    match Response::from_frame(frame) {
+        Ok(Response::GetShared(answers)) if answers.len() == dsts.len() => Ok(dsts
+            .iter_mut()
+            .zip(places)
+            .zip(answers)
+            .map(|((dst, place), answer)| answer.map(|g| land_shared(g, place, dst)))
+            .collect()),
+        // Refused at the protocol level: the server wrote nothing.
+        Ok(other) => Err(unexpected("get", &other)),
+        Err(e) => Err(transport("get", e)),
     }
 }
 
@@ -1119,30 +1412,6 @@ fn land(fetched: FetchedRef<'_>, dst: &mut [u8]) -> Get {
     }
 }
 
-/// What a request frame is built from: a typed request, or a PUT written straight from the
-/// caller's slices.
-enum Outgoing<'r> {
-    Request(&'r Request),
-    Put(&'r [(PhysicalKey, &'r [u8], Option<RequestId>)]),
-}
-
-impl Outgoing<'_> {
-    fn encode(&self, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>) -> Result<(), WireError> {
-        match self {
-            Self::Request(r) => r.encode_sealed_frame(id, seal, out),
-            Self::Put(items) => encode_put_request(id, seal, items, out),
-        }
-    }
-
-    /// Whether repeating the request cannot change what the store holds.
-    fn retryable(&self) -> bool {
-        match self {
-            Self::Request(r) => retryable(r),
-            Self::Put(_) => false,
-        }
-    }
-}
-
 /// Requests whose repetition cannot change what the store holds.
 fn retryable(request: &Request) -> bool {
     matches!(
@@ -1190,11 +1459,7 @@ impl Store for TcpStore {
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        check_right(caller, Right::Read)?;
-        match self.call(caller, Request::Lookup { keys: vec![key.clone()] }, "lookup")? {
-            Response::Lookup(items) => single(items, "lookup"),
-            other => Err(unexpected("lookup", &other)),
-        }
+        single(self.lookup_batch(caller, &[key]), "lookup")
     }
 
     fn get_into(
@@ -1203,7 +1468,7 @@ impl Store for TcpStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        single(self.get_many(caller, &mut [(key.clone(), dst)])?, "get")
+        single(self.get_batch(caller, &mut [BatchGet { key, dst }]), "get")
     }
 
     fn reserve(
@@ -1275,15 +1540,188 @@ impl Store for TcpStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        single(self.put_many(caller, &[(key.clone(), src, request)])?, "put")
+        single(self.put_batch(caller, &[BatchPut { key, src, request }]), "put")
     }
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        check_right(caller, Right::Write)?;
-        match self.call(caller, Request::Invalidate { keys: vec![key.clone()] }, "invalidate")? {
-            Response::Invalidate(items) => single(items, "invalidate"),
-            other => Err(unexpected("invalidate", &other)),
+        single(self.invalidate_batch(caller, &[key]), "invalidate")
+    }
+
+    /// LOOKUP frames of at most [`BATCH_ITEMS_MAX`] keys, pipelined on one connection.
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        self.keyed_batch(
+            caller,
+            keys,
+            Right::Read,
+            "lookup",
+            |keys| Request::Lookup { keys },
+            |response| match response {
+                Response::Lookup(items) => Ok(items),
+                other => Err(Box::new(other)),
+            },
+        )
+    }
+
+    /// GET (or, on the same-host path, GET_SHARED) frames within the protocol's limits,
+    /// pipelined on one connection. An item whose frame was not answered fails with the
+    /// exchange's failure: retired over TCP (its buffer is written only here, after its answer
+    /// verified), and on the same-host path not retired when its frame may have been served
+    /// straight into the caller's shared buffer (a bounce buffer in that state is quarantined,
+    /// and the caller's own buffer is untouched).
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        if let Err(e) = check_right(caller, Right::Read) {
+            return every_item(items.len(), &e);
         }
+        let arena = match self.arena("get") {
+            Ok(a) => a,
+            Err(e) => return every_item(items.len(), &e),
+        };
+        let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
+        let capacities: Vec<u64> = items.iter().map(|i| i.dst.len() as u64).collect();
+        let (frames, places) =
+            self.plan_frames(arena, &capacities, |arena, i| Place::of(arena, items[i].dst));
+        let encode = |f: usize, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>| {
+            let frame = &frames[f];
+            let request = match &frame.offsets {
+                None => Request::Get {
+                    items: frame
+                        .items
+                        .clone()
+                        .map(|i| GetItem { key: keys[i].clone(), capacity: capacities[i] })
+                        .collect(),
+                },
+                Some(offsets) => Request::GetShared {
+                    items: frame
+                        .items
+                        .clone()
+                        .zip(offsets)
+                        .map(|(i, &offset)| SharedGetItem {
+                            key: keys[i].clone(),
+                            offset,
+                            capacity: capacities[i],
+                        })
+                        .collect(),
+                },
+            };
+            request.encode_sealed_frame(id, seal, out)
+        };
+        let mut dsts: Vec<&mut [u8]> = items.iter_mut().map(|i| &mut *i.dst).collect();
+        let mut answers: Vec<Option<Result<Get, StoreError>>> =
+            (0..dsts.len()).map(|_| None).collect();
+        let outcome =
+            self.batch_exchange(caller, "get", frames.len(), true, &encode, |f, frame| {
+                let range = frames[f].items.clone();
+                let got = match &places[f] {
+                    None => land_framed(frame, &mut dsts[range.clone()]),
+                    Some(places) => land_shared_frame(frame, places, &mut dsts[range.clone()]),
+                };
+                fill(&mut answers[range], got, "get");
+            });
+        // The caller's own shared buffers, which the server writes directly.
+        let mut direct = vec![false; dsts.len()];
+        for (frame, group) in frames.iter().zip(&places) {
+            for (i, place) in frame.items.clone().zip(group.iter().flatten()) {
+                direct[i] = matches!(place, Place::Caller(_));
+            }
+        }
+        if let Err(stop) = &outcome {
+            // The server may still be writing the ranges of a frame it was sent; the bounce
+            // buffers of frames it never got go back to the segment (as do all the others).
+            for (f, group) in places.into_iter().enumerate() {
+                if stop.maybe_served(f) {
+                    group.into_iter().flatten().for_each(Place::quarantine);
+                }
+            }
+        }
+        let item_frames: FrameItems = frames.iter().map(|f| f.items.clone()).collect();
+        every_answer(answers, &item_frames, &outcome, "get", |i, maybe_served, e| {
+            if maybe_served && direct[i] { unknown_retirement(e) } else { e }
+        })
+    }
+
+    /// PUT (or, on the same-host path, PUT_SHARED) frames within the protocol's limits,
+    /// pipelined on one connection; the bytes go into a frame straight from the caller's
+    /// slices. The server only reads what it is given, so every failure is retired (a bounce
+    /// buffer whose frame may have been served is still kept out of reuse).
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        if let Err(e) = check_right(caller, Right::Write) {
+            return every_item(items.len(), &e);
+        }
+        let arena = match self.arena("put") {
+            Ok(a) => a,
+            Err(e) => return every_item(items.len(), &e),
+        };
+        let sizes: Vec<u64> = items.iter().map(|i| i.src.len() as u64).collect();
+        let (frames, places) = self.plan_frames(arena, &sizes, |arena, i| {
+            let src = items[i].src;
+            match Place::of(arena, src)? {
+                Place::Bounce(mut b) => {
+                    b.copy_from_slice(src);
+                    Some(Place::Bounce(b))
+                }
+                direct => Some(direct),
+            }
+        });
+        let encode = |f: usize, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>| {
+            let frame = &frames[f];
+            let batch = items.get(frame.items.clone()).unwrap_or_default();
+            match &frame.offsets {
+                None => encode_put_request(id, seal, batch, out),
+                Some(offsets) => Request::PutShared {
+                    items: batch
+                        .iter()
+                        .zip(offsets)
+                        .map(|(item, &offset)| SharedPutItem {
+                            key: item.key.clone(),
+                            request: item.request,
+                            offset,
+                            len: item.src.len() as u64,
+                            checksum: Checksum::of(item.src),
+                        })
+                        .collect(),
+                }
+                .encode_sealed_frame(id, seal, out),
+            }
+        };
+        let mut answers: Vec<Option<Result<Put, StoreError>>> =
+            (0..items.len()).map(|_| None).collect();
+        let outcome =
+            self.batch_exchange(caller, "put", frames.len(), false, &encode, |f, frame| {
+                let range = frames[f].items.clone();
+                let got = match (Response::from_frame(frame), frames[f].offsets.is_some()) {
+                    (Ok(Response::Put(a)), false) | (Ok(Response::PutShared(a)), true) => Ok(a),
+                    (Ok(other), _) => Err(unexpected("put", &other)),
+                    (Err(e), _) => Err(transport("put", e)),
+                };
+                fill(&mut answers[range], got, "put");
+            });
+        if let Err(stop) = &outcome {
+            // The server only reads these ranges, and refuses bytes that no longer match
+            // their checksum; bounce buffers it may have been reading are still kept out of
+            // reuse.
+            for (f, group) in places.into_iter().enumerate() {
+                if stop.maybe_served(f) {
+                    group.into_iter().flatten().for_each(Place::quarantine);
+                }
+            }
+        }
+        let item_frames: FrameItems = frames.iter().map(|f| f.items.clone()).collect();
+        every_answer(answers, &item_frames, &outcome, "put", |_, _, e| e)
+    }
+
+    /// INVALIDATE frames of at most [`BATCH_ITEMS_MAX`] keys, pipelined on one connection.
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.keyed_batch(
+            caller,
+            keys,
+            Right::Write,
+            "invalidate",
+            |keys| Request::Invalidate { keys },
+            |response| match response {
+                Response::Invalidate(items) => Ok(items),
+                other => Err(Box::new(other)),
+            },
+        )
     }
 
     fn expire_leases(&self) -> Result<usize, StoreError> {

@@ -3,7 +3,10 @@
 //! [`Store::stats`] at scrape time) in the Prometheus or OpenMetrics text format.
 //!
 //! The wrapper observes and never decides: every call goes to the inner store unchanged, and its
-//! answer comes back unchanged. Serving the text over HTTP is the CLI's job, not this module's.
+//! answer comes back unchanged. A batch call goes to the inner store as the same batch call, and
+//! each of its answers is counted exactly as the single-key call that answers the same would be
+//! (so the series read the same whether a client batches or not). Serving the text over HTTP is
+//! the CLI's job, not this module's.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
@@ -23,8 +26,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, Get, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed,
-    Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, Lookup,
+    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo,
+    StoreStats,
 };
 
 /// Upper bounds of the latency buckets, in seconds: 1-2.5-5 steps from 10 µs to 10 s.
@@ -688,6 +692,58 @@ impl Metrics {
         self.refusals.get_or_create(&ReasonLabels { reason: refusal_reason(refusal) }).inc();
     }
 
+    fn record_lookup(&self, result: &Result<Lookup, StoreError>, started: Instant) {
+        match result {
+            Ok(Lookup::Hit { .. }) => self.record(Op::Lookup, Outcome::Hit, started),
+            Ok(Lookup::PrefixHit { .. }) => self.record(Op::Lookup, Outcome::PrefixHit, started),
+            Ok(Lookup::Miss(reason)) => {
+                self.record(Op::Lookup, Outcome::Miss, started);
+                self.record_miss(Op::Lookup, reason);
+            }
+            Err(e) => self.record_error(Op::Lookup, e, started),
+        }
+    }
+
+    fn record_get(&self, result: &Result<Get, StoreError>, started: Instant) {
+        match result {
+            Ok(Get::Hit { len, .. }) => {
+                self.record(Op::Get, Outcome::Hit, started);
+                self.get_bytes_out.inc_by(*len);
+            }
+            Ok(Get::Miss(reason)) => {
+                self.record(Op::Get, Outcome::Miss, started);
+                self.record_miss(Op::Get, reason);
+            }
+            Err(e) => self.record_error(Op::Get, e, started),
+        }
+    }
+
+    /// A PUT of `len` bytes.
+    fn record_put(&self, result: &Result<Put, StoreError>, len: usize, started: Instant) {
+        match result {
+            Ok(Put::Committed(_)) => {
+                self.record(Op::Put, Outcome::Committed, started);
+                self.put_bytes_in.inc_by(len as u64);
+            }
+            Ok(Put::AlreadyCommitted) => self.record(Op::Put, Outcome::AlreadyCommitted, started),
+            Ok(Put::Busy) => self.record(Op::Put, Outcome::Busy, started),
+            Ok(Put::Refused(refusal)) => {
+                self.record(Op::Put, Outcome::Refused, started);
+                self.record_refusal(refusal);
+            }
+            Err(e) => self.record_error(Op::Put, e, started),
+        }
+    }
+
+    fn record_invalidate(&self, result: &Result<Invalidate, StoreError>, started: Instant) {
+        match result {
+            Ok(Invalidate::Removed) => self.record(Op::Invalidate, Outcome::Removed, started),
+            Ok(Invalidate::Absent) => self.record(Op::Invalidate, Outcome::Absent, started),
+            Ok(Invalidate::Busy) => self.record(Op::Invalidate, Outcome::Busy, started),
+            Err(e) => self.record_error(Op::Invalidate, e, started),
+        }
+    }
+
     /// Records a result whose success has only one outcome.
     fn record_plain<T>(&self, op: Op, result: &Result<T, StoreError>, started: Instant) {
         match result {
@@ -752,16 +808,7 @@ impl<S: Store> Store for MeteredStore<S> {
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         let started = Instant::now();
         let result = self.inner.lookup(caller, key);
-        let m = &self.metrics;
-        match &result {
-            Ok(Lookup::Hit { .. }) => m.record(Op::Lookup, Outcome::Hit, started),
-            Ok(Lookup::PrefixHit { .. }) => m.record(Op::Lookup, Outcome::PrefixHit, started),
-            Ok(Lookup::Miss(reason)) => {
-                m.record(Op::Lookup, Outcome::Miss, started);
-                m.record_miss(Op::Lookup, reason);
-            }
-            Err(e) => m.record_error(Op::Lookup, e, started),
-        }
+        self.metrics.record_lookup(&result, started);
         result
     }
 
@@ -773,18 +820,7 @@ impl<S: Store> Store for MeteredStore<S> {
     ) -> Result<Get, StoreError> {
         let started = Instant::now();
         let result = self.inner.get_into(caller, key, dst);
-        let m = &self.metrics;
-        match &result {
-            Ok(Get::Hit { len, .. }) => {
-                m.record(Op::Get, Outcome::Hit, started);
-                m.get_bytes_out.inc_by(*len);
-            }
-            Ok(Get::Miss(reason)) => {
-                m.record(Op::Get, Outcome::Miss, started);
-                m.record_miss(Op::Get, reason);
-            }
-            Err(e) => m.record_error(Op::Get, e, started),
-        }
+        self.metrics.record_get(&result, started);
         result
     }
 
@@ -859,13 +895,7 @@ impl<S: Store> Store for MeteredStore<S> {
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         let started = Instant::now();
         let result = self.inner.invalidate(caller, key);
-        let m = &self.metrics;
-        match &result {
-            Ok(Invalidate::Removed) => m.record(Op::Invalidate, Outcome::Removed, started),
-            Ok(Invalidate::Absent) => m.record(Op::Invalidate, Outcome::Absent, started),
-            Ok(Invalidate::Busy) => m.record(Op::Invalidate, Outcome::Busy, started),
-            Err(e) => m.record_error(Op::Invalidate, e, started),
-        }
+        self.metrics.record_invalidate(&result, started);
         result
     }
 
@@ -919,21 +949,43 @@ impl<S: Store> Store for MeteredStore<S> {
     ) -> Result<Put, StoreError> {
         let started = Instant::now();
         let result = self.inner.put(caller, key, src, request);
-        let m = &self.metrics;
-        match &result {
-            Ok(Put::Committed(_)) => {
-                m.record(Op::Put, Outcome::Committed, started);
-                m.put_bytes_in.inc_by(src.len() as u64);
-            }
-            Ok(Put::AlreadyCommitted) => m.record(Op::Put, Outcome::AlreadyCommitted, started),
-            Ok(Put::Busy) => m.record(Op::Put, Outcome::Busy, started),
-            Ok(Put::Refused(refusal)) => {
-                m.record(Op::Put, Outcome::Refused, started);
-                m.record_refusal(refusal);
-            }
-            Err(e) => m.record_error(Op::Put, e, started),
-        }
+        self.metrics.record_put(&result, src.len(), started);
         result
+    }
+
+    /// One batch call of the inner store's own, each answer counted exactly as its single-key
+    /// call would be; every item's latency is the batch's (the time until its answer came).
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        let started = Instant::now();
+        let answers = self.inner.lookup_batch(caller, keys);
+        answers.iter().for_each(|a| self.metrics.record_lookup(a, started));
+        answers
+    }
+
+    /// As [`Self::lookup_batch`].
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let started = Instant::now();
+        let answers = self.inner.get_batch(caller, items);
+        answers.iter().for_each(|a| self.metrics.record_get(a, started));
+        answers
+    }
+
+    /// As [`Self::lookup_batch`].
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        let started = Instant::now();
+        let answers = self.inner.put_batch(caller, items);
+        for (answer, item) in answers.iter().zip(items) {
+            self.metrics.record_put(answer, item.src.len(), started);
+        }
+        answers
+    }
+
+    /// As [`Self::lookup_batch`].
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        let started = Instant::now();
+        let answers = self.inner.invalidate_batch(caller, keys);
+        answers.iter().for_each(|a| self.metrics.record_invalidate(a, started));
+        answers
     }
 }
 
@@ -1026,6 +1078,86 @@ mod tests {
         assert_lines(&text, &[r#"gpucache_op_seconds_bucket{op="put",le="+Inf"} 3"#]);
         let open = store.metrics().encode(ExpositionFormat::OpenMetrics);
         assert!(open.ends_with("# EOF\n"), "OpenMetrics text must end in # EOF");
+    }
+
+    /// The series other than latencies, sorted: a batch must leave exactly these as the same
+    /// calls one by one do (latency counts included; their sums and buckets are timing).
+    fn counted(store: &MeteredStore<Arc<MemoryStore>>) -> Vec<String> {
+        let text = store.metrics().encode(ExpositionFormat::Prometheus);
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| {
+                !l.starts_with('#')
+                    && !l.starts_with("gpucache_op_seconds_bucket")
+                    && !l.starts_with("gpucache_op_seconds_sum")
+            })
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn a_batch_counts_exactly_as_its_calls_one_by_one() {
+        let limits = ResourceLimits { object_bytes_max: 1024, ..ResourceLimits::default() };
+        let (batched, one_by_one) = (metered(limits.clone()), metered(limits));
+        let caller = fixture::caller(0);
+        let keys: Vec<_> = (0..6u8).map(|i| fixture::key(0, &[i], KvDtype::F16, 16)).collect();
+        let other = fixture::key(1, &[1], KvDtype::F16, 16);
+        let values: Vec<Vec<u8>> =
+            (0..6usize).map(|i| fixture::payload(i as u64, 10 + 100 * i)).collect();
+        let big = vec![7u8; 2048];
+        // Puts: stored, refused (too large), the same key again, another tenant's key.
+        let puts = [
+            BatchPut { key: &keys[0], src: &values[0], request: None },
+            BatchPut { key: &keys[1], src: &values[1], request: None },
+            BatchPut { key: &keys[2], src: &big, request: None },
+            BatchPut { key: &keys[0], src: &values[0], request: None },
+            BatchPut { key: &other, src: &values[3], request: None },
+        ];
+        let reads: Vec<&PhysicalKey> = vec![&keys[0], &keys[1], &keys[2], &other, &keys[5]];
+        let run_batched = |store: &MeteredStore<Arc<MemoryStore>>| {
+            store.put_batch(&caller, &puts);
+            store.lookup_batch(&caller, &reads);
+            let mut bufs =
+                [vec![0u8; 1024], vec![0u8; 8], vec![0u8; 1024], vec![0u8; 1024], vec![0u8; 1024]];
+            let mut items: Vec<_> =
+                reads.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+            store.get_batch(&caller, &mut items);
+            store.invalidate_batch(&caller, &reads);
+        };
+        let run_one_by_one = |store: &MeteredStore<Arc<MemoryStore>>| {
+            for p in &puts {
+                let _ = store.put(&caller, p.key, p.src, p.request);
+            }
+            for key in &reads {
+                let _ = store.lookup(&caller, key);
+            }
+            let mut bufs =
+                [vec![0u8; 1024], vec![0u8; 8], vec![0u8; 1024], vec![0u8; 1024], vec![0u8; 1024]];
+            for (key, dst) in reads.iter().zip(&mut bufs) {
+                let _ = store.get_into(&caller, key, dst);
+            }
+            for key in &reads {
+                let _ = store.invalidate(&caller, key);
+            }
+        };
+        run_batched(&batched);
+        run_one_by_one(&one_by_one);
+        let (a, b) = (counted(&batched), counted(&one_by_one));
+        assert_eq!(a, b);
+        // And the run counted something of every kind it did.
+        for line in [
+            r#"gpucache_ops_total{op="put",outcome="committed"} 2"#,
+            r#"gpucache_ops_total{op="put",outcome="refused"} 1"#,
+            r#"gpucache_ops_total{op="put",outcome="already_committed"} 1"#,
+            r#"gpucache_ops_total{op="get",outcome="hit"} 1"#,
+            r#"gpucache_ops_total{op="invalidate",outcome="removed"} 2"#,
+            r#"gpucache_op_seconds_count{op="lookup"} 5"#,
+        ] {
+            assert!(a.iter().any(|l| l == line), "missing {line:?} in:\n{}", a.join("\n"));
+        }
+        assert!(a.iter().any(|l| l.starts_with(r#"gpucache_errors_total{op="get",retirement="retired"} 2"#)), "{a:?}");
     }
 
     #[test]

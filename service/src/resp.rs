@@ -55,7 +55,9 @@ use gpucache_dataplane::identity::{
     QuantFormat, Shard, TenantId,
 };
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::store::{Get, Implementation, Invalidate, Lookup, Put, Store, StoreError};
+use gpucache_dataplane::store::{
+    BatchGet, BatchPut, Get, Implementation, Invalidate, Lookup, MissReason, Put, Store, StoreError,
+};
 use subtle::ConstantTimeEq;
 
 // ---------------------------------------------------------------------------------------------
@@ -454,6 +456,81 @@ fn store_error(e: &StoreError) -> Reply {
     Reply::err(e)
 }
 
+/// MSET's answer when pair `at` (from 0) was not stored. `batched` is `(end, stored)` when the
+/// pairs after it up to `end` went to the store in the same batch, `stored` of them stored.
+fn mset_stopped(
+    pairs: &[(&[u8], &[u8])],
+    at: usize,
+    why: NotStored,
+    batched: Option<(usize, usize)>,
+) -> Reply {
+    let why = match why {
+        NotStored::Exists => exists_text(),
+        NotStored::Reply(Reply::Error(text)) => {
+            text.strip_prefix("ERR ").unwrap_or(&text).to_owned()
+        }
+        NotStored::Reply(other) => format!("{other:?}"),
+    };
+    let n = pairs.len();
+    let rest = match batched {
+        Some((end, stored)) if end == at + 2 => format!(
+            "pair {end} went to the store with it in one batch and was {}stored{}",
+            if stored == 1 { "" } else { "not " },
+            if end < n { ", the rest were not tried" } else { "" },
+        ),
+        Some((end, stored)) if end > at + 2 => format!(
+            "pairs {} to {end} went to the store with it in one batch and {stored} of them were \
+             stored{}",
+            at + 2,
+            if end < n { ", the rest were not tried" } else { "" },
+        ),
+        _ => "the rest were not tried".to_owned(),
+    };
+    Reply::err(format!(
+        "MSET stopped at pair {} of {n} (key '{}'); the pairs before it were stored, {rest}: {why}",
+        at + 1,
+        shown(pairs[at].0),
+    ))
+}
+
+/// The length a lookup found for a value (`None` when nothing usable is there).
+fn looked_len(looked: Result<Lookup, StoreError>) -> Result<Option<usize>, Reply> {
+    match looked.map_err(|e| store_error(&e))? {
+        Lookup::Hit { len } => usize::try_from(len)
+            .map(Some)
+            .map_err(|_| Reply::err(format!("a {len}-byte value does not fit this host"))),
+        // A one-link chain has no strict prefix, so a prefix hit cannot be this key.
+        Lookup::PrefixHit { .. } | Lookup::Miss(_) => Ok(None),
+    }
+}
+
+/// What a GET into `value` (sized by the lookup before it) read: the value or `None`, or
+/// `None` itself when the value was replaced by a longer one since the lookup (look again).
+fn read_value(
+    got: Result<Get, StoreError>,
+    mut value: Vec<u8>,
+) -> Option<Result<Option<Vec<u8>>, Reply>> {
+    match got {
+        Ok(Get::Hit { len, .. }) => {
+            let n = value.len();
+            value.truncate(usize::try_from(len).unwrap_or(n));
+            Some(Ok(Some(value)))
+        }
+        Ok(Get::Miss(_)) => Some(Ok(None)),
+        // Deleted and stored again, longer, since the lookup.
+        Err(StoreError::BufferTooSmall { .. }) => None,
+        Err(e) => Some(Err(store_error(&e))),
+    }
+}
+
+/// One key of an MGET's batch read.
+enum BatchRead {
+    /// Its value, `None`, or the error that answers the MGET.
+    Read(Result<Option<Vec<u8>>, Reply>),
+    /// Replaced by a longer value between the lookup and the read: read it again.
+    Again,
+}
+
 fn arity(name: &str) -> Reply {
     Reply::err(format!("wrong number of arguments for '{name}' command"))
 }
@@ -559,27 +636,64 @@ impl Session<'_> {
 
     /// The value under `key`, `None` when nothing usable is there.
     fn read(&self, key: &PhysicalKey) -> Result<Option<Vec<u8>>, Reply> {
-        for _ in 0..RACE_ATTEMPTS {
-            let len = match self.store.lookup(self.caller, key).map_err(|e| store_error(&e))? {
-                Lookup::Hit { len } => len,
-                // A one-link chain has no strict prefix, so a prefix hit cannot be this key.
-                Lookup::PrefixHit { .. } | Lookup::Miss(_) => return Ok(None),
+        self.read_within(key, RACE_ATTEMPTS)
+    }
+
+    /// [`Self::read`] with `attempts` lookups at most.
+    fn read_within(&self, key: &PhysicalKey, attempts: usize) -> Result<Option<Vec<u8>>, Reply> {
+        for _ in 0..attempts {
+            let Some(len) = looked_len(self.store.lookup(self.caller, key))? else {
+                return Ok(None);
             };
-            let len = usize::try_from(len)
-                .map_err(|_| Reply::err(format!("a {len}-byte value does not fit this host")))?;
             let mut value = vec![0u8; len];
-            match self.store.get_into(self.caller, key, &mut value) {
-                Ok(Get::Hit { len: got, .. }) => {
-                    value.truncate(usize::try_from(got).unwrap_or(len));
-                    return Ok(Some(value));
-                }
-                Ok(Get::Miss(_)) => return Ok(None),
-                // Deleted and stored again, longer, since the lookup.
-                Err(StoreError::BufferTooSmall { .. }) => {}
-                Err(e) => return Err(store_error(&e)),
+            let got = self.store.get_into(self.caller, key, &mut value);
+            if let Some(read) = read_value(got, value) {
+                return read;
             }
         }
         Ok(None)
+    }
+
+    /// Reads `keys` with one lookup batch and one get batch: the value or `None` per key, in
+    /// order, for the keys up to the one whose length takes the values together past `budget`
+    /// (that one included, so that reading it finds the limit passed); the keys after it are
+    /// left unread (`None` in the answer), so the buffers stay within `budget` and one value.
+    fn read_batch(&self, keys: &[PhysicalKey], budget: usize) -> Vec<Option<BatchRead>> {
+        let refs: Vec<&PhysicalKey> = keys.iter().collect();
+        let mut reads: Vec<Option<BatchRead>> = (0..keys.len()).map(|_| None).collect();
+        let mut wanted: Vec<(usize, Vec<u8>)> = Vec::new();
+        let mut total: usize = 0;
+        for (i, looked) in self.store.lookup_batch(self.caller, &refs).into_iter().enumerate() {
+            match looked_len(looked) {
+                Err(r) => reads[i] = Some(BatchRead::Read(Err(r))),
+                Ok(None) => reads[i] = Some(BatchRead::Read(Ok(None))),
+                Ok(Some(len)) => {
+                    wanted.push((i, vec![0u8; len]));
+                    total = total.saturating_add(len);
+                }
+            }
+            if total > budget {
+                break;
+            }
+        }
+        let mut items: Vec<BatchGet<'_>> =
+            wanted.iter_mut().map(|(i, value)| BatchGet { key: &keys[*i], dst: value }).collect();
+        let mut answers = self.store.get_batch(self.caller, &mut items).into_iter();
+        drop(items);
+        for (i, value) in wanted {
+            let got = answers.next().unwrap_or_else(|| {
+                Err(StoreError::Backend {
+                    operation: "get",
+                    detail: "the store left this key unanswered".into(),
+                    retirement: gpucache_dataplane::store::Retirement::Retired,
+                })
+            });
+            reads[i] = Some(match read_value(got, value) {
+                Some(read) => BatchRead::Read(read),
+                None => BatchRead::Again,
+            });
+        }
+        reads
     }
 
     /// Leaves `value` under `plain`: stores it when the key is free; when the key already holds
@@ -592,15 +706,29 @@ impl Session<'_> {
             )));
         }
         let key = self.key(plain).map_err(NotStored::Reply)?;
+        let first = self.store.put(self.caller, &key, value, None);
+        self.settle(&key, value, nx, first)
+    }
+
+    /// Finishes leaving `value` under `key` (as [`Self::store_value`]) once a PUT of it has
+    /// answered `first`: compares what holds the key, or stores again, as the answer requires.
+    fn settle(
+        &self,
+        key: &PhysicalKey,
+        value: &[u8],
+        nx: bool,
+        first: Result<Put, StoreError>,
+    ) -> Result<(), NotStored> {
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
         let mut vanished = 0;
+        let mut answer = first;
         loop {
-            match self.store.put(self.caller, &key, value, None) {
+            match answer {
                 Ok(Put::Committed(_)) => return Ok(()),
                 Ok(Put::AlreadyCommitted) if nx => return Err(NotStored::Exists),
                 Ok(Put::AlreadyCommitted) => {
-                    let held = compare_held(self.store, self.caller, &key, value)
+                    let held = compare_held(self.store, self.caller, key, value)
                         .map_err(|e| NotStored::Reply(store_error(&e)))?;
                     match held {
                         Held::Same => return Ok(()),
@@ -622,6 +750,7 @@ impl Session<'_> {
                 }
                 Err(e) => return Err(NotStored::Reply(store_error(&e))),
             }
+            answer = self.store.put(self.caller, key, value, None);
         }
     }
 
@@ -683,48 +812,107 @@ impl Session<'_> {
     }
 
     /// MGET: one value or nil per key. The values together may be as large as one request may
-    /// be, so that a reply cannot grow without bound.
+    /// be, so that a reply cannot grow without bound. The keys are read as one lookup batch and
+    /// one get batch; the answer is what reading them one by one, in order, answers (the first
+    /// key that fails, or passes the limit, answers instead). A key read again because its
+    /// value changed under the batch, or one past the limit, is read on its own.
     fn mget(&self, keys: &[Vec<u8>]) -> Reply {
         let max = self.shared.config.limits.request_bytes_max;
+        // The keys up to the first that does not map into the namespace: that one answers
+        // once every key before it has been read.
+        let mut physical = Vec::with_capacity(keys.len());
+        let mut refused = None;
+        for plain in keys {
+            match self.key(plain) {
+                Ok(key) => physical.push(key),
+                Err(r) => {
+                    refused = Some(r);
+                    break;
+                }
+            }
+        }
+        let reads = self.read_batch(&physical, max);
         let mut values = Vec::with_capacity(keys.len());
         let mut total: usize = 0;
-        for key in keys {
-            match self.get(key) {
-                Ok(r) => {
-                    if let Reply::Bulk(v) = &r {
-                        total += v.len();
-                        if total > max {
-                            return Reply::err(format!(
-                                "MGET values exceed {max} bytes together; ask for fewer keys"
-                            ));
-                        }
+        for (key, read) in physical.iter().zip(reads) {
+            let value = match read {
+                Some(BatchRead::Read(read)) => read,
+                Some(BatchRead::Again) => self.read_within(key, RACE_ATTEMPTS - 1),
+                None => self.read(key),
+            };
+            match value {
+                Ok(Some(v)) => {
+                    total += v.len();
+                    if total > max {
+                        return Reply::err(format!(
+                            "MGET values exceed {max} bytes together; ask for fewer keys"
+                        ));
                     }
-                    values.push(r);
+                    values.push(Reply::Bulk(v));
                 }
+                Ok(None) => values.push(Reply::Nil),
                 Err(r) => return r,
             }
+        }
+        if let Some(r) = refused {
+            return r;
         }
         Reply::Array(values)
     }
 
-    /// MSET: stores pairs in order, each as SET would; stops at the first one not stored.
+    /// MSET: stores pairs in order, each as SET would; stops at the first one not stored. The
+    /// keys are looked up as one batch first; each run of pairs whose keys are free then goes to
+    /// the store as one put batch, and a pair whose key is not free (or whose value or key is
+    /// refused before the store is asked) is stored as SET stores it, on its own. So the pairs
+    /// after one that is not stored are not tried, unless they went to the store in the same
+    /// batch (its key taken or the store refusing it after the lookup), which the answer says.
     fn mset(&self, args: &[Vec<u8>]) -> Reply {
-        let pairs = args.len() / 2;
-        for (i, pair) in args.chunks_exact(2).enumerate() {
-            let why = match self.store_value(&pair[0], &pair[1], false) {
-                Ok(()) => continue,
-                Err(NotStored::Exists) => exists_text(),
-                Err(NotStored::Reply(Reply::Error(text))) => {
-                    text.strip_prefix("ERR ").unwrap_or(&text).to_owned()
+        let pairs: Vec<(&[u8], &[u8])> =
+            args.chunks_exact(2).map(|p| (&p[0][..], &p[1][..])).collect();
+        // The keys of the pairs up to the first the store would not be asked about.
+        let keys: Vec<PhysicalKey> = pairs
+            .iter()
+            .map_while(|(plain, value)| (!value.is_empty()).then(|| self.key(plain).ok()).flatten())
+            .collect();
+        let refs: Vec<&PhysicalKey> = keys.iter().collect();
+        let free: Vec<bool> = if refs.is_empty() {
+            Vec::new()
+        } else {
+            let looked = self.store.lookup_batch(self.caller, &refs);
+            looked.iter().map(|l| matches!(l, Ok(Lookup::Miss(MissReason::Absent)))).collect()
+        };
+        let mut i = 0;
+        while i < pairs.len() {
+            let run = (i..keys.len()).take_while(|&j| free.get(j) == Some(&true)).count();
+            if run == 0 {
+                if let Err(why) = self.store_value(pairs[i].0, pairs[i].1, false) {
+                    return mset_stopped(&pairs, i, why, None);
                 }
-                Err(NotStored::Reply(other)) => format!("{other:?}"),
-            };
-            return Reply::err(format!(
-                "MSET stopped at pair {} of {pairs} (key '{}'); the pairs before it were stored, \
-                 the rest were not tried: {why}",
-                i + 1,
-                shown(&pair[0]),
-            ));
+                i += 1;
+                continue;
+            }
+            let batch: Vec<BatchPut<'_>> = (i..i + run)
+                .map(|j| BatchPut { key: &keys[j], src: pairs[j].1, request: None })
+                .collect();
+            let mut answers: Vec<Option<Result<Put, StoreError>>> =
+                self.store.put_batch(self.caller, &batch).into_iter().map(Some).collect();
+            answers.resize_with(run, || None);
+            for j in i..i + run {
+                let answer = answers[j - i].take().unwrap_or_else(|| {
+                    Err(StoreError::Backend {
+                        operation: "put",
+                        detail: "the store left this pair unanswered".into(),
+                        retirement: gpucache_dataplane::store::Retirement::Retired,
+                    })
+                });
+                if let Err(why) = self.settle(&keys[j], pairs[j].1, false, answer) {
+                    let later = &answers[j + 1 - i..];
+                    let stored =
+                        later.iter().filter(|a| matches!(a, Some(Ok(Put::Committed(_))))).count();
+                    return mset_stopped(&pairs, j, why, Some((i + run, stored)));
+                }
+            }
+            i += run;
         }
         Reply::ok()
     }

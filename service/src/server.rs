@@ -5,14 +5,18 @@
 //! the rights it asks for that its tenant's configuration grants, and keeps that identity until
 //! it closes. A tenant with keys must prove itself in a sealed HELLO; its session then seals
 //! every frame both ways and refuses replayed request ids (ADR 0012). A tenant without keys
-//! ("open") is trusted on its word. Frames are answered in order. A frame-level error whose boundary is known is
-//! answered and the connection continues; one that loses the stream (bad magic or header,
-//! oversize, unknown version) is answered once and the connection closes. Nothing a client
+//! ("open") is trusted on its word. Frames are answered in order, one at a time: the next frame
+//! is read once the answer before it is written, so a client may send several (pipelining). The
+//! items of a batch frame (LOOKUP, GET, PUT, INVALIDATE, GET_SHARED, PUT_SHARED) go to the store
+//! as one batch call, which answers each item as its single-key call would. A frame-level error
+//! whose boundary is known is answered and the connection continues; one that loses the stream
+//! (bad magic or header, oversize, unknown version) is answered once and the connection closes. Nothing a client
 //! sends can stop the accept loop or another connection.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +26,10 @@ use std::time::{Duration, Instant};
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
-use gpucache_dataplane::store::{Get, Put, Retirement, Store, StoreError, authorize};
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::store::{
+    BatchAnswers, BatchGet, BatchPut, Get, Put, Retirement, Store, StoreError, authorize,
+};
 use subtle::ConstantTimeEq;
 
 use crate::listener::{
@@ -230,27 +237,29 @@ fn send<C: Write>(
     seal: Option<&SealKey>,
 ) -> io::Result<()> {
     let mut out = Vec::new();
-    send_answer(stream, &mut out, Answer::Plain(response), request_id, seal, |_, _| {
-        Err(StoreError::EmptyObject)
-    })
+    send_answer(stream, &mut out, Answer::Plain(response), request_id, seal, |_| Vec::new())
 }
 
 /// Largest response buffer a connection keeps between responses.
 const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
 
 /// Encodes an answer into the connection's reused buffer and writes it. A GET is encoded in
-/// place: `fetch` reads each block straight into the frame.
+/// place: `fetch` reads the frame's blocks, as one batch, straight into the frame, into the
+/// bytes of the last answer sent on this connection (not zeroed first: only what the store
+/// reports it wrote is sent, see [`encode_get_response`]).
 fn send_answer<C: Write>(
     stream: &mut C,
     out: &mut Vec<u8>,
     answer: Answer<'_>,
     request_id: u64,
     seal: Option<&SealKey>,
-    fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
+    fetch: impl FnOnce(&mut [BatchGet<'_>]) -> BatchAnswers<Get>,
 ) -> io::Result<()> {
-    out.clear();
     let encoded = match answer {
-        Answer::Plain(response) => response.encode_sealed_frame(request_id, seal, out),
+        Answer::Plain(response) => {
+            out.clear();
+            response.encode_sealed_frame(request_id, seal, out)
+        }
         Answer::Get(items) => encode_get_response(request_id, seal, items, out, fetch),
     };
     if let Err(e) = encoded {
@@ -384,12 +393,17 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
                         Served::Plain(r) => Answer::Plain(r),
                         Served::Get(items) => Answer::Get(items),
                     };
-                    let fetch = |item: &GetItem, dst: &mut [u8]| match who {
-                        Some(who) => shared.store.get_into(who, &item.key, dst),
-                        None => Err(StoreError::Forbidden {
-                            tenant: item.key.identity().tenant().clone(),
-                            right: Right::Read,
-                        }),
+                    let fetch = |items: &mut [BatchGet<'_>]| match who {
+                        Some(who) => shared.store.get_batch(who, items),
+                        None => items
+                            .iter()
+                            .map(|item| {
+                                Err(StoreError::Forbidden {
+                                    tenant: item.key.identity().tenant().clone(),
+                                    right: Right::Read,
+                                })
+                            })
+                            .collect(),
                     };
                     let sent = send_answer(&mut stream, &mut out, answer, request_id, seal, fetch);
                     if sent.is_err() || closes {
@@ -443,14 +457,15 @@ fn serve_frame<'a>(
         }
     }
     if frame.kind == Kind::Request && frame.op == Op::Put {
-        // Stored straight from the frame body.
+        // Stored straight from the frame body, the frame's items as one batch.
         return Served::Plain(match decode_put_request(&frame.body) {
-            Ok(items) => Response::Put(
-                items
+            Ok(items) => {
+                let batch: Vec<BatchPut<'_>> = items
                     .iter()
-                    .map(|i| shared.store.put(&s.caller, &i.key, i.data, i.request))
-                    .collect(),
-            ),
+                    .map(|i| BatchPut { key: &i.key, src: i.data, request: i.request })
+                    .collect();
+                Response::Put(shared.store.put_batch(&s.caller, &batch))
+            }
             Err(e) => Response::Error(e),
         });
     }
@@ -572,14 +587,14 @@ fn answer<'a>(
             Response::Limits(ServerLimits { object_bytes_max: shared.config.object_bytes_max })
         }
         Request::Lookup { keys } => {
-            Response::Lookup(keys.iter().map(|k| store.lookup(who, k)).collect())
+            Response::Lookup(store.lookup_batch(who, &keys.iter().collect::<Vec<_>>()))
         }
         // Served in place by `serve_frame` and `send_answer`, never here.
         Request::Get { .. } | Request::Put { .. } => Response::Error(WireError::Internal {
             detail: "GET and PUT are served in place".into(),
         }),
         Request::Invalidate { keys } => {
-            Response::Invalidate(keys.iter().map(|k| store.invalidate(who, k)).collect())
+            Response::Invalidate(store.invalidate_batch(who, &keys.iter().collect::<Vec<_>>()))
         }
         Request::Reserve { key, len, request } => {
             Response::Reserve(store.reserve(who, &key, len, request))
@@ -756,7 +771,10 @@ fn attach<'a>(len: u64, local: &mut Local<'a>, shared: &'a Shared) -> Response {
     Response::ShmAttach(len)
 }
 
-/// GET straight into the client's segment. Every range is checked before any is written.
+/// GET straight into the client's segment. Every range is checked before any is written; the
+/// items then go to the store as one batch, each into its own range. Ranges that overlap (which
+/// a client's distinct buffers never do) cannot be handed out together, so such a frame is
+/// served one item at a time, in order.
 fn get_shared(
     store: &dyn Store,
     who: &Caller,
@@ -766,22 +784,39 @@ fn get_shared(
     if let Some(e) = items.iter().find_map(|i| segment.check(i.offset, i.capacity).err()) {
         return shm_error(e);
     }
-    Response::GetShared(
-        items
+    let ranges: Option<Vec<Range<usize>>> =
+        items.iter().map(|i| usize_range(i.offset, i.capacity)).collect();
+    let Some(ranges) = ranges.filter(|r| disjoint(r)) else {
+        return Response::GetShared(
+            items
+                .iter()
+                .map(|item| {
+                    segment
+                        .with_bytes_mut(item.offset, item.capacity, |dst| {
+                            store.get_into(who, &item.key, dst)
+                        })
+                        .unwrap_or_else(|e| Err(shm_backend("get", e)))
+                })
+                .collect(),
+        );
+    };
+    let answers = segment.with_bytes_mut(0, segment.len(), |all| {
+        let mut batch: Vec<BatchGet<'_>> = items
             .iter()
-            .map(|item| {
-                segment
-                    .with_bytes_mut(item.offset, item.capacity, |dst| {
-                        store.get_into(who, &item.key, dst)
-                    })
-                    .unwrap_or_else(|e| Err(shm_backend("get", e)))
-            })
-            .collect(),
-    )
+            .zip(split_disjoint(all, &ranges))
+            .map(|(item, dst)| BatchGet { key: &item.key, dst })
+            .collect();
+        store.get_batch(who, &mut batch)
+    });
+    match answers {
+        Ok(answers) => Response::GetShared(answers),
+        Err(e) => shm_error(e),
+    }
 }
 
-/// PUT straight from the client's segment. The store checksums what it copied; a block whose
-/// checksum is not the one the client sent (its bytes changed during the copy) is dropped.
+/// PUT straight from the client's segment, the frame's items as one batch. The store checksums
+/// what it copied; a block whose checksum is not the one the client sent (its bytes changed
+/// during the copy) is dropped again (the drops as one batch too).
 fn put_shared(
     store: &dyn Store,
     who: &Caller,
@@ -791,33 +826,81 @@ fn put_shared(
     if let Some(e) = items.iter().find_map(|i| segment.check(i.offset, i.len).err()) {
         return shm_error(e);
     }
-    Response::PutShared(
-        items
+    let Some(ranges) =
+        items.iter().map(|i| usize_range(i.offset, i.len)).collect::<Option<Vec<_>>>()
+    else {
+        return shm_error("a range does not fit this host's addresses");
+    };
+    let answers = segment.with_bytes(0, segment.len(), |all| {
+        let batch: Vec<BatchPut<'_>> = items
             .iter()
-            .map(|item| {
-                let put = segment
-                    .with_bytes(item.offset, item.len, |src| {
-                        store.put(who, &item.key, src, item.request)
-                    })
-                    .unwrap_or_else(|e| Err(shm_backend("put", e)))?;
-                match put {
-                    Put::Committed(sum) if sum != item.checksum => {
-                        let _ = store.invalidate(who, &item.key);
-                        Err(StoreError::Backend {
-                            operation: "put",
-                            detail: format!(
-                                "the shared bytes hash to {:016x}, the client sent {:016x}: they \
-                                 changed while the server copied them; the block was dropped",
-                                sum.0, item.checksum.0
-                            ),
-                            retirement: Retirement::Retired,
-                        })
-                    }
-                    other => Ok(other),
-                }
+            .zip(&ranges)
+            .map(|(item, range)| BatchPut {
+                key: &item.key,
+                src: all.get(range.clone()).unwrap_or_default(),
+                request: item.request,
             })
-            .collect(),
-    )
+            .collect();
+        store.put_batch(who, &batch)
+    });
+    let mut answers = match answers {
+        Ok(answers) => answers,
+        Err(e) => return shm_error(e),
+    };
+    let changed: Vec<usize> = (0..items.len().min(answers.len()))
+        .filter(|&i| matches!(answers[i], Ok(Put::Committed(sum)) if sum != items[i].checksum))
+        .collect();
+    if !changed.is_empty() {
+        let keys: Vec<&PhysicalKey> = changed.iter().map(|&i| &items[i].key).collect();
+        let _ = store.invalidate_batch(who, &keys);
+        for &i in &changed {
+            let Ok(Put::Committed(sum)) = answers[i] else { continue };
+            answers[i] = Err(StoreError::Backend {
+                operation: "put",
+                detail: format!(
+                    "the shared bytes hash to {:016x}, the client sent {:016x}: they changed \
+                     while the server copied them; the block was dropped",
+                    sum.0, items[i].checksum.0
+                ),
+                retirement: Retirement::Retired,
+            });
+        }
+    }
+    Response::PutShared(answers)
+}
+
+/// `len` bytes at `offset`, as a range of this host's addresses.
+fn usize_range(offset: u64, len: u64) -> Option<Range<usize>> {
+    let start = usize::try_from(offset).ok()?;
+    Some(start..start.checked_add(usize::try_from(len).ok()?)?)
+}
+
+/// Whether no two of `ranges` share a byte (empty ranges share none).
+fn disjoint(ranges: &[Range<usize>]) -> bool {
+    let mut sorted: Vec<&Range<usize>> = ranges.iter().filter(|r| !r.is_empty()).collect();
+    sorted.sort_by_key(|r| r.start);
+    sorted.windows(2).all(|w| w[0].end <= w[1].start)
+}
+
+/// `all` cut into one slice per range of `ranges` (which are [`disjoint`] and within `all`), in
+/// the order of `ranges`.
+fn split_disjoint<'a>(all: &'a mut [u8], ranges: &[Range<usize>]) -> Vec<&'a mut [u8]> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
+    let mut slices: Vec<Option<&'a mut [u8]>> = (0..ranges.len()).map(|_| None).collect();
+    let (mut rest, mut at) = (all, 0);
+    for i in order {
+        let Range { start, end } = ranges[i].clone();
+        let tail = std::mem::take(&mut rest);
+        let skip = start.saturating_sub(at).min(tail.len());
+        let (_, tail) = tail.split_at_mut(skip);
+        let take = end.saturating_sub(start).min(tail.len());
+        let (slice, tail) = tail.split_at_mut(take);
+        slices[i] = Some(slice);
+        rest = tail;
+        at = at.max(start) + take;
+    }
+    slices.into_iter().map(Option::unwrap_or_default).collect()
 }
 
 fn shm_backend(

@@ -2,7 +2,11 @@
 //! GETs into and PUTs from shared buffers move no payload through the socket and copy nothing
 //! on the client; other buffers bounce through the segment, and fall back to frames when it is
 //! full. Hostile segments and ranges are refused with typed errors while the connection goes
-//! on; a failed GET that the server may still be writing is reported as not retired.
+//! on; a failed GET that the server may still be writing is reported as not retired. A shared
+//! frame reaches the store as one batch call (items whose ranges overlap, one at a time), and a
+//! batch the server stops answering fails each item with the retirement its buffer is in.
+
+mod counting;
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -11,19 +15,27 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use gpucache_client::{ClientConfig, LocalConfig, TcpStore};
+use gpucache_client::{ClientConfig, FRAMES_IN_FLIGHT_MAX, LocalConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{RequestId, ResourceLimits};
-use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Retirement, Store, StoreError};
+use gpucache_dataplane::store::{
+    BatchGet, BatchPut, Get, Lookup, MissReason, Put, Retirement, Store, StoreError,
+};
 use gpucache_dataplane::testing::fixture::{BeforeGet, key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
-use gpucache_storage::host::segment::{Pages, SEGMENT_BYTES_MIN, Segment, send_with_fd};
-use gpucache_wire::{FrameDecoder, Request, Response, SharedGetItem, SharedPutItem, WireError};
+use gpucache_storage::host::segment::{
+    ARENA_ALIGN, Pages, SEGMENT_BYTES_MIN, Segment, send_with_fd,
+};
+use gpucache_wire::{
+    BATCH_ITEMS_MAX, FrameDecoder, Request, Response, SharedGetItem, SharedPutItem, WireError,
+};
+
+use counting::{Call, Counting};
 
 fn caller() -> Caller {
     Caller::new(tenant(0), Rights::READ_WRITE)
@@ -111,9 +123,14 @@ fn ordinary_buffers_bounce_and_fall_back_to_frames_when_the_segment_is_full() {
     // Batches mix both kinds of buffer in one frame.
     let mut shared_dst = client.shared_buffer(1 << 20).expect("shared buffer");
     let mut plain_dst = vec![0u8; 4 << 20];
-    let answers = client
-        .get_many(&c, &mut [(k(4), &mut plain_dst[..]), (k(3), &mut shared_dst[..])])
-        .expect("batch");
+    let (k3, k4) = (k(3), k(4));
+    let answers = client.get_batch(
+        &c,
+        &mut [
+            BatchGet { key: &k4, dst: &mut plain_dst[..] },
+            BatchGet { key: &k3, dst: &mut shared_dst[..] },
+        ],
+    );
     assert!(matches!(answers[0], Ok(Get::Hit { len, .. }) if len == other.len() as u64));
     assert_eq!(&plain_dst[..other.len()], &other[..]);
     // 3 MiB does not fit a 1 MiB buffer: the store's own answer, through the segment or not.
@@ -401,4 +418,140 @@ fn a_get_the_server_may_still_write_is_not_retired() {
     assert!(plain.iter().all(|&b| b == 0));
     assert_eq!(client.shared_stats().quarantined_bytes, 8192);
     gate.open();
+}
+
+#[test]
+fn shared_frames_reach_the_store_as_one_batch_call() {
+    let counting = Arc::new(Counting::new(memory()));
+    let served = serve(Arc::clone(&counting) as Arc<dyn Store>, 1 << 30);
+    let client = served.client(16 << 20);
+    let c = caller();
+    let keys: Vec<PhysicalKey> = (0..10u8).map(|i| key(0, &[40, i], KvDtype::F16, 16)).collect();
+    let values: Vec<Vec<u8>> = (0..10usize).map(|i| payload(i as u64, 100 + 10 * i)).collect();
+    // Half from shared buffers, half bounced.
+    let mut shared: Vec<_> = (0..5).map(|_| client.shared_buffer(4096).expect("room")).collect();
+    for (buf, value) in shared.iter_mut().zip(&values) {
+        buf[..value.len()].copy_from_slice(value);
+    }
+    let puts: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let src = if i < 5 { &shared[i][..values[i].len()] } else { &values[i][..] };
+            BatchPut { key, src, request: None }
+        })
+        .collect();
+    assert!(client.put_batch(&c, &puts).iter().all(|a| matches!(a, Ok(Put::Committed(_)))));
+    drop(puts);
+    assert_eq!(counting.take_calls(), [(Call::PutBatch, 10)]);
+    let mut plain: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; 4096]).collect();
+    let mut dsts: Vec<&mut [u8]> = shared.iter_mut().map(|b| &mut b[..]).collect();
+    dsts.extend(plain.iter_mut().map(|b| &mut b[..]));
+    let mut items: Vec<_> = keys.iter().zip(dsts).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&c, &mut items);
+    drop(items);
+    assert_eq!(counting.take_calls(), [(Call::GetBatch, 10)]);
+    for (i, answer) in got.iter().enumerate() {
+        assert!(
+            matches!(answer, Ok(Get::Hit { len, .. }) if *len == values[i].len() as u64),
+            "{i}: {answer:?}"
+        );
+        let landed = if i < 5 { &shared[i][..] } else { &plain[i - 5][..] };
+        assert_eq!(&landed[..values[i].len()], &values[i][..], "item {i}");
+    }
+    let stats = client.shared_stats();
+    assert_eq!((stats.direct_items, stats.bounced_items, stats.framed_batches), (10, 10, 0));
+
+    // A raw client whose ranges overlap: such items cannot be handed out together, so they are
+    // served one at a time, with the same answers.
+    let mut raw = Raw::connect(&served.path());
+    let segment = Segment::create(SEGMENT_BYTES_MIN, Pages::Normal).expect("segment");
+    let fd = segment.fd().try_clone_to_owned().expect("dup");
+    assert_eq!(
+        raw.call(&Request::ShmAttach { len: SEGMENT_BYTES_MIN }, Some(&fd)),
+        Response::ShmAttach(SEGMENT_BYTES_MIN)
+    );
+    let item = |i: usize, offset| SharedGetItem { key: keys[i].clone(), offset, capacity: 4096 };
+    let hit =
+        |i: usize| Ok(Get::Hit { len: values[i].len() as u64, checksum: Checksum::of(&values[i]) });
+    let _ = counting.take();
+    let r = raw.call(&Request::GetShared { items: vec![item(0, 0), item(1, 4096)] }, None);
+    assert_eq!(r, Response::GetShared(vec![hit(0), hit(1)]));
+    assert_eq!(counting.take_calls(), [(Call::GetBatch, 2)]);
+    let r = raw.call(&Request::GetShared { items: vec![item(0, 0), item(1, 100)] }, None);
+    assert_eq!(r, Response::GetShared(vec![hit(0), hit(1)]));
+    assert_eq!(counting.take_calls(), [(Call::Get, 1), (Call::Get, 1)]);
+    segment
+        .with_bytes(100, values[1].len() as u64, |b| assert_eq!(b, &values[1][..]))
+        .expect("in range");
+}
+
+#[test]
+fn a_batch_the_server_stops_answering_fails_each_item_with_its_retirement() {
+    // The second GET_SHARED frame is held inside the store until the client's deadline passes.
+    let gate = Arc::new(Gate::default());
+    let waits = Arc::clone(&gate);
+    let counting = Counting::new(memory()).before_get_batch(move |n| {
+        if n == 1 {
+            waits.pass();
+        }
+    });
+    let served = serve(Arc::new(counting), 1 << 30);
+    let mut config = ClientConfig::new(served.server.local_addr(), caller());
+    let mut local = LocalConfig::new(served.path());
+    local.segment_bytes = 64 << 20;
+    config.local = Some(local);
+    config.deadline = Duration::from_secs(1);
+    let client = TcpStore::new(config);
+    let c = caller();
+
+    // Frames of BATCH_ITEMS_MAX items; even items into the caller's shared buffers, odd ones
+    // into ordinary buffers (bounced). Frame 0 is answered; frame 1 is held; the writer sends
+    // at most FRAMES_IN_FLIGHT_MAX unanswered, so the last frame is never sent.
+    let frames = FRAMES_IN_FLIGHT_MAX + 2;
+    let n = frames * BATCH_ITEMS_MAX;
+    let keys: Vec<PhysicalKey> = (0..n)
+        .map(|i| {
+            let [lo, hi, ..] = i.to_le_bytes();
+            key(0, &[41, lo, hi], KvDtype::F16, 16)
+        })
+        .collect();
+    let mut shared: Vec<_> = (0..n / 2).map(|_| client.shared_buffer(16).expect("room")).collect();
+    let mut plain: Vec<Vec<u8>> = (0..n / 2).map(|_| vec![0u8; 16]).collect();
+    let mut items: Vec<_> = shared
+        .iter_mut()
+        .zip(&mut plain)
+        .flat_map(|(s, p)| [&mut s[..], &mut p[..]])
+        .zip(&keys)
+        .map(|(dst, key)| BatchGet { key, dst })
+        .collect();
+    let got = client.get_batch(&c, &mut items);
+    drop(items);
+    gate.open();
+    assert_eq!(got.len(), n);
+    for (i, answer) in got.iter().enumerate() {
+        let frame = i / BATCH_ITEMS_MAX;
+        let direct = i % 2 == 0;
+        if frame == 0 {
+            assert_eq!(*answer, Ok(Get::Miss(MissReason::Absent)), "item {i}");
+            continue;
+        }
+        let e = answer.as_ref().expect_err("unanswered items fail");
+        let retirement = e.retirement();
+        if frame == 1 && direct {
+            // The server is inside this frame: it may still write the caller's buffer.
+            assert_eq!(retirement, Retirement::Unknown, "item {i}: {e}");
+        } else if !direct || frame == frames - 1 {
+            // A bounce buffer keeps the caller's buffer untouched; a frame never sent was
+            // never served.
+            assert_eq!(retirement, Retirement::Retired, "item {i}: {e}");
+        }
+    }
+    assert!(plain.iter().all(|p| p.iter().all(|&b| b == 0)));
+    // The bounce buffers of the frames that may have been served are kept out of reuse, and at
+    // least frame 1's are among them; those of the frame never sent are not.
+    let quarantined = client.shared_stats().quarantined_bytes;
+    let per_frame = (BATCH_ITEMS_MAX as u64 / 2) * ARENA_ALIGN;
+    assert!(quarantined >= per_frame, "{quarantined}");
+    assert!(quarantined <= per_frame * (frames as u64 - 2), "{quarantined}");
 }

@@ -106,20 +106,6 @@ impl<'a> Writer<'a> {
         self.out.extend_from_slice(b);
     }
 
-    /// Bytes written in place by `fill`, without a length: it gets `capacity` zeroed bytes and
-    /// returns how many of them it used (clamped to `capacity`) with its own result.
-    pub(super) fn fill_in_place<R>(
-        &mut self,
-        capacity: usize,
-        fill: impl FnOnce(&mut [u8]) -> (usize, R),
-    ) -> R {
-        let start = self.out.len();
-        self.out.resize(start + capacity, 0);
-        let (used, result) = fill(self.out.get_mut(start..).unwrap_or_default());
-        self.out.truncate(start + used.min(capacity));
-        result
-    }
-
     /// A key as its length-prefixed GPCK encoding.
     pub(super) fn key(&mut self, key: &PhysicalKey) {
         self.bytes(key.encoded());

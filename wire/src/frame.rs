@@ -215,6 +215,21 @@ pub(super) fn write_frame(
 ) -> Result<(), WireError> {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER_BYTES]);
+    finish_frame(kind, op, request_id, seal, out, start, body)
+}
+
+/// Completes the frame that starts at `start` of `out`: its first [`HEADER_BYTES`] are room
+/// for the header (whatever they hold is overwritten), the bytes after them are the start of
+/// its body, and `body` appends the rest. On error `out` is cut back to `start`.
+pub(super) fn finish_frame(
+    kind: Kind,
+    op: Op,
+    request_id: u64,
+    seal: Option<&SealKey>,
+    out: &mut Vec<u8>,
+    start: usize,
+    body: impl FnOnce(&mut Writer<'_>),
+) -> Result<(), WireError> {
     let mut w = Writer::new(out);
     body(&mut w);
     let result = w.finish().and_then(|()| {

@@ -6,12 +6,13 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, FullPolicy, Get, Implementation, Invalidate, Lookup, MissReason, Put,
-    Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreInfo, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
+    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, StoreError,
+    StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer};
-use super::frame::{Frame, trailer_start, write_frame};
+use super::frame::{Frame, finish_frame, trailer_start, write_frame};
 use super::values::{
     get_abort, get_full_policy, get_implementation, get_invalidate, get_lookup, get_miss, get_put,
     get_reclaimed, get_request_id, get_reservation, get_reserve, get_result, get_retirement,
@@ -26,7 +27,7 @@ use crate::staging::{
 };
 
 use super::seal::{FINGERPRINT_BYTES, NONCE_BYTES, SealAlgorithm, SealKey};
-use super::{Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
+use super::{HEADER_BYTES, Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
 
 /// The proof a HELLO carries for a tenant with a secret (`docs/PROTOCOL.md` section 6). The
 /// HELLO frame itself is sealed with the secret.
@@ -607,60 +608,135 @@ pub fn decode_put_request(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
     Ok(items)
 }
 
-/// Appends a PUT request frame whose payloads are written straight from the caller's slices
-/// (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
+/// Appends a PUT request frame whose keys and payloads are written straight from the caller's
+/// batch items (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
 pub fn encode_put_request(
     request_id: u64,
     seal: Option<&SealKey>,
-    items: &[(PhysicalKey, &[u8], Option<RequestId>)],
+    items: &[BatchPut<'_>],
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
     write_frame(Kind::Request, Op::Put, request_id, seal, out, |w| {
         w.count(items.len());
-        for (key, data, request) in items {
-            w.key(key);
-            put_request_id(w, *request);
-            w.bytes(data);
+        for item in items {
+            w.key(item.key);
+            put_request_id(w, item.request);
+            w.bytes(item.src);
         }
     })
 }
 
-/// Appends a GET response frame answering `items`, each block written in place by `fetch`
-/// into the frame (no intermediate buffer); the same bytes as [`Response::Get`].
+/// Writes a GET response frame answering `items` into `out`, replacing what `out` held, with
+/// every block read in place by one call of `fetch`: it gets one destination per item, in
+/// order, each `capacity` bytes of the frame's payload part, and answers per item as
+/// [`gpucache_dataplane::store::Store::get_batch`] does. The hits are then moved together, back
+/// to back in item order, and the trailer written after them: the same bytes as
+/// [`Response::Get`].
+///
+/// The destinations are not zeroed first: they reuse the bytes `out` already holds (a server
+/// passes the buffer of the last frame it sent on the connection, so a fetch overwrites that
+/// connection's own earlier answer), and only what is grown past them is zero-filled. That is
+/// safe because nothing but the front `len` bytes of a hit, which the store reports it wrote,
+/// goes into the frame; a miss or error contributes no bytes, and a hit longer than its
+/// destination is answered as an error. On error `out` is left empty.
 pub fn encode_get_response(
     request_id: u64,
     seal: Option<&SealKey>,
     items: &[GetItem],
     out: &mut Vec<u8>,
-    mut fetch: impl FnMut(&GetItem, &mut [u8]) -> Result<Get, StoreError>,
+    fetch: impl FnOnce(&mut [BatchGet<'_>]) -> BatchAnswers<Get>,
 ) -> Result<(), WireError> {
-    write_frame(Kind::Response, Op::Get, request_id, seal, out, |w| {
+    let total = items.iter().try_fold(0u64, |sum, item| sum.checked_add(item.capacity));
+    let total = match total.filter(|t| *t <= PAYLOAD_BYTES_MAX).map(usize::try_from) {
+        Some(Ok(t)) => t,
+        _ => {
+            out.clear();
+            return Err(get_capacity_error(total.unwrap_or(u64::MAX)));
+        }
+    };
+    let frame_len = HEADER_BYTES + total;
+    if out.len() < frame_len {
+        out.resize(frame_len, 0);
+    } else {
+        out.truncate(frame_len);
+    }
+    let mut answers = {
+        let (_, mut rest) = out.split_at_mut(HEADER_BYTES);
+        let mut batch = Vec::with_capacity(items.len());
+        for item in items {
+            // Within `total`, which fits a usize.
+            let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+            let at = capacity.min(rest.len());
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(at);
+            batch.push(BatchGet { key: &item.key, dst });
+            rest = tail;
+        }
+        fetch(&mut batch)
+    };
+    answers.truncate(items.len());
+    // Move each hit's bytes down to the end of the hits before it.
+    let (mut slot, mut packed) = (HEADER_BYTES, HEADER_BYTES);
+    for (i, item) in items.iter().enumerate() {
+        let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+        let answer = match answers.get_mut(i) {
+            Some(a) => a,
+            None => {
+                answers.push(Err(get_unanswered(answers.len(), items.len())));
+                continue;
+            }
+        };
+        if let Ok(Get::Hit { len, .. }) = answer {
+            match usize::try_from(*len) {
+                Ok(n) if n <= capacity => {
+                    if slot != packed {
+                        out.copy_within(slot..slot + n, packed);
+                    }
+                    packed += n;
+                }
+                _ => *answer = Err(get_overlong(*len, item.capacity)),
+            }
+        }
+        slot += capacity;
+    }
+    out.truncate(packed);
+    finish_frame(Kind::Response, Op::Get, request_id, seal, out, 0, |w| {
         let mut trailer = Vec::new();
         let mut t = Writer::new(&mut trailer);
         t.count(items.len());
-        for item in items {
-            let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
-            let got = w.fill_in_place(capacity, |dst| match fetch(item, dst) {
-                Ok(Get::Hit { len, checksum }) => {
-                    (usize::try_from(len).unwrap_or(usize::MAX), Ok(Get::Hit { len, checksum }))
-                }
-                other => (0, other),
-            });
-            match got {
+        for answer in &answers {
+            match answer {
                 Ok(Get::Hit { len, checksum }) => {
                     t.u8(0);
                     t.u8(0);
                     t.u64(checksum.0);
-                    t.len(usize::try_from(len).unwrap_or(usize::MAX));
+                    t.len(usize::try_from(*len).unwrap_or(usize::MAX));
                 }
                 Ok(Get::Miss(reason)) => {
-                    put_result(&mut t, &Ok(Fetched::Miss(reason)), put_fetched_meta)
+                    put_result(&mut t, &Ok(Fetched::Miss(*reason)), put_fetched_meta)
                 }
-                Err(e) => put_result(&mut t, &Err::<Fetched, _>(e), put_fetched_meta),
+                Err(e) => put_result(&mut t, &Err::<Fetched, _>(e.clone()), put_fetched_meta),
             }
         }
         finish_trailer(w, t.finish(), &trailer);
     })
+}
+
+/// The error of an item the store's batch left without an answer.
+fn get_unanswered(answered: usize, items: usize) -> StoreError {
+    StoreError::Backend {
+        operation: "get",
+        detail: format!("the store answered {answered} of {items} items"),
+        retirement: Retirement::Retired,
+    }
+}
+
+/// The error of a hit longer than the destination the store was given.
+fn get_overlong(len: u64, capacity: u64) -> StoreError {
+    StoreError::Backend {
+        operation: "get",
+        detail: format!("the store reported {len} bytes written into a {capacity}-byte buffer"),
+        retirement: Retirement::Retired,
+    }
 }
 
 /// One GET answer, its bytes borrowed from the frame body.

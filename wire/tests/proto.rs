@@ -13,9 +13,9 @@ use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
-    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
-    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StorageEffect, StoreError, StoreStats,
+    Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
+    Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
+    Retirement, StorageEffect, StoreError, StoreStats,
 };
 use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
@@ -726,6 +726,43 @@ fn get_items() -> impl Strategy<Value = Vec<(GetItem, Result<Get, StoreError>, V
     })
 }
 
+/// A GET answer reuses its buffer without zeroing it: the store sees the bytes of the frame
+/// written there before (and overwrites what it delivers), and what it did not write never
+/// reaches the frame; a store's batch that leaves items unanswered, or reports a hit longer
+/// than its destination, answers those items with errors.
+#[test]
+fn get_answers_reuse_their_buffer_and_send_only_what_the_store_wrote() {
+    let k = |i: u8| fixture::key(0, &[i], KvDtype::F16, 16);
+    let gets: Vec<GetItem> = (0..4).map(|i| GetItem { key: k(i), capacity: 64 }).collect();
+    let mut out = vec![0xEE; 1024];
+    let mut seen = Vec::new();
+    encode_get_response(7, None, &gets, &mut out, |batch| {
+        seen = batch.iter().map(|item| item.dst.iter().all(|&b| b == 0xEE)).collect();
+        batch[1].dst[..3].copy_from_slice(b"abc");
+        vec![
+            Ok(Get::Miss(MissReason::Absent)),
+            Ok(Get::Hit { len: 3, checksum: Checksum::of(b"abc") }),
+            Ok(Get::Hit { len: 65, checksum: Checksum(1) }),
+        ]
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(seen, [true; 4], "the destinations were zeroed first");
+    let frame = decode_one(&out).unwrap_or_else(|e| panic!("{e}"));
+    let answers = decode_get_response(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answers.len(), 4);
+    assert_eq!(answers[0], Ok(FetchedRef::Miss(MissReason::Absent)));
+    assert_eq!(answers[1], Ok(FetchedRef::Hit { checksum: Checksum::of(b"abc"), data: b"abc" }));
+    for (i, answer) in answers.iter().enumerate().skip(2) {
+        let Err(e) = answer else { panic!("item {i}: {answer:?}") };
+        assert_eq!(e.retirement(), Retirement::Retired, "item {i}: {e}");
+    }
+    // Capacities over the payload limit are refused before anything is allocated.
+    let huge = vec![GetItem { key: k(9), capacity: gpucache_wire::PAYLOAD_BYTES_MAX + 1 }];
+    let mut out = vec![1u8; 16];
+    assert!(encode_get_response(8, None, &huge, &mut out, |_| Vec::new()).is_err());
+    assert!(out.is_empty());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -749,10 +786,15 @@ proptest! {
         prop_assert_eq!(decode_windowed(&stream, &sizes, window), pushed);
     }
 
-    /// The in-place GET encoder writes the bytes `Response::Get` writes, and the borrowed
+    /// The in-place GET encoder writes the bytes `Response::Get` writes, whatever the buffer
+    /// it reuses held before (none of those bytes leak into the frame), and the borrowed
     /// decoder reads back what the owned one does.
     #[test]
-    fn in_place_get_answers_match_the_owned_encoding(items in get_items(), id in any::<u64>()) {
+    fn in_place_get_answers_match_the_owned_encoding(
+        items in get_items(),
+        id in any::<u64>(),
+        stale in 0usize..2048,
+    ) {
         let owned = Response::Get(
             items
                 .iter()
@@ -766,14 +808,23 @@ proptest! {
                 .collect(),
         );
         let gets: Vec<GetItem> = items.iter().map(|(g, _, _)| g.clone()).collect();
-        let mut next = items.iter();
-        let mut in_place = Vec::new();
-        encode_get_response(id, None, &gets, &mut in_place, |_, dst| {
-            let (_, got, data) = next.next().unwrap_or_else(|| panic!("one fetch per item"));
-            dst[..data.len()].copy_from_slice(data);
-            got.clone()
+        let mut in_place = vec![0xA5; stale];
+        let mut fetches = 0;
+        encode_get_response(id, None, &gets, &mut in_place, |batch| {
+            fetches += 1;
+            assert_eq!(batch.len(), items.len());
+            batch
+                .iter_mut()
+                .zip(&items)
+                .map(|(item, (get, got, data))| {
+                    assert_eq!((item.key, item.dst.len() as u64), (&get.key, get.capacity));
+                    item.dst[..data.len()].copy_from_slice(data);
+                    got.clone()
+                })
+                .collect()
         })
         .unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(fetches, 1);
         prop_assert_eq!(&in_place, &response_frame(&owned, id));
         let frame = decode_one(&in_place).unwrap_or_else(|e| panic!("{e}"));
         let borrowed = decode_get_response(&frame.body).unwrap_or_else(|e| panic!("{e}"));
@@ -806,8 +857,8 @@ proptest! {
                 .map(|(key, request, data)| PutItem { key: key.clone(), request: *request, data: data.clone() })
                 .collect(),
         };
-        let slices: Vec<(PhysicalKey, &[u8], Option<RequestId>)> =
-            items.iter().map(|(k, r, d)| (k.clone(), &d[..], *r)).collect();
+        let slices: Vec<BatchPut<'_>> =
+            items.iter().map(|(key, request, src)| BatchPut { key, src, request: *request }).collect();
         let mut borrowed = Vec::new();
         encode_put_request(id, None, &slices, &mut borrowed).unwrap_or_else(|e| panic!("{e}"));
         prop_assert_eq!(&borrowed, &request_frame(&owned, id));

@@ -1,0 +1,188 @@
+//! A store decorator for the server tests: it records every keyed call the server makes (which
+//! call, how many items, on which thread, one thread being one connection) and hands it to the
+//! inner store unchanged; a hook can hold up a chosen `get_batch` call.
+
+#![allow(dead_code, reason = "each test file uses a different subset of these helpers")]
+
+use std::sync::Mutex;
+use std::thread::ThreadId;
+
+use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::store::{
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Invalidate, Lookup, Put, Reclaimed,
+    Reservation, Reserve, Retirement, Store, StoreCondition, StoreError, StoreInfo, StoreStats,
+};
+
+/// A keyed store call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    Lookup,
+    Get,
+    Put,
+    Invalidate,
+    LookupBatch,
+    GetBatch,
+    PutBatch,
+    InvalidateBatch,
+}
+
+/// One recorded call: which, with how many items, on which thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub(crate) call: Call,
+    pub(crate) items: usize,
+    pub(crate) thread: ThreadId,
+}
+
+/// Runs before the `n`th (from 0) `get_batch` call reaches the inner store.
+type BeforeBatch = Box<dyn Fn(usize) + Send + Sync>;
+
+pub(crate) struct Counting<S> {
+    inner: S,
+    seen: Mutex<Vec<Seen>>,
+    before_get_batch: Option<BeforeBatch>,
+}
+
+impl<S> std::fmt::Debug for Counting<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counting").finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Counting<S> {
+    pub(crate) fn new(inner: S) -> Self {
+        Self { inner, seen: Mutex::default(), before_get_batch: None }
+    }
+
+    /// Runs `hook` with its index before every `get_batch` call.
+    pub(crate) fn before_get_batch(mut self, hook: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.before_get_batch = Some(Box::new(hook));
+        self
+    }
+
+    /// Every call so far, in order; forgets them.
+    pub(crate) fn take(&self) -> Vec<Seen> {
+        std::mem::take(&mut *self.seen.lock().expect("seen"))
+    }
+
+    /// The calls so far as (call, items), in order; forgets them.
+    pub(crate) fn take_calls(&self) -> Vec<(Call, usize)> {
+        self.take().into_iter().map(|s| (s.call, s.items)).collect()
+    }
+
+    /// Records a call; returns how many of its kind came before it.
+    fn saw(&self, call: Call, items: usize) -> usize {
+        let mut seen = self.seen.lock().expect("seen");
+        let before = seen.iter().filter(|s| s.call == call).count();
+        seen.push(Seen { call, items, thread: std::thread::current().id() });
+        before
+    }
+}
+
+impl<S: Store> Store for Counting<S> {
+    fn info(&self) -> StoreInfo {
+        self.inner.info()
+    }
+    fn failures_retire(&self) -> bool {
+        self.inner.failures_retire()
+    }
+    fn epoch(&self) -> Epoch {
+        self.inner.epoch()
+    }
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        self.saw(Call::Lookup, 1);
+        self.inner.lookup(caller, key)
+    }
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        self.saw(Call::Get, 1);
+        self.inner.get_into(caller, key, dst)
+    }
+    fn reserve(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Reserve, StoreError> {
+        self.inner.reserve(caller, key, len, request)
+    }
+    fn write(
+        &self,
+        caller: &Caller,
+        reservation: &Reservation,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), StoreError> {
+        self.inner.write(caller, reservation, offset, src)
+    }
+    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
+        self.inner.commit(caller, reservation)
+    }
+    fn abort(
+        &self,
+        caller: &Caller,
+        reservation: Reservation,
+        outcome: Retirement,
+    ) -> Result<Abort, StoreError> {
+        self.inner.abort(caller, reservation, outcome)
+    }
+    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
+        self.saw(Call::Invalidate, 1);
+        self.inner.invalidate(caller, key)
+    }
+    fn expire_leases(&self) -> Result<usize, StoreError> {
+        self.inner.expire_leases()
+    }
+    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
+        self.inner.attest_drained(caller, region)
+    }
+    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
+        self.inner.bump_epoch()
+    }
+    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
+        self.inner.reclaim_fenced(epoch)
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
+    }
+    fn condition(&self) -> StoreCondition {
+        self.inner.condition()
+    }
+    fn put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+    ) -> Result<Put, StoreError> {
+        self.saw(Call::Put, 1);
+        self.inner.put(caller, key, src, request)
+    }
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        self.saw(Call::LookupBatch, keys.len());
+        self.inner.lookup_batch(caller, keys)
+    }
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let before = self.saw(Call::GetBatch, items.len());
+        if let Some(hook) = &self.before_get_batch {
+            hook(before);
+        }
+        self.inner.get_batch(caller, items)
+    }
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        self.saw(Call::PutBatch, items.len());
+        self.inner.put_batch(caller, items)
+    }
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.saw(Call::InvalidateBatch, keys.len());
+        self.inner.invalidate_batch(caller, keys)
+    }
+}

@@ -33,6 +33,7 @@
 mod agent;
 mod epoch;
 mod error;
+mod ids;
 mod native;
 mod queue;
 mod reactor;
@@ -42,19 +43,16 @@ mod store;
 mod uring;
 
 pub use agent::{
-    Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueSpec, REACTOR_STOP_PATIENCE,
-    REACTORS_MAX, ReactorSpec, SlabConfig, SlabCounts,
+    Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueKind, QueueSpec,
+    REACTOR_STOP_PATIENCE, REACTORS_MAX, ReactorSpec, SlabConfig, SlabCounts,
 };
 pub use epoch::{EPOCH_FILE, read_persisted_epoch};
-pub use error::DpuError;
-pub use native::NativeMissing;
+pub use error::{DpuError, NativeMissing};
 #[cfg(feature = "doca")]
 pub use native::doca::DocaConfig;
 #[cfg(feature = "spdk")]
 pub use native::spdk::SpdkConfig;
-pub use queue::{
-    BlockId, MissCause, Outcome, QUEUE_DEPTH_MAX, QueueId, QueueKind, QueueStats, Ticket,
-};
+pub use queue::{BlockId, MissCause, Outcome, QUEUE_DEPTH_MAX, QueueId, QueueStats, Ticket};
 pub use reactor::{PinPolicy, Pinning, ReactorId, ReactorReport, allowed_cores};
 pub use slab::{SLAB_SLOTS_MAX, SlabMemory};
 pub use store::{DpuStore, DpuStoreConfig};

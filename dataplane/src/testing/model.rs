@@ -19,7 +19,7 @@ use crate::store::{
 };
 
 use super::fixture::{key_pool, payload, tenant};
-use super::{MakeSubject, Subject};
+use super::subject::{MakeSubject, Subject};
 
 /// Which shape of workload a property drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +124,7 @@ fn op_strategy(tenants: usize) -> impl Strategy<Value = Op> {
 /// Runs `cases()` generated workloads of `profile` against stores built by `make`.
 pub fn run(make: &MakeSubject, profile: Profile) {
     let mut runner = TestRunner::new(Config {
-        cases: super::cases(),
+        cases: super::subject::cases(),
         failure_persistence: None,
         ..Config::default()
     });

@@ -62,7 +62,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
+use super::contract::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
 
 /// Most files whose unsynced ranges are tracked at once.
 pub const TRACKED_FILES_MAX: usize = 256;

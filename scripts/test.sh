@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPUCache test suite on a fresh machine: installs what it needs, then runs the format
-# check, clippy with warnings as errors, and every test (the conformance suite at
-# GPUCACHE_CONFORMANCE_CASES generated cases per property, 1,000 unless set).
+# check, the module import cycle check, clippy with warnings as errors, and every test (the
+# conformance suite at GPUCACHE_CONFORMANCE_CASES generated cases per property, 1,000 unless
+# set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +70,11 @@ step() {
 
 step "format"
 cargo fmt --all -- --check
+
+# No module of any crate may import from a module that (through others) imports from it; crawk
+# is installed under the build folder on the first run (a few minutes), then reused.
+step "module import cycles (crawk)"
+scripts/check-module-cycles.sh
 
 step "layers (crate dependencies and the thin binary, from cargo tree)"
 scripts/check-layers.sh

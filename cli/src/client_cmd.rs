@@ -25,6 +25,7 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Get, Lookup, MissReason, Put, Store, StoreError};
+use gpucache_service::config::{NATIVE_ADDR_DEFAULT, NIXL_SLOT_BYTES_DEFAULT, TENANT_DEFAULT};
 use gpucache_service::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
 use gpucache_service::resp::IdentityTemplate;
 use gpucache_storage::host::segment::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
@@ -43,10 +44,10 @@ const GET_ATTEMPTS: usize = 3;
 pub(crate) struct Connection {
     /// The native (GPCW) listener of a running `gpucache serve` (listen.native), not its RESP
     /// or metrics port.
-    #[arg(long, default_value = "127.0.0.1:7470")]
+    #[arg(long, default_value_t = NATIVE_ADDR_DEFAULT)]
     addr: SocketAddr,
     /// The tenant to act as (one of the server's [[tenants]]).
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = TENANT_DEFAULT)]
     tenant: String,
     /// Seconds each request may take once connected (connecting and the HELLO exchange have
     /// their own short deadline, so a wrong port fails fast).
@@ -120,8 +121,8 @@ pub(crate) struct GetTarget {
     #[arg(long, conflicts_with = "shm")]
     nixl: bool,
     /// With --nixl: the largest value received (this side's registered slot; the server's
-    /// nixl.slot_bytes bounds it as well).
-    #[arg(long, requires = "nixl", default_value = "4M", value_parser = parse_nixl_slot)]
+    /// nixl.slot_bytes bounds it as well); the service's default slot size unless set.
+    #[arg(long, requires = "nixl", default_value_t = NIXL_SLOT_BYTES_DEFAULT, value_parser = parse_nixl_slot)]
     nixl_slot_bytes: u64,
 }
 

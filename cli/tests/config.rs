@@ -9,7 +9,7 @@ use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_service::auth::KeyFileError;
 use gpucache_service::config::{
-    ConfigError, DurabilityName, EngineName, RightName, ServeConfig, StoreKind,
+    ConfigError, DurabilityName, EngineName, RightName, ServeConfig, StoreKind, ValidConfig,
 };
 use gpucache_storage::file::Durability;
 use gpucache_storage::file::engine::EngineChoice;
@@ -17,7 +17,7 @@ use gpucache_wire::SealAlgorithm;
 
 /// Parses `text` and returns the error, failing the test if it was accepted.
 fn refused(text: &str) -> ConfigError {
-    match ServeConfig::from_toml_str(text) {
+    match ValidConfig::from_toml_str(text) {
         Ok(c) => panic!("accepted:\n{text}\nas {c:#?}"),
         Err(e) => e,
     }
@@ -34,9 +34,9 @@ fn refused_at(text: &str, key: &str) -> ConfigError {
 
 #[test]
 fn default_validates_and_is_what_an_empty_file_means() {
-    let d = ServeConfig::default();
-    d.validate().expect("the embedded default is valid");
-    assert_eq!(ServeConfig::from_toml_str("").expect("empty file"), d);
+    let d = ServeConfig::default().validate().expect("the embedded default is valid");
+    assert_eq!(ServeConfig::parse("").expect("empty file"), *d);
+    assert_eq!(ValidConfig::from_toml_str("").expect("empty file").config(), d.config());
     assert_eq!(d.store.kind, StoreKind::File);
     assert_eq!(d.store.root.to_str(), Some("./gpucache-data"));
     assert_eq!(d.listen.native, "127.0.0.1:7470".parse::<SocketAddr>().unwrap());
@@ -50,7 +50,7 @@ fn default_validates_and_is_what_an_empty_file_means() {
     );
     assert_eq!(d.listen.shm_mapped_bytes_max, 16 << 30);
     assert_eq!(d.limits(), ResourceLimits::default());
-    let callers = d.callers().unwrap();
+    let callers = d.callers();
     assert_eq!(callers.len(), 1);
     assert_eq!(callers[0].tenant.as_str(), "default");
     assert_eq!(callers[0].rights, Rights::READ_WRITE);
@@ -59,8 +59,8 @@ fn default_validates_and_is_what_an_empty_file_means() {
 #[test]
 fn the_repository_example_parses() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../gpucache.example.toml");
-    let c = ServeConfig::load(std::path::Path::new(path)).expect("example config");
-    assert_eq!(c, ServeConfig::default(), "the example spells out the defaults");
+    let c = ValidConfig::load(std::path::Path::new(path)).expect("example config");
+    assert_eq!(*c, ServeConfig::default(), "the example spells out the defaults");
 }
 
 #[test]
@@ -112,7 +112,7 @@ seal_algorithms = ["hmac-sha256"]
 "#,
         secret.display()
     );
-    let c = ServeConfig::from_toml_str(&text).expect("full example");
+    let c = ValidConfig::from_toml_str(&text).expect("full example");
     assert_eq!(c.store.engine, EngineName::Psync);
     assert_eq!(c.store.durability, DurabilityName::GroupCommit);
     assert_eq!(c.limits.object_bytes_max, 16 << 20);
@@ -122,12 +122,12 @@ seal_algorithms = ["hmac-sha256"]
     assert_eq!(c.tenants[1].rights, [RightName::Read, RightName::Write, RightName::Admin]);
     assert_eq!(c.tenants[1].secret_file.as_deref(), Some(secret.as_path()));
     assert_eq!(c.listen.clock_skew_max_ms, 30_000);
-    let auth = c.tenant_auth().expect("keys load");
+    let auth = c.tenant_auth();
     assert_eq!(auth.len(), 1, "only team-b has keys");
     let team_b = auth.values().next().expect("team-b");
     assert_eq!(team_b.accepted, [SealAlgorithm::HmacSha256]);
     assert_eq!(team_b.keys.current().len(), 1);
-    assert_eq!(c.callers().unwrap()[1].rights, Rights::ALL);
+    assert_eq!(c.callers()[1].rights, Rights::ALL);
     let f = c.file_store_config();
     assert_eq!(f.engine, EngineChoice::Psync);
     assert_eq!(f.durability, Durability::GroupCommit);
@@ -187,14 +187,14 @@ fn listen_addresses_are_loopback_unless_allowed() {
     refused_at("[listen]\nresp = \"10.1.2.3:7471\"\n", "listen.resp");
     refused_at("[listen]\nmetrics = \"[::]:7472\"\n", "listen.metrics");
     let ok = "[listen]\nnative = \"[::1]:7470\"\nresp = \"127.0.0.2:7471\"\n";
-    ServeConfig::from_toml_str(ok).expect("loopback addresses");
+    ValidConfig::from_toml_str(ok).expect("loopback addresses");
     let remote =
         "[listen]\nallow_remote = true\nallow_open_tenants = true\nnative = \"0.0.0.0:7470\"\n";
-    ServeConfig::from_toml_str(remote).expect("remote when allowed");
+    ValidConfig::from_toml_str(remote).expect("remote when allowed");
     refused_at("[listen]\nresp = \"127.0.0.1:7470\"\n", "listen.resp");
     let ephemeral =
         "[listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n";
-    ServeConfig::from_toml_str(ephemeral).expect("port 0 never collides");
+    ValidConfig::from_toml_str(ephemeral).expect("port 0 never collides");
 }
 
 #[test]
@@ -246,7 +246,7 @@ fn key_files_are_validated_line_by_line_and_must_be_private() {
     let path = dir.path().join("a.keys");
     let good = "ab".repeat(32);
     write_private(&path, &format!("# rotation\nk1 {good} 1800000000\nk2 {good}\n"));
-    ServeConfig::from_toml_str(&with_secret(&path)).expect("two keys");
+    ValidConfig::from_toml_str(&with_secret(&path)).expect("two keys");
     write_private(&path, &format!("k1 {good}\n\nk-2 abcd\n"));
     let e = refused_at(&with_secret(&path), "tenants[0].secret_file");
     assert!(e.to_string().contains("line 3: the secret has 2 bytes"), "{e}");
@@ -265,12 +265,12 @@ fn open_tenants_on_a_remote_address_need_an_explicit_yes() {
     let remote = "[listen]\nallow_remote = true\nnative = \"0.0.0.0:7470\"\n";
     let e = refused_at(remote, "tenants[0].secret_file");
     assert!(e.to_string().contains("listen.allow_open_tenants = true"), "{e}");
-    ServeConfig::from_toml_str(&format!("{remote}allow_open_tenants = true\n"))
+    ValidConfig::from_toml_str(&format!("{remote}allow_open_tenants = true\n"))
         .expect("open tenants when allowed");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.keys");
     write_private(&path, &format!("k1 {}\n", "cd".repeat(32)));
-    ServeConfig::from_toml_str(&format!("{remote}\n{}", with_secret(&path)))
+    ValidConfig::from_toml_str(&format!("{remote}\n{}", with_secret(&path)))
         .expect("a sealed tenant may be served remotely");
 }
 
@@ -278,43 +278,44 @@ fn open_tenants_on_a_remote_address_need_an_explicit_yes() {
 fn load_reports_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("absent.toml");
-    let e = ServeConfig::load(&missing).unwrap_err();
+    let e = ValidConfig::load(&missing).unwrap_err();
     assert!(e.to_string().starts_with(&missing.display().to_string()), "{e}");
     let big = dir.path().join("big.toml");
     std::fs::write(&big, vec![b'#'; 2 << 20]).unwrap();
-    assert!(matches!(ServeConfig::load(&big), Err(ConfigError::TooLarge { .. })));
+    assert!(matches!(ValidConfig::load(&big), Err(ConfigError::TooLarge { .. })));
 }
 
 #[test]
 fn open_store_builds_either_kind() {
     let clock = Arc::new(MonotonicClock::default());
-    let memory = ServeConfig::from_toml_str("[store]\nkind = \"memory\"\n").unwrap();
-    assert_eq!(memory.open_store(clock.clone()).unwrap().info().name, "memory");
+    let memory = ValidConfig::from_toml_str("[store]\nkind = \"memory\"\n").unwrap();
+    assert_eq!(memory.open_store(clock.clone()).unwrap().store.info().name, "memory");
 
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
         "[store]\nroot = \"{}\"\nengine = \"psync\"\ndurability = \"none\"\n",
         dir.path().join("data").display()
     );
-    let file = ServeConfig::from_toml_str(&text).unwrap();
-    let store = file.open_store(clock.clone()).unwrap();
-    assert_eq!(store.info().name, "file");
+    let file = ValidConfig::from_toml_str(&text).unwrap();
+    let opened = file.open_store(clock.clone()).unwrap();
+    assert_eq!(opened.store.info().name, "file");
+    assert!(opened.io_engine.is_some_and(|e| e.engine == "psync" && e.reason == "configured"));
     // A second open of the same root is refused by its lock, naming store.root.
     let Err(e) = file.open_store(clock) else { panic!("a locked root opened twice") };
-    assert_eq!(e.key(), Some("store.root"));
+    assert_eq!(e.key(), "store.root");
     assert!(e.to_string().starts_with("store.root: "), "{e}");
 }
 
 #[test]
 fn the_local_socket_is_checked_by_name() {
     // "" turns it off; a memory store has none unless one is named.
-    let off = ServeConfig::from_toml_str("[listen]\nlocal = \"\"\n").expect("off");
+    let off = ValidConfig::from_toml_str("[listen]\nlocal = \"\"\n").expect("off");
     assert_eq!(off.local_socket(), None);
-    let memory = ServeConfig::from_toml_str("[store]\nkind = \"memory\"\n").expect("memory");
+    let memory = ValidConfig::from_toml_str("[store]\nkind = \"memory\"\n").expect("memory");
     assert_eq!(memory.local_socket(), None);
     let dir = tempfile::tempdir().unwrap();
     let named = dir.path().join("s.sock");
-    let c = ServeConfig::from_toml_str(&format!(
+    let c = ValidConfig::from_toml_str(&format!(
         "[store]\nkind = \"memory\"\n[listen]\nlocal = \"{}\"\nshm_mapped_bytes_max = \"2G\"\n",
         named.display()
     ))
@@ -322,7 +323,7 @@ fn the_local_socket_is_checked_by_name() {
     assert_eq!(c.local_socket(), Some(named));
     assert_eq!(c.listen.shm_mapped_bytes_max, 2 << 30);
     // A file store's root need not exist yet: the service creates it before binding.
-    let c = ServeConfig::from_toml_str(&format!(
+    let c = ValidConfig::from_toml_str(&format!(
         "[store]\nroot = \"{}\"\n",
         dir.path().join("not-yet").display()
     ))
@@ -416,7 +417,7 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
     assert_eq!((d.stage_lease_ms, d.per_connection_max, d.staged_max), (30_000, 64, 1024));
     assert_eq!(d.agent_name(), format!("gpucache-{}", std::process::id()));
 
-    let c = ServeConfig::from_toml_str(
+    let c = ValidConfig::from_toml_str(
         "[nixl]\nenabled = true\nagent = \"node-a.0\"\npool_bytes = \"8MiB\"\nslot_bytes = \"1M\"\n\
          stage_lease_ms = 500\nper_connection_max = 4\nstaged_max = 8\n",
     )
@@ -446,4 +447,163 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
     assert!(e.to_string().contains("only letters, digits"), "{e}");
     refused_at(&format!("[nixl]\nagent = \"{}\"\n", "a".repeat(129)), "nixl.agent");
     refused_at("[nixl]\nenabled = \"yes\"\n", "nixl.enabled");
+}
+
+/// Keys whose documented default is a sentence rather than a value (unset, required, derived
+/// from other keys): the tables say what happens, and the embedded default leaves them unset.
+const DOCUMENTED_WITHOUT_A_VALUE: [&str; 9] = [
+    "listen.resp_tenant",
+    "listen.local",
+    "tenants.name",
+    "tenants.rights",
+    "tenants.secret_file",
+    "tenants.seal_algorithms",
+    "nixl.agent",
+    "dpu.spdk_pci_addr",
+    "dpu.doca_device",
+];
+
+/// A table cell's default as a TOML value: `` `"file"` ``, `` `32` ``, `1048576`, `64 MiB`.
+fn documented_value(cell: &str) -> Option<String> {
+    let cell = cell.trim();
+    if let Some(inner) = cell.strip_prefix('`').and_then(|c| c.strip_suffix('`')) {
+        return (!inner.contains('`')).then(|| inner.to_owned());
+    }
+    if !cell.is_empty() && cell.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(cell.to_owned());
+    }
+    let (n, unit) = cell.split_once(' ')?;
+    let unit_ok = ["KiB", "MiB", "GiB", "TiB"].contains(&unit);
+    (unit_ok && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("\"{n}{unit}\""))
+}
+
+/// The `(section.key, default cell)` rows of every key table in docs/OPERATIONS.md.
+fn documented_defaults() -> Vec<(String, String)> {
+    let text = include_str!("../../docs/OPERATIONS.md");
+    let mut section: Option<&str> = None;
+    let mut in_key_table = false;
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        if let Some(heading) = line.strip_prefix("### ") {
+            section = heading
+                .strip_prefix("`[")
+                .and_then(|h| h.split(']').next())
+                .map(|h| h.trim_start_matches('['));
+            continue;
+        }
+        // Only the `| key | default | meaning |` table right under a section's heading.
+        in_key_table =
+            line.starts_with('|') && (in_key_table || line == "| key | default | meaning |");
+        let Some(section) = section.filter(|_| in_key_table) else { continue };
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 4 || !cells[1].starts_with('`') {
+            continue;
+        }
+        let key = cells[1].trim_matches('`');
+        rows.push((format!("{section}.{key}"), cells[2].to_owned()));
+    }
+    rows
+}
+
+#[test]
+fn every_default_the_operations_tables_state_is_the_embedded_default() {
+    let rows = documented_defaults();
+    let default = ServeConfig::default();
+    let mut checked = 0;
+    for (path, cell) in &rows {
+        if DOCUMENTED_WITHOUT_A_VALUE.contains(&path.as_str()) {
+            continue;
+        }
+        let value = documented_value(cell)
+            .unwrap_or_else(|| panic!("docs/OPERATIONS.md: {path}: default {cell:?} is no value"));
+        let (section, key) = path.split_once('.').expect("section.key");
+        let text = format!("[{section}]\n{key} = {value}\n");
+        let c = ValidConfig::from_toml_str(&text)
+            .unwrap_or_else(|e| panic!("docs/OPERATIONS.md: {path} = {value}: {e}"));
+        assert_eq!(*c, default, "docs/OPERATIONS.md states {path} = {value}, not the default");
+        checked += 1;
+    }
+    for path in DOCUMENTED_WITHOUT_A_VALUE {
+        assert!(rows.iter().any(|(p, _)| p == path), "docs/OPERATIONS.md has no row for {path}");
+    }
+    let d = &default;
+    let unset = [
+        d.listen.resp_tenant.is_none(),
+        d.listen.local.is_none(),
+        d.nixl.agent.is_none(),
+        d.dpu.spdk_pci_addr.is_none() && d.dpu.doca_device.is_none(),
+        d.tenants.iter().all(|t| t.secret_file.is_none() && t.seal_algorithms.is_none()),
+    ];
+    assert!(unset.iter().all(|u| *u), "a key documented as unset has a value in the default");
+
+    // Every key the example file sets has its row, so no section of the tables is missing.
+    let example = include_str!("../../gpucache.example.toml");
+    let mut section = String::new();
+    let mut example_keys = 0;
+    for line in example.lines().map(str::trim) {
+        if let Some(header) = line.strip_prefix('[') {
+            section = header.trim_matches(|c| c == '[').split(']').next().unwrap_or("").to_owned();
+            continue;
+        }
+        let Some((key, _)) = line.split_once('=').filter(|_| !line.starts_with('#')) else {
+            continue;
+        };
+        let path = format!("{}.{}", section.split('.').next().unwrap_or(""), key.trim());
+        if section == "dpu.reactors" {
+            continue; // documented in the sentence under the [dpu] table
+        }
+        assert!(rows.iter().any(|(p, _)| *p == path), "docs/OPERATIONS.md has no row for {path}");
+        example_keys += 1;
+    }
+    assert!(example_keys >= 40 && checked >= example_keys - 2, "{checked} of {example_keys}");
+}
+
+#[test]
+fn the_examples_commented_defaults_mean_the_embedded_default() {
+    // Uncommented, the keys the example shows at their default change nothing.
+    let example = include_str!("../../gpucache.example.toml");
+    let shown = ["# resp_tenant = ", "# local = ", "# seal_algorithms = "];
+    let mut uncommented = 0;
+    let text: String = example
+        .lines()
+        .map(|line| match shown.iter().find(|p| line.starts_with(*p)) {
+            Some(_) => {
+                uncommented += 1;
+                format!("{}\n", &line[2..])
+            }
+            None => format!("{line}\n"),
+        })
+        .collect();
+    assert_eq!(uncommented, shown.len(), "the example no longer shows these keys");
+    let c = ValidConfig::from_toml_str(&text).expect("the example with its defaults spelt out");
+    let d = ServeConfig::default().validate().expect("the embedded default");
+    assert_eq!(c.local_socket(), d.local_socket());
+    assert_eq!(c.resp_caller(), d.resp_caller());
+    let seals = |c: &ValidConfig| {
+        let mut codes: Vec<u8> =
+            c.tenants[0].accepted_seals().expect("seals").iter().map(|a| a.code()).collect();
+        codes.sort_unstable();
+        codes
+    };
+    assert_eq!(seals(&c), seals(&d), "the example's seal_algorithms are not both");
+}
+
+#[test]
+fn the_readme_states_the_embedded_default() {
+    let readme = include_str!("../../README.md");
+    let d = ServeConfig::default().validate().expect("the embedded default");
+    let local = d.local_socket().expect("a local socket");
+    for said in [
+        format!("a FileStore under `{}`", d.store.root.display()),
+        format!("`{}`", d.listen.native),
+        format!("`{}`", d.listen.resp),
+        format!("`{}`", d.listen.metrics),
+        format!("tenant named `{}` (read and write)", d.resp_caller().tenant),
+        format!("`{}`", local.display()),
+    ] {
+        assert!(readme.contains(&said), "README.md does not say {said}");
+    }
+    assert_eq!(d.callers().len(), 1);
+    assert_eq!(d.callers()[0].rights, Rights::READ_WRITE);
 }

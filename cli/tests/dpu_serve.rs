@@ -12,7 +12,7 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::store::{Get, MissReason, Put, Reserve, Store};
 use gpucache_dataplane::testing::fixture::{key, payload};
-use gpucache_service::config::ServeConfig;
+use gpucache_service::config::ValidConfig;
 
 mod common;
 
@@ -184,17 +184,17 @@ fn dpu_config_mistakes_name_their_key() {
         ("[[dpu.reactors]]\nid = 3\n\n[[dpu.reactors]]\nid = 3\n", "dpu.reactors[1].id"),
     ];
     for (text, want) in cases {
-        let e = ServeConfig::from_toml_str(text).expect_err(text);
+        let e = ValidConfig::from_toml_str(text).expect_err(text);
         assert_eq!(e.key(), Some(want), "{text:?} -> {e}");
         assert!(e.to_string().starts_with(want), "{text:?}: {e}");
     }
-    let e = ServeConfig::from_toml_str("[dpu]\nreactors = []\n").expect_err("no reactors");
+    let e = ValidConfig::from_toml_str("[dpu]\nreactors = []\n").expect_err("no reactors");
     assert!(e.to_string().starts_with("dpu.reactors"), "{e}");
     let e =
-        ServeConfig::from_toml_str("[[dpu.reactors]]\nid = 0\ncore = 5000\n").expect_err("core");
+        ValidConfig::from_toml_str("[[dpu.reactors]]\nid = 0\ncore = 5000\n").expect_err("core");
     assert_eq!(e.key(), Some("dpu.reactors[0].core"), "{e}");
     // The defaults and a full section are accepted.
-    let ok = ServeConfig::from_toml_str(
+    let ok = ValidConfig::from_toml_str(
         "[store]\nkind = \"dpu\"\n[dpu]\nbackend = \"io_uring\"\nqueue_depth = 32\n\
          slab_slot_bytes = \"4MiB\"\npin = \"required\"\n[[dpu.reactors]]\nid = 0\ncore = 0\n",
     )

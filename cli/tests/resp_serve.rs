@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use gpucache_dataplane::caller::Rights;
-use gpucache_service::config::{ConfigError, ServeConfig};
+use gpucache_service::config::{ConfigError, ServeConfig, ValidConfig};
 
 mod common;
 
@@ -18,24 +18,24 @@ const TWO_TENANTS: &str = "[[tenants]]\nname = \"team-a\"\nrights = [\"read\"]\n
 
 #[test]
 fn resp_tenant_defaults_to_the_first_and_must_exist() {
-    let first = ServeConfig::from_toml_str(TWO_TENANTS).expect("config");
-    let caller = first.resp_caller().expect("resp caller");
+    let first = ValidConfig::from_toml_str(TWO_TENANTS).expect("config");
+    let caller = first.resp_caller();
     assert_eq!(caller.tenant.as_str(), "team-a");
     assert_eq!(caller.rights, Rights::READ_ONLY);
 
     let picked =
-        ServeConfig::from_toml_str(&format!("[listen]\nresp_tenant = \"team-b\"\n\n{TWO_TENANTS}"))
+        ValidConfig::from_toml_str(&format!("[listen]\nresp_tenant = \"team-b\"\n\n{TWO_TENANTS}"))
             .expect("config");
-    let caller = picked.resp_caller().expect("resp caller");
+    let caller = picked.resp_caller();
     assert_eq!(caller.tenant.as_str(), "team-b");
     assert_eq!(caller.rights, Rights::READ_WRITE);
 
-    let default = ServeConfig::default();
+    let default = ServeConfig::default().validate().expect("the embedded default");
     assert_eq!(default.listen.resp_tenant, None);
-    assert_eq!(default.resp_caller().expect("resp caller").tenant.as_str(), "default");
+    assert_eq!(default.resp_caller().tenant.as_str(), "default");
 
     let text = format!("[listen]\nresp_tenant = \"team-c\"\n\n{TWO_TENANTS}");
-    let Err(e) = ServeConfig::from_toml_str(&text) else {
+    let Err(e) = ValidConfig::from_toml_str(&text) else {
         panic!("an unknown tenant was accepted")
     };
     assert!(matches!(e, ConfigError::UnknownRespTenant { .. }), "{e:?}");
@@ -44,7 +44,7 @@ fn resp_tenant_defaults_to_the_first_and_must_exist() {
         e.to_string(),
         "listen.resp_tenant: team-c is not one of the configured tenants (team-a, team-b)"
     );
-    let Err(e) = ServeConfig::from_toml_str("[listen]\nresp_tenant = 3\n") else {
+    let Err(e) = ValidConfig::from_toml_str("[listen]\nresp_tenant = 3\n") else {
         panic!("a number was accepted as a tenant name")
     };
     assert_eq!(e.key(), Some("listen.resp_tenant"));

@@ -16,7 +16,10 @@
 
 use std::fmt;
 
-use crate::registry::{ReclaimCause, RegionId};
+// The proof is defined beside the table that mints it; it is named here too, where the
+// lifecycle demands it.
+pub use crate::registry::ReclaimProof;
+use crate::registry::RegionId;
 
 /// Where a block is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,25 +53,6 @@ impl BlockState {
 impl fmt::Display for BlockState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// Evidence, minted only by the registry, that nothing can touch a region any more.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ReclaimProof {
-    region: RegionId,
-    cause: ReclaimCause,
-}
-
-impl ReclaimProof {
-    pub(crate) fn new(region: RegionId, cause: ReclaimCause) -> Self {
-        Self { region, cause }
-    }
-    pub fn region(&self) -> RegionId {
-        self.region
-    }
-    pub fn cause(&self) -> ReclaimCause {
-        self.cause
     }
 }
 
@@ -150,7 +134,7 @@ impl Lifecycle {
             (Transition::Evict, Committed) => Evicting,
             (Transition::Release, Evicting) => Absent,
             (Transition::Reclaim(proof), Quarantined) => {
-                if proof.region != self.region {
+                if proof.region() != self.region {
                     return Err(self.illegal(&t, " (the proof names another region)"));
                 }
                 Absent

@@ -19,7 +19,6 @@ use std::fmt;
 
 use crate::caller::Caller;
 use crate::identity::TenantId;
-use crate::lifecycle::ReclaimProof;
 
 /// A registration's id. Monotonic per table, never reused.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,6 +110,26 @@ pub enum ReclaimCause {
     Drained,
     /// An epoch fence: nothing from an older epoch can touch it any more.
     Fenced { epoch: Epoch },
+}
+
+/// Evidence, minted only by the registry, that nothing can touch a region any more: the only
+/// way a quarantined block goes back to ABSENT (`crate::lifecycle::Transition::Reclaim`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ReclaimProof {
+    region: RegionId,
+    cause: ReclaimCause,
+}
+
+impl ReclaimProof {
+    pub(crate) fn new(region: RegionId, cause: ReclaimCause) -> Self {
+        Self { region, cause }
+    }
+    pub fn region(&self) -> RegionId {
+        self.region
+    }
+    pub fn cause(&self) -> ReclaimCause {
+        self.cause
+    }
 }
 
 /// The outcome an agent reports for an operation on a region.

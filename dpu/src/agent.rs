@@ -19,7 +19,7 @@ use crate::error::DpuError;
 use crate::job::{Answer, Job};
 use crate::queue::{
     BlockId, Done, MissCause, Op, Outcome, QUEUE_DEPTH_MAX, Queue, QueueBackend, QueueId,
-    QueueKind, QueueStats, Submission, Ticket,
+    QueueStats, Submission, Ticket,
 };
 use crate::reactor::{self, PinPolicy, Pinning, ReactorId, ReactorReport, ReactorShared};
 use crate::slab::{RawSlab, SLAB_SLOTS_MAX, SlabMemory};
@@ -30,6 +30,27 @@ pub struct ReactorSpec {
     pub id: ReactorId,
     /// The core to pin to; `None` runs unpinned (reported as [`Pinning::NotRequested`]).
     pub core: Option<usize>,
+}
+
+/// Which backend a queue uses.
+#[derive(Debug, Clone)]
+pub enum QueueKind {
+    /// Block files under `root`, moved by the backends' I/O engine (`engine` picks io_uring,
+    /// pread/pwrite, or probes io_uring first).
+    Host {
+        root: std::path::PathBuf,
+        engine: gpucache_storage::file::engine::EngineChoice,
+        /// fsync each block file before its completion is posted.
+        sync: bool,
+    },
+    /// The seeded simulation ([`crate::sim`]).
+    Sim(crate::sim::SimConfig),
+    /// An SPDK NVMe queue. Fails closed at start when SPDK is absent.
+    #[cfg(feature = "spdk")]
+    Spdk(crate::native::spdk::SpdkConfig),
+    /// A DOCA queue on a BlueField. Fails closed at start when DOCA is absent.
+    #[cfg(feature = "doca")]
+    Doca(crate::native::doca::DocaConfig),
 }
 
 /// One queue to create, bound to `owner` for its whole life.

@@ -1,12 +1,11 @@
 //! The crate's one error type.
 
+use std::fmt;
 use std::path::PathBuf;
 
 use gpucache_dataplane::registry::PoolError;
 
-use crate::native::NativeMissing;
-use crate::queue::QueueId;
-use crate::reactor::ReactorId;
+use crate::ids::{QueueId, ReactorId};
 
 /// Why an agent call failed. Submission refusals submit nothing and lease nothing.
 #[derive(Debug, thiserror::Error)]
@@ -65,4 +64,28 @@ fn list(missing: &[NativeMissing]) -> String {
 
 pub(crate) fn io_at(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> DpuError + '_ {
     move |source| DpuError::Io { path: path.to_owned(), source }
+}
+
+/// One thing a native backend needs and does not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NativeMissing {
+    /// A shared library that could not be loaded.
+    Library { name: String },
+    /// A device node or PCI function that is not present.
+    Device { what: String },
+    /// Reserved huge pages (SPDK and DOCA DMA both need them).
+    HugePages,
+    /// The GPUCache binding for the backend, which this build does not include.
+    Binding { backend: &'static str },
+}
+
+impl fmt::Display for NativeMissing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Library { name } => write!(f, "library {name}"),
+            Self::Device { what } => write!(f, "device {what}"),
+            Self::HugePages => write!(f, "hugepages (HugePages_Free is 0 in /proc/meminfo)"),
+            Self::Binding { backend } => write!(f, "the gpucache {backend} binding (not built)"),
+        }
+    }
 }

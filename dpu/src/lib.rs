@@ -36,6 +36,7 @@ mod agent;
 mod batch;
 mod epoch;
 mod error;
+mod ids;
 mod job;
 mod native;
 mod queue;
@@ -46,20 +47,17 @@ mod store;
 mod uring;
 
 pub use agent::{
-    Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueSpec, REACTOR_STOP_PATIENCE,
-    REACTORS_MAX, ReactorSpec, SlabConfig, SlabCounts,
+    Agent, AgentConfig, AgentStats, Offload, QUEUES_MAX, QueueKind, QueueSpec,
+    REACTOR_STOP_PATIENCE, REACTORS_MAX, ReactorSpec, SlabConfig, SlabCounts,
 };
 pub use batch::BATCH_IN_FLIGHT_MAX;
 pub use epoch::{EPOCH_FILE, read_persisted_epoch};
-pub use error::DpuError;
-pub use native::NativeMissing;
+pub use error::{DpuError, NativeMissing};
 #[cfg(feature = "doca")]
 pub use native::doca::DocaConfig;
 #[cfg(feature = "spdk")]
 pub use native::spdk::SpdkConfig;
-pub use queue::{
-    BlockId, MissCause, Outcome, QUEUE_DEPTH_MAX, QueueId, QueueKind, QueueStats, Ticket,
-};
+pub use queue::{BlockId, MissCause, Outcome, QUEUE_DEPTH_MAX, QueueId, QueueStats, Ticket};
 pub use reactor::{PinPolicy, Pinning, ReactorId, ReactorReport, allowed_cores};
 pub use slab::{SLAB_SLOTS_MAX, SlabMemory};
 pub use store::{DpuStore, DpuStoreConfig};

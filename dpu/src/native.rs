@@ -3,34 +3,9 @@
 //! fails closed with [`DpuError::NativeUnavailable`] naming everything missing, so a
 //! configuration that asks for offload never silently runs on host threads.
 
-use std::fmt;
-
+// What is missing is part of the error, so `NativeMissing` is defined beside it.
 #[cfg(any(feature = "spdk", feature = "doca"))]
-use crate::error::DpuError;
-
-/// One thing a native backend needs and does not have.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NativeMissing {
-    /// A shared library that could not be loaded.
-    Library { name: String },
-    /// A device node or PCI function that is not present.
-    Device { what: String },
-    /// Reserved huge pages (SPDK and DOCA DMA both need them).
-    HugePages,
-    /// The GPUCache binding for the backend, which this build does not include.
-    Binding { backend: &'static str },
-}
-
-impl fmt::Display for NativeMissing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Library { name } => write!(f, "library {name}"),
-            Self::Device { what } => write!(f, "device {what}"),
-            Self::HugePages => write!(f, "hugepages (HugePages_Free is 0 in /proc/meminfo)"),
-            Self::Binding { backend } => write!(f, "the gpucache {backend} binding (not built)"),
-        }
-    }
-}
+use crate::error::{DpuError, NativeMissing};
 
 #[cfg(any(feature = "spdk", feature = "doca"))]
 fn library_loads(name: &str) -> bool {

@@ -13,45 +13,15 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use gpucache_dataplane::registry::{Epoch, SlotLease};
 
-use crate::reactor::ReactorId;
+pub use crate::ids::QueueId;
+use crate::ids::ReactorId;
 
 /// Most submissions one queue may hold outstanding.
 pub const QUEUE_DEPTH_MAX: usize = 4096;
 
-/// A queue's id, explicit in the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct QueueId(pub u32);
-
-impl fmt::Display for QueueId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "q{}", self.0)
-    }
-}
-
 /// A block's number within its queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub u64);
-
-/// Which backend a queue uses.
-#[derive(Debug, Clone)]
-pub enum QueueKind {
-    /// Block files under `root`, moved by the backends' I/O engine (`engine` picks io_uring,
-    /// pread/pwrite, or probes io_uring first).
-    Host {
-        root: std::path::PathBuf,
-        engine: gpucache_storage::file::engine::EngineChoice,
-        /// fsync each block file before its completion is posted.
-        sync: bool,
-    },
-    /// The seeded simulation ([`crate::sim`]).
-    Sim(crate::sim::SimConfig),
-    /// An SPDK NVMe queue. Fails closed at start when SPDK is absent.
-    #[cfg(feature = "spdk")]
-    Spdk(crate::native::spdk::SpdkConfig),
-    /// A DOCA queue on a BlueField. Fails closed at start when DOCA is absent.
-    #[cfg(feature = "doca")]
-    Doca(crate::native::doca::DocaConfig),
-}
 
 /// Why a read found nothing usable. Every miss leaves the caller's destination untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

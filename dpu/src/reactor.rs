@@ -7,7 +7,6 @@
 //! Pinning is reported as it really happened: after `sched_setaffinity` the reactor reads its
 //! mask back and reports [`Pinning::Pinned`] only when the mask is exactly its core.
 
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,15 +16,7 @@ use gpucache_dataplane::registry::Epoch;
 use crate::queue::{Done, Fault, Op, Posted, Queue, QueueState};
 use crate::slab::RawSlab;
 
-/// A reactor's id, explicit in the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ReactorId(pub u16);
-
-impl fmt::Display for ReactorId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "reactor{}", self.0)
-    }
-}
+pub use crate::ids::ReactorId;
 
 /// What to do when a core cannot be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

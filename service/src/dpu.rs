@@ -1,18 +1,15 @@
-//! `store.kind = "dpu"`: turns a validated `[dpu]` section into a running DPU agent with a
-//! [`DpuStore`] over the file store `[store]` describes, and words the agent's offload report for
-//! the start line and the metrics exporter.
+//! `store.kind = "dpu"`: turns a validated `[dpu]` section into a running DPU agent, and words
+//! the agent's offload report for the start line and the metrics exporter.
 //!
-//! Owns only the wiring and the wording. What the agent really runs (host threads, pinning
-//! achieved, the epoch) comes from the agent itself; nothing here may claim more than
-//! [`Agent::offload`] says.
+//! Owns only the wiring and the wording (the build of the service puts the agent in front of
+//! the file store). What the agent really runs (host threads, pinning achieved, the epoch) comes
+//! from the agent itself; nothing here may claim more than [`Agent::offload`] says.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use gpucache_dataplane::clock::Clock;
 use gpucache_dpu::{
-    Agent, AgentConfig, DpuError, DpuStore, DpuStoreConfig, Offload, PinPolicy, Pinning, QueueId,
-    QueueKind, QueueSpec, ReactorId, ReactorSpec, SlabConfig,
+    Agent, AgentConfig, DpuError, Offload, PinPolicy, Pinning, QueueId, QueueKind, QueueSpec,
+    ReactorId, ReactorSpec, SlabConfig,
 };
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::host::pool::{HugePagePolicy, Tier};
@@ -20,7 +17,33 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::config::{ConfigError, DpuBackendName, DpuSection, PinName, ServeConfig};
+use crate::config::{DpuBackendName, DpuSection, PinName};
+
+/// Why the agent `[dpu]` describes did not start. Display starts with the key it is about.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DpuStartError {
+    /// `dpu.backend` names a native backend this binary was built without.
+    #[error(
+        "dpu.backend: {backend} backend unavailable: built without the {backend} feature \
+         (cargo build -p gpucache-cli --features {backend})"
+    )]
+    NotBuilt { backend: &'static str },
+    /// The agent refused to start: a native backend failed closed, a core could not be pinned
+    /// under `dpu.pin = "required"`, the state dir is unwritable.
+    #[error("{key}: {source}")]
+    Agent { key: &'static str, source: DpuError },
+}
+
+impl DpuStartError {
+    /// The key path the error is about.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::NotBuilt { .. } => "dpu.backend",
+            Self::Agent { key, .. } => key,
+        }
+    }
+}
 
 /// How long an idle reactor parks before it looks at its queues again.
 const IDLE_PARK: Duration = Duration::from_millis(1);
@@ -41,9 +64,10 @@ use spdk_unavailable as spdk;
 mod spdk_real {
     use gpucache_dpu::{QueueKind, SpdkConfig};
 
-    use crate::config::{ConfigError, DpuSection};
+    use super::DpuStartError;
+    use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
+    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
         Ok(QueueKind::Spdk(SpdkConfig { pci_addr: dpu.spdk_pci_addr.clone().unwrap_or_default() }))
     }
 
@@ -72,21 +96,23 @@ mod spdk_real {
 mod spdk_unavailable {
     use gpucache_dpu::QueueKind;
 
-    use crate::config::{ConfigError, DpuSection};
+    use super::DpuStartError;
+    use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
-        Err(ConfigError::DpuNotBuilt { backend: "spdk" })
+    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
+        Err(DpuStartError::NotBuilt { backend: "spdk" })
     }
 
     #[cfg(test)]
     mod tests {
-        use crate::config::{ConfigError, DpuBackendName, DpuSection};
+        use crate::config::{DpuBackendName, DpuSection};
+        use crate::dpu::DpuStartError;
 
         #[test]
         fn spdk_queues_are_refused_as_not_built() {
             let dpu = DpuSection { backend: DpuBackendName::Spdk, ..DpuSection::default() };
             let e = crate::dpu::agent_config(&dpu).expect_err("spdk is not built");
-            assert!(matches!(e, ConfigError::DpuNotBuilt { backend: "spdk" }), "{e:?}");
+            assert!(matches!(e, DpuStartError::NotBuilt { backend: "spdk" }), "{e:?}");
         }
     }
 }
@@ -96,9 +122,10 @@ mod spdk_unavailable {
 mod doca_real {
     use gpucache_dpu::{DocaConfig, QueueKind};
 
-    use crate::config::{ConfigError, DpuSection};
+    use super::DpuStartError;
+    use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
+    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
         Ok(QueueKind::Doca(DocaConfig { device: dpu.doca_device.clone().unwrap_or_default() }))
     }
 
@@ -127,29 +154,31 @@ mod doca_real {
 mod doca_unavailable {
     use gpucache_dpu::QueueKind;
 
-    use crate::config::{ConfigError, DpuSection};
+    use super::DpuStartError;
+    use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, ConfigError> {
-        Err(ConfigError::DpuNotBuilt { backend: "doca" })
+    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
+        Err(DpuStartError::NotBuilt { backend: "doca" })
     }
 
     #[cfg(test)]
     mod tests {
-        use crate::config::{ConfigError, DpuBackendName, DpuSection};
+        use crate::config::{DpuBackendName, DpuSection};
+        use crate::dpu::DpuStartError;
 
         #[test]
         fn doca_queues_are_refused_as_not_built() {
             let dpu = DpuSection { backend: DpuBackendName::Doca, ..DpuSection::default() };
             let e = crate::dpu::agent_config(&dpu).expect_err("doca is not built");
-            assert!(matches!(e, ConfigError::DpuNotBuilt { backend: "doca" }), "{e:?}");
+            assert!(matches!(e, DpuStartError::NotBuilt { backend: "doca" }), "{e:?}");
         }
     }
 }
 
 /// The agent configuration `[dpu]` describes: reactors in file order, `queues_per_reactor`
 /// queues each (ids numbered across all reactors), every queue of the configured backend. A
-/// native backend this binary was built without is refused ([`ConfigError::DpuNotBuilt`]).
-pub fn agent_config(dpu: &DpuSection) -> Result<AgentConfig, ConfigError> {
+/// native backend this binary was built without is refused ([`DpuStartError::NotBuilt`]).
+pub fn agent_config(dpu: &DpuSection) -> Result<AgentConfig, DpuStartError> {
     let reactors: Vec<ReactorSpec> = dpu
         .reactors
         .iter()
@@ -200,10 +229,10 @@ pub fn agent_config(dpu: &DpuSection) -> Result<AgentConfig, ConfigError> {
     })
 }
 
-/// Starts the agent (a native backend fails closed here, before the file store is opened),
-/// then opens the file store `[store]` describes and fronts it with a [`DpuStore`].
-pub fn open(config: &ServeConfig, clock: Arc<dyn Clock>) -> Result<Arc<DpuStore>, ConfigError> {
-    let agent = agent_config(&config.dpu)?.start().map_err(|source| {
+/// Starts the agent `[dpu]` describes. A native backend fails closed here, naming what is
+/// missing; the error names the key that caused it.
+pub fn start_agent(dpu: &DpuSection) -> Result<Agent, DpuStartError> {
+    agent_config(dpu)?.start().map_err(|source| {
         let key = match &source {
             DpuError::NativeUnavailable { .. } => "dpu.backend",
             DpuError::PinRefused { .. } => "dpu.pin",
@@ -211,15 +240,8 @@ pub fn open(config: &ServeConfig, clock: Arc<dyn Clock>) -> Result<Arc<DpuStore>
             DpuError::Engine(_) => "dpu.backend",
             _ => "dpu",
         };
-        ConfigError::DpuStart { key, source }
-    })?;
-    let backing = config
-        .file_store_config()
-        .open(clock)
-        .map_err(|source| ConfigError::OpenFileStore { root: config.store.root.clone(), source })?;
-    let store_config =
-        DpuStoreConfig { op_deadline: Duration::from_millis(config.dpu.op_deadline_ms) };
-    Ok(Arc::new(DpuStore::new(Arc::new(agent), Arc::new(backing), store_config)))
+        DpuStartError::Agent { key, source }
+    })
 }
 
 /// The offload mode's one word: `host-threads`, `simulated` or `active`.

@@ -1,7 +1,8 @@
 //! The GPUCache service: everything `gpucache serve` runs, as a library.
 //!
-//! - [`config`]: the configuration schema and its validation; [`serve`] builds a running service
-//!   from a validated configuration.
+//! - [`config`]: the configuration schema, its defaults and its validation, which gives the
+//!   [`config::ValidConfig`] a service is built from; [`build`]: that configuration turned into
+//!   a running [`build::Service`] in one step; [`serve`]: runs it until a stop signal.
 //! - [`server`] and [`listener`]: the GPCW server over any shared `Store`, one thread per
 //!   connection, and the bounded acceptors of every front; [`resp`]: the Redis-protocol front;
 //!   [`auth`]: tenant keys and replay windows; [`create_only`]: the create-only answers the
@@ -12,6 +13,7 @@
 //!   people write them.
 
 pub mod auth;
+pub mod build;
 pub mod config;
 pub mod create_only;
 pub mod dpu;

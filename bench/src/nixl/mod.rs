@@ -27,6 +27,7 @@
 #![cfg_attr(not(feature = "nixl"), allow(dead_code))]
 
 mod paths;
+mod plan;
 #[cfg(feature = "nixl")]
 mod real;
 mod report;
@@ -45,12 +46,12 @@ use unavailable as built;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Args;
 
-use gpucache_service::units::{MIB, parse_size_list, size_label};
+use gpucache_service::units::{parse_size_list, size_label};
 pub use paths::PathRun;
+pub use plan::{BLOCK_BYTES_MAX, CONTROL_DEADLINE, PEER_METADATA_MAX, PathName, Plan};
 
 /// Largest number of timed iterations per size and path.
 const ITERATIONS_MAX: u32 = 100_000;
@@ -96,50 +97,6 @@ pub struct NixlPeerArgs {
     #[arg(long)]
     slot_bytes: usize,
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathName {
-    Nixl,
-    NixlRaw,
-    Tcp,
-    Memcpy,
-}
-
-impl PathName {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "nixl" => Ok(Self::Nixl),
-            "nixl-raw" => Ok(Self::NixlRaw),
-            "tcp" => Ok(Self::Tcp),
-            "memcpy" => Ok(Self::Memcpy),
-            other => Err(format!("unknown path {other:?} (use nixl, nixl-raw, tcp, memcpy)")),
-        }
-    }
-}
-
-/// The run's parameters, resolved from the arguments.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    pub sizes: Vec<u64>,
-    pub iterations: u32,
-    pub warmup: u32,
-    pub paths: Vec<PathName>,
-}
-
-impl Plan {
-    pub fn largest(&self) -> u64 {
-        self.sizes.iter().copied().max().unwrap_or(0)
-    }
-
-    pub fn wants(&self, p: PathName) -> bool {
-        self.paths.contains(&p)
-    }
-}
-
-/// Largest block the bench moves (and the peer registers).
-pub const BLOCK_BYTES_MAX: u64 = 64 * MIB;
-/// Most agents' metadata a peer accepts from its parent (this process has two).
-pub const PEER_METADATA_MAX: usize = 8;
 
 fn plan(args: &NixlBenchArgs) -> Result<Plan, String> {
     let sizes = parse_size_list(&args.sizes)?;
@@ -214,12 +171,10 @@ pub fn peer(args: &NixlPeerArgs) -> ExitCode {
     }
 }
 
-/// How long every control step (peer start, one control frame, service start) may take.
-pub const CONTROL_DEADLINE: Duration = Duration::from_secs(60);
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpucache_service::units::MIB;
 
     fn args(extra: &[&str]) -> NixlBenchArgs {
         use clap::Parser;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::Plan;
+use super::plan::Plan;
 use crate::service::load::percentile;
 use gpucache_service::units::narrow;
 

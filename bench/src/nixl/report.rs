@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::{PathRun, Plan};
+use super::paths::PathRun;
+use super::plan::Plan;
 use gpucache_service::units::size_label;
 
 /// What the run was, beside its figures.

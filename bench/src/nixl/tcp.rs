@@ -9,8 +9,8 @@ use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{Get, Put, Store};
 
-use super::Plan;
 use super::paths::{PathRun, Point, checksum, pattern, timed};
+use super::plan::Plan;
 use crate::service::ours::{Service, keys, start_serve};
 use gpucache_service::units::{narrow, size_label};
 

@@ -27,7 +27,7 @@ use nixl_sys::{
 };
 
 use super::paths::{PathRun, Point, checksum, pattern, timed};
-use super::{CONTROL_DEADLINE, PathName, Plan};
+use super::plan::{BLOCK_BYTES_MAX, CONTROL_DEADLINE, PEER_METADATA_MAX, PathName, Plan};
 use crate::service::process::ChildGuard;
 use gpucache_service::units::{narrow, size_label};
 
@@ -393,8 +393,8 @@ impl Session {
 
 /// The `gpucache bench nixl-peer` role: one registered block, lent for the whole run.
 pub(super) fn peer_main(port: u16, slot_bytes: usize) -> Result<(), String> {
-    if slot_bytes == 0 || slot_bytes > narrow(super::BLOCK_BYTES_MAX) {
-        return Err(format!("--slot-bytes {slot_bytes} is outside 1..={}", super::BLOCK_BYTES_MAX));
+    if slot_bytes == 0 || slot_bytes > narrow(BLOCK_BYTES_MAX) {
+        return Err(format!("--slot-bytes {slot_bytes} is outside 1..={}", BLOCK_BYTES_MAX));
     }
     let mut agent = NixlAgent::new(&format!("gpucache-bench-peer-{}", std::process::id()))
         .map_err(|e| format!("{e}"))?;
@@ -413,7 +413,7 @@ pub(super) fn peer_main(port: u16, slot_bytes: usize) -> Result<(), String> {
     send(&mut stream, &agent.local_metadata().map_err(|e| format!("{e}"))?)?;
     send(&mut stream, &mine.encode().map_err(|e| format!("{e}"))?)?;
     let count: usize = recv_text(&mut stream)?.parse().map_err(|e| format!("md count: {e}"))?;
-    if count > super::PEER_METADATA_MAX {
+    if count > PEER_METADATA_MAX {
         return Err(format!("{count} agents' metadata announced"));
     }
     for _ in 0..count {

@@ -311,12 +311,12 @@ pub(crate) fn keys(count: u64) -> Result<Vec<PhysicalKey>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpucache_service::config::{ServeConfig, StoreKind};
+    use gpucache_service::config::{StoreKind, ValidConfig};
 
     #[test]
     fn the_generated_config_is_valid_and_sized() {
         let text = serve_config([7001, 7002, 7003], 4 << 20, 1 << 30, None);
-        let c = ServeConfig::from_toml_str(&text).expect("valid");
+        let c = ValidConfig::from_toml_str(&text).expect("valid");
         assert_eq!(c.store.kind, StoreKind::Memory);
         assert_eq!(c.local_socket(), None, "the TCP row's service has no local socket");
         assert!(c.limits.retained_bytes_max >= (1 << 30) + (8 << 20));
@@ -326,7 +326,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let sock = dir.path().join("ours-shm-1048576-1.sock");
         let text = serve_config([7001, 7002, 7003], 1 << 20, 1 << 30, Some(&sock));
-        let c = ServeConfig::from_toml_str(&text).expect("valid with a socket");
+        let c = ValidConfig::from_toml_str(&text).expect("valid with a socket");
         assert_eq!(c.local_socket(), Some(sock));
     }
 

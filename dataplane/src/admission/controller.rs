@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::backup::{BackupQueue, CandidateId, DropReason, Offer, PendingPut};
+use super::config::{AdmissionConfig, ConfigError};
 use super::credits::{
     CreditBound, CreditClass, CreditGrant, CreditKind, CreditPool, CreditRefusal, Credits,
 };
@@ -16,7 +17,6 @@ use super::lease::{
     LocalReason, RequestKey, StorageLease, Ticket, TicketId, WaitOutcome, WaitPhase,
 };
 use super::sync::Arc;
-use super::{AdmissionConfig, ConfigError};
 use crate::clock::Clock;
 
 /// A storage operation's id: increasing, never reused.

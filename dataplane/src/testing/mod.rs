@@ -14,36 +14,11 @@ pub mod model;
 pub mod pool;
 pub mod process;
 pub mod rules;
+mod subject;
 
 /// The seeded generator, for tests that name it from here.
 pub use crate::rng;
-
-use crate::clock::ManualClock;
-use crate::key::PhysicalKey;
-use crate::limits::ResourceLimits;
-use crate::store::Store;
-
-/// A store under test plus the hooks the suite needs.
-pub struct Subject {
-    pub store: Box<dyn Store>,
-    /// Damages the stored payload of the committed block under the key (one bit is enough);
-    /// returns whether such a block existed.
-    pub corrupt: Box<dyn Fn(&PhysicalKey) -> bool + Send + Sync>,
-}
-
-impl std::fmt::Debug for Subject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subject").field("store", &self.store.info()).finish()
-    }
-}
-
-/// Builds a fresh, empty store with these limits, reading time from this clock.
-pub type MakeSubject = dyn Fn(ResourceLimits, ManualClock) -> Subject + Send + Sync;
-
-/// Generated cases per property: `GPUCACHE_CONFORMANCE_CASES`, or 1,000.
-pub fn cases() -> u32 {
-    std::env::var("GPUCACHE_CONFORMANCE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000)
-}
+pub use subject::{MakeSubject, Subject, cases};
 
 /// Expands to one `#[test]` per conformance rule and per model property, for the store built
 /// by `$make` (an expression of type `fn(ResourceLimits, ManualClock) -> Subject`).

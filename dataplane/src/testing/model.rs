@@ -23,7 +23,7 @@ use crate::store::{
 };
 
 use super::fixture::{key_pool, payload, tenant};
-use super::{MakeSubject, Subject};
+use super::subject::{MakeSubject, Subject};
 
 /// Which shape of workload a property drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +167,7 @@ fn batch_of<T: std::fmt::Debug>(item: impl Strategy<Value = T>) -> impl Strategy
 /// Runs `cases()` generated workloads of `profile` against stores built by `make`.
 pub fn run(make: &MakeSubject, profile: Profile) {
     let mut runner = TestRunner::new(Config {
-        cases: super::cases(),
+        cases: super::subject::cases(),
         failure_persistence: None,
         ..Config::default()
     });

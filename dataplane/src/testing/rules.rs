@@ -14,7 +14,7 @@ use crate::store::{
 };
 
 use super::fixture::{admin, caller, key, payload, tenant};
-use super::{MakeSubject, Subject};
+use super::subject::{MakeSubject, Subject};
 
 fn roomy() -> ResourceLimits {
     ResourceLimits {

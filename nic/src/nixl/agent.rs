@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use nixl_sys::{Agent, MemType, MemoryRegion, NixlDescriptor, NixlError, OptArgs};
 
-use super::{NixlProbe, PEERS_MAX};
+use super::common::{NixlProbe, PEERS_MAX};
 use crate::error::{NicError, NixlUnavailable};
 
 /// The NIXL backends this crate drives.

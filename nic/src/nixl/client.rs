@@ -26,8 +26,10 @@ use gpucache_storage::host::pool::HugePagePolicy;
 use gpucache_wire::GetItem;
 use gpucache_wire::staging::{StageCallError, StageId, StagedGet, StagedSlot, StagingFailure};
 
+use super::agent::{NixlAgent, NixlBackend};
+use super::memory::NixlSlots;
+use super::wire::RemoteBlock;
 use super::xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
-use super::{NixlAgent, NixlBackend, NixlSlots, RemoteBlock};
 use crate::error::NicError;
 
 /// How to build a [`NixlClient`].

@@ -6,8 +6,7 @@ use std::os::fd::AsRawFd;
 
 use nixl_sys::{MemType, RegistrationHandle};
 
-use super::agent::{Span, call_failed};
-use super::{NixlAgent, NixlBackend};
+use super::agent::{NixlAgent, NixlBackend, Span, call_failed};
 use crate::error::NicError;
 
 /// A file registered for NIXL's POSIX backend over `0..registered_bytes`.

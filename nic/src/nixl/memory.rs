@@ -9,9 +9,10 @@ use gpucache_dataplane::registry::{
 use gpucache_storage::host::pool::HugePagePool;
 use nixl_sys::{MemType, RegistrationHandle};
 
+use super::agent::NixlAgent;
 use super::agent::Span;
+use super::common::TRANSPORT;
 use super::wire::{BlockMem, RemoteBlock};
-use super::{NixlAgent, TRANSPORT};
 use crate::error::NicError;
 
 /// Host memory registered with NIXL as DRAM, in fixed slots.

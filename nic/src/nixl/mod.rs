@@ -30,6 +30,7 @@
 //! Every table is bounded: [`PEERS_MAX`] loaded peers per agent, [`ABANDONED_MAX`] requests
 //! with an unknown outcome waiting for a fence.
 
+mod common;
 pub mod wire;
 
 #[cfg(feature = "nixl")]
@@ -58,17 +59,10 @@ pub use service::{NixlStaging, NixlStagingConfig};
 #[cfg(feature = "nixl")]
 pub use xfer::{NixlCounters, NixlLimits, NixlOutcome, NixlTransfers};
 
+pub use common::{ABANDONED_MAX, NixlProbe, PEERS_MAX, TRANSPORT};
 pub use wire::{BlockMem, RemoteBlock, WireError};
 
 use crate::error::NixlUnavailable;
-
-/// Most peers whose metadata one agent holds at a time.
-pub const PEERS_MAX: usize = 256;
-/// Most requests with an unknown outcome kept (with their quarantined slots) until a fence;
-/// when full, new transfers are refused until [`NixlTransfers::fence`].
-pub const ABANDONED_MAX: usize = 1024;
-/// The transport name NIXL-registered pools report in `MemoryKind::NicRegistered`.
-pub const TRANSPORT: &str = "nixl";
 
 /// Set to `1` where NIXL must be usable (CI): [`probe_or_skip`] then fails instead of
 /// answering a reason to skip.
@@ -136,13 +130,6 @@ pub fn accept_before(
             return Ok(stream);
         }
     }
-}
-
-/// What [`probe`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NixlProbe {
-    /// Backend plugins NIXL can load (for the wheel: UCX, POSIX, OBJ and friends).
-    pub plugins: Vec<String>,
 }
 
 /// Says whether NIXL can be used in this process and which plugins it offers. Creates and drops

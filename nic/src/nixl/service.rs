@@ -26,7 +26,8 @@ use gpucache_wire::staging::{
     StagingLimits, StagingStats, StoreSlot,
 };
 
-use super::{NixlAgent, NixlBackend, NixlSlots};
+use super::agent::{NixlAgent, NixlBackend};
+use super::memory::NixlSlots;
 use crate::error::NicError;
 
 /// Fewest slots a staging pool may have.
@@ -35,7 +36,7 @@ pub const STAGING_SLOTS_MIN: usize = 1;
 pub const STAGING_SLOTS_MAX: usize = 65_536;
 /// Most connections whose attach this side remembers (one per peer connection that attached;
 /// a closed connection's entry goes).
-pub const ATTACHED_MAX: usize = super::PEERS_MAX;
+pub const ATTACHED_MAX: usize = super::common::PEERS_MAX;
 
 /// How to build a [`NixlStaging`].
 #[derive(Debug, Clone)]

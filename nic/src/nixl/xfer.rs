@@ -30,8 +30,11 @@ use gpucache_dataplane::registry::{
 use nixl_sys::{MemType, XferDescList, XferOp, XferRequest, XferStatus};
 
 use super::agent::call_failed;
+use super::agent::{NixlAgent, NixlBackend};
+use super::common::ABANDONED_MAX;
+use super::file::NixlFile;
+use super::memory::NixlSlots;
 use super::wire::{BlockMem, RemoteBlock};
-use super::{ABANDONED_MAX, NixlAgent, NixlBackend, NixlFile, NixlSlots};
 use crate::error::NicError;
 
 /// Default wall-clock deadline for one block.

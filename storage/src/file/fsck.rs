@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 
 use gpucache_dataplane::checksum::ChecksumBuilder;
 
-use super::layout::BlockFileError;
-use super::read_header;
+use super::layout::{BlockFileError, read_header};
 
 /// Bytes read per step while checksumming a payload.
 const FSCK_READ_BYTES: usize = 1 << 20;

@@ -16,6 +16,9 @@
 //! so that tools and the fuzz targets can read and write headers without a store; the rest of
 //! the layout is the store's own.
 
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use gpucache_dataplane::checksum::Checksum;
@@ -269,4 +272,43 @@ pub(crate) fn decode_store_record(bytes: &[u8]) -> Option<u64> {
         return None;
     }
     (Checksum::of(&bytes[..16]).0 == u64_at(bytes, 16)).then(|| u64_at(bytes, 8))
+}
+
+/// Reads and checks one file's header and size (not its payload).
+pub(crate) fn read_header(path: &Path) -> Result<BlockHeader, BlockFileError> {
+    use std::os::unix::fs::FileExt;
+    let io = |e: io::Error| BlockFileError::Io(e.to_string());
+    parse_block_name(path)?;
+    let file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.size();
+    let mut first = vec![0u8; DIRECT_ALIGN];
+    let n = read_up_to(&file, &mut first, 0).map_err(io)?;
+    first.truncate(n);
+    let header_len = declared_header_len(&first)?;
+    if header_len > first.len() {
+        let mut whole = vec![0u8; header_len];
+        file.read_exact_at(&mut whole, 0)
+            .map_err(|_| BlockFileError::Short { len: first.len() })?;
+        first = whole;
+    }
+    let header = decode_header(&first)?;
+    check_name(path, &header)?;
+    if size != header.file_len() {
+        return Err(BlockFileError::Size { actual: size, expected: header.file_len() });
+    }
+    Ok(header)
+}
+
+fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }

@@ -14,7 +14,7 @@ mod sync;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -616,7 +616,7 @@ fn scan_dir(sub: &Path, part: &mut ScanPart) -> Result<(), FileStoreError> {
             *part.skipped.entry("foreign".into()).or_default() += 1;
             continue;
         }
-        match read_header(&path) {
+        match layout::read_header(&path) {
             Ok(h) => part.headers.push((h, path)),
             Err(reason) => {
                 let kind = corrupt_reason(&reason);
@@ -707,45 +707,6 @@ fn scan_blocks(
     let mut found: Vec<(layout::BlockHeader, PathBuf)> = by_digest.into_values().collect();
     found.sort_by_key(|(h, _)| h.seq);
     Ok((found, max_epoch))
-}
-
-/// Reads and checks one file's header and size (not its payload).
-pub(crate) fn read_header(path: &Path) -> Result<layout::BlockHeader, BlockFileError> {
-    use std::os::unix::fs::FileExt;
-    let io = |e: io::Error| BlockFileError::Io(e.to_string());
-    layout::parse_block_name(path)?;
-    let file = File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.size();
-    let mut first = vec![0u8; engine::DIRECT_ALIGN];
-    let n = read_up_to(&file, &mut first, 0).map_err(io)?;
-    first.truncate(n);
-    let header_len = layout::declared_header_len(&first)?;
-    if header_len > first.len() {
-        let mut whole = vec![0u8; header_len];
-        file.read_exact_at(&mut whole, 0)
-            .map_err(|_| BlockFileError::Short { len: first.len() })?;
-        first = whole;
-    }
-    let header = layout::decode_header(&first)?;
-    layout::check_name(path, &header)?;
-    if size != header.file_len() {
-        return Err(BlockFileError::Size { actual: size, expected: header.file_len() });
-    }
-    Ok(header)
-}
-
-fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 impl Store for FileStore {

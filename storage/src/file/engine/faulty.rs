@@ -64,7 +64,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use gpucache_dataplane::rng::SplitMix64;
 
-use super::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
+use super::contract::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
 
 /// Most files whose unsynced ranges are tracked at once.
 pub const TRACKED_FILES_MAX: usize = 256;

@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 
 use std::sync::{Arc, OnceLock};
 
-use super::{BufferPool, IoEngine, Staging};
+use super::contract::{BufferPool, IoEngine, Staging};
 
 /// Aligned staging buffers shared by every psync engine in the process.
 fn staging_pool() -> &'static Arc<BufferPool> {

@@ -50,7 +50,9 @@ use std::time::{Duration, Instant};
 
 use io_uring::{EnterFlags, IoUring, Probe, opcode, squeue, types};
 
-use super::{AlignedBuf, DIRECT_ALIGN, EngineConfig, IoEngine, RegisteredSlot, Staging, round_up};
+use super::contract::{
+    AlignedBuf, DIRECT_ALIGN, EngineConfig, IoEngine, RegisteredSlot, Staging, round_up,
+};
 
 /// Most rings one engine keeps; calls beyond this many at once wait for a ring.
 pub const RINGS_MAX: usize = 8;

@@ -1,0 +1,462 @@
+//! From a [`ValidConfig`] to a running [`Service`], in one step: [`ValidConfig::build`].
+//!
+//! What it builds, in order: a check that every configured TCP port is free (before the disk is
+//! touched), the block staging `[nixl]` asks for, the store (`[store]`, with the DPU agent in
+//! front when `kind = "dpu"`), the metrics registry with the agent's offload report, the
+//! staging gauges and the limits, the readiness checks, the metered store, then the native
+//! listener with its same-host Unix socket (mode [`LOCAL_SOCKET_MODE`]), the RESP listener and
+//! the HTTP endpoint. No executor is started: the service calls its store directly. A store
+//! root that the build created is removed again when a later step fails.
+//!
+//! Threads the build starts (listeners, the NIXL agent's, the DPU reactors) inherit the
+//! caller's signal mask, so `serve` blocks its stop signals before it builds.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpucache_dataplane::clock::{Clock, MonotonicClock};
+use gpucache_dataplane::limits::LimitsError;
+use gpucache_dataplane::store::Store;
+use gpucache_dpu::{DpuStore, DpuStoreConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::FileStoreError;
+use gpucache_wire::staging::BlockStaging;
+use prometheus_client::registry::Registry;
+
+use crate::config::{StoreKind, ValidConfig};
+use crate::dpu::{self, DpuStartError};
+use crate::http::MetricsServer;
+use crate::metered::{MeteredStore, Metrics, StagingGauges, register_limits};
+use crate::ready::{Check, Probe};
+use crate::resp::{RespConfig, RespLimits, RespServer};
+use crate::server::{Server, ServerConfig};
+
+/// Mode of the local socket after binding: the service's user and group may connect.
+pub const LOCAL_SOCKET_MODE: u32 = 0o660;
+
+/// Why the configured store did not open. Display starts with the key it is about.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreOpenError {
+    #[error("store.root: cannot open the file store at {root}: {source}")]
+    FileStore { root: PathBuf, source: FileStoreError },
+    #[error("limits: {source}")]
+    Memory { source: LimitsError },
+    /// The DPU agent did not start (before the file store behind it is opened).
+    #[error(transparent)]
+    Dpu(#[from] DpuStartError),
+}
+
+impl StoreOpenError {
+    /// The key path the error is about.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::FileStore { .. } => "store.root",
+            Self::Memory { .. } => "limits",
+            Self::Dpu(e) => e.key(),
+        }
+    }
+}
+
+/// Why a validated configuration did not become a running service. Display says which step
+/// failed and why (the words `gpucache serve` logs after its own name).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A configured TCP port is taken; found before the store is opened.
+    #[error("listen: {listener} {addr}: {source}")]
+    PortInUse { listener: &'static str, addr: SocketAddr, source: io::Error },
+    /// `[nixl] enabled = true` and NIXL cannot run here: the service never starts without the
+    /// staging it was told to offer.
+    #[error("nixl.enabled: {0}")]
+    Staging(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreOpenError),
+    #[error("native listener {addr}{}: {source}", local_words(.local.as_deref()))]
+    Native { addr: SocketAddr, local: Option<PathBuf>, source: io::Error },
+    #[error("local socket {}: chmod {LOCAL_SOCKET_MODE:o}: {source}", .path.display())]
+    LocalSocketMode { path: PathBuf, source: io::Error },
+    #[error("RESP key namespace: {0}")]
+    RespNamespace(String),
+    #[error("RESP listener {addr}: {source}")]
+    Resp { addr: SocketAddr, source: io::Error },
+    #[error("metrics listener {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: io::Error },
+}
+
+fn local_words(local: Option<&Path>) -> String {
+    local.map(|p| format!(" or local socket {}", p.display())).unwrap_or_default()
+}
+
+/// The store a configuration opened.
+pub struct OpenedStore {
+    pub store: Arc<dyn Store>,
+    /// The same store by its type when it is the DPU agent's.
+    pub dpu: Option<Arc<DpuStore>>,
+    /// The file I/O engine a FileStore runs on, and why (none for other kinds).
+    pub io_engine: Option<IoEngineReport>,
+}
+
+impl std::fmt::Debug for OpenedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpenedStore({})", self.store.info().name)
+    }
+}
+
+/// Which I/O engine a FileStore chose, in the operator's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoEngineReport {
+    /// "uring" or "psync".
+    pub engine: &'static str,
+    /// "configured", "probed", or why io_uring could not run.
+    pub reason: String,
+}
+
+impl ValidConfig {
+    /// Opens the configured store: a MemoryStore, a FileStore under `store.root`, or the DPU
+    /// agent (started first, so that a native backend fails closed before the disk is touched)
+    /// in front of that FileStore.
+    pub fn open_store(&self, clock: Arc<dyn Clock>) -> Result<OpenedStore, StoreOpenError> {
+        let open_file = |clock| {
+            self.file_store_config().open(clock).map_err(|source| StoreOpenError::FileStore {
+                root: self.store.root.clone(),
+                source,
+            })
+        };
+        match self.store.kind {
+            StoreKind::Memory => {
+                let store = MemoryStore::new(self.limits(), clock)
+                    .map_err(|source| StoreOpenError::Memory { source })?;
+                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None })
+            }
+            StoreKind::File => {
+                let store = open_file(clock)?;
+                let io_engine = Some(IoEngineReport {
+                    engine: store.engine_name(),
+                    reason: store.engine_reason().to_owned(),
+                });
+                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine })
+            }
+            StoreKind::Dpu => {
+                let agent = dpu::start_agent(&self.dpu)?;
+                let backing = open_file(clock)?;
+                let config =
+                    DpuStoreConfig { op_deadline: Duration::from_millis(self.dpu.op_deadline_ms) };
+                let store = Arc::new(DpuStore::new(Arc::new(agent), Arc::new(backing), config));
+                Ok(OpenedStore {
+                    store: Arc::clone(&store) as Arc<dyn Store>,
+                    dpu: Some(store),
+                    io_engine: None,
+                })
+            }
+        }
+    }
+
+    /// Builds the service this configuration describes and starts it: every listener is
+    /// accepting when this returns. Call it with the stop signals blocked (see the module
+    /// documentation).
+    pub fn build(self) -> Result<Service, StartError> {
+        check_ports(&self)?;
+        let (staging, staging_name) = staging(&self).map_err(StartError::Staging)?;
+        let clock = Arc::new(MonotonicClock::default());
+        let mut created_root = CreatedRoot::before_open(&self);
+        let OpenedStore { store, dpu, io_engine } = self.open_store(clock)?;
+
+        let mut registry = match &dpu {
+            Some(d) => dpu::offload_registry(d.agent()),
+            None => Registry::default(),
+        };
+        if let Some(staging) = &staging {
+            StagingGauges::register(&mut registry, Arc::clone(staging));
+        }
+        register_limits(&mut registry, &self.limits());
+        let mut checks = vec![
+            Check::store_io(Arc::clone(&store)),
+            Check::disk_room(Arc::clone(&store), self.limits.object_bytes_max),
+        ];
+        if let Some(d) = &dpu {
+            checks.push(Check::dpu_reactors(Arc::clone(d.agent())));
+        }
+        if let Some(staging) = &staging {
+            checks.push(Check::staging(Arc::clone(staging)));
+        }
+        let ready = Arc::new(Probe::new(Arc::clone(&store), checks));
+        ready.register(&mut registry);
+        let metrics = Arc::new(Metrics::with_registry(registry));
+        let metered = MeteredStore::shared(store, Arc::clone(&metrics));
+        let shared: Arc<dyn Store> = metered.clone();
+
+        let l = &self.listen;
+        let mut server_config = ServerConfig::new(l.native, self.callers().to_vec());
+        server_config.connections_max = l.connections_max;
+        server_config.clock_skew_max = Duration::from_millis(l.clock_skew_max_ms);
+        server_config.auth = self.tenant_auth().clone();
+        server_config.local = self.local_socket();
+        server_config.shm_mapped_bytes_max = l.shm_mapped_bytes_max;
+        server_config.staging = staging;
+        // LIMITS states it, so a client refuses an oversize value before it reads or sends it.
+        server_config.object_bytes_max = Some(self.limits.object_bytes_max);
+        let server = start_native(server_config, Arc::clone(&shared)).map_err(|source| {
+            StartError::Native { addr: l.native, local: self.local_socket(), source }
+        })?;
+        if let Some(path) = server.local_path().map(Path::to_path_buf) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(LOCAL_SOCKET_MODE);
+            if let Err(source) = std::fs::set_permissions(&path, mode) {
+                let _ = server.shutdown();
+                return Err(StartError::LocalSocketMode { path, source });
+            }
+        }
+
+        let resp_caller = self.resp_caller().clone();
+        let resp_tenant = resp_caller.tenant.clone();
+        let mut resp_config = RespConfig::new(l.resp, resp_caller)
+            .map_err(|e| StartError::RespNamespace(e.to_string()))?;
+        resp_config.connections_max = l.connections_max;
+        // The RESP listener checks the same keys (re-read on change) with AUTH.
+        resp_config.auth = self.tenant_auth().get(&resp_tenant).map(|a| Arc::clone(&a.keys));
+        resp_config.limits = RespLimits::for_object_bytes_max(self.limits.object_bytes_max);
+        let resp = RespServer::start(resp_config, Arc::clone(&shared))
+            .map_err(|source| StartError::Resp { addr: l.resp, source })?;
+        let http = MetricsServer::start(l.metrics, metrics, ready)
+            .map_err(|source| StartError::Metrics { addr: l.metrics, source })?;
+        created_root.keep();
+        Ok(Service {
+            config: self,
+            server,
+            resp,
+            http,
+            store: shared,
+            dpu,
+            io_engine,
+            staging_name,
+        })
+    }
+}
+
+/// Starts the native listener. Its Unix socket is bound with no access for others (the umask
+/// gains 007 for the moment of binding); the build then gives it [`LOCAL_SOCKET_MODE`] whatever
+/// the umask was.
+fn start_native(config: ServerConfig, store: Arc<dyn Store>) -> io::Result<Server> {
+    // SAFETY: umask only swaps the process's file creation mask; no memory is involved.
+    let umask = unsafe { libc::umask(0o077) };
+    // SAFETY: as above.
+    unsafe { libc::umask(umask | 0o007) };
+    let started = Server::start(config, store);
+    // SAFETY: as above, restoring the mask found.
+    unsafe { libc::umask(umask) };
+    started
+}
+
+/// The block staging `[nixl]` asks for, with how the start line names it. Enabled but unable to
+/// run here (built without the feature, `libnixl_capi.so` not found, no UCX plugin) is an
+/// error with the typed reason.
+fn staging(config: &ValidConfig) -> Result<(Option<Arc<dyn BlockStaging>>, String), String> {
+    let n = &config.nixl;
+    if !n.enabled {
+        return Ok((None, "none".to_owned()));
+    }
+    #[cfg(feature = "nixl")]
+    {
+        use gpucache_nic::nixl::NixlStagingConfig;
+        use gpucache_storage::host::pool::{HugePagePolicy, Tier};
+        let agent = n.agent_name();
+        let built = NixlStagingConfig {
+            agent_name: agent.clone(),
+            slot_bytes: usize::try_from(n.slot_bytes).map_err(|e| e.to_string())?,
+            slots: usize::try_from(n.slots()).map_err(|e| e.to_string())?,
+            limits: n.limits(),
+            // 2 MiB pages at best: 1 GiB pages would round a small pool up to a whole GiB.
+            huge_pages: HugePagePolicy::default().prefer(Tier::Huge2M),
+        }
+        .build()
+        .map_err(|e| e.to_string())?;
+        let staging: Arc<dyn BlockStaging> = Arc::new(built);
+        Ok((Some(staging), format!("nixl:{agent}")))
+    }
+    #[cfg(not(feature = "nixl"))]
+    {
+        let reason = gpucache_nic::NixlUnavailable::NotBuilt;
+        Err(gpucache_nic::NicError::NixlUnavailable { reason }.to_string())
+    }
+}
+
+/// The TCP listeners the configuration names, with the words an operator knows them by.
+fn tcp_listeners(config: &ValidConfig) -> [(&'static str, SocketAddr); 3] {
+    [
+        ("native listener", config.listen.native),
+        ("RESP listener", config.listen.resp),
+        ("metrics listener", config.listen.metrics),
+    ]
+}
+
+/// Binds each configured TCP address once and lets it go, before the store is opened, so that a
+/// port in use is refused naming its listener and without touching the disk. (A port taken in
+/// the moment between this and the real bind still fails later, naming the listener too.)
+fn check_ports(config: &ValidConfig) -> Result<(), StartError> {
+    for (listener, addr) in tcp_listeners(config) {
+        if addr.port() == 0 {
+            continue;
+        }
+        if let Err(source) = std::net::TcpListener::bind(addr) {
+            return Err(StartError::PortInUse { listener, addr, source });
+        }
+    }
+    Ok(())
+}
+
+/// Removes a store root that this build created, when the build failed before serving: no
+/// block was written, and an empty data directory left behind only misleads.
+struct CreatedRoot(Option<PathBuf>);
+
+impl CreatedRoot {
+    fn before_open(config: &ValidConfig) -> Self {
+        let root = &config.store.root;
+        let creates = config.store.kind != StoreKind::Memory && !root.exists();
+        Self(creates.then(|| root.clone()))
+    }
+
+    /// The service started: the root stays.
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CreatedRoot {
+    fn drop(&mut self) {
+        if let Some(root) = self.0.take()
+            && let Err(e) = std::fs::remove_dir_all(&root)
+        {
+            tracing::warn!(root = %root.display(), error = %e, "could not remove the store root this failed start created");
+        }
+    }
+}
+
+/// A running service: the store behind the native, RESP and HTTP listeners, serving until
+/// [`Service::stop`].
+pub struct Service {
+    config: ValidConfig,
+    server: Server,
+    resp: RespServer,
+    http: MetricsServer,
+    /// The metered store, as the listeners hold it.
+    store: Arc<dyn Store>,
+    dpu: Option<Arc<DpuStore>>,
+    io_engine: Option<IoEngineReport>,
+    staging_name: String,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("native", &self.server.local_addr())
+            .field("resp", &self.resp.local_addr())
+            .field("metrics", &self.http.local_addr())
+            .field("store", &self.store.info().name)
+            .finish()
+    }
+}
+
+impl Service {
+    /// Where the native listener accepts (the port the kernel chose for port 0).
+    pub fn native_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// The same-host Unix socket, when there is one.
+    pub fn local_path(&self) -> Option<&Path> {
+        self.server.local_path()
+    }
+
+    pub fn resp_addr(&self) -> SocketAddr {
+        self.resp.local_addr()
+    }
+
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.http.local_addr()
+    }
+
+    /// What the service runs, as the lines `serve` logs at start: the `listening` line with
+    /// every listener, the store, its epoch, root, I/O engine and limits (and the DPU agent's
+    /// own offload report), then the agent's and the staging pool's lines when they run.
+    pub fn start_lines(&self) -> Vec<String> {
+        let config = &self.config;
+        let info = self.store.info();
+        let local =
+            self.local_path().map_or_else(|| "none".to_owned(), |p| p.display().to_string());
+        // The agent's own report, never a claim of its own: `offload=host-threads` on host threads.
+        let offload = self.dpu.as_ref().map(|d| format!(" {}", dpu::offload_fields(d.agent())));
+        let root = match config.store.kind {
+            StoreKind::Memory => "none".to_owned(),
+            _ => config.store.root.display().to_string(),
+        };
+        let (engine, engine_reason) = self
+            .io_engine
+            .as_ref()
+            .map_or(("none", "no file store"), |e| (e.engine, e.reason.as_str()));
+        let l = &config.limits;
+        let mut lines = vec![format!(
+            "listening native={} local={local} resp={} metrics={} store={} epoch={} root={root} \
+             io_engine={engine} object_bytes_max={} retained_bytes_max={} \
+             inflight_requests_max={} connections_max={} resp_tenant={} sealed_tenants={} \
+             staging={}{} io_engine_reason=\"{engine_reason}\"",
+            self.native_addr(),
+            self.resp_addr(),
+            self.metrics_addr(),
+            info.name,
+            self.store.epoch().0,
+            l.object_bytes_max,
+            l.retained_bytes_max,
+            l.inflight_requests_max,
+            config.listen.connections_max,
+            config.resp_caller().tenant,
+            config.tenant_auth().len(),
+            self.staging_name,
+            offload.unwrap_or_default(),
+        )];
+        if let Some(d) = &self.dpu {
+            let c = &config.dpu;
+            lines.push(format!(
+                "dpu agent backend={} state_dir={} queues_per_reactor={} queue_depth={} \
+                 slab={}x{} bytes",
+                c.backend.as_str(),
+                c.state_dir.display(),
+                c.queues_per_reactor,
+                c.queue_depth,
+                c.slab_slots,
+                c.slab_slot_bytes
+            ));
+            lines.extend(dpu::reactor_lines(d.agent()).into_iter().map(|l| format!("dpu {l}")));
+        }
+        if config.nixl.enabled {
+            let n = &config.nixl;
+            lines.push(format!(
+                "block staging over NIXL ({}): {} slots of {} bytes, stage lease {} ms, stages \
+                 per connection {}, stages in all {}",
+                self.staging_name,
+                n.slots(),
+                n.slot_bytes,
+                n.stage_lease_ms,
+                n.per_connection_max,
+                n.staged_max
+            ));
+        }
+        lines
+    }
+
+    /// Stops the service: the native listener first (connections finish the request in hand),
+    /// then the RESP listener, then the HTTP endpoint, then the store (the DPU agent's reactors
+    /// are joined when its last holder goes). Answers how many connection threads did not stop
+    /// in time.
+    pub fn stop(self) -> usize {
+        let Self { server, resp, http, store, dpu, .. } = self;
+        let left = server.shutdown() + resp.shutdown();
+        let http_left = http.shutdown();
+        drop(store);
+        drop(dpu);
+        left + http_left
+    }
+}

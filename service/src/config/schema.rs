@@ -1,0 +1,555 @@
+//! The file's shape: every section and key, each with its one default.
+//!
+//! A default is stated once, here or in the library the value is handed to (the FileStore's
+//! engine settings, the server's connection and clock defaults, the staging limits, the DPU
+//! agent's lease and deadline), and the sections' `Default` impls read it from there. The
+//! example file and `docs/OPERATIONS.md` are checked against these impls by the tests.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::de::{byte_count, parse_error, socket_addr};
+use super::error::ConfigError;
+use crate::server::ServerConfig;
+use gpucache_dataplane::caller::{Caller, Right, Rights};
+use gpucache_dataplane::identity::{IdentityError, TenantId};
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dpu::{DpuStoreConfig, SlabConfig};
+use gpucache_storage::file::engine::{EngineChoice, EngineConfig};
+use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_wire::SealAlgorithm;
+use gpucache_wire::staging::StagingLimits;
+
+/// Default `store.root`.
+pub const STORE_ROOT_DEFAULT: &str = "./gpucache-data";
+/// Default `listen.native`.
+pub const NATIVE_ADDR_DEFAULT: SocketAddr = loopback(7470);
+/// Default `listen.resp`.
+pub const RESP_ADDR_DEFAULT: SocketAddr = loopback(7471);
+/// Default `listen.metrics`.
+pub const METRICS_ADDR_DEFAULT: SocketAddr = loopback(7472);
+/// The tenant of the embedded default, and the one client commands act as unless told.
+pub const TENANT_DEFAULT: &str = "default";
+/// The local socket's name inside `store.root` when `listen.local` is not set.
+pub const LOCAL_SOCKET_NAME: &str = "gpucache.sock";
+/// Default `nixl.slot_bytes`: the largest block that moves over NIXL.
+pub const NIXL_SLOT_BYTES_DEFAULT: u64 = 4 << 20;
+/// Default `nixl.pool_bytes`: 64 slots of the default size.
+pub const NIXL_POOL_BYTES_DEFAULT: u64 = 256 << 20;
+/// Default `dpu.state_dir`.
+pub const DPU_STATE_DIR_DEFAULT: &str = "./gpucache-dpu";
+/// Default `dpu.queue_depth`: submissions one queue holds outstanding.
+pub const DPU_QUEUE_DEPTH_DEFAULT: u32 = 64;
+/// Default `dpu.slab_slots`: calls in flight across the agent.
+pub const DPU_SLAB_SLOTS_DEFAULT: u32 = 64;
+/// Default `dpu.slab_slot_bytes`: the largest block the agent carries.
+pub const DPU_SLOT_BYTES_DEFAULT: u64 = 4 << 20;
+
+const fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+}
+
+/// Milliseconds of a library default, as the file spells durations.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The whole `gpucache serve` configuration. Every section may be left out (its defaults
+/// apply); every key inside a section may be left out except a tenant's `name` and `rights`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    pub store: StoreSection,
+    pub limits: LimitsSection,
+    pub listen: ListenSection,
+    pub tenants: Vec<TenantConfig>,
+    pub nixl: NixlSection,
+    pub dpu: DpuSection,
+}
+
+impl Default for ServeConfig {
+    /// A FileStore under `./gpucache-data`, loopback listeners on 7470-7472, and one tenant
+    /// `default` that may read and write.
+    fn default() -> Self {
+        Self {
+            store: StoreSection::default(),
+            limits: LimitsSection::default(),
+            listen: ListenSection::default(),
+            tenants: vec![TenantConfig {
+                name: TENANT_DEFAULT.to_owned(),
+                rights: vec![RightName::Read, RightName::Write],
+                secret_file: None,
+                seal_algorithms: None,
+            }],
+            nixl: NixlSection::default(),
+            dpu: DpuSection::default(),
+        }
+    }
+}
+
+/// Which store backs the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StoreKind {
+    /// Block files under `root`; survives restarts.
+    File,
+    /// Host memory; empty at every start.
+    Memory,
+    /// The DPU agent (`[dpu]`) in-process, its reactors running every call against a file
+    /// store under `root` (the `[store]` file keys apply to it).
+    Dpu,
+}
+
+/// `store.engine`: the FileStore's I/O engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineName {
+    Auto,
+    Uring,
+    Psync,
+}
+
+impl From<EngineName> for EngineChoice {
+    fn from(e: EngineName) -> Self {
+        match e {
+            EngineName::Auto => EngineChoice::Auto,
+            EngineName::Uring => EngineChoice::Uring,
+            EngineName::Psync => EngineChoice::Psync,
+        }
+    }
+}
+
+/// `store.durability`: when a PUT is acknowledged (ADR 0009).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DurabilityName {
+    PerBlock,
+    GroupCommit,
+    None,
+}
+
+impl From<DurabilityName> for Durability {
+    fn from(d: DurabilityName) -> Self {
+        match d {
+            DurabilityName::PerBlock => Durability::PerBlock,
+            DurabilityName::GroupCommit => Durability::GroupCommit,
+            DurabilityName::None => Durability::None,
+        }
+    }
+}
+
+/// `[store]`. The keys after `kind` apply to the file store only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    pub kind: StoreKind,
+    pub root: PathBuf,
+    pub engine: EngineName,
+    pub direct_io: bool,
+    pub durability: DurabilityName,
+    pub queue_depth: u32,
+    pub group_commit_deadline_ms: u64,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        let file = FileStoreConfig::new(STORE_ROOT_DEFAULT);
+        Self {
+            kind: StoreKind::File,
+            root: file.root,
+            engine: EngineName::Auto,
+            direct_io: file.direct_io,
+            durability: DurabilityName::PerBlock,
+            queue_depth: file.engine_config.queue_depth,
+            group_commit_deadline_ms: file.group_commit_deadline_ms,
+        }
+    }
+}
+
+/// `[limits]`: every [`ResourceLimits`] field, with its defaults. Byte limits take an integer
+/// or a string with a binary unit (`"64MiB"`, `"4G"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    #[serde(deserialize_with = "byte_count")]
+    pub object_bytes_max: u64,
+    pub inflight_requests_max: u32,
+    pub registrations_max: u32,
+    #[serde(deserialize_with = "byte_count")]
+    pub tenant_inflight_bytes_max: u64,
+    #[serde(deserialize_with = "byte_count")]
+    pub retained_bytes_max: u64,
+    #[serde(deserialize_with = "byte_count")]
+    pub tenant_retained_bytes_max: u64,
+    pub tenants_max: u32,
+    pub idempotency_entries_max: u32,
+    pub idempotency_ttl_ms: u64,
+    pub write_lease_ms: u64,
+}
+
+impl From<ResourceLimits> for LimitsSection {
+    fn from(l: ResourceLimits) -> Self {
+        // Destructured so that a new limit fails to compile here until the file can set it.
+        let ResourceLimits {
+            object_bytes_max,
+            inflight_requests_max,
+            registrations_max,
+            tenant_inflight_bytes_max,
+            retained_bytes_max,
+            tenant_retained_bytes_max,
+            tenants_max,
+            idempotency_entries_max,
+            idempotency_ttl_ms,
+            write_lease_ms,
+        } = l;
+        Self {
+            object_bytes_max,
+            inflight_requests_max,
+            registrations_max,
+            tenant_inflight_bytes_max,
+            retained_bytes_max,
+            tenant_retained_bytes_max,
+            tenants_max,
+            idempotency_entries_max,
+            idempotency_ttl_ms,
+            write_lease_ms,
+        }
+    }
+}
+
+impl From<&LimitsSection> for ResourceLimits {
+    fn from(l: &LimitsSection) -> Self {
+        ResourceLimits {
+            object_bytes_max: l.object_bytes_max,
+            inflight_requests_max: l.inflight_requests_max,
+            registrations_max: l.registrations_max,
+            tenant_inflight_bytes_max: l.tenant_inflight_bytes_max,
+            retained_bytes_max: l.retained_bytes_max,
+            tenant_retained_bytes_max: l.tenant_retained_bytes_max,
+            tenants_max: l.tenants_max,
+            idempotency_entries_max: l.idempotency_entries_max,
+            idempotency_ttl_ms: l.idempotency_ttl_ms,
+            write_lease_ms: l.write_lease_ms,
+        }
+    }
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        ResourceLimits::default().into()
+    }
+}
+
+/// `[listen]`: where the service accepts connections, and how many.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenSection {
+    /// The native binary protocol.
+    #[serde(deserialize_with = "socket_addr")]
+    pub native: SocketAddr,
+    /// The RESP (Redis protocol) subset.
+    #[serde(deserialize_with = "socket_addr")]
+    pub resp: SocketAddr,
+    /// The tenant every RESP connection acts as (RESP clients do not name one); the first
+    /// `[[tenants]]` entry when unset.
+    pub resp_tenant: Option<String>,
+    /// HTTP `/metrics` and `/healthz`.
+    #[serde(deserialize_with = "socket_addr")]
+    pub metrics: SocketAddr,
+    /// Whether addresses other than loopback are allowed.
+    pub allow_remote: bool,
+    /// Client connections open at once, over both protocols.
+    pub connections_max: u32,
+    /// Whether tenants without a `secret_file` may be served on a native address that is not
+    /// loopback (they are trusted on their word).
+    pub allow_open_tenants: bool,
+    /// How far a HELLO timestamp may be from the server's clock, in milliseconds.
+    pub clock_skew_max_ms: u64,
+    /// The Unix socket of the same-host shared-memory path (docs/adr/0013). Unset: `gpucache.sock`
+    /// inside `store.root` for a file store, none for a memory store; `""`: none; otherwise
+    /// the path (relative to the working directory).
+    pub local: Option<PathBuf>,
+    /// Bytes of client segments the server maps at once, over all local connections.
+    #[serde(deserialize_with = "byte_count")]
+    pub shm_mapped_bytes_max: u64,
+}
+
+impl Default for ListenSection {
+    fn default() -> Self {
+        // The native listener's own defaults; the RESP listener is given the same bound.
+        let server = ServerConfig::new(NATIVE_ADDR_DEFAULT, Vec::new());
+        Self {
+            native: NATIVE_ADDR_DEFAULT,
+            resp: RESP_ADDR_DEFAULT,
+            resp_tenant: None,
+            metrics: METRICS_ADDR_DEFAULT,
+            allow_remote: false,
+            connections_max: server.connections_max,
+            allow_open_tenants: false,
+            clock_skew_max_ms: millis(server.clock_skew_max),
+            local: None,
+            shm_mapped_bytes_max: server.shm_mapped_bytes_max,
+        }
+    }
+}
+
+/// `[nixl]`: block staging over NIXL between GPUCache nodes (docs/adr/0018, PROTOCOL.md
+/// section 11). Off by default; when `enabled`, `gpucache serve` registers a staging pool of
+/// `pool_bytes` with a NIXL agent and answers the stage ops, or refuses to start with the
+/// reason NIXL cannot run (never serving without it).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NixlSection {
+    pub enabled: bool,
+    /// The agent's name, unique among the agents that exchange metadata; `gpucache-<pid>`
+    /// when unset.
+    pub agent: Option<String>,
+    /// Bytes of host memory registered for staging (a whole number of slots).
+    #[serde(deserialize_with = "byte_count")]
+    pub pool_bytes: u64,
+    /// Bytes per slot: the largest block that moves over NIXL.
+    #[serde(deserialize_with = "byte_count")]
+    pub slot_bytes: u64,
+    /// How long a stage's slot is lent; past it the slot is quarantined until a fence.
+    pub stage_lease_ms: u64,
+    /// Open stages of one connection.
+    pub per_connection_max: u32,
+    /// Open stages of the whole server.
+    pub staged_max: u32,
+}
+
+impl Default for NixlSection {
+    fn default() -> Self {
+        let limits = StagingLimits::default();
+        Self {
+            enabled: false,
+            agent: None,
+            pool_bytes: NIXL_POOL_BYTES_DEFAULT,
+            slot_bytes: NIXL_SLOT_BYTES_DEFAULT,
+            stage_lease_ms: limits.stage_lease_ms,
+            per_connection_max: u32::try_from(limits.per_connection_max).unwrap_or(u32::MAX),
+            staged_max: u32::try_from(limits.staged_max).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+impl NixlSection {
+    /// Slots of the staging pool.
+    pub fn slots(&self) -> u64 {
+        self.pool_bytes / self.slot_bytes.max(1)
+    }
+
+    /// The agent's name: `agent`, or `gpucache-<pid>`.
+    pub fn agent_name(&self) -> String {
+        self.agent.clone().unwrap_or_else(|| format!("gpucache-{}", std::process::id()))
+    }
+
+    /// The stage limits the server enforces.
+    pub fn limits(&self) -> StagingLimits {
+        StagingLimits {
+            per_connection_max: usize::try_from(self.per_connection_max).unwrap_or(usize::MAX),
+            staged_max: usize::try_from(self.staged_max).unwrap_or(usize::MAX),
+            stage_lease_ms: self.stage_lease_ms,
+        }
+    }
+}
+
+/// `dpu.backend`: what moves the agent's queue bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum DpuBackendName {
+    /// Host threads with io_uring: runs anywhere io_uring does; never offload.
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// SPDK NVMe queues; fails closed at start in this build (no binding).
+    #[serde(rename = "spdk")]
+    Spdk,
+    /// DOCA queues on a BlueField; fails closed at start in this build (no binding).
+    #[serde(rename = "doca")]
+    Doca,
+}
+
+impl DpuBackendName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IoUring => "io_uring",
+            Self::Spdk => "spdk",
+            Self::Doca => "doca",
+        }
+    }
+}
+
+/// `dpu.pin`: what to do when a reactor's core cannot be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PinName {
+    /// Run that reactor unpinned and report it (`pinned=` leaves its core out).
+    BestEffort,
+    /// Refuse to start.
+    Required,
+}
+
+/// One `[[dpu.reactors]]` entry: a reactor thread and the core it is pinned to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpuReactorConfig {
+    pub id: u16,
+    /// The core to pin to; unset runs the reactor unpinned.
+    #[serde(default)]
+    pub core: Option<u64>,
+}
+
+/// `[dpu]`: the DPU agent `store.kind = "dpu"` runs in-process (docs/OPERATIONS.md). Ignored
+/// for other store kinds, but still checked.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpuSection {
+    /// Holds the agent's persisted epoch (bumped at every start) and its queue files.
+    pub state_dir: PathBuf,
+    pub backend: DpuBackendName,
+    /// The reactors, each with its core; one unpinned reactor when the list is left out.
+    pub reactors: Vec<DpuReactorConfig>,
+    /// Queues each reactor owns (a key's queue is chosen by a stable hash of the key).
+    pub queues_per_reactor: u32,
+    /// Submissions one queue holds outstanding at most.
+    pub queue_depth: u32,
+    /// Slots of the agent's slab; every call in flight holds one.
+    pub slab_slots: u32,
+    /// Bytes per slab slot: the largest block the agent carries (larger PUTs are refused as
+    /// too large, larger blocks read as misses).
+    #[serde(deserialize_with = "byte_count")]
+    pub slab_slot_bytes: u64,
+    /// How long one call may hold its slab slot before the slot is quarantined.
+    pub slab_lease_ms: u64,
+    pub pin: PinName,
+    /// Longest one call waits for its reactor's completion.
+    pub op_deadline_ms: u64,
+    /// `backend = "spdk"`: the NVMe controller's PCI address.
+    pub spdk_pci_addr: Option<String>,
+    /// `backend = "doca"`: the BlueField's RDMA device name.
+    pub doca_device: Option<String>,
+}
+
+impl Default for DpuSection {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from(DPU_STATE_DIR_DEFAULT),
+            backend: DpuBackendName::IoUring,
+            reactors: vec![DpuReactorConfig { id: 0, core: None }],
+            queues_per_reactor: 1,
+            queue_depth: DPU_QUEUE_DEPTH_DEFAULT,
+            slab_slots: DPU_SLAB_SLOTS_DEFAULT,
+            slab_slot_bytes: DPU_SLOT_BYTES_DEFAULT,
+            slab_lease_ms: SlabConfig::default().lease_ms,
+            pin: PinName::BestEffort,
+            op_deadline_ms: millis(DpuStoreConfig::default().op_deadline),
+            spdk_pci_addr: None,
+            doca_device: None,
+        }
+    }
+}
+
+/// A right as spelt in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RightName {
+    Read,
+    Write,
+    Admin,
+}
+
+impl From<RightName> for Right {
+    fn from(r: RightName) -> Self {
+        match r {
+            RightName::Read => Right::Read,
+            RightName::Write => Right::Write,
+            RightName::Admin => Right::Admin,
+        }
+    }
+}
+
+/// One `[[tenants]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    pub rights: Vec<RightName>,
+    /// The tenant's key file (`<key-id> <hex secret> [not-after]` per line, mode 0600). A
+    /// tenant with one must authenticate and seal every frame; one without is open.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// The seal algorithms the tenant's sessions may use (`"blake3"`, `"hmac-sha256"`); both
+    /// when unset.
+    #[serde(default)]
+    pub seal_algorithms: Option<Vec<String>>,
+}
+
+impl TenantConfig {
+    pub fn rights(&self) -> Rights {
+        let has = |r| self.rights.contains(&r);
+        Rights {
+            read: has(RightName::Read),
+            write: has(RightName::Write),
+            admin: has(RightName::Admin),
+        }
+    }
+
+    /// The seal algorithms the tenant accepts; the name that is not one otherwise.
+    pub fn accepted_seals(&self) -> Result<Vec<SealAlgorithm>, String> {
+        match &self.seal_algorithms {
+            None => Ok(SealAlgorithm::ALL.to_vec()),
+            Some(names) if names.is_empty() => Err(String::new()),
+            Some(names) => {
+                names.iter().map(|n| SealAlgorithm::from_name(n).ok_or_else(|| n.clone())).collect()
+            }
+        }
+    }
+
+    /// The caller this tenant's connections act as.
+    pub fn caller(&self) -> Result<Caller, IdentityError> {
+        Ok(Caller::new(TenantId::parse(&self.name)?, self.rights()))
+    }
+}
+
+impl ServeConfig {
+    /// Parses a configuration without checking it (see `validate`): a malformed file, an
+    /// unknown key or a value of the wrong type is refused here, naming its key path.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| parse_error(text, &e))
+    }
+
+    /// The store's resource limits.
+    pub fn limits(&self) -> ResourceLimits {
+        (&self.limits).into()
+    }
+
+    /// The FileStore this configuration describes (used when `store.kind` is `"file"` or
+    /// `"dpu"`).
+    pub fn file_store_config(&self) -> FileStoreConfig {
+        let s = &self.store;
+        let mut config = FileStoreConfig::new(s.root.clone());
+        config.engine = s.engine.into();
+        config.engine_config =
+            EngineConfig { queue_depth: s.queue_depth, ..EngineConfig::default() };
+        config.direct_io = s.direct_io;
+        config.durability = s.durability.into();
+        config.limits = self.limits();
+        config.group_commit_deadline_ms = s.group_commit_deadline_ms;
+        config
+    }
+
+    /// The Unix socket of the same-host path, when there is one: `listen.local`, or
+    /// `gpucache.sock` inside `store.root` for a file store when the key is unset.
+    pub fn local_socket(&self) -> Option<PathBuf> {
+        match &self.listen.local {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p.clone()),
+            None => match self.store.kind {
+                StoreKind::File | StoreKind::Dpu => Some(self.store.root.join(LOCAL_SOCKET_NAME)),
+                StoreKind::Memory => None,
+            },
+        }
+    }
+}

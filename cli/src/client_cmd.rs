@@ -80,6 +80,13 @@ pub(crate) struct SharedMemory {
     huge_pages: bool,
 }
 
+impl Connection {
+    /// How long each request may take once connected (at least a second).
+    fn deadline(&self) -> Duration {
+        Duration::from_secs(self.deadline_s.max(1))
+    }
+}
+
 impl SharedMemory {
     fn segment(&self) -> Option<Segment> {
         self.shm.then_some(Segment {
@@ -165,12 +172,10 @@ mod nixl_real {
     use gpucache_nic::nixl::{NixlClient, NixlClientConfig};
     use gpucache_storage::host::pool::{HugePagePolicy, Lock, Tier};
 
-    use super::Connection;
-
     /// A NIXL client over `store`, attached to the server's agent, with one slot of
     /// `slot_bytes`.
     fn client(
-        target: &Connection,
+        deadline: Duration,
         store: TcpStore,
         caller: &Caller,
         slot_bytes: usize,
@@ -179,7 +184,7 @@ mod nixl_real {
             agent_name: format!("gpucache-cli-{}", std::process::id()),
             slot_bytes: slot_bytes.max(1),
             slots: 1,
-            deadline: Duration::from_secs(target.deadline_s.max(1)),
+            deadline,
             huge_pages: HugePagePolicy::default().prefer(Tier::Huge2M).lock(Lock::Off),
         };
         let client = NixlClient::new(store, config).map_err(|e| format!("--nixl: {e}"))?;
@@ -191,25 +196,25 @@ mod nixl_real {
 
     /// PUT over NIXL: one slot of the value's size, RESERVE_PUT, WRITE, COMMIT_PUT.
     pub(super) fn put(
-        target: &Connection,
+        deadline: Duration,
         store: TcpStore,
         caller: &Caller,
         key: &PhysicalKey,
         data: &[u8],
     ) -> Result<Put, String> {
-        let client = client(target, store, caller, data.len())?;
+        let client = client(deadline, store, caller, data.len())?;
         client.put(caller, key, data, None).map_err(|e| format!("--nixl: {e}"))
     }
 
     /// GET over NIXL into `dst`: STAGE_GET, READ into this side's slot, verify, copy, RELEASE.
     pub(super) fn get(
-        target: &Connection,
+        deadline: Duration,
         store: TcpStore,
         caller: &Caller,
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, String> {
-        let client = client(target, store, caller, dst.len())?;
+        let client = client(deadline, store, caller, dst.len())?;
         client.get(caller, key, dst).map_err(|e| format!("--nixl: {e}"))
     }
 }
@@ -217,12 +222,12 @@ mod nixl_real {
 /// `--nixl` in a build without the feature: refused with the typed reason.
 #[cfg(not(feature = "nixl"))]
 mod nixl_unavailable {
+    use std::time::Duration;
+
     use gpucache_client::TcpStore;
     use gpucache_dataplane::caller::Caller;
     use gpucache_dataplane::key::PhysicalKey;
     use gpucache_dataplane::store::{Get, Put};
-
-    use super::Connection;
 
     fn not_built() -> String {
         let reason = gpucache_nic::NixlUnavailable::NotBuilt;
@@ -230,7 +235,7 @@ mod nixl_unavailable {
     }
 
     pub(super) fn put(
-        _target: &Connection,
+        _deadline: Duration,
         _store: TcpStore,
         _caller: &Caller,
         _key: &PhysicalKey,
@@ -240,7 +245,7 @@ mod nixl_unavailable {
     }
 
     pub(super) fn get(
-        _target: &Connection,
+        _deadline: Duration,
         _store: TcpStore,
         _caller: &Caller,
         _key: &PhysicalKey,
@@ -281,7 +286,7 @@ fn connect(
     let tenant = TenantId::parse(&target.tenant).map_err(|e| format!("--tenant: {e}"))?;
     let caller = Caller::new(tenant.clone(), rights);
     let mut config = ClientConfig::new(target.addr, caller.clone());
-    config.deadline = Duration::from_secs(target.deadline_s.max(1));
+    config.deadline = target.deadline();
     config.client_name = "gpucache-cli".into();
     if let Some(segment) = segment {
         let mut local = LocalConfig::negotiated();
@@ -386,7 +391,7 @@ pub(crate) fn put(target: &PutTarget, name: &str, file: Option<&PathBuf>) -> Exi
             if data.is_empty() {
                 return Err("--nixl: an empty value cannot be stored".into());
             }
-            let put = nixl::put(connection, store, &caller, &key, &data)?;
+            let put = nixl::put(connection.deadline(), store, &caller, &key, &data)?;
             // The NIXL client took the connection; the comparison below needs one.
             (put, connect(connection, None, Rights::READ_WRITE)?.0)
         } else {
@@ -442,7 +447,7 @@ pub(crate) fn get(target: &GetTarget, name: &str) -> ExitCode {
         if target.nixl {
             let mut buf =
                 vec![0u8; usize::try_from(target.nixl_slot_bytes).unwrap_or(GET_BYTES_MAX)];
-            return match nixl::get(connection, store, &caller, &key, &mut buf)? {
+            return match nixl::get(connection.deadline(), store, &caller, &key, &mut buf)? {
                 Get::Hit { len, .. } => write_out(&buf, len),
                 Get::Miss(reason) => Ok(Some(format!("miss: {reason:?}"))),
             };

@@ -64,30 +64,13 @@ use spdk_unavailable as spdk;
 mod spdk_real {
     use gpucache_dpu::{QueueKind, SpdkConfig};
 
-    use super::DpuStartError;
     use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
-        Ok(QueueKind::Spdk(SpdkConfig { pci_addr: dpu.spdk_pci_addr.clone().unwrap_or_default() }))
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use crate::config::{DpuBackendName, DpuSection};
-
-        #[test]
-        fn spdk_queues_name_the_configured_controller() {
-            let dpu = DpuSection {
-                backend: DpuBackendName::Spdk,
-                spdk_pci_addr: Some("0000:3b:00.0".into()),
-                ..DpuSection::default()
-            };
-            let c = crate::dpu::agent_config(&dpu).expect("spdk is built");
-            assert!(!c.queues.is_empty());
-            for q in &c.queues {
-                assert!(format!("{:?}", q.kind).contains("0000:3b:00.0"), "{:?}", q.kind);
-            }
-        }
+    /// `None`: this build has no such queues.
+    pub(super) fn queue_kind(dpu: &DpuSection) -> Option<QueueKind> {
+        Some(QueueKind::Spdk(SpdkConfig {
+            pci_addr: dpu.spdk_pci_addr.clone().unwrap_or_default(),
+        }))
     }
 }
 
@@ -96,24 +79,11 @@ mod spdk_real {
 mod spdk_unavailable {
     use gpucache_dpu::QueueKind;
 
-    use super::DpuStartError;
     use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
-        Err(DpuStartError::NotBuilt { backend: "spdk" })
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use crate::config::{DpuBackendName, DpuSection};
-        use crate::dpu::DpuStartError;
-
-        #[test]
-        fn spdk_queues_are_refused_as_not_built() {
-            let dpu = DpuSection { backend: DpuBackendName::Spdk, ..DpuSection::default() };
-            let e = crate::dpu::agent_config(&dpu).expect_err("spdk is not built");
-            assert!(matches!(e, DpuStartError::NotBuilt { backend: "spdk" }), "{e:?}");
-        }
+    /// `None`: this build has no such queues.
+    pub(super) fn queue_kind(_dpu: &DpuSection) -> Option<QueueKind> {
+        None
     }
 }
 
@@ -122,30 +92,11 @@ mod spdk_unavailable {
 mod doca_real {
     use gpucache_dpu::{DocaConfig, QueueKind};
 
-    use super::DpuStartError;
     use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
-        Ok(QueueKind::Doca(DocaConfig { device: dpu.doca_device.clone().unwrap_or_default() }))
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use crate::config::{DpuBackendName, DpuSection};
-
-        #[test]
-        fn doca_queues_name_the_configured_device() {
-            let dpu = DpuSection {
-                backend: DpuBackendName::Doca,
-                doca_device: Some("mlx5_0".into()),
-                ..DpuSection::default()
-            };
-            let c = crate::dpu::agent_config(&dpu).expect("doca is built");
-            assert!(!c.queues.is_empty());
-            for q in &c.queues {
-                assert!(format!("{:?}", q.kind).contains("mlx5_0"), "{:?}", q.kind);
-            }
-        }
+    /// `None`: this build has no such queues.
+    pub(super) fn queue_kind(dpu: &DpuSection) -> Option<QueueKind> {
+        Some(QueueKind::Doca(DocaConfig { device: dpu.doca_device.clone().unwrap_or_default() }))
     }
 }
 
@@ -154,24 +105,11 @@ mod doca_real {
 mod doca_unavailable {
     use gpucache_dpu::QueueKind;
 
-    use super::DpuStartError;
     use crate::config::DpuSection;
 
-    pub(super) fn queue_kind(_dpu: &DpuSection) -> Result<QueueKind, DpuStartError> {
-        Err(DpuStartError::NotBuilt { backend: "doca" })
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use crate::config::{DpuBackendName, DpuSection};
-        use crate::dpu::DpuStartError;
-
-        #[test]
-        fn doca_queues_are_refused_as_not_built() {
-            let dpu = DpuSection { backend: DpuBackendName::Doca, ..DpuSection::default() };
-            let e = crate::dpu::agent_config(&dpu).expect_err("doca is not built");
-            assert!(matches!(e, DpuStartError::NotBuilt { backend: "doca" }), "{e:?}");
-        }
+    /// `None`: this build has no such queues.
+    pub(super) fn queue_kind(_dpu: &DpuSection) -> Option<QueueKind> {
+        None
     }
 }
 
@@ -199,8 +137,12 @@ pub fn agent_config(dpu: &DpuSection) -> Result<AgentConfig, DpuStartError> {
                     engine: EngineChoice::Uring,
                     sync: true,
                 },
-                DpuBackendName::Spdk => spdk::queue_kind(dpu)?,
-                DpuBackendName::Doca => doca::queue_kind(dpu)?,
+                DpuBackendName::Spdk => {
+                    spdk::queue_kind(dpu).ok_or(DpuStartError::NotBuilt { backend: "spdk" })?
+                }
+                DpuBackendName::Doca => {
+                    doca::queue_kind(dpu).ok_or(DpuStartError::NotBuilt { backend: "doca" })?
+                }
             };
             queues.push(QueueSpec {
                 id: QueueId(n),
@@ -346,6 +288,52 @@ pub fn offload_registry(agent: &Agent) -> Registry {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "spdk")]
+    #[test]
+    fn spdk_queues_name_the_configured_controller() {
+        let dpu = DpuSection {
+            backend: DpuBackendName::Spdk,
+            spdk_pci_addr: Some("0000:3b:00.0".into()),
+            ..DpuSection::default()
+        };
+        let c = agent_config(&dpu).expect("spdk is built");
+        assert!(!c.queues.is_empty());
+        for q in &c.queues {
+            assert!(format!("{:?}", q.kind).contains("0000:3b:00.0"), "{:?}", q.kind);
+        }
+    }
+
+    #[cfg(not(feature = "spdk"))]
+    #[test]
+    fn spdk_queues_are_refused_as_not_built() {
+        let dpu = DpuSection { backend: DpuBackendName::Spdk, ..DpuSection::default() };
+        let e = agent_config(&dpu).expect_err("spdk is not built");
+        assert!(matches!(e, DpuStartError::NotBuilt { backend: "spdk" }), "{e:?}");
+    }
+
+    #[cfg(feature = "doca")]
+    #[test]
+    fn doca_queues_name_the_configured_device() {
+        let dpu = DpuSection {
+            backend: DpuBackendName::Doca,
+            doca_device: Some("mlx5_0".into()),
+            ..DpuSection::default()
+        };
+        let c = agent_config(&dpu).expect("doca is built");
+        assert!(!c.queues.is_empty());
+        for q in &c.queues {
+            assert!(format!("{:?}", q.kind).contains("mlx5_0"), "{:?}", q.kind);
+        }
+    }
+
+    #[cfg(not(feature = "doca"))]
+    #[test]
+    fn doca_queues_are_refused_as_not_built() {
+        let dpu = DpuSection { backend: DpuBackendName::Doca, ..DpuSection::default() };
+        let e = agent_config(&dpu).expect_err("doca is not built");
+        assert!(matches!(e, DpuStartError::NotBuilt { backend: "doca" }), "{e:?}");
+    }
+
     use super::*;
 
     #[test]

@@ -44,48 +44,18 @@ use real as built;
 #[cfg(not(feature = "nixl"))]
 use unavailable as built;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
 use gpucache_service::units::{parse_size_list, size_label};
 pub use paths::PathRun;
-pub use plan::{BLOCK_BYTES_MAX, CONTROL_DEADLINE, PEER_METADATA_MAX, PathName, Plan};
+pub use plan::{
+    BLOCK_BYTES_MAX, CONTROL_DEADLINE, NixlBenchArgs, PEER_METADATA_MAX, PathName, Plan,
+};
 
 /// Largest number of timed iterations per size and path.
 const ITERATIONS_MAX: u32 = 100_000;
-
-#[derive(Debug, Args)]
-pub struct NixlBenchArgs {
-    /// Block sizes, comma-separated (K, M, G are binary); at most 64M each.
-    #[arg(long, default_value = "64K,256K,1M,4M")]
-    sizes: String,
-    /// Timed iterations per size and path.
-    #[arg(long, default_value_t = 200)]
-    iterations: u32,
-    /// Untimed iterations per size and path before the timed ones (the connection set-up and
-    /// the byte check are untimed as well).
-    #[arg(long, default_value_t = 10)]
-    warmup: u32,
-    /// Paths to run, comma-separated: nixl, nixl-raw, tcp, memcpy.
-    #[arg(long, default_value = "nixl,nixl-raw,tcp,memcpy")]
-    paths: String,
-    /// Sets UCX_TLS for this process and the peer (for example `tcp`, to put NIXL on loopback
-    /// TCP beside our TCP path). Default: whatever UCX_TLS says, or UCX's own choice.
-    #[arg(long)]
-    ucx_tls: Option<String>,
-    /// Write every measurement as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Where the peers' logs and the service's configuration go (a fresh subdirectory, removed
-    /// afterwards unless --keep-logs). Default: the system temporary directory.
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Keep the scratch directory.
-    #[arg(long)]
-    keep_logs: bool,
-}
 
 /// The hidden peer role: `gpucache bench nixl-peer --connect PORT --slot-bytes N`.
 #[derive(Debug, Args)]

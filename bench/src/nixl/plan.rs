@@ -1,7 +1,10 @@
 //! What a run of `bench nixl` measures (its plan: sizes, iterations, paths) and the bounds every
 //! path and the peer keep to; the paths, the report and the transfers all read it.
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use clap::Args;
 
 use gpucache_service::units::MIB;
 
@@ -52,3 +55,35 @@ pub const PEER_METADATA_MAX: usize = 8;
 
 /// How long every control step (peer start, one control frame, service start) may take.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `gpucache bench nixl`: what to run.
+#[derive(Debug, Args)]
+pub struct NixlBenchArgs {
+    /// Block sizes, comma-separated (K, M, G are binary); at most 64M each.
+    #[arg(long, default_value = "64K,256K,1M,4M")]
+    pub(crate) sizes: String,
+    /// Timed iterations per size and path.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) iterations: u32,
+    /// Untimed iterations per size and path before the timed ones (the connection set-up and
+    /// the byte check are untimed as well).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) warmup: u32,
+    /// Paths to run, comma-separated: nixl, nixl-raw, tcp, memcpy.
+    #[arg(long, default_value = "nixl,nixl-raw,tcp,memcpy")]
+    pub(crate) paths: String,
+    /// Sets UCX_TLS for this process and the peer (for example `tcp`, to put NIXL on loopback
+    /// TCP beside our TCP path). Default: whatever UCX_TLS says, or UCX's own choice.
+    #[arg(long)]
+    pub(crate) ucx_tls: Option<String>,
+    /// Write every measurement as JSON here.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+    /// Where the peers' logs and the service's configuration go (a fresh subdirectory, removed
+    /// afterwards unless --keep-logs). Default: the system temporary directory.
+    #[arg(long)]
+    pub(crate) dir: Option<PathBuf>,
+    /// Keep the scratch directory.
+    #[arg(long)]
+    pub(crate) keep_logs: bool,
+}

@@ -1,7 +1,9 @@
 //! The bench with NIXL built in: the whole run ([`run_inner`]) and the peer role
 //! ([`peer_main`], in [`super::transfers`]).
 
-use super::{NixlBenchArgs, PathName, PathRun, Plan, paths, report, tcp, transfers};
+use super::paths::{self, PathRun};
+use super::plan::{NixlBenchArgs, PathName, Plan};
+use super::{report, tcp, transfers};
 
 pub(super) use super::transfers::peer_main;
 

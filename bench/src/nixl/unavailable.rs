@@ -1,7 +1,7 @@
 //! The bench in a build without the `nixl` feature: the run stops at the probe, and the peer
 //! role says NIXL was not built.
 
-use super::{NixlBenchArgs, Plan};
+use super::plan::{NixlBenchArgs, Plan};
 
 /// Never reached in such a build (`run` returns at the probe); answers the same reason.
 pub(super) fn run_inner(_args: &NixlBenchArgs, _plan: &Plan) -> Result<bool, String> {

@@ -149,7 +149,7 @@ use unavailable as built;
 /// A build without the `nixl` feature: every question about NIXL is answered "not built".
 #[cfg(not(feature = "nixl"))]
 mod unavailable {
-    use super::NixlProbe;
+    use super::common::NixlProbe;
     use crate::error::NixlUnavailable;
 
     pub(super) fn probe() -> Result<NixlProbe, NixlUnavailable> {

@@ -675,6 +675,10 @@ impl WrittenRanges {
 /// `get_batch` or `put` does and is never bypassed. A layer that keeps the inner store's answers
 /// (a metrics layer, a test hook) overrides them to forward, keeping the inner store's own `put`
 /// and batch paths.
+///
+/// Where a module also calls a layer's methods (its tests, say), name the trait by its path in
+/// the `impl` instead of importing it: with both traits in scope, a method call on the layer
+/// finds two candidates.
 pub trait StoreLayer: Send + Sync + Sized {
     type Inner: Store + ?Sized;
 

@@ -154,19 +154,21 @@ impl DpuStore {
     ) -> BatchAnswers<T> {
         let mut answers: Vec<Option<Result<T, StoreError>>> =
             std::iter::repeat_with(|| None).take(keys.len()).collect();
-        let items = keys.iter().enumerate().map(|(index, key)| Item {
-            index,
-            hash: Self::key_hash(key),
-            payload: &[],
-            op: op(key),
-        });
-        self.batch(caller).run(items, |index, done| {
-            let answer = match done.and_then(|(answer, _)| T::from_answer(answer)) {
-                Ok(r) => r,
-                Err(e) => Err(backend_err(operation, e)),
-            };
-            answers[index] = Some(answer);
-        });
+        for round in rounds(keys.iter().copied()) {
+            let items = round.into_iter().map(|index| Item {
+                index,
+                hash: Self::key_hash(keys[index]),
+                payload: &[],
+                op: op(keys[index]),
+            });
+            self.batch(caller).run(items, |index, done| {
+                let answer = match done.and_then(|(answer, _)| T::from_answer(answer)) {
+                    Ok(r) => r,
+                    Err(e) => Err(backend_err(operation, e)),
+                };
+                answers[index] = Some(answer);
+            });
+        }
         collect(operation, answers)
     }
 
@@ -219,6 +221,27 @@ fn get_answer(
 
 /// The answers of a batch in item order. Every item is answered exactly once by the batch; a
 /// missing one would be a fault of the batch itself, answered as a backend error.
+/// The items of a batch in rounds that may each run in flight together and still answer as the
+/// items would one by one, in order: one call can change another's answer only through the same
+/// logical key (a GET that drops a damaged block makes a later GET of that key, or of its other
+/// physical forms, a different miss; an INVALIDATE removes what a later one of the key finds), so
+/// each item goes in the round after the last one holding an item of its logical key. A batch
+/// of distinct logical keys is one round.
+fn rounds<'k>(keys: impl Iterator<Item = &'k PhysicalKey>) -> Vec<Vec<usize>> {
+    let mut last: std::collections::HashMap<gpucache_dataplane::key::KeyDigest, usize> =
+        std::collections::HashMap::new();
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    for (index, key) in keys.enumerate() {
+        let round = last.get(&key.logical_digest()).map_or(0, |r| r + 1);
+        last.insert(key.logical_digest(), round);
+        if rounds.len() <= round {
+            rounds.resize_with(round + 1, Vec::new);
+        }
+        rounds[round].push(index);
+    }
+    rounds
+}
+
 fn collect<T>(
     operation: &'static str,
     answers: Vec<Option<Result<T, StoreError>>>,
@@ -360,25 +383,29 @@ impl StoreLayer for DpuStore {
     /// clean miss with its buffer untouched, as for [`Store::get_into`].
     fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
         let slot_bytes = self.agent.slot_bytes();
-        let jobs: Vec<Item<'static>> = items
-            .iter()
-            .enumerate()
-            .map(|(index, item)| Item {
-                index,
-                hash: Self::key_hash(item.key),
-                payload: &[],
-                op: JobOp::Get { key: item.key.clone(), room: item.dst.len().min(slot_bytes) },
-            })
-            .collect();
         let mut answers: Vec<Option<Result<Get, StoreError>>> = vec![None; items.len()];
-        self.batch(caller).run(jobs, |index, done| {
-            let dst = &mut *items[index].dst;
-            let room = dst.len().min(slot_bytes);
-            answers[index] = Some(match done {
-                Ok((answer, slot)) => get_answer(slot_bytes, room, dst, answer, slot),
-                Err(_) => GET_NOT_COMPLETED,
+        for round in rounds(items.iter().map(|item| item.key)) {
+            let jobs: Vec<Item<'static>> = round
+                .into_iter()
+                .map(|index| Item {
+                    index,
+                    hash: Self::key_hash(items[index].key),
+                    payload: &[],
+                    op: JobOp::Get {
+                        key: items[index].key.clone(),
+                        room: items[index].dst.len().min(slot_bytes),
+                    },
+                })
+                .collect();
+            self.batch(caller).run(jobs, |index, done| {
+                let dst = &mut *items[index].dst;
+                let room = dst.len().min(slot_bytes);
+                answers[index] = Some(match done {
+                    Ok((answer, slot)) => get_answer(slot_bytes, room, dst, answer, slot),
+                    Err(_) => GET_NOT_COMPLETED,
+                });
             });
-        });
+        }
         collect("get", answers)
     }
 

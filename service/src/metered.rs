@@ -27,8 +27,7 @@ use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, Lookup,
-    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo,
-    StoreStats,
+    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreStats,
 };
 
 /// Upper bounds of the latency buckets, in seconds: 1-2.5-5 steps from 10 µs to 10 s.
@@ -792,17 +791,12 @@ impl<S: Store> MeteredStore<S> {
     }
 }
 
-impl<S: Store> Store for MeteredStore<S> {
-    fn info(&self) -> StoreInfo {
-        self.inner.info()
-    }
+/// A layer: the calls it does not count (info, epoch, stats, condition) are the inner store's.
+impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
+    type Inner = S;
 
-    fn failures_retire(&self) -> bool {
-        self.inner.failures_retire()
-    }
-
-    fn epoch(&self) -> Epoch {
-        self.inner.epoch()
+    fn inner(&self) -> &S {
+        &self.inner
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
@@ -928,14 +922,6 @@ impl<S: Store> Store for MeteredStore<S> {
         let result = self.inner.reclaim_fenced(epoch);
         self.metrics.record_plain(Op::ReclaimFenced, &result, started);
         result
-    }
-
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-
-    fn condition(&self) -> gpucache_dataplane::store::StoreCondition {
-        self.inner.condition()
     }
 
     /// Delegates to the inner store's own `put` (which may be faster than reserve, write and

@@ -9,11 +9,13 @@
 pub mod engine;
 mod fsck;
 pub(crate) mod layout;
+mod open_files;
 mod sync;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::num::NonZeroUsize;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +38,12 @@ use crate::catalog::{Catalog, Restored};
 use engine::{EngineChoice, EngineConfig, IoEngine};
 pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
+use open_files::OpenFiles;
+pub use open_files::OpenFilesStats;
+
+/// Default for [`FileStoreConfig::open_files_max`]: block files kept open for reads. Well under
+/// the usual descriptor limit of a process, with room for a server's sockets.
+pub const OPEN_FILES_MAX: usize = 256;
 
 /// When a PUT's bytes and metadata count as durable, and so when it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +72,8 @@ pub struct FileStoreConfig {
     pub limits: ResourceLimits,
     /// How long a commit waits for a group flush before it is abandoned.
     pub group_commit_deadline_ms: u64,
+    /// Most block files kept open for reads (least recently used go first); at least 1.
+    pub open_files_max: usize,
 }
 
 impl FileStoreConfig {
@@ -76,6 +86,7 @@ impl FileStoreConfig {
             durability: Durability::PerBlock,
             limits: ResourceLimits::default(),
             group_commit_deadline_ms: 10_000,
+            open_files_max: OPEN_FILES_MAX,
         }
     }
 
@@ -106,6 +117,8 @@ pub enum FileStoreError {
     Limits(#[from] LimitsError),
     #[error("I/O engine unavailable: {0}")]
     Engine(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> FileStoreError + '_ {
@@ -133,9 +146,10 @@ pub struct OpenReport {
 enum FilePayload {
     /// Being written through `Store::write`: bytes held until commit.
     Staged(Vec<u8>),
-    /// Committed: the file and the payload's offset in it. `removing` while an invalidation
-    /// is unlinking the file (the block stays readable until the removal is durable).
-    Stored { path: PathBuf, header_len: u64, removing: bool },
+    /// Committed: the block's region (which names its kept descriptor), the file and the
+    /// payload's offset in it. `removing` while an invalidation is unlinking the file (the
+    /// block stays readable until the removal is durable).
+    Stored { region: RegionId, path: PathBuf, header_len: u64, removing: bool },
 }
 
 /// Persists the epoch in the store record before it takes effect, so that a restart never
@@ -247,6 +261,8 @@ pub struct FileStore {
     clock: Arc<dyn Clock>,
     group: sync::GroupSync,
     report: OpenReport,
+    /// Block files kept open for reads, by region.
+    files: OpenFiles,
     /// Which `blocks/<xx>` directories are known to exist (created on first use).
     subdirs: [AtomicBool; 256],
     _lock: File,
@@ -262,6 +278,8 @@ impl FileStore {
     ) -> Result<Self, FileStoreError> {
         let started = Instant::now();
         config.limits.validate()?;
+        let open_files_max = NonZeroUsize::new(config.open_files_max)
+            .ok_or_else(|| FileStoreError::Config("open_files_max must be at least 1".into()))?;
         let watched = engine::Watched::new(engine);
         let io_watch = watched.watch();
         let engine: Arc<dyn IoEngine> = Arc::new(watched);
@@ -325,13 +343,20 @@ impl FileStore {
                 checksum: header.checksum,
                 seq: header.seq,
                 payload: FilePayload::Stored {
+                    // The catalog names the region; set right below.
+                    region: RegionId(0),
                     path,
                     header_len: header.header_len,
                     removing: false,
                 },
             };
             match catalog.restore(restored) {
-                Ok(()) => {
+                Ok(id) => {
+                    if let Some(FilePayload::Stored { region, .. }) =
+                        catalog.entry_mut(id).map(|b| &mut b.payload)
+                    {
+                        *region = id;
+                    }
                     report.loaded += 1;
                     report.loaded_bytes += len;
                 }
@@ -361,6 +386,7 @@ impl FileStore {
             clock,
             group,
             report,
+            files: OpenFiles::new(open_files_max),
             subdirs: std::array::from_fn(|_| AtomicBool::new(false)),
             _lock: lock,
         })
@@ -387,6 +413,11 @@ impl FileStore {
         &self.root
     }
 
+    /// The block files kept open for reads: how many, the limit, and how often they served.
+    pub fn open_files(&self) -> OpenFilesStats {
+        self.files.stats()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Catalog<FilePayload>> {
         match self.catalog.lock() {
             Ok(guard) => guard,
@@ -394,13 +425,10 @@ impl FileStore {
         }
     }
 
-    fn open_file(&self, path: &Path, write: bool) -> io::Result<File> {
+    /// Creates a new block file to write (reads go through [`Self::files`]).
+    fn create_file(&self, path: &Path) -> io::Result<File> {
         let mut o = OpenOptions::new();
-        if write {
-            o.write(true).create_new(true);
-        } else {
-            o.read(true);
-        }
+        o.write(true).create_new(true);
         if self.direct_io {
             o.custom_flags(libc::O_DIRECT);
         }
@@ -409,7 +437,7 @@ impl FileStore {
 
     /// Writes a whole block file at `tmp`: header, payload, padding.
     fn write_block_file(&self, tmp: &Path, header: &[u8], payload: &[u8]) -> io::Result<File> {
-        let file = self.open_file(tmp, true)?;
+        let file = self.create_file(tmp)?;
         let header_len = header.len();
         let total = header_len + engine::round_up(payload.len(), engine::DIRECT_ALIGN);
         if self.direct_io {
@@ -501,7 +529,8 @@ impl FileStore {
                 match catalog.finish_commit_at(region, checksum, seq, now) {
                     Ok(c) => {
                         if let Some(b) = catalog.entry_mut(region) {
-                            b.payload = FilePayload::Stored { path, header_len, removing: false };
+                            b.payload =
+                                FilePayload::Stored { region, path, header_len, removing: false };
                         }
                         Ok(c)
                     }
@@ -515,7 +544,7 @@ impl FileStore {
             Err(e) => {
                 // The engine call returned, so it no longer touches the payload: retired.
                 let released = self.lock().fail_commit(region, Retirement::Retired);
-                dispose(released);
+                self.dispose(released);
                 Err(StoreError::Backend {
                     operation: "commit",
                     detail: format!("block file not stored: {e}"),
@@ -549,6 +578,18 @@ impl FileStore {
         }
         byte[0] = byte[0].wrapping_add(1);
         file.write_all_at(&byte, offset).is_ok()
+    }
+}
+
+impl FileStore {
+    /// Closes the kept descriptors of blocks that left the catalog and removes their files.
+    fn dispose(&self, released: Vec<FilePayload>) {
+        for p in &released {
+            if let FilePayload::Stored { region, .. } = p {
+                self.files.forget(*region);
+            }
+        }
+        dispose(released);
     }
 }
 
@@ -783,7 +824,7 @@ impl Store for FileStore {
                 _ => {
                     let released = catalog.unpin_read(pin.region, None);
                     drop(catalog);
-                    dispose(released);
+                    self.dispose(released);
                     return Ok(Get::Miss(MissReason::NotReadable(
                         gpucache_dataplane::BlockState::Evicting,
                     )));
@@ -791,7 +832,7 @@ impl Store for FileStore {
             }
         };
         let len = pin.len_bytes();
-        let read = self.read_payload(&path, header_len, &mut dst[..len]);
+        let read = self.read_payload(pin.region, &path, header_len, &mut dst[..len]);
         // `corrupt`: this read is a miss; `damage`: the block itself is damaged, and goes.
         let (corrupt, damage, failure) = match read {
             Ok(()) if pin.delivered_intact(&dst[..len]) => (false, None, None),
@@ -800,7 +841,7 @@ impl Store for FileStore {
                 // may be memory another process can write (a shared segment), and a read can
                 // fail in transit without the file being damaged.
                 let mut own = vec![0u8; len];
-                let intact = self.read_payload(&path, header_len, &mut own).is_ok()
+                let intact = self.read_payload(pin.region, &path, header_len, &mut own).is_ok()
                     && pin.delivered_intact(&own);
                 (true, (!intact).then_some(CorruptReason::Checksum), None)
             }
@@ -826,7 +867,7 @@ impl Store for FileStore {
             );
             (catalog.unpin_read(pin.region, damage.filter(|_| !removing)), removing)
         };
-        dispose(released);
+        self.dispose(released);
         if let Some(reason) = damage.filter(|_| !removing) {
             tracing::warn!(
                 path = %path.display(), reason = reason.name(),
@@ -859,7 +900,7 @@ impl Store for FileStore {
         let (answer, released) = self
             .lock()
             .reserve(caller, key, len, request, now, |_| Ok(FilePayload::Staged(Vec::new())))?;
-        dispose(released);
+        self.dispose(released);
         if let Reserve::Reserved(r) = &answer {
             // A full device is a refusal before any byte is written, not a failed commit.
             let needed =
@@ -874,7 +915,7 @@ impl Store for FileStore {
                     request: r.request,
                 };
                 let (_, released) = self.lock().abort(caller, r, Retirement::Retired)?;
-                dispose(released);
+                self.dispose(released);
                 return Ok(Reserve::Refused(gpucache_dataplane::limits::Refusal::DiskFull {
                     free_bytes,
                     requested: needed,
@@ -952,7 +993,7 @@ impl Store for FileStore {
         outcome: Retirement,
     ) -> Result<Abort, StoreError> {
         let (answer, released) = self.lock().abort(caller, r, outcome)?;
-        dispose(released);
+        self.dispose(released);
         Ok(answer)
     }
 
@@ -991,7 +1032,7 @@ impl Store for FileStore {
                 _ => catalog.remove_committed(id),
             }
         };
-        dispose(released);
+        self.dispose(released);
         match removed {
             Ok(()) => Ok(Invalidate::Removed),
             Err(e) => {
@@ -1008,7 +1049,7 @@ impl Store for FileStore {
 
     fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
         let (answer, released) = self.lock().attest_drained(caller, region)?;
-        dispose(released);
+        self.dispose(released);
         Ok(answer)
     }
 
@@ -1018,7 +1059,7 @@ impl Store for FileStore {
 
     fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
         let (n, released) = self.lock().reclaim_fenced(epoch)?;
-        dispose(released);
+        self.dispose(released);
         Ok(n)
     }
 
@@ -1061,8 +1102,16 @@ impl FileStore {
             .map_err(|(step, e)| StoreError::storage(OP, step, dir, &e, StorageEffect::NotDurable))
     }
 
-    fn read_payload(&self, path: &Path, header_len: u64, dst: &mut [u8]) -> io::Result<()> {
-        let file = self.open_file(path, false)?;
+    /// Reads the payload of `region`'s block file (its kept descriptor, or `path` opened) into
+    /// `dst`, through aligned staging under O_DIRECT. The caller holds a read pin on `region`.
+    fn read_payload(
+        &self,
+        region: RegionId,
+        path: &Path,
+        header_len: u64,
+        dst: &mut [u8],
+    ) -> io::Result<()> {
+        let file = self.files.get(region, path, self.direct_io)?;
         if self.direct_io {
             let padded = engine::round_up(dst.len(), engine::DIRECT_ALIGN);
             let mut staging = self.engine.staging(padded)?;

@@ -4,7 +4,9 @@
 //! Engines move bytes between memory and an open file; they know nothing about blocks, keys or
 //! durability policy. Every call either completes entirely or returns an error after which the
 //! engine no longer touches the caller's memory (engines are synchronous to their caller, so a
-//! returned call is a retired call).
+//! returned call is a retired call). A batch call ([`IoEngine::read_batch`]) answers per
+//! request, and the same holds for it as a whole: when it returns, with whatever answers, the
+//! engine touches none of its requests' buffers any more.
 
 pub mod faulty;
 pub mod psync;
@@ -112,6 +114,14 @@ pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
+/// One read of an [`IoEngine::read_batch`]: fill all of `buf` from `offset` of `file`.
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    pub file: &'a File,
+    pub offset: u64,
+    pub buf: &'a mut [u8],
+}
+
 /// Moves bytes between memory and files. Calls are synchronous to the caller: when one returns,
 /// with success or an error, the engine has stopped touching the caller's buffers.
 pub trait IoEngine: Send + Sync + fmt::Debug {
@@ -125,6 +135,15 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
 
     /// Fills `buf` from `offset`; end of file first is `UnexpectedEof`.
     fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// [`IoEngine::read_exact_at`] for each request, answered per request and in order: one
+    /// request's failure never fails another. An engine that can keep many requests in flight
+    /// at once does so (io_uring: up to its queue depth); the default reads one after another.
+    /// When the call returns the engine touches none of the requests' buffers any more, whatever
+    /// the answers.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        reads.iter_mut().map(|r| self.read_exact_at(r.file, r.offset, r.buf)).collect()
+    }
 
     /// Makes a file's data and metadata durable (fsync).
     fn sync(&self, file: &File) -> io::Result<()>;
@@ -157,6 +176,9 @@ impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
     }
     fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         (**self).read_exact_at(file, offset, buf)
+    }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        (**self).read_batch(reads)
     }
     fn sync(&self, file: &File) -> io::Result<()> {
         (**self).sync(file)
@@ -380,6 +402,13 @@ impl IoEngine for Watched {
         let r = self.inner.read_exact_at(file, offset, buf);
         self.watch.record(&r);
         r
+    }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        let results = self.inner.read_batch(reads);
+        for r in &results {
+            self.watch.record(r);
+        }
+        results
     }
     fn sync(&self, file: &File) -> io::Result<()> {
         let r = self.inner.sync(file);

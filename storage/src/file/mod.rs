@@ -10,6 +10,7 @@ pub mod engine;
 mod fsck;
 pub(crate) mod layout;
 mod open_files;
+mod reads;
 mod sync;
 
 use std::collections::BTreeMap;
@@ -29,9 +30,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
-    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
+    Abort, BatchAnswers, BatchGet, Committed, CorruptDrops, CorruptPhase, CorruptReason,
+    FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve,
+    Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
 };
 
 use crate::catalog::{Catalog, Restored};
@@ -40,6 +41,7 @@ pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
 use open_files::OpenFiles;
 pub use open_files::OpenFilesStats;
+pub use reads::{BATCH_WINDOW_BYTES, BATCH_WINDOW_ITEMS};
 
 /// Default for [`FileStoreConfig::open_files_max`]: block files kept open for reads. Well under
 /// the usual descriptor limit of a process, with room for a server's sockets.
@@ -416,6 +418,22 @@ impl FileStore {
     /// The block files kept open for reads: how many, the limit, and how often they served.
     pub fn open_files(&self) -> OpenFilesStats {
         self.files.stats()
+    }
+
+    /// Where the committed block under exactly `key` keeps its payload: its file and the
+    /// payload's offset in that file (for tools that read the store's own files, such as the
+    /// benchmark's fio runs). `None` when no committed block is there.
+    pub fn block_location(&self, key: &PhysicalKey) -> Option<(PathBuf, u64)> {
+        let catalog = self.lock();
+        let b = catalog.entry(catalog.find_exact(key)?)?;
+        match &b.payload {
+            FilePayload::Stored { path, header_len, .. }
+                if b.life.state() == gpucache_dataplane::BlockState::Committed =>
+            {
+                Some((path.clone(), *header_len))
+            }
+            _ => None,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Catalog<FilePayload>> {
@@ -810,83 +828,26 @@ impl Store for FileStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        authorize(caller, key, Right::Read)?;
-        let (pin, path, header_len) = {
-            let mut catalog = self.lock();
-            let pin = match catalog.pin_read(key, dst.len())? {
-                Ok(pin) => pin,
-                Err(miss) => return Ok(Get::Miss(miss)),
-            };
-            match catalog.entry(pin.region).map(|b| &b.payload) {
-                Some(FilePayload::Stored { path, header_len, .. }) => {
-                    (pin, path.clone(), *header_len)
-                }
-                _ => {
-                    let released = catalog.unpin_read(pin.region, None);
-                    drop(catalog);
-                    self.dispose(released);
-                    return Ok(Get::Miss(MissReason::NotReadable(
-                        gpucache_dataplane::BlockState::Evicting,
-                    )));
-                }
-            }
-        };
-        let len = pin.len_bytes();
-        let read = self.read_payload(pin.region, &path, header_len, &mut dst[..len]);
-        // `corrupt`: this read is a miss; `damage`: the block itself is damaged, and goes.
-        let (corrupt, damage, failure) = match read {
-            Ok(()) if pin.delivered_intact(&dst[..len]) => (false, None, None),
-            Ok(()) => {
-                // Confirmed on a private copy before the block is dropped: the caller's buffer
-                // may be memory another process can write (a shared segment), and a read can
-                // fail in transit without the file being damaged.
-                let mut own = vec![0u8; len];
-                let intact = self.read_payload(pin.region, &path, header_len, &mut own).is_ok()
-                    && pin.delivered_intact(&own);
-                (true, (!intact).then_some(CorruptReason::Checksum), None)
-            }
-            // A short file is a truncated block, a missing one is gone: a miss, and the block
-            // goes.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                (true, Some(CorruptReason::Truncated), None)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                (true, Some(CorruptReason::Missing), None)
-            }
-            Err(e) => (false, None, Some(e)),
-        };
-        if corrupt || failure.is_some() {
-            dst[..len].fill(0);
+        self.get_one(caller, key, dst)
+    }
+
+    /// Pins a window of blocks under one lock, reads them with one engine batch (io_uring keeps
+    /// up to its queue depth in flight), settles them under one lock; see [`reads`].
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        self.get_many(caller, items)
+    }
+
+    /// One catalog lock per [`BATCH_WINDOW_ITEMS`] keys (lookups change nothing, so any order
+    /// of them answers alike).
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        let mut answers = Vec::with_capacity(keys.len());
+        for window in keys.chunks(BATCH_WINDOW_ITEMS) {
+            let allowed: Vec<Result<(), StoreError>> =
+                window.iter().map(|k| authorize(caller, k, Right::Read)).collect();
+            let catalog = self.lock();
+            answers.extend(window.iter().zip(allowed).map(|(k, a)| a.map(|()| catalog.lookup(k))));
         }
-        let (released, removing) = {
-            let mut catalog = self.lock();
-            // A file an invalidation is unlinking right now is not damage: the read is a miss.
-            let removing = matches!(
-                catalog.entry(pin.region).map(|b| &b.payload),
-                Some(FilePayload::Stored { removing: true, .. })
-            );
-            (catalog.unpin_read(pin.region, damage.filter(|_| !removing)), removing)
-        };
-        self.dispose(released);
-        if let Some(reason) = damage.filter(|_| !removing) {
-            tracing::warn!(
-                path = %path.display(), reason = reason.name(),
-                "damaged block found by a read; dropped"
-            );
-        }
-        if let Some(e) = failure {
-            return Err(StoreError::Backend {
-                operation: "get",
-                detail: format!("{}: {e}", path.display()),
-                retirement: Retirement::Retired,
-            });
-        }
-        if corrupt && removing {
-            return Ok(Get::Miss(MissReason::NotReadable(
-                gpucache_dataplane::BlockState::Evicting,
-            )));
-        }
-        Ok(pin.answer(corrupt))
+        answers
     }
 
     fn reserve(

@@ -1,0 +1,422 @@
+//! How a FileStore reads committed blocks: one at a time ([`Store::get_into`]) and many at once
+//! ([`Store::get_batch`]), through the same three steps so that both answer alike.
+//!
+//! 1. Pin: under the catalog lock, each key is authorized and its committed block pinned (a
+//!    pinned block is never evicted and its file stays until the last reader leaves).
+//! 2. Read and judge, outside the lock: the payload lands in the caller's buffer (through
+//!    aligned staging under O_DIRECT) and is checked there against the checksum recorded at
+//!    commit. A mismatch is confirmed on a private copy before the block is called damaged;
+//!    a damaged, truncated or missing block is a miss and its buffer is zeroed.
+//! 3. Settle: under the lock again, each read is unpinned, damaged blocks are dropped (counted
+//!    in the store's corrupt drops, phase `Get`), and the answers are made.
+//!
+//! A batch runs in windows of at most [`BATCH_WINDOW_ITEMS`] blocks and [`BATCH_WINDOW_BYTES`]
+//! payload bytes: one lock to pin the window, one [`IoEngine::read_batch`] for all of its reads
+//! (io_uring keeps up to its queue depth of them in flight), one lock to settle it. A window
+//! never holds two keys of the same logical block: the later one waits for the next window, so
+//! that it sees what a read made after the first would see (the first may drop the block, which
+//! also changes the miss reason of the logical key's other physical forms).
+//!
+//! [`IoEngine::read_batch`]: super::engine::IoEngine::read_batch
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gpucache_dataplane::BlockState;
+use gpucache_dataplane::caller::{Caller, Right};
+use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
+use gpucache_dataplane::store::{
+    BatchGet, CorruptReason, Get, MissReason, Retirement, StoreError, authorize,
+};
+
+use super::engine::{self, BatchRead, Staging};
+use super::{FilePayload, FileStore};
+use crate::catalog::{Catalog, ReadPin};
+
+/// Most blocks of a batch read pinned and read together; a longer batch runs in several windows.
+pub const BATCH_WINDOW_ITEMS: usize = 256;
+
+/// Most payload bytes of a batch read pinned and read together (the window closes once they
+/// are reached).
+pub const BATCH_WINDOW_BYTES: u64 = 64 << 20;
+
+/// Most bytes of one staging buffer shared by consecutive O_DIRECT reads of a batch: one
+/// registered io_uring slot (the other engines' staging takes any size).
+const STAGING_PIECE_BYTES: usize = engine::uring::SLOT_BYTES;
+
+/// A pinned block and where its payload is.
+#[derive(Debug)]
+pub(super) struct PinnedRead {
+    pin: ReadPin,
+    path: PathBuf,
+    header_len: u64,
+}
+
+/// What reading a pinned block found.
+#[derive(Debug)]
+pub(super) struct ReadOutcome {
+    /// The read is a miss; the destination was zeroed.
+    corrupt: bool,
+    /// The block itself is damaged, and goes.
+    damage: Option<CorruptReason>,
+    /// The read failed; the destination was zeroed.
+    failure: Option<io::Error>,
+}
+
+/// The same error again (an `io::Error` is not `Clone`): the OS code when there is one.
+fn copy_error(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+fn unanswered() -> StoreError {
+    StoreError::Backend {
+        operation: "get",
+        detail: "the batch left an item unanswered".into(),
+        retirement: Retirement::Retired,
+    }
+}
+
+impl FileStore {
+    /// Step 1 for one key, under the lock: the pinned block, or the answer when there is none
+    /// to read (a miss, or a block whose file is not in place yet or any more). Payloads of
+    /// blocks that leave the catalog go to `released`.
+    pub(super) fn pin_for_read(
+        catalog: &mut Catalog<FilePayload>,
+        key: &PhysicalKey,
+        capacity: usize,
+        released: &mut Vec<FilePayload>,
+    ) -> Result<Result<PinnedRead, Get>, StoreError> {
+        let pin = match catalog.pin_read(key, capacity)? {
+            Ok(pin) => pin,
+            Err(miss) => return Ok(Err(Get::Miss(miss))),
+        };
+        match catalog.entry(pin.region).map(|b| &b.payload) {
+            Some(FilePayload::Stored { path, header_len, .. }) => {
+                Ok(Ok(PinnedRead { pin, path: path.clone(), header_len: *header_len }))
+            }
+            _ => {
+                released.extend(catalog.unpin_read(pin.region, None));
+                Ok(Err(Get::Miss(MissReason::NotReadable(BlockState::Evicting))))
+            }
+        }
+    }
+
+    /// Step 2's verdict on `read`, the outcome of reading `p`'s payload into `dst` (exactly
+    /// the payload's length).
+    pub(super) fn judge(
+        &self,
+        p: &PinnedRead,
+        read: io::Result<()>,
+        dst: &mut [u8],
+    ) -> ReadOutcome {
+        let (corrupt, damage, failure) = match read {
+            Ok(()) if p.pin.delivered_intact(dst) => (false, None, None),
+            Ok(()) => {
+                // Confirmed on a private copy before the block is dropped: the caller's buffer
+                // may be memory another process can write (a shared segment), and a read can
+                // fail in transit without the file being damaged.
+                let mut own = vec![0u8; dst.len()];
+                let intact =
+                    self.read_payload(p.pin.region, &p.path, p.header_len, &mut own).is_ok()
+                        && p.pin.delivered_intact(&own);
+                (true, (!intact).then_some(CorruptReason::Checksum), None)
+            }
+            // A short file is a truncated block, a missing one is gone: a miss, and the block
+            // goes.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                (true, Some(CorruptReason::Truncated), None)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                (true, Some(CorruptReason::Missing), None)
+            }
+            Err(e) => (false, None, Some(e)),
+        };
+        if corrupt || failure.is_some() {
+            dst.fill(0);
+        }
+        ReadOutcome { corrupt, damage, failure }
+    }
+
+    /// Step 3 for every read, under one lock, in order: unpins, drops damaged blocks, answers.
+    pub(super) fn settle(
+        &self,
+        reads: Vec<(PinnedRead, ReadOutcome)>,
+    ) -> Vec<Result<Get, StoreError>> {
+        let mut released = Vec::new();
+        let removing: Vec<bool> = {
+            let mut catalog = self.lock();
+            reads
+                .iter()
+                .map(|(p, outcome)| {
+                    // A file an invalidation is unlinking right now is not damage: the read is
+                    // a miss.
+                    let removing = matches!(
+                        catalog.entry(p.pin.region).map(|b| &b.payload),
+                        Some(FilePayload::Stored { removing: true, .. })
+                    );
+                    let damage = outcome.damage.filter(|_| !removing);
+                    released.extend(catalog.unpin_read(p.pin.region, damage));
+                    removing
+                })
+                .collect()
+        };
+        self.dispose(released);
+        reads
+            .into_iter()
+            .zip(removing)
+            .map(|((p, outcome), removing)| {
+                if let Some(reason) = outcome.damage.filter(|_| !removing) {
+                    tracing::warn!(
+                        path = %p.path.display(), reason = reason.name(),
+                        "damaged block found by a read; dropped"
+                    );
+                }
+                if let Some(e) = outcome.failure {
+                    return Err(StoreError::Backend {
+                        operation: "get",
+                        detail: format!("{}: {e}", p.path.display()),
+                        retirement: Retirement::Retired,
+                    });
+                }
+                if outcome.corrupt && removing {
+                    return Ok(Get::Miss(MissReason::NotReadable(BlockState::Evicting)));
+                }
+                Ok(p.pin.answer(outcome.corrupt))
+            })
+            .collect()
+    }
+
+    /// [`Store::get_into`](gpucache_dataplane::store::Store::get_into).
+    pub(super) fn get_one(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        authorize(caller, key, Right::Read)?;
+        let mut released = Vec::new();
+        let pinned = Self::pin_for_read(&mut self.lock(), key, dst.len(), &mut released);
+        self.dispose(released);
+        let p = match pinned? {
+            Ok(p) => p,
+            Err(answer) => return Ok(answer),
+        };
+        let dst = &mut dst[..p.pin.len_bytes()];
+        let read = self.read_payload(p.pin.region, &p.path, p.header_len, dst);
+        let outcome = self.judge(&p, read, dst);
+        self.settle(vec![(p, outcome)]).pop().unwrap_or_else(|| Err(unanswered()))
+    }
+
+    /// [`Store::get_batch`](gpucache_dataplane::store::Store::get_batch).
+    pub(super) fn get_many(
+        &self,
+        caller: &Caller,
+        items: &mut [BatchGet<'_>],
+    ) -> Vec<Result<Get, StoreError>> {
+        let mut answers: Vec<Option<Result<Get, StoreError>>> = Vec::with_capacity(items.len());
+        answers.resize_with(items.len(), || None);
+        let mut start = 0;
+        while start < items.len() {
+            start = self.get_window(caller, items, start, &mut answers);
+        }
+        answers.into_iter().map(|a| a.unwrap_or_else(|| Err(unanswered()))).collect()
+    }
+
+    /// Answers one window of `items` starting at `start`; returns where the next one starts
+    /// (always after `start`).
+    fn get_window(
+        &self,
+        caller: &Caller,
+        items: &mut [BatchGet<'_>],
+        start: usize,
+        answers: &mut [Option<Result<Get, StoreError>>],
+    ) -> usize {
+        let mut pinned: Vec<(usize, PinnedRead)> = Vec::new();
+        let mut logical: HashSet<KeyDigest> = HashSet::new();
+        let mut bytes: u64 = 0;
+        let mut released = Vec::new();
+        let mut next = start;
+        {
+            let mut catalog = self.lock();
+            while next < items.len()
+                && pinned.len() < BATCH_WINDOW_ITEMS
+                && bytes < BATCH_WINDOW_BYTES
+            {
+                let item = &items[next];
+                let logical_key = item.key.logical_digest();
+                if logical.contains(&logical_key) {
+                    break;
+                }
+                let answer = authorize(caller, item.key, Right::Read).and_then(|()| {
+                    Self::pin_for_read(&mut catalog, item.key, item.dst.len(), &mut released)
+                });
+                match answer {
+                    Ok(Ok(p)) => {
+                        logical.insert(logical_key);
+                        bytes = bytes.saturating_add(p.pin.len);
+                        pinned.push((next, p));
+                    }
+                    Ok(Err(answer)) => answers[next] = Some(Ok(answer)),
+                    Err(e) => answers[next] = Some(Err(e)),
+                }
+                next += 1;
+            }
+        }
+        self.dispose(released);
+        if pinned.is_empty() {
+            return next;
+        }
+        let reads = self.read_pinned(items, &pinned);
+        let mut judged = Vec::with_capacity(pinned.len());
+        let mut indices = Vec::with_capacity(pinned.len());
+        for ((index, p), read) in pinned.into_iter().zip(reads) {
+            let dst = &mut items[index].dst[..p.pin.len_bytes()];
+            let outcome = self.judge(&p, read, dst);
+            judged.push((p, outcome));
+            indices.push(index);
+        }
+        for (index, answer) in indices.into_iter().zip(self.settle(judged)) {
+            answers[index] = Some(answer);
+        }
+        next
+    }
+
+    /// Reads every pinned block's payload into the front of its item's buffer with one batch
+    /// call to the engine; answers per pinned block, in order.
+    fn read_pinned(
+        &self,
+        items: &mut [BatchGet<'_>],
+        pinned: &[(usize, PinnedRead)],
+    ) -> Vec<io::Result<()>> {
+        let files: Vec<io::Result<Arc<File>>> = pinned
+            .iter()
+            .map(|(_, p)| self.files.get(p.pin.region, &p.path, self.direct_io))
+            .collect();
+        let mut results: Vec<Option<io::Result<()>>> = Vec::with_capacity(pinned.len());
+        results.resize_with(pinned.len(), || None);
+        // Which pinned blocks have a file to read (a failed open is that block's answer).
+        let mut readable = Vec::with_capacity(pinned.len());
+        for (k, file) in files.iter().enumerate() {
+            match file {
+                Ok(_) => readable.push(k),
+                Err(e) => results[k] = Some(Err(copy_error(e))),
+            }
+        }
+        if self.direct_io {
+            self.read_pinned_direct(items, pinned, &files, &readable, &mut results);
+        } else {
+            // Straight into the caller's buffers, which `items` lends one by one (the pinned
+            // indices ascend).
+            let mut reads = Vec::with_capacity(readable.len());
+            let mut rest: &mut [BatchGet<'_>] = items;
+            let mut base = 0;
+            for &k in &readable {
+                let (index, p) = &pinned[k];
+                let Some(file) = files[k].as_ref().ok() else { continue };
+                let Some((item, tail)) = std::mem::take(&mut rest)
+                    .get_mut(index - base..)
+                    .and_then(<[_]>::split_first_mut)
+                else {
+                    continue;
+                };
+                rest = tail;
+                base = index + 1;
+                reads.push(BatchRead {
+                    file,
+                    offset: p.header_len,
+                    buf: &mut item.dst[..p.pin.len_bytes()],
+                });
+            }
+            for (&k, result) in readable.iter().zip(self.engine.read_batch(&mut reads)) {
+                results[k] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(io::Error::other("a batch read left a block unread"))))
+            .collect()
+    }
+
+    /// The O_DIRECT half of [`Self::read_pinned`]: consecutive reads share aligned staging
+    /// buffers of up to [`STAGING_PIECE_BYTES`] (one registered slot each on io_uring), each
+    /// read its payload padded to [`engine::DIRECT_ALIGN`]; what was read is then copied to the
+    /// caller's buffers.
+    fn read_pinned_direct(
+        &self,
+        items: &mut [BatchGet<'_>],
+        pinned: &[(usize, PinnedRead)],
+        files: &[io::Result<Arc<File>>],
+        readable: &[usize],
+        results: &mut [Option<io::Result<()>>],
+    ) {
+        let padded = |k: usize| engine::round_up(pinned[k].1.pin.len_bytes(), engine::DIRECT_ALIGN);
+        // Group the readable blocks into pieces.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut sum = 0;
+        for &k in readable {
+            let n = padded(k);
+            if groups.is_empty() || (sum > 0 && sum + n > STAGING_PIECE_BYTES) {
+                groups.push(Vec::new());
+                sum = 0;
+            }
+            sum += n;
+            if let Some(g) = groups.last_mut() {
+                g.push(k);
+            }
+        }
+        let mut pieces: Vec<(Staging, &[usize])> = Vec::with_capacity(groups.len());
+        for group in &groups {
+            let total = group.iter().map(|&k| padded(k)).sum();
+            match self.engine.staging(total) {
+                Ok(staging) => pieces.push((staging, group)),
+                Err(e) => {
+                    for &k in group {
+                        results[k] = Some(Err(copy_error(&e)));
+                    }
+                }
+            }
+        }
+        {
+            let mut reads = Vec::with_capacity(readable.len());
+            let mut order = Vec::with_capacity(readable.len());
+            for (staging, group) in &mut pieces {
+                let mut rest: &mut [u8] = &mut staging[..];
+                for &k in group.iter() {
+                    let Some(file) = files[k].as_ref().ok() else { continue };
+                    let Some((buf, tail)) =
+                        std::mem::take(&mut rest).split_at_mut_checked(padded(k))
+                    else {
+                        results[k] = Some(Err(io::Error::other("staging buffer too small")));
+                        continue;
+                    };
+                    rest = tail;
+                    reads.push(BatchRead { file, offset: pinned[k].1.header_len, buf });
+                    order.push(k);
+                }
+            }
+            for (k, result) in order.into_iter().zip(self.engine.read_batch(&mut reads)) {
+                results[k] = Some(result);
+            }
+        }
+        for (staging, group) in &pieces {
+            let mut at = 0;
+            for &k in group.iter() {
+                let (index, p) = &pinned[k];
+                let len = p.pin.len_bytes();
+                if matches!(results[k], Some(Ok(())))
+                    && let (Some(dst), Some(src)) =
+                        (items[*index].dst.get_mut(..len), staging.get(at..at + len))
+                {
+                    dst.copy_from_slice(src);
+                }
+                at += padded(k);
+            }
+        }
+    }
+}

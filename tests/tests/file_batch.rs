@@ -1,0 +1,386 @@
+//! FileStore batch reads: `get_batch` (and `lookup_batch`) answer every item exactly as the
+//! single-key call would, in order: hits, misses of every reason, a too-small destination, a
+//! wrong tenant, a caller without the read right, damaged and truncated blocks (dropped and
+//! counted exactly as `get_into` drops and counts them), a key read twice, and batches longer
+//! than one window. Two stores are built alike; one answers the batch, the other the same items
+//! one by one, and the answers, the destinations and the stats must agree. On io_uring a batch
+//! has many reads in flight at once; under the seeded faulty engine the two agree seed for
+//! seed. Each test runs on psync, io_uring and io_uring with O_DIRECT.
+//!
+//! `GPUCACHE_BATCH_SEED` replays a run.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::clock::ManualClock;
+use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::store::{BatchGet, Get, Put, Store, StoreError, StoreStats};
+use gpucache_dataplane::testing::fixture::{self, caller};
+use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
+use gpucache_storage::file::engine::psync::PsyncEngine;
+use gpucache_storage::file::engine::uring::UringEngine;
+use gpucache_storage::file::engine::{EngineChoice, EngineConfig, IoEngine};
+use gpucache_storage::file::{BATCH_WINDOW_ITEMS, Durability, FileStore, FileStoreConfig};
+
+use common::{Rng, mix};
+
+const SEED_VAR: &str = "GPUCACHE_BATCH_SEED";
+
+const VARIANTS: [(EngineChoice, bool); 3] =
+    [(EngineChoice::Psync, false), (EngineChoice::Uring, false), (EngineChoice::Uring, true)];
+
+/// Block `i` of `space` in physical form `dtype` (two forms of one `(space, i)` are the same
+/// logical block).
+fn form(space: u8, i: u16, dtype: KvDtype) -> PhysicalKey {
+    let [a, b] = i.to_be_bytes();
+    fixture::key(0, &[space, a, b], dtype, 16)
+}
+
+fn put_ok(store: &FileStore, key: &PhysicalKey, data: &[u8]) {
+    match store.put(&caller(0), key, data, None) {
+        Ok(Put::Committed(_)) => {}
+        other => panic!("put: {other:?}"),
+    }
+}
+
+/// An answer with what differs between two stores (the paths in error details) left out.
+fn norm(answer: &Result<Get, StoreError>) -> String {
+    match answer {
+        Ok(get) => format!("{get:?}"),
+        Err(StoreError::Backend { operation, retirement, .. }) => {
+            format!("Backend({operation}, {retirement:?})")
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+/// The stats two stores built alike must agree on after the same reads.
+fn comparable(s: StoreStats) -> (u64, u64, u64, String) {
+    (s.committed_blocks, s.usage.retained_bytes, s.evictions, format!("{:?}", s.corrupt_dropped))
+}
+
+/// One item of a scenario: who reads which key into how many bytes pre-filled with what.
+struct Item {
+    caller: Caller,
+    key: PhysicalKey,
+    cap: usize,
+    fill: u8,
+}
+
+/// Answers `items` with one `get_batch` on `batch` and one by one with `get_into` on `single`
+/// (each item with its own caller), and checks that answers, destinations and stats agree.
+/// Returns the answers.
+fn compare(batch: &FileStore, single: &FileStore, items: &[Item], what: &str) -> Vec<String> {
+    let mut batch_bufs: Vec<Vec<u8>> = items.iter().map(|i| vec![i.fill; i.cap]).collect();
+    let mut batch_answers = Vec::new();
+    // A batch has one caller: items of other callers go as batches of their own, in order.
+    let mut at = 0;
+    while at < items.len() {
+        let end = items[at..]
+            .iter()
+            .position(|i| i.caller != items[at].caller)
+            .map_or(items.len(), |n| at + n);
+        let mut gets: Vec<BatchGet<'_>> = items[at..end]
+            .iter()
+            .zip(batch_bufs[at..end].iter_mut())
+            .map(|(i, dst)| BatchGet { key: &i.key, dst })
+            .collect();
+        let answers = batch.get_batch(&items[at].caller, &mut gets);
+        assert_eq!(answers.len(), end - at, "{what}: one answer per item");
+        batch_answers.extend(answers.iter().map(norm));
+        at = end;
+    }
+    let mut single_answers = Vec::new();
+    let mut single_bufs = Vec::new();
+    for i in items {
+        let mut dst = vec![i.fill; i.cap];
+        single_answers.push(norm(&single.get_into(&i.caller, &i.key, &mut dst)));
+        single_bufs.push(dst);
+    }
+    for (n, (b, s)) in batch_answers.iter().zip(&single_answers).enumerate() {
+        assert_eq!(b, s, "{what}: item {n}");
+        assert!(batch_bufs[n] == single_bufs[n], "{what}: item {n}: destinations differ");
+    }
+    assert_eq!(comparable(batch.stats()), comparable(single.stats()), "{what}: stats");
+    assert_eq!(batch.stats().usage.inflight_requests, 0, "{what}: reads left pinned");
+    batch_answers
+}
+
+fn config(root: &Path, engine: EngineChoice, direct: bool) -> FileStoreConfig {
+    let mut c = common::config(root, engine, Durability::None);
+    c.direct_io = direct;
+    c
+}
+
+/// Puts the scenario's blocks into `store` and damages some of them; returns the items to read.
+fn scenario(store: &FileStore, root: &Path, seed: u64) -> Vec<Item> {
+    let mut rng = Rng::new(seed);
+    let blocks: Vec<(PhysicalKey, usize)> = (0..40u16)
+        .map(|i| {
+            let len = match i % 4 {
+                0 => 4096 * (1 + rng.index(16)),
+                _ => 1 + rng.index(70_000),
+            };
+            let key = form(0x40, i, KvDtype::F16);
+            put_ok(store, &key, &common::payload(mix(&[seed, u64::from(i)]), len));
+            (key, len)
+        })
+        .collect();
+    // Damage: two flipped payload bytes and a truncated file.
+    for i in [5, 17] {
+        assert!(store.corrupt_for_test(&blocks[i].0, mix(&[seed, 99, i as u64])));
+    }
+    let path = common::block_file(root, &blocks[9].0);
+    let (header_len, len) = common::header_fields(&path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(header_len + len / 2))
+        .expect("truncate");
+
+    let me = caller(0);
+    let item = |key: &PhysicalKey, cap: usize| Item {
+        caller: me.clone(),
+        key: key.clone(),
+        cap,
+        fill: 0xEE,
+    };
+    let mut items = Vec::new();
+    for (i, (key, len)) in blocks.iter().enumerate() {
+        let cap = match i {
+            3 => len - 1,
+            4 => len + 100,
+            _ => *len,
+        };
+        items.push(item(key, cap.max(1)));
+        if i == 17 {
+            // The other physical form of a block this batch finds damaged: read after the drop
+            // it is absent, not incompatible.
+            items.push(item(&form(0x40, 17, KvDtype::Bf16), 100));
+        }
+    }
+    items.push(item(&form(0x41, 0, KvDtype::F16), 100));
+    items.push(item(&form(0x40, 2, KvDtype::Bf16), 100));
+    items.push(item(&fixture::key(1, &[0x40, 0, 1], KvDtype::F16, 16), 100_000));
+    // A key twice: an intact one, then a damaged one (read again after its drop).
+    items.push(item(&blocks[7].0, blocks[7].1));
+    items.push(item(&blocks[7].0, blocks[7].1));
+    items.push(item(&blocks[5].0, blocks[5].1));
+    // A caller without the read right, for a batch of its own.
+    let no_read =
+        Caller::new(fixture::tenant(0), Rights { read: false, write: true, admin: false });
+    items.push(Item { caller: no_read, key: blocks[0].0.clone(), cap: blocks[0].1, fill: 1 });
+    items.push(item(&blocks[0].0, blocks[0].1));
+    items
+}
+
+#[test]
+fn batch_answers_are_the_single_key_answers() {
+    let seed = common::seed(SEED_VAR);
+    for (v, &(engine, direct)) in VARIANTS.iter().enumerate() {
+        let what = format!("seed {seed}, {engine:?} direct={direct}");
+        let case = mix(&[seed, v as u64]);
+        let (da, db) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let a = common::open(config(da.path(), engine, direct));
+        let b = common::open(config(db.path(), engine, direct));
+        let items = scenario(&a, da.path(), case);
+        assert_eq!(scenario(&b, db.path(), case).len(), items.len());
+        let answers = compare(&a, &b, &items, &what);
+        // The scenario covers what it means to.
+        for want in [
+            "Hit",
+            "Miss(Corrupt)",
+            "Miss(Absent)",
+            "Miss(Incompatible)",
+            "BufferTooSmall",
+            "WrongTenant",
+            "Forbidden",
+        ] {
+            assert!(answers.iter().any(|a| a.contains(want)), "{what}: no {want}: {answers:?}");
+        }
+        let drops = a.stats().corrupt_dropped;
+        assert_eq!(drops.total(), 3, "{what}: {drops:?}");
+        // The damaged blocks are gone from disk too.
+        assert!(common::all_block_files(da.path()).len() == 37, "{what}: damaged files left");
+
+        // Lookups, batched and one by one, of every key the scenario names.
+        let keys: Vec<&PhysicalKey> = items.iter().map(|i| &i.key).collect();
+        let batched: Vec<String> =
+            a.lookup_batch(&caller(0), &keys).iter().map(|r| format!("{r:?}")).collect();
+        let single: Vec<String> =
+            keys.iter().map(|k| format!("{:?}", b.lookup(&caller(0), k))).collect();
+        assert_eq!(batched, single, "{what}: lookups");
+    }
+}
+
+#[test]
+fn batches_longer_than_a_window_answer_every_item() {
+    let seed = common::seed(SEED_VAR);
+    for (v, &(engine, direct)) in VARIANTS.iter().enumerate() {
+        let what = format!("seed {seed}, {engine:?} direct={direct}");
+        let mut rng = Rng::new(mix(&[seed, 0x10, v as u64]));
+        let (da, db) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let a = common::open(config(da.path(), engine, direct));
+        let b = common::open(config(db.path(), engine, direct));
+        let n = BATCH_WINDOW_ITEMS + 50;
+        let mut items = Vec::new();
+        for i in 0..n {
+            let key = form(0x50, u16::try_from(i).expect("fits"), KvDtype::F16);
+            let data = common::payload(rng.next_u64(), 1 + rng.index(3000));
+            // Every seventh key is never written.
+            if i % 7 != 3 {
+                put_ok(&a, &key, &data);
+                put_ok(&b, &key, &data);
+            }
+            items.push(Item { caller: caller(0), key, cap: 3000, fill: 0 });
+        }
+        // A damaged block in the second window.
+        let damaged = &items[BATCH_WINDOW_ITEMS + 10].key;
+        assert!(a.corrupt_for_test(damaged, 5) && b.corrupt_for_test(damaged, 5));
+        let answers = compare(&a, &b, &items, &what);
+        assert_eq!(answers.iter().filter(|a| a.starts_with("Hit")).count(), n - n.div_ceil(7) - 1);
+        assert_eq!(answers[BATCH_WINDOW_ITEMS + 10], "Miss(Corrupt)", "{what}");
+    }
+}
+
+#[test]
+fn uring_batch_has_many_reads_in_flight() {
+    for direct in [false, true] {
+        let what = format!("direct={direct}");
+        let config = EngineConfig {
+            queue_depth: 32,
+            chunk_bytes: 256 << 10,
+            staging_bytes: 4 * gpucache_storage::file::engine::uring::SLOT_BYTES,
+        };
+        let engine = Arc::new(UringEngine::new(config).expect("io_uring works here"));
+        let dir = tempfile::tempdir().expect("dir");
+        let mut c = FileStoreConfig::new(dir.path());
+        c.direct_io = direct;
+        c.durability = Durability::None;
+        let store = FileStore::open_with_engine(
+            c,
+            Arc::clone(&engine) as Arc<dyn IoEngine>,
+            Arc::new(ManualClock::default()),
+        )
+        .expect("open");
+        // Blocks of one chunk each: a single read has one request in flight.
+        let blocks: Vec<(PhysicalKey, Vec<u8>)> = (0..64u16)
+            .map(|i| {
+                let key = form(0x60, i, KvDtype::F16);
+                let data = common::payload(u64::from(i), 16 << 10);
+                put_ok(&store, &key, &data);
+                (key, data)
+            })
+            .collect();
+        engine.reset_max_in_flight();
+        for (k, d) in &blocks {
+            common::assert_exact(&store, k, d, &what);
+        }
+        assert_eq!(engine.max_in_flight(), 1, "{what}: reads one by one");
+        engine.reset_max_in_flight();
+        let mut bufs: Vec<Vec<u8>> = blocks.iter().map(|_| vec![0u8; 16 << 10]).collect();
+        let mut gets: Vec<BatchGet<'_>> = blocks
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((key, _), dst)| BatchGet { key, dst })
+            .collect();
+        let answers = store.get_batch(&caller(0), &mut gets);
+        drop(gets);
+        assert!(answers.iter().all(|a| matches!(a, Ok(Get::Hit { .. }))), "{what}: {answers:?}");
+        for ((_, d), buf) in blocks.iter().zip(&bufs) {
+            assert!(buf == d, "{what}: wrong bytes");
+        }
+        assert_eq!(engine.max_in_flight(), 32, "{what}: a batch of 64 fills the queue of 32");
+    }
+}
+
+type Faulty = FaultyEngine<Arc<dyn IoEngine>>;
+
+/// A named fault configuration (from a seed), and whether the last block read is damaged.
+type FaultCase = (&'static str, fn(u64) -> FaultConfig, bool);
+
+fn faulty_store(
+    root: &Path,
+    engine: EngineChoice,
+    direct: bool,
+    config: FaultConfig,
+) -> (FileStore, Arc<Faulty>) {
+    let inner: Arc<dyn IoEngine> = match engine {
+        EngineChoice::Uring => Arc::new(
+            UringEngine::new(EngineConfig { staging_bytes: 16 << 20, ..EngineConfig::default() })
+                .expect("io_uring"),
+        ),
+        _ => Arc::new(PsyncEngine),
+    };
+    let faulty = Arc::new(FaultyEngine::new(inner, config));
+    faulty.set_enabled(false);
+    let mut c = FileStoreConfig::new(root);
+    c.direct_io = direct;
+    c.durability = Durability::None;
+    let store = FileStore::open_with_engine(
+        c,
+        Arc::clone(&faulty) as Arc<dyn IoEngine>,
+        Arc::new(ManualClock::default()),
+    )
+    .expect("open over the faulty engine");
+    (store, faulty)
+}
+
+/// Under the seeded faulty engine the batch and the single reads see the same faults, read for
+/// read, wherever no read needs a second one to confirm damage (a confirming read draws too, and
+/// a batch makes its confirming reads after all of its first reads): read errors alone; bit
+/// flips on every read (every read is then damaged and every confirmation fails alike; sizes are
+/// whole sectors so that no flip lands in O_DIRECT padding); and read errors with one damaged
+/// block that comes last.
+#[test]
+fn batch_answers_match_single_answers_under_seeded_faults() {
+    let seed = common::seed(SEED_VAR);
+    let configs: [FaultCase; 3] = [
+        ("read errors", |s| FaultConfig { read_eio: 0.3, ..FaultConfig::none(s) }, false),
+        ("bit flips", |s| FaultConfig { read_bit_flip: 1.0, ..FaultConfig::none(s) }, false),
+        (
+            "read errors, last damaged",
+            |s| FaultConfig { read_eio: 0.3, ..FaultConfig::none(s) },
+            true,
+        ),
+    ];
+    for (v, &(engine, direct)) in VARIANTS.iter().enumerate() {
+        for (c, (name, make, damage_last)) in configs.iter().enumerate() {
+            let case = mix(&[seed, 0x20, v as u64, c as u64]);
+            let what = format!("seed {seed}, {name}, {engine:?} direct={direct}");
+            let mut rng = Rng::new(case);
+            let (da, db) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+            let (a, fa) = faulty_store(da.path(), engine, direct, make(case));
+            let (b, fb) = faulty_store(db.path(), engine, direct, make(case));
+            let mut items = Vec::new();
+            for i in 0..24u16 {
+                let key = form(0x70, i, KvDtype::F16);
+                let data = common::payload(rng.next_u64(), 4096 * (1 + rng.index(8)));
+                put_ok(&a, &key, &data);
+                put_ok(&b, &key, &data);
+                items.push(Item { caller: caller(0), key, cap: data.len(), fill: 0xEE });
+            }
+            if *damage_last {
+                let last = &items[items.len() - 1].key;
+                assert!(a.corrupt_for_test(last, 11) && b.corrupt_for_test(last, 11));
+            }
+            fa.set_enabled(true);
+            fb.set_enabled(true);
+            let answers = compare(&a, &b, &items, &what);
+            assert_eq!(fa.counts(), fb.counts(), "{what}: faults injected");
+            assert!(fa.counts().total() > 0, "{what}: no fault injected");
+            if *damage_last {
+                // Damaged, unless its first read failed outright.
+                let last = answers.last().map_or("", String::as_str);
+                assert!(
+                    last == "Miss(Corrupt)" || last.starts_with("Backend(get"),
+                    "{what}: {last}"
+                );
+            }
+        }
+    }
+}

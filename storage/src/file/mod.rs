@@ -837,6 +837,15 @@ impl Store for FileStore {
         self.get_many(caller, items)
     }
 
+    // `put_batch` keeps the default, one `put` after another. Each PUT's answer depends on
+    // what the PUTs before it left committed: admission counts the bytes open reservations hold
+    // against the tenant's in-flight limit, eviction chooses among committed blocks only (an
+    // earlier item's block may be the oldest one by then), and a second PUT of a key or request
+    // id answers `AlreadyCommitted` only once the first has committed. Reserving a batch
+    // together and writing its files in flight would change those answers, and overlapping the
+    // fsync/rename/directory-sync steps of several blocks would need all of that first; exact
+    // per-key answers keep the PUTs in turn.
+
     /// One catalog lock per [`BATCH_WINDOW_ITEMS`] keys (lookups change nothing, so any order
     /// of them answers alike).
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {

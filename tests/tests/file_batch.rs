@@ -1,4 +1,4 @@
-//! FileStore batch reads: `get_batch` (and `lookup_batch`) answer every item exactly as the
+//! FileStore batches: `get_batch` (and `lookup_batch`, `invalidate_batch`) answer every item exactly as the
 //! single-key call would, in order: hits, misses of every reason, a too-small destination, a
 //! wrong tenant, a caller without the read right, damaged and truncated blocks (dropped and
 //! counted exactly as `get_into` drops and counts them), a key read twice, and batches longer
@@ -18,7 +18,7 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::store::{BatchGet, Get, Put, Store, StoreError, StoreStats};
+use gpucache_dataplane::store::{BatchGet, Get, Invalidate, Put, Store, StoreError, StoreStats};
 use gpucache_dataplane::testing::fixture::{self, caller};
 use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
 use gpucache_storage::file::engine::psync::PsyncEngine;
@@ -382,5 +382,156 @@ fn batch_answers_match_single_answers_under_seeded_faults() {
                 );
             }
         }
+    }
+}
+
+/// An invalidation's answer with what differs between two stores (paths) left out.
+fn norm_invalidate(answer: &Result<Invalidate, StoreError>) -> String {
+    match answer {
+        Ok(a) => format!("{a:?}"),
+        Err(StoreError::Storage { operation, step, kind, effect, retirement, .. }) => {
+            format!("Storage({operation}, {step}, {kind:?}, {effect:?}, {retirement:?})")
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+/// The same invalidations as one batch on `batch` and one by one on `single`; answers, stats
+/// and what stays readable must agree. Returns the answers.
+fn compare_invalidations(
+    batch: &FileStore,
+    single: &FileStore,
+    who: &Caller,
+    keys: &[PhysicalKey],
+    what: &str,
+) -> Vec<String> {
+    let refs: Vec<&PhysicalKey> = keys.iter().collect();
+    let batched: Vec<String> =
+        batch.invalidate_batch(who, &refs).iter().map(norm_invalidate).collect();
+    let one_by_one: Vec<String> =
+        keys.iter().map(|k| norm_invalidate(&single.invalidate(who, k))).collect();
+    assert_eq!(batched, one_by_one, "{what}");
+    assert_eq!(comparable(batch.stats()), comparable(single.stats()), "{what}: stats");
+    for k in keys {
+        assert_eq!(
+            format!("{:?}", batch.lookup(&caller(0), k)),
+            format!("{:?}", single.lookup(&caller(0), k)),
+            "{what}: lookup after"
+        );
+    }
+    batched
+}
+
+#[test]
+fn batch_invalidations_are_the_single_key_answers() {
+    for (durability, direct) in
+        [(Durability::PerBlock, false), (Durability::GroupCommit, true), (Durability::None, false)]
+    {
+        let what = format!("{durability:?} direct={direct}");
+        let engine = if direct { EngineChoice::Uring } else { EngineChoice::Psync };
+        let (da, db) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let open = |root: &Path| {
+            let mut c = common::config(root, engine, durability);
+            c.direct_io = direct;
+            common::open(c)
+        };
+        let (a, b) = (open(da.path()), open(db.path()));
+        let keys: Vec<PhysicalKey> = (0..12u16).map(|i| form(0x80, i, KvDtype::F16)).collect();
+        for (i, k) in keys.iter().enumerate() {
+            let data = common::payload(i as u64, 5000 + i);
+            put_ok(&a, k, &data);
+            put_ok(&b, k, &data);
+        }
+        // An open reservation: its key is busy.
+        let open_key = form(0x80, 99, KvDtype::F16);
+        for s in [&a, &b] {
+            let r = s.reserve(&caller(0), &open_key, 10, None).expect("reserve");
+            assert!(matches!(r, gpucache_dataplane::store::Reserve::Reserved(_)), "{r:?}");
+        }
+        let names = vec![
+            keys[0].clone(),
+            keys[1].clone(),
+            form(0x81, 0, KvDtype::F16),
+            open_key,
+            keys[2].clone(),
+            keys[2].clone(),
+            fixture::key(1, &[0x80, 0, 3], KvDtype::F16, 16),
+            keys[3].clone(),
+            keys[0].clone(),
+        ];
+        let answers = compare_invalidations(&a, &b, &caller(0), &names, &what);
+        for want in ["Removed", "Absent", "Busy", "WrongTenant"] {
+            assert!(answers.iter().any(|x| x.contains(want)), "{what}: no {want}: {answers:?}");
+        }
+        let read_only = Caller::new(fixture::tenant(0), Rights::READ_ONLY);
+        let answers = compare_invalidations(&a, &b, &read_only, &keys[4..6], &what);
+        assert!(answers.iter().all(|x| x.contains("Forbidden")), "{what}: {answers:?}");
+        // The removed blocks' files are gone, the others' stay.
+        assert_eq!(common::all_block_files(da.path()).len(), 8, "{what}");
+        // A batch longer than a window.
+        let many: Vec<PhysicalKey> = (0..u16::try_from(BATCH_WINDOW_ITEMS + 20).expect("fits"))
+            .map(|i| form(0x82, i, KvDtype::Bf16))
+            .collect();
+        for (i, k) in many.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+            let data = common::payload(i as u64, 100);
+            put_ok(&a, k, &data);
+            put_ok(&b, k, &data);
+        }
+        compare_invalidations(&a, &b, &caller(0), &many, &what);
+    }
+}
+
+// EROFS and EIO on Linux (the tests crate has no libc).
+const EROFS: i32 = 30;
+const EIO: i32 = 5;
+
+#[test]
+fn batch_invalidations_fail_as_single_ones_do() {
+    for (durability, fail) in [
+        (Durability::PerBlock, "unlink"),
+        (Durability::PerBlock, "dir sync"),
+        (Durability::GroupCommit, "unlink"),
+    ] {
+        let what = format!("{durability:?}, failing {fail}");
+        let (da, db) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let open = |root: &Path| {
+            let faulty = Arc::new(FaultyEngine::new(
+                Arc::new(PsyncEngine) as Arc<dyn IoEngine>,
+                FaultConfig::none(1),
+            ));
+            let mut c = FileStoreConfig::new(root);
+            c.durability = durability;
+            let store = FileStore::open_with_engine(
+                c,
+                Arc::clone(&faulty) as Arc<dyn IoEngine>,
+                Arc::new(ManualClock::default()),
+            )
+            .expect("open");
+            (store, faulty)
+        };
+        let ((a, fa), (b, fb)) = (open(da.path()), open(db.path()));
+        let keys: Vec<PhysicalKey> = (0..6u16).map(|i| form(0x90, i, KvDtype::F16)).collect();
+        for k in &keys {
+            put_ok(&a, k, b"payload");
+            put_ok(&b, k, b"payload");
+        }
+        for f in [&fa, &fb] {
+            match fail {
+                "unlink" => f.fail_unlinks(Some(EROFS)),
+                _ => f.fail_dir_syncs(Some(EIO)),
+            }
+        }
+        let answers = compare_invalidations(&a, &b, &caller(0), &keys, &what);
+        let effect = if fail == "unlink" { "Unchanged" } else { "NotDurable" };
+        assert!(answers.iter().all(|x| x.contains(effect)), "{what}: {answers:?}");
+        // Unchanged: every block stays readable; not durable: every block is gone.
+        let left = a.stats().committed_blocks;
+        assert_eq!(left, if fail == "unlink" { 6 } else { 0 }, "{what}");
+        for f in [&fa, &fb] {
+            f.fail_unlinks(None);
+            f.fail_dir_syncs(None);
+        }
+        compare_invalidations(&a, &b, &caller(0), &keys, &format!("{what}, then healthy"));
+        assert_eq!(a.stats().committed_blocks, 0, "{what}");
     }
 }

@@ -11,6 +11,7 @@ mod fsck;
 pub(crate) mod layout;
 mod open_files;
 mod reads;
+mod removals;
 mod sync;
 
 use std::collections::BTreeMap;
@@ -1012,6 +1013,12 @@ impl Store for FileStore {
         }
     }
 
+    /// One lock to start a window of invalidations, every unlink, one sync per directory (or
+    /// one group flush), one lock to finish; see [`removals`].
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.invalidate_many(caller, keys)
+    }
+
     fn expire_leases(&self) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         self.lock().expire_leases(now)
@@ -1054,22 +1061,8 @@ impl FileStore {
     /// (`None`, which survives a process crash only, as its commits do). A file already gone
     /// counts as unlinked.
     fn remove_durably(&self, path: &Path) -> Result<(), StoreError> {
-        const OP: &str = "invalidate";
-        match self.engine.remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(StoreError::storage(OP, "unlink", path, &e, StorageEffect::Unchanged));
-            }
-        }
-        let dir = path.parent().unwrap_or(&self.root);
-        let synced = match self.durability {
-            Durability::PerBlock => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
-            Durability::GroupCommit => self.group.barrier().map_err(|e| ("group flush", e)),
-            Durability::None => Ok(()),
-        };
-        synced
-            .map_err(|(step, e)| StoreError::storage(OP, step, dir, &e, StorageEffect::NotDurable))
+        self.unlink_block(path)?;
+        self.sync_removals(path.parent().unwrap_or(&self.root))
     }
 
     /// Reads the payload of `region`'s block file (its kept descriptor, or `path` opened) into

@@ -406,6 +406,43 @@ fn uring_o_direct_batch_reads_into_slot_pieces_and_owned_buffers() {
 }
 
 #[test]
+fn finished_reads_are_handed_over_once_each() {
+    let dir = TempDir::new("batch-then");
+    let (files, data) = batch_files(&dir, 10, 300_000);
+    let mut all: Vec<Box<dyn IoEngine>> = engines();
+    all.push(Box::new(FaultyEngine::new(
+        PsyncEngine,
+        FaultConfig { read_eio: 0.5, ..FaultConfig::none(3) },
+    )));
+    for engine in all {
+        let name = engine.name();
+        let mut bufs: Vec<Vec<u8>> = files.iter().map(|_| vec![0u8; 200_000]).collect();
+        let mut reads: Vec<BatchRead<'_>> = files
+            .iter()
+            .zip(bufs.iter_mut())
+            .enumerate()
+            // Request 4 runs past the end of its file.
+            .map(|(i, (file, buf))| BatchRead {
+                file,
+                offset: if i == 4 { 200_000 } else { 7 },
+                buf,
+            })
+            .collect();
+        let mut seen: Vec<usize> = Vec::new();
+        let results = engine.read_batch_then(&mut reads, &mut |i, buf| {
+            // The buffer is complete when it is handed over.
+            assert!(buf[..] == data[i][7..200_007], "{name}: request {i} handed over early");
+            seen.push(i);
+        });
+        drop(reads);
+        let ok: Vec<usize> = (0..files.len()).filter(|i| results[*i].is_ok()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, ok, "{name}: handed over what succeeded, once each");
+        assert!(results[4].is_err(), "{name}");
+    }
+}
+
+#[test]
 fn faulty_batch_draws_what_reads_one_by_one_draw() {
     let dir = TempDir::new("batch-faulty");
     let (files, _) = batch_files(&dir, 16, 4096);

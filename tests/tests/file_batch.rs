@@ -535,3 +535,64 @@ fn batch_invalidations_fail_as_single_ones_do() {
         assert_eq!(a.stats().committed_blocks, 0, "{what}");
     }
 }
+
+#[test]
+fn aligned_destinations_are_read_in_place_under_o_direct() {
+    use gpucache_storage::file::engine::AlignedBuf;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = common::open(config(dir.path(), EngineChoice::Uring, true));
+    // Whole sectors (read in place) and odd lengths (staged), one damaged of each.
+    let lens = [4096, 65536, 1 << 20, 5000, 70_001, 4096 * 3];
+    let blocks: Vec<(PhysicalKey, Vec<u8>)> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let key = form(0xA0, u16::try_from(i).expect("fits"), KvDtype::F16);
+            let data = common::payload(i as u64 + 7, len);
+            put_ok(&store, &key, &data);
+            (key, data)
+        })
+        .collect();
+    for i in [1, 4] {
+        assert!(store.corrupt_for_test(&blocks[i].0, 3));
+    }
+    let mut bufs: Vec<AlignedBuf> = blocks
+        .iter()
+        .map(|(_, d)| {
+            let mut b = AlignedBuf::zeroed(d.len() + 4096).expect("aligned");
+            b.fill(0xEE);
+            b
+        })
+        .collect();
+    let mut gets: Vec<BatchGet<'_>> = blocks
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|((key, _), buf)| BatchGet { key, dst: &mut buf[..] })
+        .collect();
+    let answers = store.get_batch(&caller(0), &mut gets);
+    drop(gets);
+    for (i, ((_, data), (answer, buf))) in blocks.iter().zip(answers.iter().zip(&bufs)).enumerate()
+    {
+        let len = data.len();
+        if i == 1 || i == 4 {
+            assert_eq!(
+                answer,
+                &Ok(Get::Miss(gpucache_dataplane::store::MissReason::Corrupt)),
+                "{i}"
+            );
+            assert!(buf[..len].iter().all(|b| *b == 0), "{i}: damaged payload left in place");
+        } else {
+            assert!(matches!(answer, Ok(Get::Hit { .. })), "{i}: {answer:?}");
+            assert!(buf[..len] == data[..], "{i}: wrong bytes");
+        }
+        assert!(buf[len..].iter().all(|b| *b == 0xEE), "{i}: bytes past the payload written");
+    }
+    // One by one into aligned buffers: the same bytes.
+    for (i, (key, data)) in blocks.iter().enumerate().filter(|(i, _)| *i != 1 && *i != 4) {
+        let mut buf = AlignedBuf::zeroed(data.len()).expect("aligned");
+        let got = store.get_into(&caller(0), key, &mut buf[..]).expect("get_into");
+        assert!(matches!(got, Get::Hit { .. }), "{i}: {got:?}");
+        assert!(buf[..data.len()] == data[..], "{i}: wrong bytes one by one");
+    }
+    assert_eq!(store.stats().corrupt_dropped.total(), 2);
+}

@@ -1066,7 +1066,8 @@ impl FileStore {
     }
 
     /// Reads the payload of `region`'s block file (its kept descriptor, or `path` opened) into
-    /// `dst`, through aligned staging under O_DIRECT. The caller holds a read pin on `region`.
+    /// `dst`; under O_DIRECT through aligned staging, unless `dst` is aligned for it already.
+    /// The caller holds a read pin on `region`.
     fn read_payload(
         &self,
         region: RegionId,
@@ -1075,13 +1076,14 @@ impl FileStore {
         dst: &mut [u8],
     ) -> io::Result<()> {
         let file = self.files.get(region, path, self.direct_io)?;
-        if self.direct_io {
+        if self.direct_io && !engine::direct_ready(dst) {
             let padded = engine::round_up(dst.len(), engine::DIRECT_ALIGN);
-            let mut staging = self.engine.staging(padded)?;
+            let mut staging = self.engine.staging_for_read(padded)?;
             self.engine.read_exact_at(&file, header_len, &mut staging[..padded])?;
             dst.copy_from_slice(&staging[..dst.len()]);
             Ok(())
         } else {
+            // Buffered, or a destination O_DIRECT can fill as it is: no staging, no copy.
             self.engine.read_exact_at(&file, header_len, dst)
         }
     }

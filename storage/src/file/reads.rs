@@ -3,9 +3,9 @@
 //!
 //! 1. Pin: under the catalog lock, each key is authorized and its committed block pinned (a
 //!    pinned block is never evicted and its file stays until the last reader leaves).
-//! 2. Read and judge, outside the lock: the payload lands in the caller's buffer (through
-//!    aligned staging under O_DIRECT) and is checked there against the checksum recorded at
-//!    commit. A mismatch is confirmed on a private copy before the block is called damaged;
+//! 2. Read and judge, outside the lock: the payload lands in the caller's buffer (under
+//!    O_DIRECT through aligned staging, unless that buffer is aligned for it already) and is
+//!    checked there against the checksum recorded at commit. A mismatch is confirmed on a private copy before the block is called damaged;
 //!    a damaged, truncated or missing block is a miss and its buffer is zeroed.
 //! 3. Settle: under the lock again, each read is unpinned, damaged blocks are dropped (counted
 //!    in the store's corrupt drops, phase `Get`), and the answers are made.
@@ -108,15 +108,17 @@ impl FileStore {
     }
 
     /// Step 2's verdict on `read`, the outcome of reading `p`'s payload into `dst` (exactly
-    /// the payload's length).
+    /// the payload's length). `intact` is whether `dst` matches the checksum when that was
+    /// already checked (as a batch does while its other reads are in flight).
     pub(super) fn judge(
         &self,
         p: &PinnedRead,
         read: io::Result<()>,
+        intact: Option<bool>,
         dst: &mut [u8],
     ) -> ReadOutcome {
         let (corrupt, damage, failure) = match read {
-            Ok(()) if p.pin.delivered_intact(dst) => (false, None, None),
+            Ok(()) if intact.unwrap_or_else(|| p.pin.delivered_intact(dst)) => (false, None, None),
             Ok(()) => {
                 // Confirmed on a private copy before the block is dropped: the caller's buffer
                 // may be memory another process can write (a shared segment), and a read can
@@ -209,7 +211,7 @@ impl FileStore {
         };
         let dst = &mut dst[..p.pin.len_bytes()];
         let read = self.read_payload(p.pin.region, &p.path, p.header_len, dst);
-        let outcome = self.judge(&p, read, dst);
+        let outcome = self.judge(&p, read, None, dst);
         self.settle(vec![(p, outcome)]).pop().unwrap_or_else(|| Err(unanswered()))
     }
 
@@ -275,9 +277,9 @@ impl FileStore {
         let reads = self.read_pinned(items, &pinned);
         let mut judged = Vec::with_capacity(pinned.len());
         let mut indices = Vec::with_capacity(pinned.len());
-        for ((index, p), read) in pinned.into_iter().zip(reads) {
+        for ((index, p), (read, intact)) in pinned.into_iter().zip(reads) {
             let dst = &mut items[index].dst[..p.pin.len_bytes()];
-            let outcome = self.judge(&p, read, dst);
+            let outcome = self.judge(&p, read, intact, dst);
             judged.push((p, outcome));
             indices.push(index);
         }
@@ -288,78 +290,70 @@ impl FileStore {
     }
 
     /// Reads every pinned block's payload into the front of its item's buffer with one batch
-    /// call to the engine; answers per pinned block, in order.
+    /// call to the engine; answers per pinned block, in order, with whether the delivered
+    /// bytes match their checksum. A payload lands straight in the caller's buffer when it can
+    /// (buffered I/O, or an O_DIRECT read of a buffer aligned for it); the others go through
+    /// aligned staging buffers shared by consecutive reads, of up to [`STAGING_PIECE_BYTES`]
+    /// (one registered slot each on io_uring), each read padded to [`engine::DIRECT_ALIGN`].
+    /// As each read finishes (while the others are still in flight on io_uring) its payload is
+    /// copied to the caller's buffer when it was staged, and checked there.
     fn read_pinned(
         &self,
         items: &mut [BatchGet<'_>],
         pinned: &[(usize, PinnedRead)],
-    ) -> Vec<io::Result<()>> {
+    ) -> Vec<(io::Result<()>, Option<bool>)> {
         let files: Vec<io::Result<Arc<File>>> = pinned
             .iter()
             .map(|(_, p)| self.files.get(p.pin.region, &p.path, self.direct_io))
             .collect();
         let mut results: Vec<Option<io::Result<()>>> = Vec::with_capacity(pinned.len());
         results.resize_with(pinned.len(), || None);
-        // Which pinned blocks have a file to read (a failed open is that block's answer).
-        let mut readable = Vec::with_capacity(pinned.len());
-        for (k, file) in files.iter().enumerate() {
-            match file {
-                Ok(_) => readable.push(k),
-                Err(e) => results[k] = Some(Err(copy_error(e))),
-            }
-        }
-        if self.direct_io {
-            self.read_pinned_direct(items, pinned, &files, &readable, &mut results);
-        } else {
-            // Straight into the caller's buffers, which `items` lends one by one (the pinned
-            // indices ascend).
-            let mut reads = Vec::with_capacity(readable.len());
+        let mut intact: Vec<Option<bool>> = vec![None; pinned.len()];
+        let len = |k: usize| pinned[k].1.pin.len_bytes();
+        let padded = |k: usize| engine::round_up(len(k), engine::DIRECT_ALIGN);
+        // Each readable block's destination, lent by `items` one by one (the pinned indices
+        // ascend), and whether it can be read straight into it. A failed open is that block's
+        // answer.
+        let mut dsts: Vec<Option<&mut [u8]>> = Vec::with_capacity(pinned.len());
+        let mut straight = Vec::with_capacity(pinned.len());
+        let mut staged = Vec::new();
+        {
             let mut rest: &mut [BatchGet<'_>] = items;
             let mut base = 0;
-            for &k in &readable {
-                let (index, p) = &pinned[k];
-                let Some(file) = files[k].as_ref().ok() else { continue };
-                let Some((item, tail)) = std::mem::take(&mut rest)
+            for (k, ((index, _), file)) in pinned.iter().zip(&files).enumerate() {
+                let item = std::mem::take(&mut rest)
                     .get_mut(index - base..)
                     .and_then(<[_]>::split_first_mut)
-                else {
-                    continue;
-                };
-                rest = tail;
-                base = index + 1;
-                reads.push(BatchRead {
-                    file,
-                    offset: p.header_len,
-                    buf: &mut item.dst[..p.pin.len_bytes()],
-                });
-            }
-            for (&k, result) in readable.iter().zip(self.engine.read_batch(&mut reads)) {
-                results[k] = Some(result);
+                    .map(|(item, tail)| {
+                        rest = tail;
+                        base = index + 1;
+                        item
+                    });
+                let dst = item.and_then(|item| item.dst.get_mut(..len(k)));
+                match (file, dst) {
+                    (Err(e), _) => {
+                        results[k] = Some(Err(copy_error(e)));
+                        dsts.push(None);
+                    }
+                    (Ok(_), None) => {
+                        results[k] = Some(Err(io::Error::other("a batch item lost its buffer")));
+                        dsts.push(None);
+                    }
+                    (Ok(_), Some(dst)) => {
+                        if !self.direct_io || engine::direct_ready(dst) {
+                            straight.push(k);
+                        } else {
+                            staged.push(k);
+                        }
+                        dsts.push(Some(dst));
+                    }
+                }
             }
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(io::Error::other("a batch read left a block unread"))))
-            .collect()
-    }
-
-    /// The O_DIRECT half of [`Self::read_pinned`]: consecutive reads share aligned staging
-    /// buffers of up to [`STAGING_PIECE_BYTES`] (one registered slot each on io_uring), each
-    /// read its payload padded to [`engine::DIRECT_ALIGN`]; what was read is then copied to the
-    /// caller's buffers.
-    fn read_pinned_direct(
-        &self,
-        items: &mut [BatchGet<'_>],
-        pinned: &[(usize, PinnedRead)],
-        files: &[io::Result<Arc<File>>],
-        readable: &[usize],
-        results: &mut [Option<io::Result<()>>],
-    ) {
-        let padded = |k: usize| engine::round_up(pinned[k].1.pin.len_bytes(), engine::DIRECT_ALIGN);
-        // Group the readable blocks into pieces.
+        // The staged blocks, grouped into pieces.
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut sum = 0;
-        for &k in readable {
+        for &k in &staged {
             let n = padded(k);
             if groups.is_empty() || (sum > 0 && sum + n > STAGING_PIECE_BYTES) {
                 groups.push(Vec::new());
@@ -373,7 +367,7 @@ impl FileStore {
         let mut pieces: Vec<(Staging, &[usize])> = Vec::with_capacity(groups.len());
         for group in &groups {
             let total = group.iter().map(|&k| padded(k)).sum();
-            match self.engine.staging(total) {
+            match self.engine.staging_for_read(total) {
                 Ok(staging) => pieces.push((staging, group)),
                 Err(e) => {
                     for &k in group {
@@ -382,41 +376,67 @@ impl FileStore {
                 }
             }
         }
-        {
-            let mut reads = Vec::with_capacity(readable.len());
-            let mut order = Vec::with_capacity(readable.len());
-            for (staging, group) in &mut pieces {
-                let mut rest: &mut [u8] = &mut staging[..];
-                for &k in group.iter() {
-                    let Some(file) = files[k].as_ref().ok() else { continue };
-                    let Some((buf, tail)) =
-                        std::mem::take(&mut rest).split_at_mut_checked(padded(k))
-                    else {
-                        results[k] = Some(Err(io::Error::other("staging buffer too small")));
-                        continue;
-                    };
-                    rest = tail;
-                    reads.push(BatchRead { file, offset: pinned[k].1.header_len, buf });
-                    order.push(k);
+        let mut reads = Vec::with_capacity(straight.len() + staged.len());
+        let mut order = Vec::with_capacity(straight.len() + staged.len());
+        // The staged blocks' destinations stay here, to be filled as their reads finish.
+        let mut later: Vec<Option<&mut [u8]>> = Vec::with_capacity(pinned.len());
+        for (k, dst) in dsts.into_iter().enumerate() {
+            match dst {
+                Some(dst) if straight.binary_search(&k).is_ok() => {
+                    if let Ok(file) = &files[k] {
+                        reads.push(BatchRead { file, offset: pinned[k].1.header_len, buf: dst });
+                        order.push(k);
+                    }
+                    later.push(None);
                 }
-            }
-            for (k, result) in order.into_iter().zip(self.engine.read_batch(&mut reads)) {
-                results[k] = Some(result);
+                other => later.push(other),
             }
         }
-        for (staging, group) in &pieces {
-            let mut at = 0;
+        for (staging, group) in &mut pieces {
+            let mut rest: &mut [u8] = &mut staging[..];
             for &k in group.iter() {
-                let (index, p) = &pinned[k];
-                let len = p.pin.len_bytes();
-                if matches!(results[k], Some(Ok(())))
-                    && let (Some(dst), Some(src)) =
-                        (items[*index].dst.get_mut(..len), staging.get(at..at + len))
-                {
-                    dst.copy_from_slice(src);
-                }
-                at += padded(k);
+                let Ok(file) = &files[k] else { continue };
+                let Some((buf, tail)) = std::mem::take(&mut rest).split_at_mut_checked(padded(k))
+                else {
+                    results[k] = Some(Err(io::Error::other("staging buffer too small")));
+                    continue;
+                };
+                rest = tail;
+                reads.push(BatchRead { file, offset: pinned[k].1.header_len, buf });
+                order.push(k);
             }
         }
+        let mut finished = |j: usize, buf: &mut [u8]| {
+            let Some(&k) = order.get(j) else { return };
+            let n = len(k);
+            let delivered: &[u8] = match later.get_mut(k) {
+                // Staged: the payload goes to the caller's buffer, and is checked there.
+                Some(Some(dst)) => match buf.get(..n) {
+                    Some(src) => {
+                        dst.copy_from_slice(src);
+                        dst
+                    }
+                    None => return,
+                },
+                _ => match buf.get(..n) {
+                    Some(b) => b,
+                    None => return,
+                },
+            };
+            intact[k] = Some(pinned[k].1.pin.delivered_intact(delivered));
+        };
+        let answers = self.engine.read_batch_then(&mut reads, &mut finished);
+        for (&k, result) in order.iter().zip(answers) {
+            results[k] = Some(result);
+        }
+        results
+            .into_iter()
+            .zip(intact)
+            .map(|(r, intact)| {
+                let r =
+                    r.unwrap_or_else(|| Err(io::Error::other("a batch read left a block unread")));
+                (r, intact)
+            })
+            .collect()
     }
 }

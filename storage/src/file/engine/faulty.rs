@@ -27,7 +27,8 @@
 //! then inverts one random bit of the buffer and returns `Ok`. A batch read takes the draws of
 //! its requests in request order (exactly those of the same reads made one by one), in one
 //! critical section, then hands the requests that drew no EIO to the inner engine's batch read
-//! together, and flips their bits afterwards. A sync takes one draw: a dropped sync returns `Ok`
+//! together, and flips a request's bit as soon as the inner engine has read it (before the
+//! caller sees it). A sync takes one draw: a dropped sync returns `Ok`
 //! without syncing.
 //!
 //! Namespace faults are switches, not draws: [`FaultyEngine::fail_unlinks`] makes every
@@ -507,7 +508,11 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
         }
     }
 
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
         // The draws of the same reads made one by one (none for an empty buffer or while
         // paused), taken together.
         let faults: Vec<Option<ReadFault>> = if self.is_enabled() {
@@ -526,36 +531,37 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
             reads.iter().map(|_| None).collect()
         };
         let mut results: Vec<Option<io::Result<()>>> = reads.iter().map(|_| None).collect();
-        {
-            let mut passed = Vec::with_capacity(reads.len());
-            let mut indices = Vec::with_capacity(reads.len());
-            for (i, (r, fault)) in reads.iter_mut().zip(&faults).enumerate() {
-                match fault {
-                    Some(ReadFault::Eio) => {
-                        results[i] = Some(Err(io::Error::from_raw_os_error(libc::EIO)));
-                    }
-                    _ => {
-                        passed.push(BatchRead { file: r.file, offset: r.offset, buf: &mut *r.buf });
-                        indices.push(i);
-                    }
+        let mut passed = Vec::with_capacity(reads.len());
+        let mut indices = Vec::with_capacity(reads.len());
+        for (i, (r, fault)) in reads.iter_mut().zip(&faults).enumerate() {
+            match fault {
+                Some(ReadFault::Eio) => {
+                    results[i] = Some(Err(io::Error::from_raw_os_error(libc::EIO)));
                 }
-            }
-            for (i, result) in indices.into_iter().zip(self.inner.read_batch(&mut passed)) {
-                results[i] = Some(result);
+                _ => {
+                    passed.push(BatchRead { file: r.file, offset: r.offset, buf: &mut *r.buf });
+                    indices.push(i);
+                }
             }
         }
-        reads
-            .iter_mut()
-            .zip(faults)
-            .zip(results)
-            .map(|((r, fault), result)| {
-                let result = result.unwrap_or_else(|| {
+        // A flipped bit is flipped before the caller sees the buffer.
+        let mut flip_then = |j: usize, buf: &mut [u8]| {
+            let Some(&i) = indices.get(j) else { return };
+            if let Some(Some(ReadFault::BitFlip(bit))) = faults.get(i) {
+                flip(buf, *bit);
+            }
+            done(i, buf);
+        };
+        let inner = self.inner.read_batch_then(&mut passed, &mut flip_then);
+        for (&i, result) in indices.iter().zip(inner) {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
                     Err(io::Error::other("faulty engine: the inner engine left a read unanswered"))
-                });
-                if let (Ok(()), Some(ReadFault::BitFlip(bit))) = (&result, fault) {
-                    flip(r.buf, bit);
-                }
-                result
+                })
             })
             .collect()
     }
@@ -604,6 +610,10 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
 
     fn staging(&self, len: usize) -> io::Result<Staging> {
         self.inner.staging(len)
+    }
+
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        self.inner.staging_for_read(len)
     }
 }
 

@@ -114,6 +114,12 @@ pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
+/// Whether an O_DIRECT transfer can use `buf` as it is: its address and length are multiples
+/// of [`DIRECT_ALIGN`] (so nothing has to be padded or staged).
+pub fn direct_ready(buf: &[u8]) -> bool {
+    buf.as_ptr().addr().is_multiple_of(DIRECT_ALIGN) && buf.len().is_multiple_of(DIRECT_ALIGN)
+}
+
 /// One read of an [`IoEngine::read_batch`]: fill all of `buf` from `offset` of `file`.
 #[derive(Debug)]
 pub struct BatchRead<'a> {
@@ -142,7 +148,30 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     /// When the call returns the engine touches none of the requests' buffers any more, whatever
     /// the answers.
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
-        reads.iter_mut().map(|r| self.read_exact_at(r.file, r.offset, r.buf)).collect()
+        self.read_batch_then(reads, &mut |_, _| {})
+    }
+
+    /// [`IoEngine::read_batch`], handing each request that succeeded to `done` (its index and
+    /// its filled buffer) once, as soon as the engine is done with that buffer: io_uring does
+    /// so while the batch's other reads are still in flight, so that the caller's work on one
+    /// block overlaps the reading of the next. The default reads one after another and hands
+    /// each over after its read.
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        reads
+            .iter_mut()
+            .enumerate()
+            .map(|(i, r)| {
+                let result = self.read_exact_at(r.file, r.offset, r.buf);
+                if result.is_ok() {
+                    done(i, r.buf);
+                }
+                result
+            })
+            .collect()
     }
 
     /// Makes a file's data and metadata durable (fsync).
@@ -164,6 +193,13 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     fn staging(&self, len: usize) -> io::Result<Staging> {
         Ok(Staging::Owned(AlignedBuf::zeroed(len)?))
     }
+
+    /// [`IoEngine::staging`] for a read that fills every byte of the buffer before any is
+    /// used: its bytes may be whatever its last user left (saving a pass over the memory).
+    /// The default hands out what [`IoEngine::staging`] does.
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        self.staging(len)
+    }
 }
 
 /// A shared engine is an engine (so test wrappers can wrap what [`build`] returns).
@@ -180,6 +216,13 @@ impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
         (**self).read_batch(reads)
     }
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        (**self).read_batch_then(reads, done)
+    }
     fn sync(&self, file: &File) -> io::Result<()> {
         (**self).sync(file)
     }
@@ -191,6 +234,9 @@ impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
     }
     fn staging(&self, len: usize) -> io::Result<Staging> {
         (**self).staging(len)
+    }
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        (**self).staging_for_read(len)
     }
 }
 
@@ -410,6 +456,17 @@ impl IoEngine for Watched {
         }
         results
     }
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        let results = self.inner.read_batch_then(reads, done);
+        for r in &results {
+            self.watch.record(r);
+        }
+        results
+    }
     fn sync(&self, file: &File) -> io::Result<()> {
         let r = self.inner.sync(file);
         self.watch.record(&r);
@@ -427,6 +484,11 @@ impl IoEngine for Watched {
     }
     fn staging(&self, len: usize) -> io::Result<Staging> {
         let r = self.inner.staging(len);
+        self.watch.record(&r);
+        r
+    }
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        let r = self.inner.staging_for_read(len);
         self.watch.record(&r);
         r
     }

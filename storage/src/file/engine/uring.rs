@@ -47,7 +47,9 @@
 //! One [`AlignedBuf`] of `staging_bytes` rounded down to whole slots of [`SLOT_BYTES`] (at most
 //! [`ARENA_BYTES_MAX`], the kernel's limit for one registered buffer) is registered with every ring
 //! as fixed buffer 0. [`IoEngine::staging`] hands out one slot at a time, zeroed like an owned
-//! buffer; the slot goes back to the free list when dropped and keeps the arena alive meanwhile.
+//! buffer ([`IoEngine::staging_for_read`] leaves what the slot's last user wrote, for a read that
+//! overwrites it all); the slot goes back to the free list when dropped and keeps the arena
+//! alive meanwhile.
 //! Transfers whose memory lies inside the arena use `ReadFixed`/`WriteFixed`; others use plain
 //! `Read`/`Write`. If registering the arena with a ring fails (for example `RLIMIT_MEMLOCK`), that
 //! ring uses plain opcodes for everything and the slots are still handed out as aligned memory.
@@ -194,7 +196,12 @@ impl UringEngine {
     /// keeping up to `queue_depth` chunks in flight over all of them, and answers per request,
     /// in order. Each request's `base..base + len` must stay valid (and, for reads, exclusively
     /// borrowed and disjoint from the others) for the whole call.
-    fn transfer(&self, requests: &[Request<'_>], write: bool) -> Vec<io::Result<()>> {
+    fn transfer(
+        &self,
+        requests: &[Request<'_>],
+        write: bool,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
         let mut plan = Plan::new(requests, self.chunk, self.depth, write);
         if !plan.has_work() {
             return plan.into_results();
@@ -216,7 +223,7 @@ impl UringEngine {
         if ring.fixed {
             plan.use_fixed(self.arena.as_deref());
         }
-        let outcome = plan.run(&mut ring.ring);
+        let outcome = plan.run(&mut ring.ring, done);
         self.max_in_flight.fetch_max(plan.high_water, Ordering::Relaxed);
         if outcome.is_err() {
             // Every unfinished request carries the ring's error; the ring is not reused.
@@ -227,7 +234,7 @@ impl UringEngine {
 
     /// One request's transfer.
     fn transfer_one(&self, request: Request<'_>, write: bool) -> io::Result<()> {
-        self.transfer(&[request], write)
+        self.transfer(&[request], write, &mut |_, _| {})
             .pop()
             .unwrap_or_else(|| Err(io::Error::other("io_uring engine: no answer for a request")))
     }
@@ -260,7 +267,11 @@ impl IoEngine for UringEngine {
         self.transfer_one(Request { file, offset, base: buf.as_mut_ptr(), len: buf.len() }, false)
     }
 
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
         // Each buffer is a distinct `&mut` borrow held for the whole call: disjoint and valid.
         let requests: Vec<Request<'_>> = reads
             .iter_mut()
@@ -271,7 +282,7 @@ impl IoEngine for UringEngine {
                 len: r.buf.len(),
             })
             .collect();
-        self.transfer(&requests, false)
+        self.transfer(&requests, false, done)
     }
 
     fn sync(&self, file: &File) -> io::Result<()> {
@@ -288,13 +299,21 @@ impl IoEngine for UringEngine {
     }
 
     fn staging(&self, len: usize) -> io::Result<Staging> {
+        let mut staging = self.staging_for_read(len)?;
+        if let Staging::Registered(slot) = &mut staging {
+            slot.bytes_mut().fill(0);
+        }
+        Ok(staging)
+    }
+
+    /// A registered slot as its last user left it (an owned buffer, zeroed, when none is free).
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
         let want = round_up(len.max(1), DIRECT_ALIGN);
         if let Some(arena) = &self.arena
             && want <= SLOT_BYTES
             && let Some(index) = lock(&arena.free).pop()
         {
-            let mut slot = ArenaSlot { arena: Arc::clone(arena), index, len: want };
-            slot.bytes_mut().fill(0);
+            let slot = ArenaSlot { arena: Arc::clone(arena), index, len: want };
             return Ok(Staging::Registered(Box::new(slot)));
         }
         Ok(Staging::Owned(AlignedBuf::zeroed(len)?))
@@ -358,6 +377,8 @@ struct Segment {
     left: u32,
     /// The request's first error; no more of its chunks are queued once it is set.
     error: Option<io::Error>,
+    /// A finished read was handed to the call's `done` (see [`Plan::run`]).
+    delivered: bool,
 }
 
 /// Bytes `start..end` of segment `segment`: what one SQE (or its resubmitted rest) moves.
@@ -378,6 +399,15 @@ struct Plan {
     write: bool,
     /// Most SQEs this call has had in flight at once.
     high_water: u32,
+}
+
+/// What a completion left to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Completed {
+    /// The chunk was short: submit this token for its rest.
+    Rest(u64),
+    /// The last chunk of this request is done.
+    Finished(usize),
 }
 
 /// The same error again (an `io::Error` is not `Clone`): the OS code when there is one.
@@ -403,6 +433,7 @@ impl Plan {
                 fixed: false,
                 left: 0,
                 error: None,
+                delivered: false,
             };
             let chunks = r.len.div_ceil(chunk);
             match (u32::try_from(index), u32::try_from(chunks)) {
@@ -497,9 +528,9 @@ impl Plan {
         Some(entry.user_data(token))
     }
 
-    /// Records a completion of `res` for `token`; returns the token of the chunk's rest when
-    /// the transfer was short.
-    fn complete(&mut self, token: u64, res: i32) -> Option<u64> {
+    /// Records a completion of `res` for `token`: the token of the chunk's rest when the
+    /// transfer was short, or the request's index once its last chunk is done.
+    fn complete(&mut self, token: u64, res: i32) -> Option<Completed> {
         let span = self.span(token)?;
         let write = self.write;
         let segment = self.segments.get_mut(usize::try_from(span.segment).ok()?)?;
@@ -524,18 +555,61 @@ impl Plan {
         }
         let done = usize::try_from(token & LOW_BITS).unwrap_or(usize::MAX).saturating_add(n);
         if span.start.saturating_add(done) < span.end {
-            return Some((token & !LOW_BITS) | wide(done));
+            return Some(Completed::Rest((token & !LOW_BITS) | wide(done)));
         }
         segment.left = segment.left.saturating_sub(1);
-        None
+        (segment.left == 0 && segment.error.is_none())
+            .then(|| usize::try_from(span.segment).ok().map(Completed::Finished))
+            .flatten()
     }
 
-    /// Runs every chunk, at most `depth` in flight. `Err` is a broken ring: every SQE the kernel
-    /// consumed has been reaped and every unfinished request carries the error.
-    fn run(&mut self, ring: &mut IoUring) -> Result<(), io::Error> {
+    /// Hands request `i`'s buffer to `done` if it is a read that finished without error and
+    /// has not been handed over yet.
+    fn deliver(&mut self, i: usize, done: &mut dyn FnMut(usize, &mut [u8])) {
+        let write = self.write;
+        let Some(s) = self.segments.get_mut(i) else { return };
+        if write || s.delivered || s.left != 0 || s.error.is_some() {
+            return;
+        }
+        s.delivered = true;
+        let buf: &mut [u8] = if s.len == 0 {
+            &mut []
+        } else {
+            // SAFETY: `base..base + len` is the request's read buffer, which the caller lent
+            // exclusively (`&mut`) for the whole call. Every chunk of it has completed and none
+            // is queued again (`left` is 0), so neither the kernel nor this plan touches it
+            // until the call returns, and this is the only reference made to it.
+            unsafe { std::slice::from_raw_parts_mut(s.base, s.len) }
+        };
+        done(i, buf);
+    }
+
+    /// Runs every chunk, at most `depth` in flight, and hands each read that finished to
+    /// `done` once, after the SQEs queued behind it have been submitted (so that the device
+    /// keeps working meanwhile), and every other finished one before returning. `Err` is a
+    /// broken ring: every SQE the kernel consumed has been reaped and every unfinished request
+    /// carries the error.
+    fn run(
+        &mut self,
+        ring: &mut IoUring,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), io::Error> {
+        let outcome = self.run_chunks(ring, done);
+        for i in 0..self.segments.len() {
+            self.deliver(i, done);
+        }
+        outcome
+    }
+
+    fn run_chunks(
+        &mut self,
+        ring: &mut IoUring,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), io::Error> {
         let mut next: usize = 0;
         let mut resubmit: Vec<u64> = Vec::new();
         let mut in_flight: u32 = 0;
+        let mut finished: Vec<usize> = Vec::new();
 
         loop {
             {
@@ -581,6 +655,18 @@ impl Plan {
             if in_flight == 0 {
                 return Ok(());
             }
+            if !finished.is_empty() {
+                // The device first gets what was just queued, then the caller its buffers.
+                let submitted = submit_queued(ring);
+                if let Err(e) = submitted {
+                    retire(ring, in_flight);
+                    self.fail_all(&e);
+                    return Err(e);
+                }
+                for i in finished.drain(..) {
+                    self.deliver(i, done);
+                }
+            }
             if let Err(e) = submit_and_wait_one(ring) {
                 retire(ring, in_flight);
                 self.fail_all(&e);
@@ -588,8 +674,10 @@ impl Plan {
             }
             for cqe in ring.completion() {
                 in_flight = in_flight.saturating_sub(1);
-                if let Some(rest) = self.complete(cqe.user_data(), cqe.result()) {
-                    resubmit.push(rest);
+                match self.complete(cqe.user_data(), cqe.result()) {
+                    Some(Completed::Rest(rest)) => resubmit.push(rest),
+                    Some(Completed::Finished(i)) => finished.push(i),
+                    None => {}
                 }
             }
         }
@@ -629,6 +717,30 @@ fn sync_on(ring: &mut IoUring, fd: types::Fd) -> Result<(), Failure> {
             } else {
                 Ok(())
             };
+        }
+    }
+}
+
+/// Submits everything queued without waiting, riding out `EINTR` and a bounded run of
+/// `EAGAIN`/`EBUSY` (after which what stays queued goes with the next wait). An error means
+/// the ring is broken.
+fn submit_queued(ring: &mut IoUring) -> io::Result<()> {
+    let mut transient = 0;
+    loop {
+        match ring.submit() {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+                    && transient < TRANSIENT_RETRIES =>
+            {
+                transient += 1;
+                if !ring.completion().is_empty() {
+                    return Ok(());
+                }
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -1009,13 +1121,15 @@ mod tests {
         assert!(plan.entry((2 << 32) | 1807).is_some());
         assert!(plan.entry(4 << 32).is_none(), "no such chunk");
         // A short completion leaves the rest to resubmit; the last piece finishes the chunk.
-        assert_eq!(plan.complete(2 << 32, 1000), Some((2 << 32) | 1000));
+        assert_eq!(plan.complete(2 << 32, 1000), Some(Completed::Rest((2 << 32) | 1000)));
         assert_eq!(plan.complete((2 << 32) | 1000, 808), None);
         assert_eq!(plan.segments[0].left, 2);
+        // The last chunk of a request finishes it.
+        assert_eq!(plan.complete(0, 4096), None);
+        assert_eq!(plan.complete(1 << 32, 4096), Some(Completed::Finished(0)));
         // A failed chunk fails its request only.
         assert_eq!(plan.complete(3 << 32, -libc::EIO), None);
         assert!(plan.failed(3 << 32) && !plan.failed(0));
-        plan.segments[0].left = 0;
         let results = plan.into_results();
         assert!(results[0].is_ok() && results[1].is_ok());
         assert_eq!(results[2].as_ref().err().and_then(io::Error::raw_os_error), Some(libc::EIO));

@@ -45,7 +45,7 @@ use gpucache_dataplane::store::{BatchGet, Get, Put, Store};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::file::engine::psync::PsyncEngine;
 use gpucache_storage::file::engine::uring::UringEngine;
-use gpucache_storage::file::engine::{EngineChoice, EngineConfig, IoEngine};
+use gpucache_storage::file::engine::{AlignedBuf, EngineChoice, EngineConfig, IoEngine};
 use gpucache_storage::file::{Durability, FileStore, FileStoreConfig, OpenReport};
 
 use crate::fio;
@@ -935,7 +935,8 @@ fn describe_batches(ctx: &Ctx<'_>, batch: bool, tcp: bool) -> String {
     let _ = writeln!(
         s,
         "batch rows: {} read from an O_DIRECT FileStore (queue depth {}, its block files kept \
-         open; at most --file-mib per batch), {} timed passes per side (fewer past --seconds), \
+         open; at most --file-mib per batch) into page-aligned destinations (read in place when \
+         a block is whole sectors), {} timed passes per side (fewer past --seconds), \
          the sides alternating which goes first",
         specs.join(", "),
         a.queue_depth,
@@ -1017,7 +1018,23 @@ fn measure_batch(
         }
     };
     // One destination per block, its pages faulted in before any clock starts.
-    let mut dsts: Vec<Vec<u8>> = keys.iter().map(|_| vec![1u8; narrow(spec.size)]).collect();
+    // Page-aligned, as pinned host buffers are: an O_DIRECT read of a whole number of sectors
+    // lands in them without staging.
+    let mut bufs = Vec::with_capacity(keys.len());
+    for _ in &keys {
+        match AlignedBuf::zeroed(narrow(spec.size)) {
+            Ok(mut b) => {
+                b.fill(1);
+                bufs.push(b);
+            }
+            Err(e) => {
+                row.store = batch.then(|| Err(format!("destinations: {e}")));
+                row.tcp = tcp.then(|| Err(format!("destinations: {e}")));
+                return row;
+            }
+        }
+    }
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..narrow(spec.size)]).collect();
     if batch {
         row.store =
             Some(read_passes(ctx, &*store, uring.as_deref(), &keys, &mut dsts, &src, spec.size));
@@ -1068,7 +1085,7 @@ fn read_passes(
     store: &dyn Store,
     uring: Option<&UringEngine>,
     keys: &[PhysicalKey],
-    dsts: &mut [Vec<u8>],
+    dsts: &mut [&mut [u8]],
     src: &[u8],
     size: u64,
 ) -> Result<BatchSides, String> {
@@ -1097,7 +1114,7 @@ fn read_passes(
             } else {
                 sides.single.times.push(timed_single(store, &ctx.caller, keys, dsts, size)?);
             }
-            if let Some(i) = dsts.iter().position(|d| d != src) {
+            if let Some(i) = dsts.iter().position(|d| **d != *src) {
                 let how = if as_batch { "get_batch" } else { "get_into" };
                 return Err(format!("{how} delivered other bytes than were put (block {i})"));
             }
@@ -1108,7 +1125,7 @@ fn read_passes(
 
 /// Spoils the first and last byte of every destination, so that a read that delivers nothing
 /// cannot pass the check after it.
-fn scribble(dsts: &mut [Vec<u8>]) {
+fn scribble(dsts: &mut [&mut [u8]]) {
     for d in dsts {
         let ends = if d.len() > 1 { vec![0, d.len() - 1] } else { vec![0] };
         for i in ends {
@@ -1123,11 +1140,14 @@ fn timed_batch(
     store: &dyn Store,
     caller: &Caller,
     keys: &[PhysicalKey],
-    dsts: &mut [Vec<u8>],
+    dsts: &mut [&mut [u8]],
     size: u64,
 ) -> Result<Duration, String> {
-    let mut items: Vec<BatchGet<'_>> =
-        keys.iter().zip(dsts.iter_mut()).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let mut items: Vec<BatchGet<'_>> = keys
+        .iter()
+        .zip(dsts.iter_mut())
+        .map(|(key, dst)| BatchGet { key, dst: &mut dst[..] })
+        .collect();
     let started = Instant::now();
     let answers = store.get_batch(caller, &mut items);
     let elapsed = started.elapsed();
@@ -1144,7 +1164,7 @@ fn timed_single(
     store: &dyn Store,
     caller: &Caller,
     keys: &[PhysicalKey],
-    dsts: &mut [Vec<u8>],
+    dsts: &mut [&mut [u8]],
     size: u64,
 ) -> Result<Duration, String> {
     let started = Instant::now();
@@ -1167,22 +1187,31 @@ fn batch_fio(
     spec: BatchSpec,
     loops: u32,
 ) -> Result<fio::Outcome, String> {
-    let mut files = Vec::with_capacity(keys.len());
     let mut offset = None;
     for key in keys {
-        let (path, header_len) =
+        let (_, header_len) =
             store.block_location(key).ok_or_else(|| "a block has no file".to_owned())?;
         if *offset.get_or_insert(header_len) != header_len {
             return Err("the block files' headers differ in length".to_owned());
         }
-        files.push(path);
+    }
+    // fio opens every file below the store's block directories: exactly the batch's blocks.
+    let blocks = store.root().join("blocks");
+    let found = count_files(&blocks).map_err(|e| format!("{}: {e}", blocks.display()))?;
+    if found != wide(keys.len()) {
+        return Err(format!(
+            "{} holds {found} files, not the batch's {}",
+            blocks.display(),
+            keys.len()
+        ));
     }
     if ctx.args.drop_caches {
         drop_caches()?;
     }
     eprintln!("bench: batch {} {}: fio", spec.label(), engine.name());
     fio::FilesJob {
-        files: &files,
+        dir: &blocks,
+        files: wide(keys.len()),
         ioengine: engine.fio_ioengine(),
         offset: offset.unwrap_or(0),
         block_bytes: spec.size,
@@ -1194,12 +1223,27 @@ fn batch_fio(
     .run()
 }
 
+/// Regular files below `dir`, at any depth.
+fn count_files(dir: &Path) -> std::io::Result<u64> {
+    let mut n = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            n += count_files(&entry.path())?;
+        } else if kind.is_file() {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// The batch through TcpStore from an in-process server on `store`.
 fn tcp_passes(
     ctx: &Ctx<'_>,
     store: &Arc<FileStore>,
     keys: &[PhysicalKey],
-    dsts: &mut [Vec<u8>],
+    dsts: &mut [&mut [u8]],
     src: &[u8],
     size: u64,
 ) -> Result<BatchSides, String> {

@@ -1,6 +1,6 @@
 //! Running fio as the reference for the FileStore benchmark, and reading its JSON output.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -95,11 +95,14 @@ impl Job<'_> {
     }
 }
 
-/// Random reads of one block in each of many files (the FileStore's own block files, each
-/// holding one block after its header), every block read once per loop, `loops` times over.
+/// Random reads of one block in each of the files under a directory (the FileStore's own
+/// block files, each holding one block after its header), every block read once per loop,
+/// `loops` times over.
 #[derive(Debug, Clone)]
 pub struct FilesJob<'a> {
-    pub files: &'a [PathBuf],
+    /// fio opens every file below it (`--opendir`); it must hold exactly `files` files.
+    pub dir: &'a Path,
+    pub files: u64,
     /// `io_uring` or `psync`.
     pub ioengine: &'static str,
     /// Where the block starts in every file (the block file's header length).
@@ -118,16 +121,13 @@ impl FilesJob<'_> {
     /// as in [`Job::args`].
     pub fn args(&self) -> Vec<String> {
         let runtime_s = self.runtime.as_secs().max(1);
-        // fio separates file names with ':'; a name's own ':' is escaped.
-        let names: Vec<String> =
-            self.files.iter().map(|f| f.display().to_string().replace(':', "\\:")).collect();
         vec![
             "--name=gpucache-files-randread".to_owned(),
-            format!("--filename={}", names.join(":")),
+            format!("--opendir={}", self.dir.display()),
             "--rw=randread".to_owned(),
             format!("--bs={}", self.block_bytes),
             format!("--offset={}", self.offset),
-            format!("--size={}", self.block_bytes.saturating_mul(self.files.len() as u64)),
+            format!("--size={}", self.block_bytes.saturating_mul(self.files)),
             format!("--iodepth={}", self.queue_depth),
             format!("--ioengine={}", self.ioengine),
             format!("--direct={}", u8::from(self.direct)),
@@ -153,15 +153,25 @@ fn run_fio(args: &[String], direction: Direction) -> Result<Outcome, String> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
+        // Long arguments and output are cut: the report shows what failed, not every path.
         let shown: Vec<&str> = args.iter().map(|a| a.get(..200).unwrap_or(a)).collect();
         return Err(format!(
             "fio {} failed ({}): {}",
             shown.join(" "),
             out.status,
-            last_lines(&format!("{stdout}{stderr}"), 5)
+            cut(&last_lines(&format!("{stdout}{stderr}"), 5), 1000)
         ));
     }
     parse_outcome(&stdout, direction)
+}
+
+/// At most `max` bytes of `text` (on a character boundary), marked when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let end = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    format!("{}...", &text[..end])
 }
 
 fn last_lines(text: &str, n: usize) -> String {
@@ -244,9 +254,9 @@ mod tests {
 
     #[test]
     fn files_job_reads_one_block_per_file() {
-        let files = vec![PathBuf::from("/d/a.blk"), PathBuf::from("/d/b:c.blk")];
         let job = FilesJob {
-            files: &files,
+            dir: Path::new("/d/blocks"),
+            files: 2,
             ioengine: "io_uring",
             offset: 4096,
             block_bytes: 65536,
@@ -257,7 +267,7 @@ mod tests {
         };
         let args = job.args();
         for want in [
-            "--filename=/d/a.blk:/d/b\\:c.blk",
+            "--opendir=/d/blocks",
             "--rw=randread",
             "--bs=65536",
             "--offset=4096",
@@ -268,6 +278,8 @@ mod tests {
         ] {
             assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
         }
+        assert_eq!(cut("abcdef", 4), "abcd...");
+        assert_eq!(cut("abc", 4), "abc");
     }
 
     #[test]

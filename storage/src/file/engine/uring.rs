@@ -589,22 +589,45 @@ impl Plan {
     /// keeps working meanwhile), and every other finished one before returning. `Err` is a
     /// broken ring: every SQE the kernel consumed has been reaped and every unfinished request
     /// carries the error.
+    ///
+    /// `done` runs while other reads may be in flight, so a panic in it must not unwind past
+    /// them: it is caught, nothing more is queued, everything in flight is reaped, and only then
+    /// does the panic go on.
     fn run(
         &mut self,
         ring: &mut IoUring,
         done: &mut dyn FnMut(usize, &mut [u8]),
     ) -> Result<(), io::Error> {
-        let outcome = self.run_chunks(ring, done);
-        for i in 0..self.segments.len() {
-            self.deliver(i, done);
+        let mut panicked = None;
+        let outcome = self.run_chunks(ring, done, &mut panicked);
+        if panicked.is_none() {
+            for i in 0..self.segments.len() {
+                if let Err(payload) = self.deliver_caught(i, done) {
+                    panicked = Some(payload);
+                    break;
+                }
+            }
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
         }
         outcome
+    }
+
+    /// [`Plan::deliver`], with a panic of `done` caught and returned.
+    fn deliver_caught(
+        &mut self,
+        i: usize,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), Box<dyn std::any::Any + Send>> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.deliver(i, done)))
     }
 
     fn run_chunks(
         &mut self,
         ring: &mut IoUring,
         done: &mut dyn FnMut(usize, &mut [u8]),
+        panicked: &mut Option<Box<dyn std::any::Any + Send>>,
     ) -> Result<(), io::Error> {
         let mut next: usize = 0;
         let mut resubmit: Vec<u64> = Vec::new();
@@ -663,8 +686,15 @@ impl Plan {
                     self.fail_all(&e);
                     return Err(e);
                 }
-                for i in finished.drain(..) {
-                    self.deliver(i, done);
+                for i in std::mem::take(&mut finished) {
+                    if panicked.is_some() {
+                        break;
+                    }
+                    if let Err(payload) = self.deliver_caught(i, done) {
+                        // Stop queuing; the loop reaps what is in flight, then `run` rethrows.
+                        *panicked = Some(payload);
+                        self.fail_all(&io::Error::other("a batch's completion handler panicked"));
+                    }
                 }
             }
             if let Err(e) = submit_and_wait_one(ring) {

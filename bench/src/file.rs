@@ -15,6 +15,14 @@
 //! not throttle the next. With buffered I/O (the default) a working set that fits in RAM is
 //! read back from the page cache by both the store and fio; `--drop-caches` (root) drops the
 //! cache before each read phase and `--direct` bypasses it.
+//!
+//! `--rows` chooses what runs: `sizes` (the phases above), `batch` and `tcp`. A batch row
+//! (`--batch COUNTxSIZE`) puts COUNT blocks into an O_DIRECT FileStore, then reads them
+//! `--batch-passes` times each way, alternating which goes first: as one `Store::get_batch`
+//! and one by one with `get_into` (with `--drop-caches`, the cache is dropped before every
+//! pass); fio then reads the store's own block files with `--rw=randread` at the same queue
+//! depth, one block per file, as many loops. A tcp row reads the same blocks through
+//! `TcpStore` (one connection) from an in-process server on that store, the same two ways.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -24,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::{
@@ -31,8 +40,11 @@ use gpucache_dataplane::identity::{
 };
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_dataplane::store::{Get, Put, Store};
-use gpucache_storage::file::engine::EngineChoice;
+use gpucache_dataplane::store::{BatchGet, Get, Put, Store};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::file::engine::psync::PsyncEngine;
+use gpucache_storage::file::engine::uring::UringEngine;
+use gpucache_storage::file::engine::{AlignedBuf, EngineChoice, EngineConfig, IoEngine};
 use gpucache_storage::file::{Durability, FileStore, FileStoreConfig, OpenReport};
 
 use crate::fio;
@@ -48,6 +60,72 @@ pub enum EngineArg {
     Uring,
     Psync,
     Both,
+}
+
+/// What `--rows` can choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RowArg {
+    /// Store PUT and GET per `--sizes`, beside fio's sequential jobs.
+    Sizes,
+    /// Each `--batch` read as one get_batch, one by one, and by fio's random reads.
+    Batch,
+    /// Each `--batch` through TcpStore from an in-process server on the same store.
+    Tcp,
+}
+
+/// One batch of the batch and tcp rows: `count` blocks of `size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSpec {
+    pub count: u64,
+    pub size: u64,
+}
+
+impl BatchSpec {
+    fn label(self) -> String {
+        format!("{}x{}", self.count, size_label(self.size))
+    }
+}
+
+/// The `--batch` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchList(pub Vec<BatchSpec>);
+
+/// Most blocks one batch row reads.
+const BATCH_BLOCKS_MAX: u64 = 1 << 16;
+/// Most bytes one batch row reads (it keeps a destination for every block).
+const BATCH_BYTES_MAX: u64 = 4 << 30;
+/// Most timed passes per side of a batch row.
+const BATCH_PASSES_MAX: u32 = 1000;
+
+/// `COUNTxSIZE[,COUNTxSIZE...]`, e.g. `128x64K,32x1M`, as a clap `value_parser`.
+pub fn batch_list(text: &str) -> Result<BatchList, String> {
+    let specs = text
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let s = s.trim();
+            let (count, size) = s
+                .split_once(['x', 'X'])
+                .ok_or_else(|| format!("{s:?} is not COUNTxSIZE (e.g. 128x64K)"))?;
+            let count: u64 =
+                count.trim().parse().map_err(|_| format!("{s:?}: {count:?} is not a count"))?;
+            let size = parse_size(size)?;
+            if count == 0 || size == 0 {
+                return Err(format!("{s:?}: a batch needs at least one block of one byte"));
+            }
+            if count > BATCH_BLOCKS_MAX || count.saturating_mul(size) > BATCH_BYTES_MAX {
+                return Err(format!(
+                    "{s:?}: at most {BATCH_BLOCKS_MAX} blocks and {} per batch",
+                    human_bytes(BATCH_BYTES_MAX)
+                ));
+            }
+            Ok(BatchSpec { count, size })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if specs.is_empty() {
+        return Err(format!("{text:?} names no batch"));
+    }
+    Ok(BatchList(specs))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -111,6 +189,18 @@ pub struct FileBenchArgs {
     /// Payload size of the --open-blocks blocks.
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     open_block_size: u64,
+    /// Which rows to run, comma-separated: sizes (PUT and GET per --sizes beside fio's
+    /// sequential jobs), batch (each --batch as one get_batch, one by one, and by fio's random
+    /// reads of the same files), tcp (each --batch through TcpStore from an in-process server
+    /// on the same store).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "sizes,batch,tcp")]
+    rows: Vec<RowArg>,
+    /// The batches of the batch and tcp rows, COUNTxSIZE, comma-separated; read with O_DIRECT.
+    #[arg(long, default_value = "128x64K,32x1M", value_parser = batch_list)]
+    batch: BatchList,
+    /// Timed passes per side of each batch and tcp row (fio runs as many loops).
+    #[arg(long, default_value_t = 10)]
+    batch_passes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +310,12 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
     if args.queue_depth == 0 {
         return Err("--queue-depth must be at least 1".to_owned());
     }
+    if !(1..=BATCH_PASSES_MAX).contains(&args.batch_passes) {
+        return Err(format!(
+            "--batch-passes {} must be in 1..={BATCH_PASSES_MAX}",
+            args.batch_passes
+        ));
+    }
     let file_bytes =
         args.file_mib.checked_mul(MIB).ok_or_else(|| "--file-mib is too large".to_owned())?;
     let fio_version = if args.no_fio { None } else { fio::version() };
@@ -255,13 +351,32 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
         EngineArg::Both => &[Engine::Uring, Engine::Psync],
     };
 
-    let header = describe_setup(&ctx, fio_version.as_deref());
+    let wants = |row: RowArg| !args.open_only && args.rows.contains(&row);
+    let mut header = describe_setup(&ctx, fio_version.as_deref());
+    if wants(RowArg::Batch) || wants(RowArg::Tcp) {
+        header.push('\n');
+        header.push_str(&describe_batches(&ctx, wants(RowArg::Batch), wants(RowArg::Tcp)));
+    }
     eprintln!("bench: working in {}", ctx.root.display());
     let mut rows = Vec::new();
-    let sizes: &[u64] = if args.open_only { &[] } else { &args.sizes.0 };
+    let sizes: &[u64] = if wants(RowArg::Sizes) { &args.sizes.0 } else { &[] };
     for &size in sizes {
         for &engine in engines {
             rows.push(measure(&ctx, engine, size));
+        }
+    }
+    let mut batch_rows = Vec::new();
+    if wants(RowArg::Batch) || wants(RowArg::Tcp) {
+        for &spec in &args.batch.0 {
+            for &engine in engines {
+                batch_rows.push(measure_batch(
+                    &ctx,
+                    engine,
+                    spec,
+                    wants(RowArg::Batch),
+                    wants(RowArg::Tcp),
+                ));
+            }
         }
     }
     let open = args.open_blocks.map(|n| open_bench(&ctx, engines[0], n));
@@ -272,6 +387,7 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
     };
     let all_ran =
         rows.iter().flat_map(|r| &r.rounds).all(|r| r.store.is_ok() && !fio_failed(&r.fio))
+            && batch_rows.iter().all(BatchRow::ran)
             && open.as_ref().is_none_or(Result::is_ok);
     let mut out = header;
     out.push_str("\n\n");
@@ -279,6 +395,20 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
         out.push_str(&table(&rows));
         out.push('\n');
         out.push_str(&details(&rows));
+    }
+    if !batch_rows.is_empty() {
+        if !rows.is_empty() {
+            out.push('\n');
+        }
+        if wants(RowArg::Batch) {
+            out.push_str(&batch_table(&batch_rows));
+            out.push('\n');
+        }
+        if wants(RowArg::Tcp) {
+            out.push_str(&tcp_table(&batch_rows));
+            out.push('\n');
+        }
+        out.push_str(&batch_details(&batch_rows));
     }
     if let Some(open) = open {
         out.push('\n');
@@ -730,6 +860,521 @@ fn details(rows: &[Row]) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Batch rows
+
+/// Timed passes of one way of reading a batch.
+#[derive(Debug, Clone, Default)]
+struct Passes {
+    bytes_per_pass: u64,
+    times: Vec<Duration>,
+}
+
+impl Passes {
+    fn new(bytes_per_pass: u64) -> Self {
+        Self { bytes_per_pass, times: Vec::new() }
+    }
+
+    /// Bytes of every pass over the time of every pass.
+    fn gbps(&self) -> Option<f64> {
+        let secs: f64 = self.times.iter().map(Duration::as_secs_f64).sum();
+        // Display only: the rounding of a u64 to f64 does not matter here.
+        let bytes = self.bytes_per_pass as f64 * self.times.len() as f64;
+        (secs > 0.0).then(|| bytes / secs / 1e9)
+    }
+
+    fn describe(&self) -> String {
+        let ms: Vec<String> =
+            self.times.iter().map(|t| format!("{:.2}", t.as_secs_f64() * 1e3)).collect();
+        format!(
+            "{} passes of {}, ms each: {}; {} GB/s",
+            self.times.len(),
+            human_bytes(self.bytes_per_pass),
+            ms.join(" "),
+            self.gbps().map_or_else(|| "-".to_owned(), fmt_gbps)
+        )
+    }
+}
+
+/// A batch read as one call and one by one.
+#[derive(Debug)]
+struct BatchSides {
+    batch: Passes,
+    single: Passes,
+    /// The deepest the io_uring engine went during the batch passes (`None` for psync).
+    max_in_flight: Option<u32>,
+}
+
+/// One batch on one engine: the store, fio on the store's files, and TCP.
+#[derive(Debug)]
+struct BatchRow {
+    /// The batch read: `asked`, with fewer blocks when --file-mib is smaller.
+    spec: BatchSpec,
+    asked: BatchSpec,
+    engine: Engine,
+    /// The store read directly (`None` when the batch row was not asked for).
+    store: Option<Result<BatchSides, String>>,
+    /// fio's random reads of the same files (`None` when fio is off or the row not asked).
+    fio: Option<Result<fio::Outcome, String>>,
+    /// Through TcpStore (`None` when the tcp row was not asked for).
+    tcp: Option<Result<BatchSides, String>>,
+}
+
+impl BatchRow {
+    fn ran(&self) -> bool {
+        self.store.as_ref().is_none_or(Result::is_ok)
+            && self.fio.as_ref().is_none_or(Result::is_ok)
+            && self.tcp.as_ref().is_none_or(Result::is_ok)
+    }
+}
+
+/// What the batch rows do, for the report's header.
+fn describe_batches(ctx: &Ctx<'_>, batch: bool, tcp: bool) -> String {
+    let a = ctx.args;
+    let specs: Vec<String> = a.batch.0.iter().map(|b| b.label()).collect();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "batch rows: {} read from an O_DIRECT FileStore (queue depth {}, its block files kept \
+         open; at most --file-mib per batch) into page-aligned destinations (read in place when \
+         a block is whole sectors), {} timed passes per side (fewer past --seconds), \
+         the sides alternating which goes first",
+        specs.join(", "),
+        a.queue_depth,
+        a.batch_passes
+    );
+    let _ = writeln!(
+        s,
+        "batch page cache: {}",
+        if a.drop_caches {
+            "dropped (sync + drop_caches) before every pass and before fio"
+        } else {
+            "not dropped between passes (no --drop-caches): O_DIRECT payload reads bypass it, \
+             file metadata may stay cached"
+        }
+    );
+    if batch {
+        let _ = writeln!(
+            s,
+            "batch fio: {}",
+            if ctx.use_fio {
+                format!(
+                    "one --rw=randread job over the store's own block files (one block each, from \
+                     its header's end), --iodepth={} --direct=1, {} loops in the one job (no \
+                     cache drop between its loops)",
+                    a.queue_depth, a.batch_passes
+                )
+            } else {
+                "not run".to_owned()
+            }
+        );
+    }
+    if tcp {
+        let _ = writeln!(
+            s,
+            "tcp rows: the same blocks through one TcpStore connection to an in-process server \
+             on loopback serving that FileStore; TcpStore::get_batch beside get_into one by one"
+        );
+    }
+    s.trim_end().to_owned()
+}
+
+/// Puts the batch's blocks into a fresh O_DIRECT store and measures what `batch` and `tcp` ask.
+fn measure_batch(
+    ctx: &Ctx<'_>,
+    engine: Engine,
+    spec: BatchSpec,
+    batch: bool,
+    tcp: bool,
+) -> BatchRow {
+    // A batch holds at most the working set: a quick run (small --file-mib) reads fewer blocks.
+    let fits = (ctx.file_bytes / spec.size).max(1);
+    let asked = spec;
+    let spec = BatchSpec { count: spec.count.min(fits), ..spec };
+    eprintln!("bench: batch {} {}", spec.label(), engine.name());
+    let mut row = BatchRow { spec, asked, engine, store: None, fio: None, tcp: None };
+    let dir = ctx.root.join(format!("batch-{}-{}", engine.name(), spec.label()));
+    let prepared = (|| -> Result<_, String> {
+        let (store, uring) = open_batch_store(ctx, engine, &dir, spec)?;
+        let src = payload(narrow(spec.size));
+        let keys: Vec<PhysicalKey> =
+            (0..spec.count).map(|i| bench_key((3 << 60) | (spec.size << 20) | i)).collect();
+        for key in &keys {
+            put_one(&store, &ctx.caller, key, &src)?;
+        }
+        settle();
+        Ok((store, uring, src, keys))
+    })();
+    let (store, uring, src, keys) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            let failed = format!("setup: {e}");
+            if batch {
+                row.store = Some(Err(failed.clone()));
+            }
+            if tcp {
+                row.tcp = Some(Err(failed));
+            }
+            return row;
+        }
+    };
+    // One destination per block, its pages faulted in before any clock starts.
+    // Page-aligned, as pinned host buffers are: an O_DIRECT read of a whole number of sectors
+    // lands in them without staging.
+    let mut bufs = Vec::with_capacity(keys.len());
+    for _ in &keys {
+        match AlignedBuf::zeroed(narrow(spec.size)) {
+            Ok(mut b) => {
+                b.fill(1);
+                bufs.push(b);
+            }
+            Err(e) => {
+                row.store = batch.then(|| Err(format!("destinations: {e}")));
+                row.tcp = tcp.then(|| Err(format!("destinations: {e}")));
+                return row;
+            }
+        }
+    }
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..narrow(spec.size)]).collect();
+    if batch {
+        row.store =
+            Some(read_passes(ctx, &*store, uring.as_deref(), &keys, &mut dsts, &src, spec.size));
+        let loops = row.store.as_ref().and_then(|x| x.as_ref().ok()).map(|x| x.batch.times.len());
+        if ctx.use_fio {
+            let loops = u32::try_from(loops.unwrap_or(1)).unwrap_or(ctx.args.batch_passes);
+            row.fio = Some(batch_fio(ctx, engine, &store, &keys, spec, loops));
+        }
+    }
+    if tcp {
+        row.tcp = Some(tcp_passes(ctx, &store, &keys, &mut dsts, &src, spec.size));
+    }
+    row
+}
+
+/// An O_DIRECT store with room for the batch, on an engine the bench holds (to read its depth).
+fn open_batch_store(
+    ctx: &Ctx<'_>,
+    engine: Engine,
+    dir: &Path,
+    spec: BatchSpec,
+) -> Result<(Arc<FileStore>, Option<Arc<UringEngine>>), String> {
+    let mut config = FileStoreConfig::new(dir);
+    config.direct_io = true;
+    config.durability = ctx.durability;
+    config.limits = limits_for(spec.size, spec.count);
+    // Every block of the batch stays open (fio keeps its files open too).
+    config.open_files_max = narrow(spec.count).max(config.open_files_max);
+    let engine_config =
+        EngineConfig { queue_depth: ctx.args.queue_depth, ..EngineConfig::default() };
+    let (io, uring): (Arc<dyn IoEngine>, _) = match engine {
+        Engine::Uring => {
+            let u =
+                Arc::new(UringEngine::new(engine_config).map_err(|e| format!("io_uring: {e}"))?);
+            (Arc::clone(&u) as Arc<dyn IoEngine>, Some(u))
+        }
+        Engine::Psync => (Arc::new(PsyncEngine), None),
+    };
+    let store = FileStore::open_with_engine(config, io, Arc::new(MonotonicClock::default()))
+        .map_err(|e| format!("open store: {e}"))?;
+    Ok((Arc::new(store), uring))
+}
+
+/// `--batch-passes` timed passes of `store` reading every key as one batch and one by one;
+/// fewer once the passes have taken `--seconds` (at least one each way).
+fn read_passes(
+    ctx: &Ctx<'_>,
+    store: &dyn Store,
+    uring: Option<&UringEngine>,
+    keys: &[PhysicalKey],
+    dsts: &mut [&mut [u8]],
+    src: &[u8],
+    size: u64,
+) -> Result<BatchSides, String> {
+    let bytes = wide(keys.len()) * size;
+    let mut sides =
+        BatchSides { batch: Passes::new(bytes), single: Passes::new(bytes), max_in_flight: None };
+    let started = Instant::now();
+    for pass in 0..ctx.args.batch_passes {
+        if pass > 0 && started.elapsed() >= ctx.deadline {
+            break;
+        }
+        let order = if pass % 2 == 0 { [true, false] } else { [false, true] };
+        for as_batch in order {
+            if ctx.args.drop_caches {
+                drop_caches()?;
+            }
+            scribble(dsts);
+            if as_batch {
+                if let Some(u) = uring {
+                    u.reset_max_in_flight();
+                }
+                sides.batch.times.push(timed_batch(store, &ctx.caller, keys, dsts, size)?);
+                if let Some(u) = uring {
+                    sides.max_in_flight = sides.max_in_flight.max(Some(u.max_in_flight()));
+                }
+            } else {
+                sides.single.times.push(timed_single(store, &ctx.caller, keys, dsts, size)?);
+            }
+            if let Some(i) = dsts.iter().position(|d| **d != *src) {
+                let how = if as_batch { "get_batch" } else { "get_into" };
+                return Err(format!("{how} delivered other bytes than were put (block {i})"));
+            }
+        }
+    }
+    Ok(sides)
+}
+
+/// Spoils the first and last byte of every destination, so that a read that delivers nothing
+/// cannot pass the check after it.
+fn scribble(dsts: &mut [&mut [u8]]) {
+    for d in dsts {
+        let ends = if d.len() > 1 { vec![0, d.len() - 1] } else { vec![0] };
+        for i in ends {
+            if let Some(b) = d.get_mut(i) {
+                *b = !*b;
+            }
+        }
+    }
+}
+
+fn timed_batch(
+    store: &dyn Store,
+    caller: &Caller,
+    keys: &[PhysicalKey],
+    dsts: &mut [&mut [u8]],
+    size: u64,
+) -> Result<Duration, String> {
+    let mut items: Vec<BatchGet<'_>> = keys
+        .iter()
+        .zip(dsts.iter_mut())
+        .map(|(key, dst)| BatchGet { key, dst: &mut dst[..] })
+        .collect();
+    let started = Instant::now();
+    let answers = store.get_batch(caller, &mut items);
+    let elapsed = started.elapsed();
+    for (i, answer) in answers.iter().enumerate() {
+        match answer {
+            Ok(Get::Hit { len, .. }) if *len == size => {}
+            other => return Err(format!("get_batch item {i}: {other:?}")),
+        }
+    }
+    Ok(elapsed)
+}
+
+fn timed_single(
+    store: &dyn Store,
+    caller: &Caller,
+    keys: &[PhysicalKey],
+    dsts: &mut [&mut [u8]],
+    size: u64,
+) -> Result<Duration, String> {
+    let started = Instant::now();
+    for (i, (key, dst)) in keys.iter().zip(dsts.iter_mut()).enumerate() {
+        match store.get_into(caller, key, dst) {
+            Ok(Get::Hit { len, .. }) if len == size => {}
+            other => return Err(format!("get_into block {i}: {other:?}")),
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// fio's random reads of the store's own block files: one block per file, at the store's queue
+/// depth, `--batch-passes` loops.
+fn batch_fio(
+    ctx: &Ctx<'_>,
+    engine: Engine,
+    store: &FileStore,
+    keys: &[PhysicalKey],
+    spec: BatchSpec,
+    loops: u32,
+) -> Result<fio::Outcome, String> {
+    let mut offset = None;
+    for key in keys {
+        let (_, header_len) =
+            store.block_location(key).ok_or_else(|| "a block has no file".to_owned())?;
+        if *offset.get_or_insert(header_len) != header_len {
+            return Err("the block files' headers differ in length".to_owned());
+        }
+    }
+    // fio opens every file below the store's block directories: exactly the batch's blocks.
+    let blocks = store.root().join("blocks");
+    let found = count_files(&blocks).map_err(|e| format!("{}: {e}", blocks.display()))?;
+    if found != wide(keys.len()) {
+        return Err(format!(
+            "{} holds {found} files, not the batch's {}",
+            blocks.display(),
+            keys.len()
+        ));
+    }
+    if ctx.args.drop_caches {
+        drop_caches()?;
+    }
+    eprintln!("bench: batch {} {}: fio", spec.label(), engine.name());
+    fio::FilesJob {
+        dir: &blocks,
+        files: wide(keys.len()),
+        ioengine: engine.fio_ioengine(),
+        offset: offset.unwrap_or(0),
+        block_bytes: spec.size,
+        queue_depth: ctx.args.queue_depth,
+        direct: true,
+        loops,
+        runtime: ctx.deadline,
+    }
+    .run()
+}
+
+/// Regular files below `dir`, at any depth.
+fn count_files(dir: &Path) -> std::io::Result<u64> {
+    let mut n = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            n += count_files(&entry.path())?;
+        } else if kind.is_file() {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The batch through TcpStore from an in-process server on `store`.
+fn tcp_passes(
+    ctx: &Ctx<'_>,
+    store: &Arc<FileStore>,
+    keys: &[PhysicalKey],
+    dsts: &mut [&mut [u8]],
+    src: &[u8],
+    size: u64,
+) -> Result<BatchSides, String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = Server::start(
+        ServerConfig::new(addr, vec![ctx.caller.clone()]),
+        Arc::clone(store) as Arc<dyn Store>,
+    )
+    .map_err(|e| format!("start the server: {e}"))?;
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), ctx.caller.clone()));
+    let measured = read_passes(ctx, &client, None, keys, dsts, src, size);
+    drop(client);
+    let left = server.shutdown();
+    if left > 0 {
+        eprintln!("bench: {left} server threads were still running at shutdown");
+    }
+    measured
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), fmt_gbps)
+}
+
+fn ratio_cell(n: Option<f64>, d: Option<f64>) -> String {
+    match (n, d) {
+        (Some(n), Some(d)) if d > 0.0 => format!("{:.2}", n / d),
+        _ => "-".to_owned(),
+    }
+}
+
+/// The batch table (markdown): GB/s over all passes of each side, and the ratios.
+fn batch_table(rows: &[BatchRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| batch | engine | batch GB/s | one-by-one GB/s | fio randread GB/s | batch/fio | \
+         batch/one-by-one | max in flight |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let sides = r.store.as_ref().and_then(|x| x.as_ref().ok());
+        let (batch, single) =
+            (sides.and_then(|x| x.batch.gbps()), sides.and_then(|x| x.single.gbps()));
+        let fio = r.fio.as_ref().and_then(|f| f.as_ref().ok()).map(|o| o.bw_bytes / 1e9);
+        let depth =
+            sides.and_then(|x| x.max_in_flight).map_or_else(|| "-".to_owned(), |d| d.to_string());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {depth} |",
+            r.spec.label(),
+            r.engine.name(),
+            cell(batch),
+            cell(single),
+            cell(fio),
+            ratio_cell(batch, fio),
+            ratio_cell(batch, single)
+        );
+    }
+    s
+}
+
+/// The tcp table (markdown): the same batch through TcpStore.
+fn tcp_table(rows: &[BatchRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| batch | engine | tcp batch GB/s | tcp one-by-one GB/s | tcp batch/one-by-one | \
+         tcp batch/store batch |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for r in rows {
+        let tcp = r.tcp.as_ref().and_then(|x| x.as_ref().ok());
+        let (batch, single) = (tcp.and_then(|x| x.batch.gbps()), tcp.and_then(|x| x.single.gbps()));
+        let store = r.store.as_ref().and_then(|x| x.as_ref().ok()).and_then(|x| x.batch.gbps());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.spec.label(),
+            r.engine.name(),
+            cell(batch),
+            cell(single),
+            ratio_cell(batch, single),
+            ratio_cell(batch, store)
+        );
+    }
+    s
+}
+
+/// Every pass of every batch row, and every error.
+fn batch_details(rows: &[BatchRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "batch details:");
+    let sides =
+        |s: &mut String, head: &str, what: &str, x: &Option<Result<BatchSides, String>>| match x {
+            None => {}
+            Some(Ok(x)) => {
+                let _ = writeln!(s, "{head}: {what} batch {}", x.batch.describe());
+                let _ = writeln!(s, "{head}: {what} one by one {}", x.single.describe());
+            }
+            Some(Err(e)) => {
+                let _ = writeln!(s, "{head}: {what} error: {e}");
+            }
+        };
+    for r in rows {
+        let head = format!("  {} {}", r.spec.label(), r.engine.name());
+        if r.spec != r.asked {
+            let _ =
+                writeln!(s, "{head}: {} asked, fewer blocks to fit --file-mib", r.asked.label());
+        }
+        sides(&mut s, &head, "store", &r.store);
+        match &r.fio {
+            None => {}
+            Some(Ok(o)) => {
+                let _ = writeln!(
+                    s,
+                    "{head}: fio randread {} in {:.3} s = {} GB/s",
+                    human_bytes(o.io_bytes),
+                    o.runtime_ms as f64 / 1e3,
+                    fmt_gbps(o.bw_bytes / 1e9)
+                );
+            }
+            Some(Err(e)) => {
+                let _ = writeln!(s, "{head}: fio error: {e}");
+            }
+        }
+        sides(&mut s, &head, "tcp", &r.tcp);
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
 // Keys, payloads and the machine
 
 /// A realistic key whose one-link chain comes from `seed` (distinct seeds, distinct keys).
@@ -849,6 +1494,69 @@ mod tests {
         assert!(d.contains("64K psync r2: store error: boom"), "{d}");
         assert_eq!(median(vec![3.0, 1.0]), Some(2.0));
         assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn batch_lists_parse_and_refuse_nonsense() {
+        assert_eq!(
+            batch_list("128x64K, 32X1M").expect("parses").0,
+            [BatchSpec { count: 128, size: 64 * KIB }, BatchSpec { count: 32, size: MIB }]
+        );
+        for bad in ["", "128", "0x64K", "4x0", "ax1M", "70000x1K", "8192x1M"] {
+            assert!(batch_list(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn batch_tables_show_gbps_ratios_and_dashes() {
+        let passes = |ms: &[u64]| Passes {
+            bytes_per_pass: 1_000_000_000,
+            times: ms.iter().map(|m| Duration::from_millis(*m)).collect(),
+        };
+        let outcome = fio::Outcome {
+            bw_bytes: 2e9,
+            io_bytes: 0,
+            runtime_ms: 1000,
+            lat_p50_ns: None,
+            lat_p99_ns: None,
+        };
+        let spec = BatchSpec { count: 128, size: 64 * KIB };
+        let rows = vec![
+            BatchRow {
+                spec,
+                asked: spec,
+                engine: Engine::Uring,
+                // 2 GB in 1.25 s and in 5 s.
+                store: Some(Ok(BatchSides {
+                    batch: passes(&[500, 750]),
+                    single: passes(&[2500, 2500]),
+                    max_in_flight: Some(32),
+                })),
+                fio: Some(Ok(outcome)),
+                tcp: Some(Ok(BatchSides {
+                    batch: passes(&[1000]),
+                    single: passes(&[4000]),
+                    max_in_flight: None,
+                })),
+            },
+            BatchRow {
+                spec,
+                asked: BatchSpec { count: 256, ..spec },
+                engine: Engine::Psync,
+                store: Some(Err("boom".into())),
+                fio: None,
+                tcp: None,
+            },
+        ];
+        let t = batch_table(&rows);
+        assert!(t.contains("| 128x64K | uring | 1.60 | 0.40 | 2.00 | 0.80 | 4.00 | 32 |"), "{t}");
+        assert!(t.contains("| 128x64K | psync | - | - | - | - | - | - |"), "{t}");
+        let t = tcp_table(&rows);
+        assert!(t.contains("| 128x64K | uring | 1.00 | 0.25 | 4.00 | 0.62 |"), "{t}");
+        let d = batch_details(&rows);
+        assert!(d.contains("128x64K psync: store error: boom"), "{d}");
+        assert!(d.contains("256x64K asked"), "{d}");
+        assert!(rows[0].ran() && !rows[1].ran());
     }
 
     #[test]

@@ -91,21 +91,87 @@ impl Job<'_> {
 
     /// Runs fio and returns the job's bandwidth.
     pub fn run(&self) -> Result<Outcome, String> {
-        let args = self.args();
-        let out =
-            Command::new("fio").args(&args).output().map_err(|e| format!("cannot run fio: {e}"))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            return Err(format!(
-                "fio {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                last_lines(&format!("{stdout}{stderr}"), 5)
-            ));
-        }
-        parse_outcome(&stdout, self.direction)
+        run_fio(&self.args(), self.direction)
     }
+}
+
+/// Random reads of one block in each of the files under a directory (the FileStore's own
+/// block files, each holding one block after its header), every block read once per loop,
+/// `loops` times over.
+#[derive(Debug, Clone)]
+pub struct FilesJob<'a> {
+    /// fio opens every file below it (`--opendir`); it must hold exactly `files` files.
+    pub dir: &'a Path,
+    pub files: u64,
+    /// `io_uring` or `psync`.
+    pub ioengine: &'static str,
+    /// Where the block starts in every file (the block file's header length).
+    pub offset: u64,
+    pub block_bytes: u64,
+    pub queue_depth: u32,
+    pub direct: bool,
+    pub loops: u32,
+    /// fio stops after this long even when the loops are not done.
+    pub runtime: Duration,
+}
+
+impl FilesJob<'_> {
+    /// The fio arguments: `--rw=randread` over the files (fio divides `--size` between them,
+    /// so each file contributes exactly its block from `--offset`), the page cache left alone
+    /// as in [`Job::args`].
+    pub fn args(&self) -> Vec<String> {
+        let runtime_s = self.runtime.as_secs().max(1);
+        vec![
+            "--name=gpucache-files-randread".to_owned(),
+            format!("--opendir={}", self.dir.display()),
+            "--rw=randread".to_owned(),
+            format!("--bs={}", self.block_bytes),
+            format!("--offset={}", self.offset),
+            format!("--size={}", self.block_bytes.saturating_mul(self.files)),
+            format!("--iodepth={}", self.queue_depth),
+            format!("--ioengine={}", self.ioengine),
+            format!("--direct={}", u8::from(self.direct)),
+            format!("--loops={}", self.loops.max(1)),
+            format!("--runtime={runtime_s}"),
+            "--numjobs=1".to_owned(),
+            "--invalidate=0".to_owned(),
+            "--output-format=json".to_owned(),
+            "--lat_percentiles=1".to_owned(),
+        ]
+    }
+
+    /// Runs fio and returns the job's read bandwidth.
+    pub fn run(&self) -> Result<Outcome, String> {
+        run_fio(&self.args(), Direction::Read)
+    }
+}
+
+/// Runs fio with `args` and reads the `direction` side of its report.
+fn run_fio(args: &[String], direction: Direction) -> Result<Outcome, String> {
+    let out =
+        Command::new("fio").args(args).output().map_err(|e| format!("cannot run fio: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Long arguments and output are cut: the report shows what failed, not every path.
+        let shown: Vec<&str> = args.iter().map(|a| a.get(..200).unwrap_or(a)).collect();
+        return Err(format!(
+            "fio {} failed ({}): {}",
+            shown.join(" "),
+            out.status,
+            cut(&last_lines(&format!("{stdout}{stderr}"), 5), 1000)
+        ));
+    }
+    parse_outcome(&stdout, direction)
+}
+
+/// At most `max` bytes of `text` (on a character boundary), marked when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let end = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    format!("{}...", &text[..end])
 }
 
 fn last_lines(text: &str, n: usize) -> String {
@@ -184,6 +250,36 @@ mod tests {
         assert_eq!(parse_outcome(out, Direction::Read).expect("parses").bw_bytes, 0.0);
         assert!(parse_outcome("no json here", Direction::Read).is_err());
         assert!(parse_outcome("{\"jobs\": []}", Direction::Read).is_err());
+    }
+
+    #[test]
+    fn files_job_reads_one_block_per_file() {
+        let job = FilesJob {
+            dir: Path::new("/d/blocks"),
+            files: 2,
+            ioengine: "io_uring",
+            offset: 4096,
+            block_bytes: 65536,
+            queue_depth: 32,
+            direct: true,
+            loops: 5,
+            runtime: Duration::from_secs(10),
+        };
+        let args = job.args();
+        for want in [
+            "--opendir=/d/blocks",
+            "--rw=randread",
+            "--bs=65536",
+            "--offset=4096",
+            "--size=131072",
+            "--iodepth=32",
+            "--direct=1",
+            "--loops=5",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+        }
+        assert_eq!(cut("abcdef", 4), "abcd...");
+        assert_eq!(cut("abc", 4), "abc");
     }
 
     #[test]

@@ -716,9 +716,9 @@ impl<P> Catalog<P> {
 
     // ------------------------------------------------------------------ restart
 
-    /// Loads a block that was committed before a restart. Refused (and left to the caller to
-    /// discard) when the limits cannot hold it.
-    pub(crate) fn restore(&mut self, block: Restored<P>) -> Result<(), (Refusal, P)> {
+    /// Loads a block that was committed before a restart and returns the region it now has.
+    /// Refused (and left to the caller to discard) when the limits cannot hold it.
+    pub(crate) fn restore(&mut self, block: Restored<P>) -> Result<RegionId, (Refusal, P)> {
         let tenant = block.key.tenant().clone();
         if self.find_exact(&block.key).is_some() || self.age.contains_key(&block.seq) {
             let entries = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
@@ -765,7 +765,7 @@ impl<P> Catalog<P> {
                 payload: block.payload,
             },
         );
-        Ok(())
+        Ok(region)
     }
 
     /// Damages nothing; finds the committed payload under `key` for fault injection.

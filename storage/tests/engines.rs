@@ -15,7 +15,7 @@ use gpucache_dataplane::rng::SplitMix64;
 use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
 use gpucache_storage::file::engine::psync::PsyncEngine;
 use gpucache_storage::file::engine::uring::{SLOT_BYTES, UringEngine};
-use gpucache_storage::file::engine::{DIRECT_ALIGN, EngineConfig, IoEngine, Staging};
+use gpucache_storage::file::engine::{BatchRead, DIRECT_ALIGN, EngineConfig, IoEngine, Staging};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -284,6 +284,213 @@ fn failed_chunks_retire_and_the_ring_stays_usable() {
     assert!(back == pattern(4096, 1));
     let psync_err = PsyncEngine.write_all_at(&read_only, 0, &[1]).unwrap_err();
     assert_eq!(psync_err.raw_os_error(), Some(libc::EBADF));
+}
+
+/// Files `f0..fN` of `len` bytes each (distinct content), opened for reading and writing.
+fn batch_files(dir: &TempDir, n: usize, len: usize) -> (Vec<File>, Vec<Vec<u8>>) {
+    (0..n)
+        .map(|i| {
+            let f = open_rw(&dir.path(&format!("f{i}")));
+            let data = pattern(len, 100 + i as u64);
+            f.write_all_at(&data, 0).expect("write");
+            (f, data)
+        })
+        .unzip()
+}
+
+#[test]
+fn batch_reads_answer_per_request_on_every_engine() {
+    let dir = TempDir::new("batch");
+    let (files, data) = batch_files(&dir, 12, 20_000);
+    for engine in engines() {
+        let name = engine.name();
+        let mut bufs: Vec<Vec<u8>> = (0..files.len() + 3).map(|_| vec![0xEE; 5000]).collect();
+        let mut want: Vec<Option<ErrorKind>> = Vec::new();
+        let mut reads: Vec<BatchRead<'_>> = Vec::new();
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let (file, offset, fails) = match i {
+                // Past the end of its file: only this request fails.
+                3 => (&files[3], 18_000, Some(ErrorKind::UnexpectedEof)),
+                // An offset whose end overflows.
+                7 => (&files[7], u64::MAX - 10, Some(ErrorKind::InvalidInput)),
+                // Empty reads succeed wherever they point.
+                i if i >= files.len() => (&files[0], 1 << 40, None),
+                i => (&files[i], 1000 + i as u64, None),
+            };
+            let buf: &mut [u8] = if i >= files.len() { &mut buf[..0] } else { buf };
+            want.push(fails);
+            reads.push(BatchRead { file, offset, buf });
+        }
+        let results = engine.read_batch(&mut reads);
+        assert_eq!(results.len(), reads.len(), "{name}");
+        let kinds: Vec<Option<ErrorKind>> =
+            results.iter().map(|r| r.as_ref().err().map(io::Error::kind)).collect();
+        assert_eq!(kinds, want, "{name}");
+        drop(reads);
+        for (i, buf) in bufs.iter().enumerate().take(files.len()) {
+            if want[i].is_none() {
+                let at = 1000 + i;
+                assert!(buf[..] == data[i][at..at + 5000], "{name}: request {i} got other bytes");
+            }
+        }
+    }
+}
+
+#[test]
+fn uring_batch_keeps_many_requests_in_flight() {
+    let Some(engine) = uring() else { return };
+    let dir = TempDir::new("batch-depth");
+    // Requests of one chunk each: a single read has one SQE in flight, a batch up to the depth.
+    let (files, data) = batch_files(&dir, 20, 16 << 10);
+    let mut buf = vec![0u8; 16 << 10];
+    for f in &files {
+        engine.read_exact_at(f, 0, &mut buf).expect("read");
+    }
+    assert_eq!(engine.max_in_flight(), 1, "one-chunk reads one by one");
+    let mut bufs: Vec<Vec<u8>> = files.iter().map(|_| vec![0u8; 16 << 10]).collect();
+    let mut reads: Vec<BatchRead<'_>> = files
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(file, buf)| BatchRead { file, offset: 0, buf })
+        .collect();
+    let results = engine.read_batch(&mut reads);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(
+        engine.max_in_flight(),
+        small_config().queue_depth,
+        "a batch of {} reads fills the queue",
+        files.len()
+    );
+    drop(reads);
+    assert_eq!(bufs, data);
+    engine.reset_max_in_flight();
+    assert_eq!(engine.max_in_flight(), 0);
+}
+
+#[test]
+fn uring_o_direct_batch_reads_into_slot_pieces_and_owned_buffers() {
+    let Some(engine) = uring() else { return };
+    let dir = TempDir::new("batch-direct");
+    let Some(file) = open_direct(&dir.path("d")) else { return };
+    let len = 64 << 10;
+    let data = pattern(4 * len, 7);
+    let mut staging = engine.staging(data.len()).expect("staging");
+    assert!(matches!(staging, Staging::Registered(_)));
+    staging[..data.len()].copy_from_slice(&data);
+    engine.write_all_at(&file, 0, &staging[..data.len()]).expect("write");
+    staging.fill(0);
+    let (a, rest) = staging.split_at_mut(len);
+    let (b, rest) = rest.split_at_mut(len);
+    let mut owned = gpucache_storage::file::engine::AlignedBuf::zeroed(len).expect("aligned");
+    let mut reads = vec![
+        BatchRead { file: &file, offset: 3 * len as u64, buf: a },
+        BatchRead { file: &file, offset: 0, buf: b },
+        BatchRead { file: &file, offset: len as u64, buf: &mut owned[..] },
+        // Misaligned under O_DIRECT: the kernel refuses this one only.
+        BatchRead { file: &file, offset: 100, buf: &mut rest[..len] },
+    ];
+    let results = engine.read_batch(&mut reads);
+    drop(reads);
+    assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(results[3].as_ref().err().and_then(io::Error::raw_os_error), Some(libc::EINVAL));
+    assert!(staging[..len] == data[3 * len..], "registered slot, first piece");
+    assert!(staging[len..2 * len] == data[..len], "registered slot, second piece");
+    assert!(owned[..] == data[len..2 * len], "unregistered buffer");
+}
+
+#[test]
+fn finished_reads_are_handed_over_once_each() {
+    let dir = TempDir::new("batch-then");
+    let (files, data) = batch_files(&dir, 10, 300_000);
+    let mut all: Vec<Box<dyn IoEngine>> = engines();
+    all.push(Box::new(FaultyEngine::new(
+        PsyncEngine,
+        FaultConfig { read_eio: 0.5, ..FaultConfig::none(3) },
+    )));
+    for engine in all {
+        let name = engine.name();
+        let mut bufs: Vec<Vec<u8>> = files.iter().map(|_| vec![0u8; 200_000]).collect();
+        let mut reads: Vec<BatchRead<'_>> = files
+            .iter()
+            .zip(bufs.iter_mut())
+            .enumerate()
+            // Request 4 runs past the end of its file.
+            .map(|(i, (file, buf))| BatchRead {
+                file,
+                offset: if i == 4 { 200_000 } else { 7 },
+                buf,
+            })
+            .collect();
+        let mut seen: Vec<usize> = Vec::new();
+        let results = engine.read_batch_then(&mut reads, &mut |i, buf| {
+            // The buffer is complete when it is handed over.
+            assert!(buf[..] == data[i][7..200_007], "{name}: request {i} handed over early");
+            seen.push(i);
+        });
+        drop(reads);
+        let ok: Vec<usize> = (0..files.len()).filter(|i| results[*i].is_ok()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, ok, "{name}: handed over what succeeded, once each");
+        assert!(results[4].is_err(), "{name}");
+    }
+}
+
+#[test]
+fn a_panicking_handler_is_rethrown_after_the_batch_is_reaped() {
+    let Some(engine) = uring() else { return };
+    let dir = TempDir::new("batch-panic");
+    let (files, data) = batch_files(&dir, 24, 64 << 10);
+    let mut bufs: Vec<Vec<u8>> = files.iter().map(|_| vec![0u8; 64 << 10]).collect();
+    let mut handed = 0;
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut reads: Vec<BatchRead<'_>> = files
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(file, buf)| BatchRead { file, offset: 0, buf })
+            .collect();
+        engine.read_batch_then(&mut reads, &mut |_, _| {
+            handed += 1;
+            panic!("handler fails");
+        })
+    }));
+    assert!(caught.is_err(), "the handler's panic was swallowed");
+    assert_eq!(handed, 1, "the handler ran again after it panicked");
+    // The ring that saw the panic is not reused; the engine goes on with another.
+    let mut buf = vec![0u8; 64 << 10];
+    engine.read_exact_at(&files[3], 0, &mut buf).expect("read after the panic");
+    assert!(buf == data[3]);
+}
+
+#[test]
+fn faulty_batch_draws_what_reads_one_by_one_draw() {
+    let dir = TempDir::new("batch-faulty");
+    let (files, _) = batch_files(&dir, 16, 4096);
+    let mut injected = 0;
+    for seed in 0..20u64 {
+        let config = FaultConfig { read_eio: 0.3, read_bit_flip: 0.3, ..FaultConfig::none(seed) };
+        let one = FaultyEngine::new(PsyncEngine, config);
+        let batched = FaultyEngine::new(PsyncEngine, config);
+        let mut single: Vec<(Option<i32>, Vec<u8>)> = Vec::new();
+        for f in &files {
+            let mut buf = vec![0u8; 4096];
+            let r = one.read_exact_at(f, 0, &mut buf);
+            single.push((r.err().and_then(|e| e.raw_os_error()), buf));
+        }
+        let mut bufs: Vec<Vec<u8>> = files.iter().map(|_| vec![0u8; 4096]).collect();
+        let mut reads: Vec<BatchRead<'_>> = files
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(file, buf)| BatchRead { file, offset: 0, buf })
+            .collect();
+        let results = batched.read_batch(&mut reads);
+        drop(reads);
+        let together: Vec<(Option<i32>, Vec<u8>)> =
+            results.into_iter().map(|r| r.err().and_then(|e| e.raw_os_error())).zip(bufs).collect();
+        assert_eq!(together, single, "seed {seed}");
+        assert_eq!(batched.counts(), one.counts(), "seed {seed}");
+        injected += one.counts().total();
+    }
+    assert!(injected > 0, "no fault was injected: the comparison proved nothing");
 }
 
 #[test]

@@ -9,11 +9,15 @@
 pub mod engine;
 mod fsck;
 pub mod layout;
+mod open_files;
+mod reads;
+mod removals;
 mod sync;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::num::NonZeroUsize;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,15 +31,28 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Implementation,
-    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
+    Abort, BatchAnswers, BatchGet, Committed, CorruptDrops, CorruptPhase, CorruptReason,
+    FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve,
+    Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
 };
 
 use crate::catalog::{Catalog, Restored};
 use engine::{EngineChoice, EngineConfig, IoEngine};
 pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
+use open_files::OpenFiles;
+pub use open_files::OpenFilesStats;
+
+/// Most blocks of a batch read pinned and read together; a longer batch runs in several windows.
+pub const BATCH_WINDOW_ITEMS: usize = 256;
+
+/// Most payload bytes of a batch read pinned and read together (the window closes once they
+/// are reached).
+pub const BATCH_WINDOW_BYTES: u64 = 64 << 20;
+
+/// Default for [`FileStoreConfig::open_files_max`]: block files kept open for reads. Well under
+/// the usual descriptor limit of a process, with room for a server's sockets.
+pub const OPEN_FILES_MAX: usize = 256;
 
 /// When a PUT's bytes and metadata count as durable, and so when it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +81,8 @@ pub struct FileStoreConfig {
     pub limits: ResourceLimits,
     /// How long a commit waits for a group flush before it is abandoned.
     pub group_commit_deadline_ms: u64,
+    /// Most block files kept open for reads (least recently used go first); at least 1.
+    pub open_files_max: usize,
 }
 
 impl FileStoreConfig {
@@ -76,6 +95,7 @@ impl FileStoreConfig {
             durability: Durability::PerBlock,
             limits: ResourceLimits::default(),
             group_commit_deadline_ms: 10_000,
+            open_files_max: OPEN_FILES_MAX,
         }
     }
 
@@ -106,6 +126,8 @@ pub enum FileStoreError {
     Limits(#[from] LimitsError),
     #[error("I/O engine unavailable: {0}")]
     Engine(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> FileStoreError + '_ {
@@ -133,9 +155,10 @@ pub struct OpenReport {
 enum FilePayload {
     /// Being written through `Store::write`: bytes held until commit.
     Staged(Vec<u8>),
-    /// Committed: the file and the payload's offset in it. `removing` while an invalidation
-    /// is unlinking the file (the block stays readable until the removal is durable).
-    Stored { path: PathBuf, header_len: u64, removing: bool },
+    /// Committed: the block's region (which names its kept descriptor), the file and the
+    /// payload's offset in it. `removing` while an invalidation is unlinking the file (the
+    /// block stays readable until the removal is durable).
+    Stored { region: RegionId, path: PathBuf, header_len: u64, removing: bool },
 }
 
 /// Persists the epoch in the store record before it takes effect, so that a restart never
@@ -247,6 +270,8 @@ pub struct FileStore {
     clock: Arc<dyn Clock>,
     group: sync::GroupSync,
     report: OpenReport,
+    /// Block files kept open for reads, by region.
+    files: OpenFiles,
     /// Which `blocks/<xx>` directories are known to exist (created on first use).
     subdirs: [AtomicBool; 256],
     _lock: File,
@@ -262,6 +287,8 @@ impl FileStore {
     ) -> Result<Self, FileStoreError> {
         let started = Instant::now();
         config.limits.validate()?;
+        let open_files_max = NonZeroUsize::new(config.open_files_max)
+            .ok_or_else(|| FileStoreError::Config("open_files_max must be at least 1".into()))?;
         let watched = engine::Watched::new(engine);
         let io_watch = watched.watch();
         let engine: Arc<dyn IoEngine> = Arc::new(watched);
@@ -325,13 +352,20 @@ impl FileStore {
                 checksum: header.checksum,
                 seq: header.seq,
                 payload: FilePayload::Stored {
+                    // The catalog names the region; set right below.
+                    region: RegionId(0),
                     path,
                     header_len: header.header_len,
                     removing: false,
                 },
             };
             match catalog.restore(restored) {
-                Ok(()) => {
+                Ok(id) => {
+                    if let Some(FilePayload::Stored { region, .. }) =
+                        catalog.entry_mut(id).map(|b| &mut b.payload)
+                    {
+                        *region = id;
+                    }
                     report.loaded += 1;
                     report.loaded_bytes += len;
                 }
@@ -361,6 +395,7 @@ impl FileStore {
             clock,
             group,
             report,
+            files: OpenFiles::new(open_files_max),
             subdirs: std::array::from_fn(|_| AtomicBool::new(false)),
             _lock: lock,
         })
@@ -387,6 +422,27 @@ impl FileStore {
         &self.root
     }
 
+    /// The block files kept open for reads: how many, the limit, and how often they served.
+    pub fn open_files(&self) -> OpenFilesStats {
+        self.files.stats()
+    }
+
+    /// Where the committed block under exactly `key` keeps its payload: its file and the
+    /// payload's offset in that file (for tools that read the store's own files, such as the
+    /// benchmark's fio runs). `None` when no committed block is there.
+    pub fn block_location(&self, key: &PhysicalKey) -> Option<(PathBuf, u64)> {
+        let catalog = self.lock();
+        let b = catalog.entry(catalog.find_exact(key)?)?;
+        match &b.payload {
+            FilePayload::Stored { path, header_len, .. }
+                if b.life.state() == gpucache_dataplane::BlockState::Committed =>
+            {
+                Some((path.clone(), *header_len))
+            }
+            _ => None,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Catalog<FilePayload>> {
         match self.catalog.lock() {
             Ok(guard) => guard,
@@ -394,13 +450,10 @@ impl FileStore {
         }
     }
 
-    fn open_file(&self, path: &Path, write: bool) -> io::Result<File> {
+    /// Creates a new block file to write (reads go through [`Self::files`]).
+    fn create_file(&self, path: &Path) -> io::Result<File> {
         let mut o = OpenOptions::new();
-        if write {
-            o.write(true).create_new(true);
-        } else {
-            o.read(true);
-        }
+        o.write(true).create_new(true);
         if self.direct_io {
             o.custom_flags(libc::O_DIRECT);
         }
@@ -409,7 +462,7 @@ impl FileStore {
 
     /// Writes a whole block file at `tmp`: header, payload, padding.
     fn write_block_file(&self, tmp: &Path, header: &[u8], payload: &[u8]) -> io::Result<File> {
-        let file = self.open_file(tmp, true)?;
+        let file = self.create_file(tmp)?;
         let header_len = header.len();
         let total = header_len + engine::round_up(payload.len(), engine::DIRECT_ALIGN);
         if self.direct_io {
@@ -501,7 +554,8 @@ impl FileStore {
                 match catalog.finish_commit_at(region, checksum, seq, now) {
                     Ok(c) => {
                         if let Some(b) = catalog.entry_mut(region) {
-                            b.payload = FilePayload::Stored { path, header_len, removing: false };
+                            b.payload =
+                                FilePayload::Stored { region, path, header_len, removing: false };
                         }
                         Ok(c)
                     }
@@ -515,7 +569,7 @@ impl FileStore {
             Err(e) => {
                 // The engine call returned, so it no longer touches the payload: retired.
                 let released = self.lock().fail_commit(region, Retirement::Retired);
-                dispose(released);
+                self.dispose(released);
                 // A failed commit leaves no file behind (`persist` removes both names).
                 let path = layout::block_path(&self.root, key, seq);
                 Err(StoreError::storage(
@@ -553,6 +607,18 @@ impl FileStore {
         }
         byte[0] = byte[0].wrapping_add(1);
         file.write_all_at(&byte, offset).is_ok()
+    }
+}
+
+impl FileStore {
+    /// Closes the kept descriptors of blocks that left the catalog and removes their files.
+    fn dispose(&self, released: Vec<FilePayload>) {
+        for p in &released {
+            if let FilePayload::Stored { region, .. } = p {
+                self.files.forget(*region);
+            }
+        }
+        dispose(released);
     }
 }
 
@@ -734,85 +800,35 @@ impl Store for FileStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        authorize(caller, key, Right::Read)?;
-        let (pin, path, header_len) = {
-            let mut catalog = self.lock();
-            let pin = match catalog.pin_read(key, dst.len())? {
-                Ok(pin) => pin,
-                Err(miss) => return Ok(Get::Miss(miss)),
-            };
-            match catalog.entry(pin.region).map(|b| &b.payload) {
-                Some(FilePayload::Stored { path, header_len, .. }) => {
-                    (pin, path.clone(), *header_len)
-                }
-                _ => {
-                    let released = catalog.unpin_read(pin.region, None);
-                    drop(catalog);
-                    dispose(released);
-                    return Ok(Get::Miss(MissReason::NotReadable(
-                        gpucache_dataplane::BlockState::Evicting,
-                    )));
-                }
-            }
-        };
-        let len = pin.len_bytes();
-        let read = self.read_payload(&path, header_len, &mut dst[..len]);
-        // `corrupt`: this read is a miss; `damage`: the block itself is damaged, and goes.
-        let (corrupt, damage, failure) = match read {
-            Ok(()) if pin.delivered_intact(&dst[..len]) => (false, None, None),
-            Ok(()) => {
-                // Confirmed on a private copy before the block is dropped: the caller's buffer
-                // may be memory another process can write (a shared segment), and a read can
-                // fail in transit without the file being damaged.
-                let mut own = vec![0u8; len];
-                let intact = self.read_payload(&path, header_len, &mut own).is_ok()
-                    && pin.delivered_intact(&own);
-                (true, (!intact).then_some(CorruptReason::Checksum), None)
-            }
-            // A short file is a truncated block, a missing one is gone: a miss, and the block
-            // goes.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                (true, Some(CorruptReason::Truncated), None)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                (true, Some(CorruptReason::Missing), None)
-            }
-            Err(e) => (false, None, Some(e)),
-        };
-        if corrupt || failure.is_some() {
-            dst[..len].fill(0);
+        self.get_one(caller, key, dst)
+    }
+
+    /// Pins a window of blocks under one lock, reads them with one engine batch (io_uring keeps
+    /// up to its queue depth in flight), settles them under one lock; see [`reads`].
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        self.get_many(caller, items)
+    }
+
+    // `put_batch` keeps the default, one `put` after another. Each PUT's answer depends on
+    // what the PUTs before it left committed: admission counts the bytes open reservations hold
+    // against the tenant's in-flight limit, eviction chooses among committed blocks only (an
+    // earlier item's block may be the oldest one by then), and a second PUT of a key or request
+    // id answers `AlreadyCommitted` only once the first has committed. Reserving a batch
+    // together and writing its files in flight would change those answers, and overlapping the
+    // fsync/rename/directory-sync steps of several blocks would need all of that first; exact
+    // per-key answers keep the PUTs in turn.
+
+    /// One catalog lock per [`BATCH_WINDOW_ITEMS`] keys (lookups change nothing, so any order
+    /// of them answers alike).
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        let mut answers = Vec::with_capacity(keys.len());
+        for window in keys.chunks(BATCH_WINDOW_ITEMS) {
+            let allowed: Vec<Result<(), StoreError>> =
+                window.iter().map(|k| authorize(caller, k, Right::Read)).collect();
+            let catalog = self.lock();
+            answers.extend(window.iter().zip(allowed).map(|(k, a)| a.map(|()| catalog.lookup(k))));
         }
-        let (released, removing) = {
-            let mut catalog = self.lock();
-            // A file an invalidation is unlinking right now is not damage: the read is a miss.
-            let removing = matches!(
-                catalog.entry(pin.region).map(|b| &b.payload),
-                Some(FilePayload::Stored { removing: true, .. })
-            );
-            (catalog.unpin_read(pin.region, damage.filter(|_| !removing)), removing)
-        };
-        dispose(released);
-        if let Some(reason) = damage.filter(|_| !removing) {
-            tracing::warn!(
-                path = %path.display(), reason = reason.name(),
-                "damaged block found by a read; dropped"
-            );
-        }
-        if let Some(e) = failure {
-            return Err(StoreError::storage(
-                "get",
-                "block read",
-                &path,
-                &e,
-                StorageEffect::Unchanged,
-            ));
-        }
-        if corrupt && removing {
-            return Ok(Get::Miss(MissReason::NotReadable(
-                gpucache_dataplane::BlockState::Evicting,
-            )));
-        }
-        Ok(pin.answer(corrupt))
+        answers
     }
 
     fn reserve(
@@ -826,7 +842,7 @@ impl Store for FileStore {
         let (answer, released) = self
             .lock()
             .reserve(caller, key, len, request, now, |_| Ok(FilePayload::Staged(Vec::new())))?;
-        dispose(released);
+        self.dispose(released);
         if let Reserve::Reserved(r) = &answer {
             // A full device is a refusal before any byte is written, not a failed commit.
             let needed =
@@ -841,7 +857,7 @@ impl Store for FileStore {
                     request: r.request,
                 };
                 let (_, released) = self.lock().abort(caller, r, Retirement::Retired)?;
-                dispose(released);
+                self.dispose(released);
                 return Ok(Reserve::Refused(gpucache_dataplane::limits::Refusal::DiskFull {
                     free_bytes,
                     requested: needed,
@@ -919,7 +935,7 @@ impl Store for FileStore {
         outcome: Retirement,
     ) -> Result<Abort, StoreError> {
         let (answer, released) = self.lock().abort(caller, r, outcome)?;
-        dispose(released);
+        self.dispose(released);
         Ok(answer)
     }
 
@@ -958,7 +974,7 @@ impl Store for FileStore {
                 _ => catalog.remove_committed(id),
             }
         };
-        dispose(released);
+        self.dispose(released);
         match removed {
             Ok(()) => Ok(Invalidate::Removed),
             Err(e) => {
@@ -968,6 +984,12 @@ impl Store for FileStore {
         }
     }
 
+    /// One lock to start a window of invalidations, every unlink, one sync per directory (or
+    /// one group flush), one lock to finish; see [`removals`].
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        self.invalidate_many(caller, keys)
+    }
+
     fn expire_leases(&self) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         self.lock().expire_leases(now)
@@ -975,7 +997,7 @@ impl Store for FileStore {
 
     fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
         let (answer, released) = self.lock().attest_drained(caller, region)?;
-        dispose(released);
+        self.dispose(released);
         Ok(answer)
     }
 
@@ -985,7 +1007,7 @@ impl Store for FileStore {
 
     fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
         let (n, released) = self.lock().reclaim_fenced(epoch)?;
-        dispose(released);
+        self.dispose(released);
         Ok(n)
     }
 
@@ -1010,33 +1032,29 @@ impl FileStore {
     /// (`None`, which survives a process crash only, as its commits do). A file already gone
     /// counts as unlinked.
     fn remove_durably(&self, path: &Path) -> Result<(), StoreError> {
-        const OP: &str = "invalidate";
-        match self.engine.remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(StoreError::storage(OP, "unlink", path, &e, StorageEffect::Unchanged));
-            }
-        }
-        let dir = path.parent().unwrap_or(&self.root);
-        let synced = match self.durability {
-            Durability::PerBlock => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
-            Durability::GroupCommit => self.group.barrier().map_err(|e| ("group flush", e)),
-            Durability::None => Ok(()),
-        };
-        synced
-            .map_err(|(step, e)| StoreError::storage(OP, step, dir, &e, StorageEffect::NotDurable))
+        self.unlink_block(path)?;
+        self.sync_removals(path.parent().unwrap_or(&self.root))
     }
 
-    fn read_payload(&self, path: &Path, header_len: u64, dst: &mut [u8]) -> io::Result<()> {
-        let file = self.open_file(path, false)?;
-        if self.direct_io {
+    /// Reads the payload of `region`'s block file (its kept descriptor, or `path` opened) into
+    /// `dst`; under O_DIRECT through aligned staging, unless `dst` is aligned for it already.
+    /// The caller holds a read pin on `region`.
+    fn read_payload(
+        &self,
+        region: RegionId,
+        path: &Path,
+        header_len: u64,
+        dst: &mut [u8],
+    ) -> io::Result<()> {
+        let file = self.files.get(region, path, self.direct_io)?;
+        if self.direct_io && !engine::direct_ready(dst) {
             let padded = engine::round_up(dst.len(), engine::DIRECT_ALIGN);
-            let mut staging = self.engine.staging(padded)?;
+            let mut staging = self.engine.staging_for_read(padded)?;
             self.engine.read_exact_at(&file, header_len, &mut staging[..padded])?;
             dst.copy_from_slice(&staging[..dst.len()]);
             Ok(())
         } else {
+            // Buffered, or a destination O_DIRECT can fill as it is: no staging, no copy.
             self.engine.read_exact_at(&file, header_len, dst)
         }
     }

@@ -41,7 +41,6 @@ impl Default for EngineConfig {
 
 /// A memory buffer aligned to [`DIRECT_ALIGN`], for O_DIRECT transfers.
 pub struct AlignedBuf {
-    /// The io_uring engine registers this memory with the kernel by its address.
     pub(super) ptr: std::ptr::NonNull<u8>,
     len: usize,
     layout: std::alloc::Layout,
@@ -105,6 +104,20 @@ pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
+/// Whether an O_DIRECT transfer can use `buf` as it is: its address and length are multiples
+/// of [`DIRECT_ALIGN`] (so nothing has to be padded or staged).
+pub fn direct_ready(buf: &[u8]) -> bool {
+    buf.as_ptr().addr().is_multiple_of(DIRECT_ALIGN) && buf.len().is_multiple_of(DIRECT_ALIGN)
+}
+
+/// One read of an [`IoEngine::read_batch`]: fill all of `buf` from `offset` of `file`.
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    pub file: &'a File,
+    pub offset: u64,
+    pub buf: &'a mut [u8],
+}
+
 /// Moves bytes between memory and files. Calls are synchronous to the caller: when one returns,
 /// with success or an error, the engine has stopped touching the caller's buffers.
 pub trait IoEngine: Send + Sync + fmt::Debug {
@@ -118,6 +131,38 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
 
     /// Fills `buf` from `offset`; end of file first is `UnexpectedEof`.
     fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// [`IoEngine::read_exact_at`] for each request, answered per request and in order: one
+    /// request's failure never fails another. An engine that can keep many requests in flight
+    /// at once does so (io_uring: up to its queue depth); the default reads one after another.
+    /// When the call returns the engine touches none of the requests' buffers any more, whatever
+    /// the answers.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        self.read_batch_then(reads, &mut |_, _| {})
+    }
+
+    /// [`IoEngine::read_batch`], handing each request that succeeded to `done` (its index and
+    /// its filled buffer) once, as soon as the engine is done with that buffer: io_uring does
+    /// so while the batch's other reads are still in flight, so that the caller's work on one
+    /// block overlaps the reading of the next. The default reads one after another and hands
+    /// each over after its read.
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        reads
+            .iter_mut()
+            .enumerate()
+            .map(|(i, r)| {
+                let result = self.read_exact_at(r.file, r.offset, r.buf);
+                if result.is_ok() {
+                    done(i, r.buf);
+                }
+                result
+            })
+            .collect()
+    }
 
     /// Makes a file's data and metadata durable (fsync).
     fn sync(&self, file: &File) -> io::Result<()>;
@@ -138,6 +183,13 @@ pub trait IoEngine: Send + Sync + fmt::Debug {
     fn staging(&self, len: usize) -> io::Result<Staging> {
         Ok(Staging::Owned(AlignedBuf::zeroed(len)?))
     }
+
+    /// [`IoEngine::staging`] for a read that fills every byte of the buffer before any is
+    /// used: its bytes may be whatever its last user left (saving a pass over the memory).
+    /// The default hands out what [`IoEngine::staging`] does.
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        self.staging(len)
+    }
 }
 
 /// A shared engine is an engine (so test wrappers can wrap what [`build`] returns).
@@ -151,6 +203,16 @@ impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
     fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         (**self).read_exact_at(file, offset, buf)
     }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        (**self).read_batch(reads)
+    }
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        (**self).read_batch_then(reads, done)
+    }
     fn sync(&self, file: &File) -> io::Result<()> {
         (**self).sync(file)
     }
@@ -162,6 +224,9 @@ impl<E: IoEngine + ?Sized> IoEngine for Arc<E> {
     }
     fn staging(&self, len: usize) -> io::Result<Staging> {
         (**self).staging(len)
+    }
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        (**self).staging_for_read(len)
     }
 }
 

@@ -24,8 +24,12 @@
 //! [`DIRECT_ALIGN`], i.e. tearing happens at sector granularity and the prefix write stays valid.
 //!
 //! A read takes one draw against EIO then bit flip: EIO fails without reading; a bit flip reads,
-//! then inverts one random bit of the buffer and returns `Ok`. A sync takes one draw: a dropped
-//! sync returns `Ok` without syncing.
+//! then inverts one random bit of the buffer and returns `Ok`. A batch read takes the draws of
+//! its requests in request order (exactly those of the same reads made one by one), in one
+//! critical section, then hands the requests that drew no EIO to the inner engine's batch read
+//! together, and flips a request's bit as soon as the inner engine has read it (before the
+//! caller sees it). A sync takes one draw: a dropped sync returns `Ok`
+//! without syncing.
 //!
 //! Namespace faults are switches, not draws: [`FaultyEngine::fail_unlinks`] makes every
 //! `remove_file` fail with a chosen errno (removing nothing), and [`FaultyEngine::fail_dir_syncs`]
@@ -64,7 +68,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use gpucache_dataplane::rng::SplitMix64;
 
-use super::contract::{AlignedBuf, DIRECT_ALIGN, IoEngine, Staging};
+use super::contract::{AlignedBuf, BatchRead, DIRECT_ALIGN, IoEngine, Staging};
 
 /// Most files whose unsynced ranges are tracked at once.
 pub const TRACKED_FILES_MAX: usize = 256;
@@ -366,8 +370,11 @@ impl<E: IoEngine> FaultyEngine<E> {
         if !self.is_enabled() {
             return None;
         }
+        self.draw_read_locked(&mut self.lock(), len)
+    }
+
+    fn draw_read_locked(&self, state: &mut State, len: usize) -> Option<ReadFault> {
         let c = &self.config;
-        let mut state = self.lock();
         let u = state.rng.unit();
         if u < c.read_eio {
             state.counts.read_eio += 1;
@@ -497,14 +504,68 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
             Some(ReadFault::Eio) => Err(io::Error::from_raw_os_error(libc::EIO)),
             Some(ReadFault::BitFlip(bit)) => {
                 self.inner.read_exact_at(file, offset, buf)?;
-                let byte = usize::try_from(bit / 8).unwrap_or(usize::MAX);
-                let shift = u32::try_from(bit % 8).unwrap_or(0);
-                if let Some(b) = buf.get_mut(byte) {
-                    *b ^= 1u8 << shift;
-                }
+                flip(buf, bit);
                 Ok(())
             }
         }
+    }
+
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        // The draws of the same reads made one by one (none for an empty buffer or while
+        // paused), taken together.
+        let faults: Vec<Option<ReadFault>> = if self.is_enabled() {
+            let mut state = self.lock();
+            reads
+                .iter()
+                .map(|r| {
+                    if r.buf.is_empty() {
+                        None
+                    } else {
+                        self.draw_read_locked(&mut state, r.buf.len())
+                    }
+                })
+                .collect()
+        } else {
+            reads.iter().map(|_| None).collect()
+        };
+        let mut results: Vec<Option<io::Result<()>>> = reads.iter().map(|_| None).collect();
+        let mut passed = Vec::with_capacity(reads.len());
+        let mut indices = Vec::with_capacity(reads.len());
+        for (i, (r, fault)) in reads.iter_mut().zip(&faults).enumerate() {
+            match fault {
+                Some(ReadFault::Eio) => {
+                    results[i] = Some(Err(io::Error::from_raw_os_error(libc::EIO)));
+                }
+                _ => {
+                    passed.push(BatchRead { file: r.file, offset: r.offset, buf: &mut *r.buf });
+                    indices.push(i);
+                }
+            }
+        }
+        // A flipped bit is flipped before the caller sees the buffer.
+        let mut flip_then = |j: usize, buf: &mut [u8]| {
+            let Some(&i) = indices.get(j) else { return };
+            if let Some(Some(ReadFault::BitFlip(bit))) = faults.get(i) {
+                flip(buf, *bit);
+            }
+            done(i, buf);
+        };
+        let inner = self.inner.read_batch_then(&mut passed, &mut flip_then);
+        for (&i, result) in indices.iter().zip(inner) {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(io::Error::other("faulty engine: the inner engine left a read unanswered"))
+                })
+            })
+            .collect()
     }
 
     fn sync(&self, file: &File) -> io::Result<()> {
@@ -552,6 +613,10 @@ impl<E: IoEngine> IoEngine for FaultyEngine<E> {
     fn staging(&self, len: usize) -> io::Result<Staging> {
         self.inner.staging(len)
     }
+
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        self.inner.staging_for_read(len)
+    }
 }
 
 impl<E: IoEngine> fmt::Debug for FaultyEngine<E> {
@@ -567,6 +632,15 @@ impl<E: IoEngine> fmt::Debug for FaultyEngine<E> {
 
 fn wide(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// Inverts bit `bit` of `buf` (nothing when it lies past the end).
+fn flip(buf: &mut [u8], bit: u64) {
+    let byte = usize::try_from(bit / 8).unwrap_or(usize::MAX);
+    let shift = u32::try_from(bit % 8).unwrap_or(0);
+    if let Some(b) = buf.get_mut(byte) {
+        *b ^= 1u8 << shift;
+    }
 }
 
 fn file_key(file: &File) -> io::Result<(u64, u64)> {

@@ -4,7 +4,9 @@
 //! Engines move bytes between memory and an open file; they know nothing about blocks, keys or
 //! durability policy. Every call either completes entirely or returns an error after which the
 //! engine no longer touches the caller's memory (engines are synchronous to their caller, so a
-//! returned call is a retired call).
+//! returned call is a retired call). A batch call ([`IoEngine::read_batch`]) answers per
+//! request, and the same holds for it as a whole: when it returns, with whatever answers, the
+//! engine touches none of its requests' buffers any more.
 
 mod contract;
 pub mod faulty;
@@ -17,8 +19,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use contract::{
-    AlignedBuf, BufferPool, DIRECT_ALIGN, EngineChoice, EngineConfig, IoEngine,
-    POOLED_STAGING_BYTES_MAX, PooledBuf, RegisteredSlot, Staging, round_up,
+    AlignedBuf, BatchRead, BufferPool, DIRECT_ALIGN, EngineChoice, EngineConfig, IoEngine,
+    POOLED_STAGING_BYTES_MAX, PooledBuf, RegisteredSlot, Staging, direct_ready, round_up,
 };
 
 /// Builds the engine `choice` asks for. `Auto` probes io_uring once and falls back to psync,
@@ -118,6 +120,24 @@ impl IoEngine for Watched {
         self.watch.record(&r);
         r
     }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
+        let results = self.inner.read_batch(reads);
+        for r in &results {
+            self.watch.record(r);
+        }
+        results
+    }
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        let results = self.inner.read_batch_then(reads, done);
+        for r in &results {
+            self.watch.record(r);
+        }
+        results
+    }
     fn sync(&self, file: &File) -> io::Result<()> {
         let r = self.inner.sync(file);
         self.watch.record(&r);
@@ -135,6 +155,11 @@ impl IoEngine for Watched {
     }
     fn staging(&self, len: usize) -> io::Result<Staging> {
         let r = self.inner.staging(len);
+        self.watch.record(&r);
+        r
+    }
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
+        let r = self.inner.staging_for_read(len);
         self.watch.record(&r);
         r
     }

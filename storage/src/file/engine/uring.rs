@@ -4,19 +4,24 @@
 //! # Calls and rings
 //!
 //! A call takes a ring from the pool (creating one lazily, up to [`RINGS_MAX`]; waiting at most
-//! [`RING_WAIT`] for one to come back, then `TimedOut`), splits the transfer into chunks of
-//! `chunk_bytes`, keeps at most `queue_depth` of them in flight, and reaps completions until every
-//! chunk is done. A short completion resubmits the rest of its chunk. Each SQE's `user_data` holds
-//! the chunk index in its high 32 bits and the bytes of that chunk already done in its low 32 bits,
-//! so a completion says exactly which range it covered.
+//! [`RING_WAIT`] for one to come back, then `TimedOut`), splits every request of the call (one
+//! for `read_exact_at`/`write_all_at`, many for [`IoEngine::read_batch`]) into chunks of
+//! `chunk_bytes`, keeps at most `queue_depth` chunks in flight over all requests together, and
+//! reaps completions until every chunk is done. Chunks are queued in request order, so a batch
+//! of small reads has up to `queue_depth` of its requests in flight at once. A short completion
+//! resubmits the rest of its chunk. Each SQE's `user_data` holds the chunk's index in the call
+//! in its high 32 bits and the bytes of that chunk already done in its low 32 bits, so a
+//! completion says exactly which range of which request it covered.
+//! [`UringEngine::max_in_flight`] records the deepest a call went.
 //!
 //! # Retirement
 //!
-//! A call never returns while the kernel may still touch the caller's memory:
+//! A call never returns while the kernel may still touch the memory of any of its requests:
 //!
-//! * When a chunk fails, no new SQE is queued, but the call keeps reaping until every SQE it
-//!   submitted has completed, and only then returns the first error. The ring is healthy
-//!   afterwards and goes back to the pool.
+//! * When a chunk fails, that request fails: none of its chunks is queued any more, while the
+//!   other requests go on. The call keeps reaping until every SQE it submitted has completed,
+//!   and only then returns the answers, each request with its own first error. The ring is
+//!   healthy afterwards and goes back to the pool.
 //! * When `io_uring_enter` itself fails with an error that is not transient (not `EINTR`,
 //!   `EAGAIN` or `EBUSY`), the ring is treated as broken. SQEs still sitting in the submission
 //!   queue were never consumed by the kernel; nothing enters this ring again (no SQPOLL), so they
@@ -24,7 +29,13 @@
 //!   `io_uring_enter(GETEVENTS)` and, should that fail too, by polling the completion queue with
 //!   short sleeps, which lets the kernel run completion task work on the way back to user space),
 //!   logging every [`RETIRE_LOG_EVERY`] while it waits. Only then is the ring dropped (never
-//!   returned to the pool) and the error returned.
+//!   returned to the pool) and the call answers: requests that had finished before the failure
+//!   succeed, every other one fails with the ring's error.
+//!
+//! The call waits rather than cancels: a cancelled request still posts a completion that has to
+//! be reaped before its memory is free, a regular-file read or write already handed to the block
+//! layer is not cancellable anyway, and a ring whose `io_uring_enter` fails cannot be relied on
+//! to take the cancel requests either.
 //!
 //! We deliberately rely on nothing from closing a ring: closing the io_uring fd starts an
 //! asynchronous teardown in the kernel (cancel what can be cancelled, wait for the rest from a
@@ -36,7 +47,9 @@
 //! One [`AlignedBuf`] of `staging_bytes` rounded down to whole slots of [`SLOT_BYTES`] (at most
 //! [`ARENA_BYTES_MAX`], the kernel's limit for one registered buffer) is registered with every ring
 //! as fixed buffer 0. [`IoEngine::staging`] hands out one slot at a time, zeroed like an owned
-//! buffer; the slot goes back to the free list when dropped and keeps the arena alive meanwhile.
+//! buffer ([`IoEngine::staging_for_read`] leaves what the slot's last user wrote, for a read that
+//! overwrites it all); the slot goes back to the free list when dropped and keeps the arena
+//! alive meanwhile.
 //! Transfers whose memory lies inside the arena use `ReadFixed`/`WriteFixed`; others use plain
 //! `Read`/`Write`. If registering the arena with a ring fails (for example `RLIMIT_MEMLOCK`), that
 //! ring uses plain opcodes for everything and the slots are still handed out as aligned memory.
@@ -45,13 +58,14 @@ use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use io_uring::{EnterFlags, IoUring, Probe, opcode, squeue, types};
 
 use super::contract::{
-    AlignedBuf, DIRECT_ALIGN, EngineConfig, IoEngine, RegisteredSlot, Staging, round_up,
+    AlignedBuf, BatchRead, DIRECT_ALIGN, EngineConfig, IoEngine, RegisteredSlot, Staging, round_up,
 };
 
 /// Most rings one engine keeps; calls beyond this many at once wait for a ring.
@@ -95,6 +109,8 @@ pub struct UringEngine {
     depth: u32,
     chunk: usize,
     config: EngineConfig,
+    /// See [`UringEngine::max_in_flight`].
+    max_in_flight: AtomicU32,
 }
 
 impl UringEngine {
@@ -139,7 +155,14 @@ impl UringEngine {
         let first = Ring::adopt(probe_ring, arena.as_deref());
 
         let rings = rings.clamp(1, RINGS_MAX);
-        Ok(Self { pool: Pool::new(first, rings, wait), arena, depth, chunk, config })
+        Ok(Self {
+            pool: Pool::new(first, rings, wait),
+            arena,
+            depth,
+            chunk,
+            config,
+            max_in_flight: AtomicU32::new(0),
+        })
     }
 
     /// The configuration the engine was built with (before clamping).
@@ -169,47 +192,63 @@ impl UringEngine {
         self.pool.take(|| self.open_ring())
     }
 
-    /// Moves `len` bytes between `base` and `file` at `offset`. `base..base + len` must stay valid
-    /// (and, for reads, exclusively borrowed) for the whole call.
+    /// Moves bytes between memory and files for every request (all reads or all writes),
+    /// keeping up to `queue_depth` chunks in flight over all of them, and answers per request,
+    /// in order. Each request's `base..base + len` must stay valid (and, for reads, exclusively
+    /// borrowed and disjoint from the others) for the whole call.
     fn transfer(
         &self,
-        file: &File,
-        offset: u64,
-        base: *mut u8,
-        len: usize,
+        requests: &[Request<'_>],
         write: bool,
-    ) -> io::Result<()> {
-        if len == 0 {
-            return Ok(());
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        let mut plan = Plan::new(requests, self.chunk, self.depth, write);
+        if !plan.has_work() {
+            return plan.into_results();
         }
-        let chunks = u32::try_from(len.div_ceil(self.chunk)).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "transfer too large for one call")
-        })?;
-        if offset.checked_add(wide(len)).is_none() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "offset + length overflows"));
-        }
-        let mut lease = self.take()?;
-        let ring = lease.ring_mut()?;
-        let fixed = ring.fixed && self.arena.as_ref().is_some_and(|a| a.contains(base, len));
-        let plan = Plan {
-            fd: types::Fd(file.as_raw_fd()),
-            offset,
-            base,
-            len,
-            chunk: self.chunk,
-            chunks,
-            depth: self.depth,
-            write,
-            fixed,
-        };
-        match plan.run(&mut ring.ring) {
-            Ok(()) => Ok(()),
-            Err(Failure::Io(e)) => Err(e),
-            Err(Failure::Ring(e)) => {
-                lease.discard();
-                Err(e)
+        let mut lease = match self.take() {
+            Ok(lease) => lease,
+            Err(e) => {
+                plan.fail_all(&e);
+                return plan.into_results();
             }
+        };
+        let ring = match lease.ring_mut() {
+            Ok(ring) => ring,
+            Err(e) => {
+                plan.fail_all(&e);
+                return plan.into_results();
+            }
+        };
+        if ring.fixed {
+            plan.use_fixed(self.arena.as_deref());
         }
+        let outcome = plan.run(&mut ring.ring, done);
+        self.max_in_flight.fetch_max(plan.high_water, Ordering::Relaxed);
+        if outcome.is_err() {
+            // Every unfinished request carries the ring's error; the ring is not reused.
+            lease.discard();
+        }
+        plan.into_results()
+    }
+
+    /// One request's transfer.
+    fn transfer_one(&self, request: Request<'_>, write: bool) -> io::Result<()> {
+        self.transfer(&[request], write, &mut |_, _| {})
+            .pop()
+            .unwrap_or_else(|| Err(io::Error::other("io_uring engine: no answer for a request")))
+    }
+
+    /// Most SQEs one call has had in flight at once since the engine was built (or since
+    /// [`UringEngine::reset_max_in_flight`]): above 1 only when a call had several chunks or
+    /// several requests of a batch submitted before it reaped the first completion.
+    pub fn max_in_flight(&self) -> u32 {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Starts [`UringEngine::max_in_flight`] over from 0.
+    pub fn reset_max_in_flight(&self) {
+        self.max_in_flight.store(0, Ordering::Relaxed);
     }
 }
 
@@ -220,11 +259,30 @@ impl IoEngine for UringEngine {
 
     fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
         // The kernel only reads through this pointer (Write/WriteFixed).
-        self.transfer(file, offset, data.as_ptr().cast_mut(), data.len(), true)
+        let base = data.as_ptr().cast_mut();
+        self.transfer_one(Request { file, offset, base, len: data.len() }, true)
     }
 
     fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.transfer(file, offset, buf.as_mut_ptr(), buf.len(), false)
+        self.transfer_one(Request { file, offset, base: buf.as_mut_ptr(), len: buf.len() }, false)
+    }
+
+    fn read_batch_then(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Vec<io::Result<()>> {
+        // Each buffer is a distinct `&mut` borrow held for the whole call: disjoint and valid.
+        let requests: Vec<Request<'_>> = reads
+            .iter_mut()
+            .map(|r| Request {
+                file: r.file,
+                offset: r.offset,
+                base: r.buf.as_mut_ptr(),
+                len: r.buf.len(),
+            })
+            .collect();
+        self.transfer(&requests, false, done)
     }
 
     fn sync(&self, file: &File) -> io::Result<()> {
@@ -241,13 +299,21 @@ impl IoEngine for UringEngine {
     }
 
     fn staging(&self, len: usize) -> io::Result<Staging> {
+        let mut staging = self.staging_for_read(len)?;
+        if let Staging::Registered(slot) = &mut staging {
+            slot.bytes_mut().fill(0);
+        }
+        Ok(staging)
+    }
+
+    /// A registered slot as its last user left it (an owned buffer, zeroed, when none is free).
+    fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
         let want = round_up(len.max(1), DIRECT_ALIGN);
         if let Some(arena) = &self.arena
             && want <= SLOT_BYTES
             && let Some(index) = lock(&arena.free).pop()
         {
-            let mut slot = ArenaSlot { arena: Arc::clone(arena), index, len: want };
-            slot.bytes_mut().fill(0);
+            let slot = ArenaSlot { arena: Arc::clone(arena), index, len: want };
             return Ok(Staging::Registered(Box::new(slot)));
         }
         Ok(Staging::Owned(AlignedBuf::zeroed(len)?))
@@ -290,74 +356,315 @@ enum Failure {
 
 const LOW_BITS: u64 = 0xffff_ffff;
 
-struct Plan {
+/// One request of a call: `len` bytes between `base` and `file` at `offset`.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    file: &'a File,
+    offset: u64,
+    base: *mut u8,
+    len: usize,
+}
+
+/// A request as the plan runs it, with its outcome so far.
+struct Segment {
     fd: types::Fd,
     offset: u64,
     base: *mut u8,
     len: usize,
-    chunk: usize,
-    chunks: u32,
+    /// The memory lies inside the registered arena (and the ring has it registered).
+    fixed: bool,
+    /// Chunks of this request not yet fully transferred.
+    left: u32,
+    /// The request's first error; no more of its chunks are queued once it is set.
+    error: Option<io::Error>,
+    /// A finished read was handed to the call's `done` (see [`Plan::run`]).
+    delivered: bool,
+}
+
+/// Bytes `start..end` of segment `segment`: what one SQE (or its resubmitted rest) moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    segment: u32,
+    start: usize,
+    end: usize,
+}
+
+/// Every chunk of every request of one call, and their progress. A token (an SQE's
+/// `user_data`) is the chunk's index in `spans` in its high 32 bits and the bytes of that chunk
+/// already done in its low 32 bits.
+struct Plan {
+    segments: Vec<Segment>,
+    spans: Vec<Span>,
     depth: u32,
     write: bool,
-    fixed: bool,
+    /// Most SQEs this call has had in flight at once.
+    high_water: u32,
+}
+
+/// What a completion left to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Completed {
+    /// The chunk was short: submit this token for its rest.
+    Rest(u64),
+    /// The last chunk of this request is done.
+    Finished(usize),
+}
+
+/// The same error again (an `io::Error` is not `Clone`): the OS code when there is one.
+fn copy_error(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
 }
 
 impl Plan {
-    /// The bytes `start..end` of the transfer that chunk `index` covers.
-    fn span(&self, index: u32) -> (usize, usize) {
-        let start = usize::try_from(index).unwrap_or(usize::MAX).saturating_mul(self.chunk);
-        (start, start.saturating_add(self.chunk).min(self.len))
+    /// Splits each request into chunks of `chunk` bytes. A request that cannot run (its range
+    /// overflows) starts failed; an empty one has no chunk and succeeds.
+    fn new(requests: &[Request<'_>], chunk: usize, depth: u32, write: bool) -> Self {
+        let mut segments = Vec::with_capacity(requests.len());
+        let mut spans = Vec::new();
+        for (index, r) in requests.iter().enumerate() {
+            let mut segment = Segment {
+                fd: types::Fd(r.file.as_raw_fd()),
+                offset: r.offset,
+                base: r.base,
+                len: r.len,
+                fixed: false,
+                left: 0,
+                error: None,
+                delivered: false,
+            };
+            let chunks = r.len.div_ceil(chunk);
+            match (u32::try_from(index), u32::try_from(chunks)) {
+                _ if r.offset.checked_add(wide(r.len)).is_none() => {
+                    segment.error = Some(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "offset + length overflows",
+                    ));
+                }
+                (Ok(index), Ok(chunks)) => {
+                    segment.left = chunks;
+                    let mut start = 0;
+                    while start < r.len {
+                        let end = start.saturating_add(chunk).min(r.len);
+                        spans.push(Span { segment: index, start, end });
+                        start = end;
+                    }
+                }
+                _ => {
+                    segment.error = Some(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "transfer too large for one call",
+                    ));
+                }
+            }
+            segments.push(segment);
+        }
+        let mut plan = Self { segments, spans, depth, write, high_water: 0 };
+        if u32::try_from(plan.spans.len()).is_err() {
+            plan.fail_all(&io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too many chunks for one call",
+            ));
+        }
+        plan
     }
 
-    /// The SQE for what remains of the chunk named by `token` (index << 32 | bytes done).
+    /// Whether the call has any I/O to do.
+    fn has_work(&self) -> bool {
+        self.segments.iter().any(|s| s.left > 0 && s.error.is_none())
+    }
+
+    /// Fails every request not finished yet with `e` (the call could not run, or its ring broke).
+    fn fail_all(&mut self, e: &io::Error) {
+        for s in &mut self.segments {
+            if s.left > 0 && s.error.is_none() {
+                s.error = Some(copy_error(e));
+            }
+        }
+    }
+
+    /// Marks the requests whose memory lies in the registered arena for `ReadFixed`/`WriteFixed`.
+    fn use_fixed(&mut self, arena: Option<&Arena>) {
+        let Some(arena) = arena else { return };
+        for s in &mut self.segments {
+            s.fixed = arena.contains(s.base, s.len);
+        }
+    }
+
+    fn span(&self, token: u64) -> Option<Span> {
+        self.spans.get(usize::try_from(token >> 32).ok()?).copied()
+    }
+
+    /// Whether the request a token belongs to has failed (its chunks are no longer queued).
+    fn failed(&self, token: u64) -> bool {
+        self.span(token)
+            .and_then(|span| self.segments.get(usize::try_from(span.segment).ok()?))
+            .is_none_or(|s| s.error.is_some())
+    }
+
+    /// The SQE for what remains of the chunk named by `token`.
     fn entry(&self, token: u64) -> Option<squeue::Entry> {
-        let index = u32::try_from(token >> 32).ok()?;
+        let span = self.span(token)?;
+        let segment = self.segments.get(usize::try_from(span.segment).ok()?)?;
         let done = usize::try_from(token & LOW_BITS).ok()?;
-        let (start, end) = self.span(index);
-        let at = start.checked_add(done).filter(|at| *at < end)?;
-        let n = u32::try_from(end - at).ok()?;
-        // `at < len`, so this stays inside the caller's buffer.
-        let ptr = self.base.wrapping_add(at);
-        let file_offset = self.offset + wide(at);
-        let entry = match (self.write, self.fixed) {
+        let at = span.start.checked_add(done).filter(|at| *at < span.end)?;
+        let n = u32::try_from(span.end - at).ok()?;
+        // `at < len`, so this stays inside the request's buffer.
+        let ptr = segment.base.wrapping_add(at);
+        let file_offset = segment.offset + wide(at);
+        let fd = segment.fd;
+        let entry = match (self.write, segment.fixed) {
             (true, true) => {
-                opcode::WriteFixed::new(self.fd, ptr.cast_const(), n, 0).offset(file_offset).build()
+                opcode::WriteFixed::new(fd, ptr.cast_const(), n, 0).offset(file_offset).build()
             }
             (true, false) => {
-                opcode::Write::new(self.fd, ptr.cast_const(), n).offset(file_offset).build()
+                opcode::Write::new(fd, ptr.cast_const(), n).offset(file_offset).build()
             }
-            (false, true) => opcode::ReadFixed::new(self.fd, ptr, n, 0).offset(file_offset).build(),
-            (false, false) => opcode::Read::new(self.fd, ptr, n).offset(file_offset).build(),
+            (false, true) => opcode::ReadFixed::new(fd, ptr, n, 0).offset(file_offset).build(),
+            (false, false) => opcode::Read::new(fd, ptr, n).offset(file_offset).build(),
         };
         Some(entry.user_data(token))
     }
 
-    fn run(&self, ring: &mut IoUring) -> Result<(), Failure> {
-        let mut next: u32 = 0;
+    /// Records a completion of `res` for `token`: the token of the chunk's rest when the
+    /// transfer was short, or the request's index once its last chunk is done.
+    fn complete(&mut self, token: u64, res: i32) -> Option<Completed> {
+        let span = self.span(token)?;
+        let write = self.write;
+        let segment = self.segments.get_mut(usize::try_from(span.segment).ok()?)?;
+        if res < 0 {
+            let errno = res.checked_neg().unwrap_or(libc::EIO);
+            segment.error.get_or_insert_with(|| io::Error::from_raw_os_error(errno));
+            return None;
+        }
+        let n = usize::try_from(res).unwrap_or(0);
+        if n == 0 {
+            segment.error.get_or_insert_with(|| {
+                if write {
+                    io::Error::new(io::ErrorKind::WriteZero, "io_uring write made no progress")
+                } else {
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "end of file before the buffer was filled",
+                    )
+                }
+            });
+            return None;
+        }
+        let done = usize::try_from(token & LOW_BITS).unwrap_or(usize::MAX).saturating_add(n);
+        if span.start.saturating_add(done) < span.end {
+            return Some(Completed::Rest((token & !LOW_BITS) | wide(done)));
+        }
+        segment.left = segment.left.saturating_sub(1);
+        (segment.left == 0 && segment.error.is_none())
+            .then(|| usize::try_from(span.segment).ok().map(Completed::Finished))
+            .flatten()
+    }
+
+    /// Hands request `i`'s buffer to `done` if it is a read that finished without error and
+    /// has not been handed over yet.
+    fn deliver(&mut self, i: usize, done: &mut dyn FnMut(usize, &mut [u8])) {
+        let write = self.write;
+        let Some(s) = self.segments.get_mut(i) else { return };
+        if write || s.delivered || s.left != 0 || s.error.is_some() {
+            return;
+        }
+        s.delivered = true;
+        let buf: &mut [u8] = if s.len == 0 {
+            &mut []
+        } else {
+            // SAFETY: `base..base + len` is the request's read buffer, which the caller lent
+            // exclusively (`&mut`) for the whole call. Every chunk of it has completed and none
+            // is queued again (`left` is 0), so neither the kernel nor this plan touches it
+            // until the call returns, and this is the only reference made to it.
+            unsafe { std::slice::from_raw_parts_mut(s.base, s.len) }
+        };
+        done(i, buf);
+    }
+
+    /// Runs every chunk, at most `depth` in flight, and hands each read that finished to
+    /// `done` once, after the SQEs queued behind it have been submitted (so that the device
+    /// keeps working meanwhile), and every other finished one before returning. `Err` is a
+    /// broken ring: every SQE the kernel consumed has been reaped and every unfinished request
+    /// carries the error.
+    ///
+    /// `done` runs while other reads may be in flight, so a panic in it must not unwind past
+    /// them: it is caught, nothing more is queued, everything in flight is reaped, and only then
+    /// does the panic go on.
+    fn run(
+        &mut self,
+        ring: &mut IoUring,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), io::Error> {
+        let mut panicked = None;
+        let outcome = self.run_chunks(ring, done, &mut panicked);
+        if panicked.is_none() {
+            for i in 0..self.segments.len() {
+                if let Err(payload) = self.deliver_caught(i, done) {
+                    panicked = Some(payload);
+                    break;
+                }
+            }
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
+        }
+        outcome
+    }
+
+    /// [`Plan::deliver`], with a panic of `done` caught and returned.
+    fn deliver_caught(
+        &mut self,
+        i: usize,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<(), Box<dyn std::any::Any + Send>> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.deliver(i, done)))
+    }
+
+    fn run_chunks(
+        &mut self,
+        ring: &mut IoUring,
+        done: &mut dyn FnMut(usize, &mut [u8]),
+        panicked: &mut Option<Box<dyn std::any::Any + Send>>,
+    ) -> Result<(), io::Error> {
+        let mut next: usize = 0;
         let mut resubmit: Vec<u64> = Vec::new();
         let mut in_flight: u32 = 0;
-        let mut first_error: Option<io::Error> = None;
+        let mut finished: Vec<usize> = Vec::new();
 
         loop {
-            if first_error.is_none() {
+            {
                 let mut sq = ring.submission();
                 while in_flight < self.depth {
                     let token = match resubmit.pop() {
                         Some(token) => token,
-                        None if next < self.chunks => {
+                        None if next < self.spans.len() => {
                             next += 1;
-                            u64::from(next - 1) << 32
+                            wide(next - 1) << 32
                         }
                         None => break,
                     };
+                    if self.failed(token) {
+                        continue;
+                    }
                     let Some(entry) = self.entry(token) else {
-                        first_error = Some(io::Error::other("io_uring engine: bad chunk token"));
-                        break;
+                        // Cannot happen: every span is non-empty and only unfinished rests are
+                        // resubmitted.
+                        if let Some(s) = self.span(token).and_then(|span| {
+                            self.segments.get_mut(usize::try_from(span.segment).ok()?)
+                        }) {
+                            s.error.get_or_insert_with(|| {
+                                io::Error::other("io_uring engine: bad chunk token")
+                            });
+                        }
+                        continue;
                     };
-                    // SAFETY: the entry points into the caller's buffer (`base..base + len`, in
-                    // bounds by `entry`), which the caller keeps borrowed for this whole call, and
-                    // the call does not return before this SQE's completion has been reaped (see
-                    // the module documentation on retirement). The fd is borrowed likewise.
+                    // SAFETY: the entry points into one request's buffer (in bounds by `entry`),
+                    // which the caller keeps borrowed for this whole call, and the call does not
+                    // return before this SQE's completion has been reaped or the ring retired
+                    // (see the module documentation on retirement). The fd is borrowed likewise.
                     if unsafe { sq.push(&entry) }.is_err() {
                         // Cannot happen: the queue has at least `depth` entries and holds only
                         // this call's SQEs.
@@ -367,52 +674,55 @@ impl Plan {
                     in_flight += 1;
                 }
             }
+            self.high_water = self.high_water.max(in_flight);
             if in_flight == 0 {
-                break;
+                return Ok(());
+            }
+            if !finished.is_empty() {
+                // The device first gets what was just queued, then the caller its buffers.
+                let submitted = submit_queued(ring);
+                if let Err(e) = submitted {
+                    retire(ring, in_flight);
+                    self.fail_all(&e);
+                    return Err(e);
+                }
+                for i in std::mem::take(&mut finished) {
+                    if panicked.is_some() {
+                        break;
+                    }
+                    if let Err(payload) = self.deliver_caught(i, done) {
+                        // Stop queuing; the loop reaps what is in flight, then `run` rethrows.
+                        *panicked = Some(payload);
+                        self.fail_all(&io::Error::other("a batch's completion handler panicked"));
+                    }
+                }
             }
             if let Err(e) = submit_and_wait_one(ring) {
                 retire(ring, in_flight);
-                return Err(Failure::Ring(e));
+                self.fail_all(&e);
+                return Err(e);
             }
             for cqe in ring.completion() {
                 in_flight = in_flight.saturating_sub(1);
-                let token = cqe.user_data();
-                let res = cqe.result();
-                if res < 0 {
-                    let errno = res.checked_neg().unwrap_or(libc::EIO);
-                    first_error.get_or_insert_with(|| io::Error::from_raw_os_error(errno));
-                    continue;
-                }
-                let n = usize::try_from(res).unwrap_or(0);
-                if n == 0 {
-                    first_error.get_or_insert_with(|| {
-                        if self.write {
-                            io::Error::new(
-                                io::ErrorKind::WriteZero,
-                                "io_uring write made no progress",
-                            )
-                        } else {
-                            io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                "end of file before the buffer was filled",
-                            )
-                        }
-                    });
-                    continue;
-                }
-                let index = u32::try_from(token >> 32).unwrap_or(u32::MAX);
-                let done =
-                    usize::try_from(token & LOW_BITS).unwrap_or(usize::MAX).saturating_add(n);
-                let (start, end) = self.span(index);
-                if start.saturating_add(done) < end {
-                    resubmit.push((u64::from(index) << 32) | wide(done));
+                match self.complete(cqe.user_data(), cqe.result()) {
+                    Some(Completed::Rest(rest)) => resubmit.push(rest),
+                    Some(Completed::Finished(i)) => finished.push(i),
+                    None => {}
                 }
             }
         }
-        match first_error {
-            Some(e) => Err(Failure::Io(e)),
-            None => Ok(()),
-        }
+    }
+
+    /// Each request's answer, in order.
+    fn into_results(self) -> Vec<io::Result<()>> {
+        self.segments
+            .into_iter()
+            .map(|s| match s.error {
+                Some(e) => Err(e),
+                None if s.left == 0 => Ok(()),
+                None => Err(io::Error::other("io_uring engine: a request was left unfinished")),
+            })
+            .collect()
     }
 }
 
@@ -437,6 +747,30 @@ fn sync_on(ring: &mut IoUring, fd: types::Fd) -> Result<(), Failure> {
             } else {
                 Ok(())
             };
+        }
+    }
+}
+
+/// Submits everything queued without waiting, riding out `EINTR` and a bounded run of
+/// `EAGAIN`/`EBUSY` (after which what stays queued goes with the next wait). An error means
+/// the ring is broken.
+fn submit_queued(ring: &mut IoUring) -> io::Result<()> {
+    let mut transient = 0;
+    loop {
+        match ring.submit() {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
+                    && transient < TRANSIENT_RETRIES =>
+            {
+                transient += 1;
+                if !ring.completion().is_empty() {
+                    return Ok(());
+                }
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -805,21 +1139,37 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_chunk_spans() {
-        let plan = Plan {
-            fd: types::Fd(-1),
-            offset: 10,
-            base: std::ptr::null_mut(),
-            len: 10_000,
-            chunk: 4096,
-            chunks: 3,
-            depth: 2,
-            write: false,
-            fixed: false,
-        };
-        assert_eq!(plan.span(0), (0, 4096));
-        assert_eq!(plan.span(2), (8192, 10_000));
+        let file = File::open("/dev/null").expect("open /dev/null");
+        let request = |len| Request { file: &file, offset: 10, base: std::ptr::null_mut(), len };
+        let mut plan = Plan::new(&[request(10_000), request(0), request(4096)], 4096, 2, false);
+        let spans: Vec<(u32, usize, usize)> =
+            plan.spans.iter().map(|s| (s.segment, s.start, s.end)).collect();
+        assert_eq!(spans, [(0, 0, 4096), (0, 4096, 8192), (0, 8192, 10_000), (2, 0, 4096)]);
+        assert_eq!(plan.segments.iter().map(|s| s.left).collect::<Vec<_>>(), [3, 0, 1]);
         assert!(plan.entry(2 << 32).is_some());
         assert!(plan.entry((2 << 32) | 1808).is_none(), "a finished chunk has nothing left");
         assert!(plan.entry((2 << 32) | 1807).is_some());
+        assert!(plan.entry(4 << 32).is_none(), "no such chunk");
+        // A short completion leaves the rest to resubmit; the last piece finishes the chunk.
+        assert_eq!(plan.complete(2 << 32, 1000), Some(Completed::Rest((2 << 32) | 1000)));
+        assert_eq!(plan.complete((2 << 32) | 1000, 808), None);
+        assert_eq!(plan.segments[0].left, 2);
+        // The last chunk of a request finishes it.
+        assert_eq!(plan.complete(0, 4096), None);
+        assert_eq!(plan.complete(1 << 32, 4096), Some(Completed::Finished(0)));
+        // A failed chunk fails its request only.
+        assert_eq!(plan.complete(3 << 32, -libc::EIO), None);
+        assert!(plan.failed(3 << 32) && !plan.failed(0));
+        let results = plan.into_results();
+        assert!(results[0].is_ok() && results[1].is_ok());
+        assert_eq!(results[2].as_ref().err().and_then(io::Error::raw_os_error), Some(libc::EIO));
+        let overflow =
+            Request { file: &file, offset: u64::MAX, base: std::ptr::null_mut(), len: 1 };
+        let plan = Plan::new(&[overflow], 4096, 2, false);
+        assert!(!plan.has_work());
+        assert_eq!(
+            plan.into_results()[0].as_ref().err().map(io::Error::kind),
+            Some(io::ErrorKind::InvalidInput)
+        );
     }
 }

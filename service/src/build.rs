@@ -259,10 +259,29 @@ fn staging(config: &ValidConfig) -> Result<(Option<Arc<dyn BlockStaging>>, Strin
     if !n.enabled {
         return Ok((None, "none".to_owned()));
     }
-    #[cfg(feature = "nixl")]
-    {
-        use gpucache_nic::nixl::NixlStagingConfig;
-        use gpucache_storage::host::pool::{HugePagePolicy, Tier};
+    nixl_staging::build(n)
+}
+
+// NIXL staging with the `nixl` feature, refused as not built without it; both offer `build`.
+#[cfg(feature = "nixl")]
+use nixl_real as nixl_staging;
+#[cfg(not(feature = "nixl"))]
+use nixl_unavailable as nixl_staging;
+
+/// The staging pool `[nixl]` describes, registered with a NIXL agent of this process.
+#[cfg(feature = "nixl")]
+mod nixl_real {
+    use std::sync::Arc;
+
+    use gpucache_nic::nixl::NixlStagingConfig;
+    use gpucache_storage::host::pool::{HugePagePolicy, Tier};
+    use gpucache_wire::staging::BlockStaging;
+
+    use crate::config::NixlSection;
+
+    pub(super) fn build(
+        n: &NixlSection,
+    ) -> Result<(Option<Arc<dyn BlockStaging>>, String), String> {
         let agent = n.agent_name();
         let built = NixlStagingConfig {
             agent_name: agent.clone(),
@@ -277,8 +296,20 @@ fn staging(config: &ValidConfig) -> Result<(Option<Arc<dyn BlockStaging>>, Strin
         let staging: Arc<dyn BlockStaging> = Arc::new(built);
         Ok((Some(staging), format!("nixl:{agent}")))
     }
-    #[cfg(not(feature = "nixl"))]
-    {
+}
+
+/// A build without the `nixl` feature: enabled staging is refused with the typed reason.
+#[cfg(not(feature = "nixl"))]
+mod nixl_unavailable {
+    use std::sync::Arc;
+
+    use gpucache_wire::staging::BlockStaging;
+
+    use crate::config::NixlSection;
+
+    pub(super) fn build(
+        _n: &NixlSection,
+    ) -> Result<(Option<Arc<dyn BlockStaging>>, String), String> {
         let reason = gpucache_nic::NixlUnavailable::NotBuilt;
         Err(gpucache_nic::NicError::NixlUnavailable { reason }.to_string())
     }

@@ -10,5 +10,6 @@ pub mod tcp;
 
 pub use credentials::Credentials;
 pub use tcp::{
-    ClientConfig, ConnectError, FRAMES_IN_FLIGHT_MAX, LocalConfig, SharedStats, TcpStore,
+    ClientConfig, ConnectError, FRAME_PAYLOAD_TARGET, FRAMES_IN_FLIGHT_MAX, LocalConfig,
+    SharedStats, TcpStore,
 };

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gpucache_client::{ClientConfig, FRAMES_IN_FLIGHT_MAX, TcpStore};
+use gpucache_client::{ClientConfig, FRAME_PAYLOAD_TARGET, FRAMES_IN_FLIGHT_MAX, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::MonotonicClock;
@@ -30,8 +30,8 @@ use gpucache_storage::MemoryStore;
 
 use counting::{Call, Counting};
 use gpucache_wire::{
-    BATCH_ITEMS_MAX, Fetched, FrameDecoder, HEADER_BYTES, PAYLOAD_BYTES_MAX, Request, Response,
-    VERSION, WireError, header_checksum, offset,
+    BATCH_ITEMS_MAX, Fetched, FrameDecoder, HEADER_BYTES, Request, Response, VERSION, WireError,
+    header_checksum, offset,
 };
 
 fn server(connections_max: u32) -> Server {
@@ -534,8 +534,9 @@ fn every_frame_reaches_the_store_as_one_batch_call() {
     assert!(removed.iter().all(|a| *a == Ok(Invalidate::Removed)));
     assert_eq!(batch_sizes(&counting.take(), Call::InvalidateBatch), split);
 
-    // Over the payload limit: the capacities of one frame stay within PAYLOAD_BYTES_MAX.
-    let big = usize::try_from(PAYLOAD_BYTES_MAX * 3 / 8).expect("fits");
+    // Over the frame payload target: a frame closes once its capacities would pass
+    // FRAME_PAYLOAD_TARGET (a single larger item still goes alone).
+    let big = usize::try_from(FRAME_PAYLOAD_TARGET * 3 / 8).expect("fits");
     let keys = batch_keys(3, 5);
     let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; big]).collect();
     let mut items: Vec<_> =
@@ -543,6 +544,14 @@ fn every_frame_reaches_the_store_as_one_batch_call() {
     let got = client.get_batch(&caller, &mut items);
     assert!(got.iter().all(|a| *a == Ok(Get::Miss(MissReason::Absent))));
     assert_eq!(batch_sizes(&counting.take(), Call::GetBatch), [2, 1]);
+    // One item larger than the target is a frame of its own, never refused by the client.
+    let huge = usize::try_from(FRAME_PAYLOAD_TARGET * 2).expect("fits");
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; huge]).collect();
+    let mut items: Vec<_> =
+        keys.iter().zip(&mut bufs).map(|(key, dst)| BatchGet { key, dst }).collect();
+    let got = client.get_batch(&caller, &mut items);
+    assert!(got.iter().all(|a| *a == Ok(Get::Miss(MissReason::Absent))));
+    assert_eq!(batch_sizes(&counting.take(), Call::GetBatch), [1, 1]);
     assert_eq!(server.shutdown(), 0);
 }
 

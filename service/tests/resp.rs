@@ -711,19 +711,17 @@ mod recorded {
     use gpucache_dataplane::caller::Caller;
     use gpucache_dataplane::key::PhysicalKey;
     use gpucache_dataplane::limits::RequestId;
-    use gpucache_dataplane::registry::{Epoch, RegionId};
     use gpucache_dataplane::store::{
-        Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Invalidate, Lookup, Put,
-        Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+        BatchAnswers, BatchGet, BatchPut, Get, Invalidate, Lookup, Put, Store, StoreError,
     };
 
-    impl Store for super::Recorded {
-        fn info(&self) -> StoreInfo {
-            self.inner.info()
+    impl gpucache_dataplane::store::StoreLayer for super::Recorded {
+        type Inner = std::sync::Arc<gpucache_storage::MemoryStore>;
+
+        fn inner(&self) -> &Self::Inner {
+            &self.inner
         }
-        fn epoch(&self) -> Epoch {
-            self.inner.epoch()
-        }
+
         fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
             self.saw("lookup", 1);
             self.inner.lookup(caller, key)
@@ -737,57 +735,9 @@ mod recorded {
             self.saw("get", 1);
             self.inner.get_into(caller, key, dst)
         }
-        fn reserve(
-            &self,
-            caller: &Caller,
-            key: &PhysicalKey,
-            len: u64,
-            request: Option<RequestId>,
-        ) -> Result<Reserve, StoreError> {
-            self.inner.reserve(caller, key, len, request)
-        }
-        fn write(
-            &self,
-            caller: &Caller,
-            reservation: &Reservation,
-            offset: u64,
-            src: &[u8],
-        ) -> Result<(), StoreError> {
-            self.inner.write(caller, reservation, offset, src)
-        }
-        fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-            self.inner.commit(caller, r)
-        }
-        fn abort(
-            &self,
-            caller: &Caller,
-            r: Reservation,
-            outcome: Retirement,
-        ) -> Result<Abort, StoreError> {
-            self.inner.abort(caller, r, outcome)
-        }
         fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
             self.saw("invalidate", 1);
             self.inner.invalidate(caller, key)
-        }
-        fn expire_leases(&self) -> Result<usize, StoreError> {
-            self.inner.expire_leases()
-        }
-        fn attest_drained(
-            &self,
-            caller: &Caller,
-            region: RegionId,
-        ) -> Result<Reclaimed, StoreError> {
-            self.inner.attest_drained(caller, region)
-        }
-        fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-            self.inner.bump_epoch()
-        }
-        fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-            self.inner.reclaim_fenced(epoch)
-        }
-        fn stats(&self) -> StoreStats {
-            self.inner.stats()
         }
         fn put(
             &self,

@@ -10,10 +10,8 @@ use std::thread::ThreadId;
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
-use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Invalidate, Lookup, Put, Reclaimed,
-    Reservation, Reserve, Retirement, Store, StoreCondition, StoreError, StoreInfo, StoreStats,
+    BatchAnswers, BatchGet, BatchPut, Get, Invalidate, Lookup, Put, Store, StoreError,
 };
 
 /// A keyed store call.
@@ -82,16 +80,13 @@ impl<S: Store> Counting<S> {
     }
 }
 
-impl<S: Store> Store for Counting<S> {
-    fn info(&self) -> StoreInfo {
-        self.inner.info()
+impl<S: Store> gpucache_dataplane::store::StoreLayer for Counting<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
     }
-    fn failures_retire(&self) -> bool {
-        self.inner.failures_retire()
-    }
-    fn epoch(&self) -> Epoch {
-        self.inner.epoch()
-    }
+
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         self.saw(Call::Lookup, 1);
         self.inner.lookup(caller, key)
@@ -105,56 +100,9 @@ impl<S: Store> Store for Counting<S> {
         self.saw(Call::Get, 1);
         self.inner.get_into(caller, key, dst)
     }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        self.inner.reserve(caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        reservation: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        self.inner.write(caller, reservation, offset, src)
-    }
-    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
-        self.inner.commit(caller, reservation)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        reservation: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        self.inner.abort(caller, reservation, outcome)
-    }
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         self.saw(Call::Invalidate, 1);
         self.inner.invalidate(caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.inner.expire_leases()
-    }
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.inner.attest_drained(caller, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        self.inner.bump_epoch()
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.inner.reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-    fn condition(&self) -> StoreCondition {
-        self.inner.condition()
     }
     fn put(
         &self,

@@ -127,6 +127,7 @@ impl Drop for Lent {
 }
 
 fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+    let object_bytes_max = limits.object_bytes_max;
     let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
     let unbound: SocketAddr = "127.0.0.1:1".parse().expect("addr");
     let (spare, new) = match SPARE.with(|s| s.borrow_mut().take()) {
@@ -137,6 +138,8 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let mut config = ServerConfig::new(addr, tenants);
     config.staging = Some(Arc::clone(&spare.staging) as Arc<dyn BlockStaging>);
+    // As `gpucache serve` does: the LIMITS answer states the store's largest block.
+    config.object_bytes_max = Some(object_bytes_max);
     let server = Server::start(config, Arc::clone(&store) as Arc<dyn Store>).expect("server");
     let nixl = spare.client.reconnect(TcpStore::new(control_config(server.local_addr())));
     if new {

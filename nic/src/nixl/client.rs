@@ -16,7 +16,7 @@ use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::limits::{Refusal, RequestId};
 use gpucache_dataplane::registry::{RegionCounts, RegionId, RegisteredPool, SlotLease};
 use gpucache_dataplane::store::{
     BatchAnswers, Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
@@ -442,6 +442,33 @@ impl StoreLayer for NixlClient {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        NixlClient::put(self, caller, key, src, request).map_err(|e| store_error("put", e))
+        match NixlClient::put(self, caller, key, src, request) {
+            Ok(put) => Ok(put),
+            Err(NixlClientError::Stage(e)) if e.refusal() == Some(StagingFailure::TooLarge) => {
+                too_large_for_a_slot(&self.store, caller, key, src.len() as u64, e)
+            }
+            Err(e) => Err(store_error("put", e)),
+        }
+    }
+}
+
+/// A PUT the server's staging slots cannot hold. A block over the store's own limit gets the
+/// contract's answer (the key's committed block first, then the refusal with its numbers); one
+/// the store would take but a slot cannot stays a failure of the NIXL path, which does not fall
+/// back to another transport.
+fn too_large_for_a_slot(
+    store: &TcpStore,
+    caller: &Caller,
+    key: &PhysicalKey,
+    len: u64,
+    refused: StageCallError,
+) -> Result<Put, StoreError> {
+    let max = store.limits()?.object_bytes_max;
+    match max {
+        Some(max) if len > max => match store.lookup(caller, key)? {
+            Lookup::Hit { .. } => Ok(Put::AlreadyCommitted),
+            _ => Ok(Put::Refused(Refusal::ObjectTooLarge { bytes: len, max })),
+        },
+        _ => Err(store_error("put", NixlClientError::Stage(refused))),
     }
 }

@@ -23,7 +23,7 @@ use gpucache_dataplane::testing::fixture::{self, caller};
 use gpucache_storage::file::engine::faulty::{FaultConfig, FaultyEngine};
 use gpucache_storage::file::engine::psync::PsyncEngine;
 use gpucache_storage::file::engine::uring::UringEngine;
-use gpucache_storage::file::engine::{EngineChoice, EngineConfig, IoEngine};
+use gpucache_storage::file::engine::{DIRECT_ALIGN, EngineChoice, EngineConfig, IoEngine};
 use gpucache_storage::file::{BATCH_WINDOW_ITEMS, Durability, FileStore, FileStoreConfig};
 
 use gpucache_dataplane::rng::SplitMix64 as Rng;
@@ -67,19 +67,36 @@ fn comparable(s: StoreStats) -> (u64, u64, u64, String) {
     (s.committed_blocks, s.usage.retained_bytes, s.evictions, format!("{:?}", s.corrupt_dropped))
 }
 
-/// One item of a scenario: who reads which key into how many bytes pre-filled with what.
+/// One item of a scenario: who reads which key into how many bytes pre-filled with what, and
+/// whether that destination starts on an O_DIRECT boundary (it is placed off one otherwise, so
+/// that which reads go straight and which are staged never depends on the allocator).
 struct Item {
     caller: Caller,
     key: PhysicalKey,
     cap: usize,
     fill: u8,
+    aligned: bool,
+}
+
+/// Room for an item's destination wherever it must start.
+fn room(item: &Item) -> Vec<u8> {
+    vec![item.fill; item.cap + 2 * DIRECT_ALIGN]
+}
+
+/// The item's destination within `room`: on an O_DIRECT boundary, or 64 bytes past one.
+fn place<'a>(room: &'a mut [u8], item: &Item) -> &'a mut [u8] {
+    let start = room.as_ptr().addr().next_multiple_of(DIRECT_ALIGN) - room.as_ptr().addr();
+    let start = if item.aligned { start } else { start + 64 };
+    &mut room[start..start + item.cap]
 }
 
 /// Answers `items` with one `get_batch` on `batch` and one by one with `get_into` on `single`
 /// (each item with its own caller), and checks that answers, destinations and stats agree.
 /// Returns the answers.
 fn compare(batch: &FileStore, single: &FileStore, items: &[Item], what: &str) -> Vec<String> {
-    let mut batch_bufs: Vec<Vec<u8>> = items.iter().map(|i| vec![i.fill; i.cap]).collect();
+    let mut batch_rooms: Vec<Vec<u8>> = items.iter().map(room).collect();
+    let mut batch_bufs: Vec<&mut [u8]> =
+        batch_rooms.iter_mut().zip(items).map(|(r, i)| place(r, i)).collect();
     let mut batch_answers = Vec::new();
     // A batch has one caller: items of other callers go as batches of their own, in order.
     let mut at = 0;
@@ -101,13 +118,14 @@ fn compare(batch: &FileStore, single: &FileStore, items: &[Item], what: &str) ->
     let mut single_answers = Vec::new();
     let mut single_bufs = Vec::new();
     for i in items {
-        let mut dst = vec![i.fill; i.cap];
-        single_answers.push(norm(&single.get_into(&i.caller, &i.key, &mut dst)));
-        single_bufs.push(dst);
+        let mut room = room(i);
+        let dst = place(&mut room, i);
+        single_answers.push(norm(&single.get_into(&i.caller, &i.key, dst)));
+        single_bufs.push(dst.to_vec());
     }
     for (n, (b, s)) in batch_answers.iter().zip(&single_answers).enumerate() {
         assert_eq!(b, s, "{what}: item {n}");
-        assert!(batch_bufs[n] == single_bufs[n], "{what}: item {n}: destinations differ");
+        assert!(*batch_bufs[n] == *single_bufs[n], "{what}: item {n}: destinations differ");
     }
     assert_eq!(comparable(batch.stats()), comparable(single.stats()), "{what}: stats");
     assert_eq!(batch.stats().usage.inflight_requests, 0, "{what}: reads left pinned");
@@ -152,6 +170,7 @@ fn scenario(store: &FileStore, root: &Path, seed: u64) -> Vec<Item> {
         key: key.clone(),
         cap,
         fill: 0xEE,
+        aligned: false,
     };
     let mut items = Vec::new();
     for (i, (key, len)) in blocks.iter().enumerate() {
@@ -177,7 +196,13 @@ fn scenario(store: &FileStore, root: &Path, seed: u64) -> Vec<Item> {
     // A caller without the read right, for a batch of its own.
     let no_read =
         Caller::new(fixture::tenant(0), Rights { read: false, write: true, admin: false });
-    items.push(Item { caller: no_read, key: blocks[0].0.clone(), cap: blocks[0].1, fill: 1 });
+    items.push(Item {
+        caller: no_read,
+        key: blocks[0].0.clone(),
+        cap: blocks[0].1,
+        fill: 1,
+        aligned: false,
+    });
     items.push(item(&blocks[0].0, blocks[0].1));
     items
 }
@@ -240,7 +265,7 @@ fn batches_longer_than_a_window_answer_every_item() {
                 put_ok(&a, &key, &data);
                 put_ok(&b, &key, &data);
             }
-            items.push(Item { caller: caller(0), key, cap: 3000, fill: 0 });
+            items.push(Item { caller: caller(0), key, cap: 3000, fill: 0, aligned: false });
         }
         // A damaged block in the second window.
         let damaged = &items[BATCH_WINDOW_ITEMS + 10].key;
@@ -366,7 +391,10 @@ fn batch_answers_match_single_answers_under_seeded_faults() {
                 let data = common::payload(rng.next_u64(), 4096 * (1 + rng.index(8)));
                 put_ok(&a, &key, &data);
                 put_ok(&b, &key, &data);
-                items.push(Item { caller: caller(0), key, cap: data.len(), fill: 0xEE });
+                // Every third destination is aligned: under O_DIRECT those reads go straight,
+                // the others through staging, and the batch still asks for them in item order.
+                let aligned = i % 3 == 1;
+                items.push(Item { caller: caller(0), key, cap: data.len(), fill: 0xEE, aligned });
             }
             if *damage_last {
                 let last = &items[items.len() - 1].key;

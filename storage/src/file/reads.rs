@@ -373,34 +373,45 @@ impl FileStore {
                 }
             }
         }
-        let mut reads = Vec::with_capacity(straight.len() + staged.len());
-        let mut order = Vec::with_capacity(straight.len() + staged.len());
-        // The staged blocks' destinations stay here, to be filled as their reads finish.
-        let mut later: Vec<Option<&mut [u8]>> = Vec::with_capacity(pinned.len());
-        for (k, dst) in dsts.into_iter().enumerate() {
-            match dst {
-                Some(dst) if straight.binary_search(&k).is_ok() => {
-                    if let Ok(file) = &files[k] {
-                        reads.push(BatchRead { file, offset: pinned[k].1.header_len, buf: dst });
-                        order.push(k);
-                    }
-                    later.push(None);
-                }
-                other => later.push(other),
-            }
-        }
+        // Each staged block's slice of its piece.
+        let mut staged_bufs: Vec<Option<&mut [u8]>> = Vec::with_capacity(pinned.len());
+        staged_bufs.resize_with(pinned.len(), || None);
         for (staging, group) in &mut pieces {
             let mut rest: &mut [u8] = &mut staging[..];
             for &k in group.iter() {
-                let Ok(file) = &files[k] else { continue };
                 let Some((buf, tail)) = std::mem::take(&mut rest).split_at_mut_checked(padded(k))
                 else {
                     results[k] = Some(Err(io::Error::other("staging buffer too small")));
                     continue;
                 };
                 rest = tail;
-                reads.push(BatchRead { file, offset: pinned[k].1.header_len, buf });
-                order.push(k);
+                staged_bufs[k] = Some(buf);
+            }
+        }
+        // The reads go to the engine in item order, straight and staged alike, so that a batch
+        // asks for its blocks in the order the same reads made one by one would.
+        let mut reads = Vec::with_capacity(straight.len() + staged.len());
+        let mut order = Vec::with_capacity(straight.len() + staged.len());
+        // The staged blocks' destinations stay here, to be filled as their reads finish.
+        let mut later: Vec<Option<&mut [u8]>> = Vec::with_capacity(pinned.len());
+        for (k, (dst, staged_buf)) in dsts.into_iter().zip(staged_bufs).enumerate() {
+            let Ok(file) = &files[k] else {
+                later.push(None);
+                continue;
+            };
+            let offset = pinned[k].1.header_len;
+            match (dst, staged_buf) {
+                (Some(dst), _) if straight.binary_search(&k).is_ok() => {
+                    reads.push(BatchRead { file, offset, buf: dst });
+                    order.push(k);
+                    later.push(None);
+                }
+                (dst, Some(buf)) => {
+                    reads.push(BatchRead { file, offset, buf });
+                    order.push(k);
+                    later.push(dst);
+                }
+                (dst, None) => later.push(dst),
             }
         }
         let mut finished = |j: usize, buf: &mut [u8]| {

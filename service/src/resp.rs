@@ -334,9 +334,13 @@ impl Expiries {
         answer
     }
 
-    /// Puts back the deadline `previous` that a [`Self::set`] replaced (none: no deadline).
-    fn restore(&self, link: Digest32, previous: Option<u64>) {
+    /// Puts back the deadline `previous` that a [`Self::set`] to `at` replaced (none: no
+    /// deadline), unless another SET has set the key's deadline since.
+    fn restore(&self, link: Digest32, at: u64, previous: Option<u64>) {
         let mut map = self.lock();
+        if map.get(&link) != Some(&at) {
+            return;
+        }
         match previous {
             Some(d) => map.insert(link, d),
             None => map.remove(&link),
@@ -1212,8 +1216,8 @@ impl Session<'_> {
                 if o.get { old } else { Reply::ok() }
             }
             Err(not_stored) => {
-                if let Some(previous) = previous {
-                    expiries.restore(link, previous);
+                if let (Some(previous), Expiry::At(at)) = (previous, o.expiry) {
+                    expiries.restore(link, at, previous);
                 }
                 match not_stored {
                     // NX found a value, XX none: nothing to do, and GET answers what is there.

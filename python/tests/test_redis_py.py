@@ -332,6 +332,13 @@ def test_auth_through_hello_for_a_tenant_with_keys(keyed_server, protocol):
     assert r.get(p + "k") == b"v"
     assert negotiated(r) == (2 if protocol == 2 else 3)
     r.close()
+    # The same credentials in a URL, as LMCache's remote_url carries them.
+    host, port = keyed_server.resp
+    query = "" if protocol is None else f"?protocol={protocol}"
+    url = redis.Redis.from_url(f"redis://{KEY_ID}:{SECRET_HEX}@{host}:{port}{query}")
+    assert url.get(p + "k") == b"v"
+    assert negotiated(url) == (2 if protocol == 2 else 3)
+    url.close()
     # redis-py retries a refused connection (with backoff) by default; once is enough here.
     once = Retry(NoBackoff(), 0)
     for bad in [

@@ -250,11 +250,19 @@ def test_commands_and_create_only_answers(open_server, protocol):
 def test_pipelines(open_server, protocol):
     r = client_for(open_server, protocol)
     p = f"pipe{protocol}:"
-    # The front has no MULTI, so a pipeline is sent without a transaction.
-    pipe = r.pipeline(transaction=False)
-    pipe.set(p + "a", b"1").set(p + "b", b"2").get(p + "a").mget(p + "a", p + "nope")
-    pipe.exists(p + "a", p + "b").delete(p + "b").get(p + "b")
-    assert pipe.execute() == [True, True, b"1", [b"1", None], 2, 1, None]
+    # Without a transaction, and with redis-py's default one (MULTI ... EXEC).
+    for transaction in (False, True):
+        q = f"{p}{transaction}:"
+        pipe = r.pipeline(transaction=transaction)
+        pipe.set(q + "a", b"1").set(q + "b", b"2").get(q + "a").mget(q + "a", q + "nope")
+        pipe.exists(q + "a", q + "b").delete(q + "b").get(q + "b")
+        assert pipe.execute() == [True, True, b"1", [b"1", None], 2, 1, None]
+    # A command that fails inside a transaction raises at execute(), after the others ran.
+    pipe = r.pipeline()
+    pipe.set(p + "c", b"x").set(p + "c", b"y").get(p + "c")
+    with pytest.raises(redis.ResponseError):
+        pipe.execute()
+    assert r.get(p + "c") == b"x"
     r.close()
 
 

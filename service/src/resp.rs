@@ -42,6 +42,20 @@
 //! stream cannot be resynchronised. Command-level mistakes (unknown command, wrong arity, bad option) are answered
 //! `-ERR ...` and the connection goes on. Pipelined requests are answered in order.
 //!
+//! # Transactions
+//!
+//! `MULTI` starts a transaction: the commands that follow are answered `+QUEUED` and kept (at
+//! most [`TRANSACTION_COMMANDS_MAX`] commands and [`TRANSACTION_BYTES_MAX`] bytes of arguments)
+//! until `EXEC` runs them in order and answers an array of their replies, or `DISCARD` drops
+//! them. No other RESP connection's command runs while an `EXEC` runs (every command of the
+//! front holds a shared lock that `EXEC` holds exclusively); clients of the native protocol are
+//! not held back, so the store may change between two commands of a transaction under their
+//! writes. As in Redis, a command that fails inside `EXEC` does not undo the others (there is
+//! no rollback), and a command refused while queueing (unknown, or past the limits) makes `EXEC`
+//! answer `-EXECABORT` and run nothing. `WATCH` is not supported (it is an error), so
+//! optimistic locking is not available; redis-py's default `pipeline()`, which wraps its
+//! commands in `MULTI` / `EXEC`, works.
+//!
 //! # Threads
 //!
 //! As for the native listener (ADR 0011): one accept thread, one thread per connection up to
@@ -53,7 +67,7 @@ use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::TenantKeys;
@@ -271,6 +285,9 @@ struct Shared {
     /// The id the next connection gets (`CLIENT ID`, HELLO's `id`), from 1.
     next_client_id: AtomicU64,
     expiries: Expiries,
+    /// Held shared by every command and exclusively by `EXEC`, so that a transaction's commands
+    /// run with no other RESP command between them.
+    transactions: RwLock<()>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -408,6 +425,7 @@ impl RespServer {
             port: addr.port(),
             next_client_id: AtomicU64::new(1),
             expiries,
+            transactions: RwLock::new(()),
         });
         let acceptor = Acceptor::start(
             listener,
@@ -494,6 +512,7 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
         id: shared.next_client_id.fetch_add(1, Ordering::Relaxed),
         name: RefCell::new(None),
         library: RefCell::new(Library::default()),
+        transaction: RefCell::new(None),
     };
     loop {
         if shared.gate.stopping() && decoder.is_idle() {
@@ -564,7 +583,29 @@ struct Session<'a> {
     name: RefCell<Option<Vec<u8>>>,
     /// `CLIENT SETINFO LIB-NAME` and `LIB-VER`.
     library: RefCell<Library>,
+    /// The commands queued since `MULTI`, while a transaction is open.
+    transaction: RefCell<Option<Transaction>>,
 }
+
+/// Most commands one transaction queues; one more makes its `EXEC` abort.
+pub const TRANSACTION_COMMANDS_MAX: usize = 4096;
+/// Most bytes of arguments one transaction queues; more makes its `EXEC` abort.
+pub const TRANSACTION_BYTES_MAX: usize = 256 << 20;
+
+/// A transaction being queued.
+#[derive(Debug, Default)]
+struct Transaction {
+    commands: Vec<Vec<Vec<u8>>>,
+    bytes: usize,
+    /// A command was refused while queueing: `EXEC` runs nothing.
+    aborted: bool,
+}
+
+/// The commands the front knows, by their upper-case names: what `MULTI` agrees to queue.
+const COMMANDS: &[&[u8]] = &[
+    b"AUTH", b"HELLO", b"CLIENT", b"PING", b"GET", b"SET", b"TTL", b"PTTL", b"EXISTS", b"DEL",
+    b"MGET", b"MSET", b"INFO", b"COMMAND", b"CONFIG", b"SELECT", b"QUIT",
+];
 
 /// What a client said about its library (`CLIENT SETINFO`), each at most
 /// [`CLIENT_NAME_BYTES_MAX`] bytes.
@@ -766,6 +807,28 @@ fn set_options(options: &[Vec<u8>], now_ms: u64) -> Result<SetOptions, Reply> {
     Ok(o)
 }
 
+/// Queues `args` (a command named `upper` in upper case) in an open transaction: `+QUEUED`, or
+/// an error that makes the transaction's `EXEC` abort.
+fn queue(transaction: &mut Transaction, upper: &[u8], args: &[Vec<u8>]) -> Reply {
+    if !COMMANDS.contains(&upper) {
+        transaction.aborted = true;
+        return Reply::err(format!("unknown command '{}'", shown(&args[0])));
+    }
+    let bytes: usize = args.iter().map(Vec::len).sum();
+    if transaction.commands.len() >= TRANSACTION_COMMANDS_MAX
+        || transaction.bytes + bytes > TRANSACTION_BYTES_MAX
+    {
+        transaction.aborted = true;
+        return Reply::err(format!(
+            "transaction too large: at most {TRANSACTION_COMMANDS_MAX} commands and \
+             {TRANSACTION_BYTES_MAX} bytes of arguments"
+        ));
+    }
+    transaction.bytes += bytes;
+    transaction.commands.push(args.to_vec());
+    Reply::Simple("QUEUED".to_owned())
+}
+
 fn arity(name: &str) -> Reply {
     Reply::err(format!("wrong number of arguments for '{name}' command"))
 }
@@ -788,7 +851,75 @@ impl Session<'_> {
         if !self.authenticated.get() && !matches!(upper.as_slice(), b"AUTH" | b"HELLO" | b"QUIT") {
             return (Reply::Error(NOAUTH_TEXT.into()), Then::Continue);
         }
-        let reply = match upper.as_slice() {
+        match upper.as_slice() {
+            b"MULTI" => return (self.multi(rest), Then::Continue),
+            b"EXEC" => return self.exec(rest),
+            b"DISCARD" => return (self.discard(rest), Then::Continue),
+            b"WATCH" | b"UNWATCH" => {
+                return (Reply::err(format!("{} is not supported", shown(name))), Then::Continue);
+            }
+            _ => {}
+        }
+        if upper.as_slice() != b"QUIT"
+            && let Some(queued) = self.transaction.borrow_mut().as_mut()
+        {
+            return (queue(queued, &upper, args), Then::Continue);
+        }
+        let _shared = self.shared.transactions.read().unwrap_or_else(PoisonError::into_inner);
+        self.run(name, &upper, rest)
+    }
+
+    /// `MULTI`: opens a transaction.
+    fn multi(&self, rest: &[Vec<u8>]) -> Reply {
+        if !rest.is_empty() {
+            return arity("multi");
+        }
+        let mut open = self.transaction.borrow_mut();
+        if open.is_some() {
+            return Reply::err("MULTI calls can not be nested");
+        }
+        *open = Some(Transaction::default());
+        Reply::ok()
+    }
+
+    /// `DISCARD`: drops the open transaction's commands.
+    fn discard(&self, rest: &[Vec<u8>]) -> Reply {
+        if !rest.is_empty() {
+            return arity("discard");
+        }
+        match self.transaction.borrow_mut().take() {
+            Some(_) => Reply::ok(),
+            None => Reply::err("DISCARD without MULTI"),
+        }
+    }
+
+    /// `EXEC`: runs the open transaction's commands in order, with no other RESP command in
+    /// between, and answers their replies.
+    fn exec(&self, rest: &[Vec<u8>]) -> (Reply, Then) {
+        if !rest.is_empty() {
+            return (arity("exec"), Then::Continue);
+        }
+        let Some(transaction) = self.transaction.borrow_mut().take() else {
+            return (Reply::err("EXEC without MULTI"), Then::Continue);
+        };
+        if transaction.aborted {
+            let text = "EXECABORT Transaction discarded because of previous errors.";
+            return (Reply::Error(text.into()), Then::Continue);
+        }
+        let _alone = self.shared.transactions.write().unwrap_or_else(PoisonError::into_inner);
+        // QUIT is never queued, so no queued command closes the connection.
+        let replies = transaction
+            .commands
+            .iter()
+            .filter_map(|args| args.split_first())
+            .map(|(name, rest)| self.run(name, &name.to_ascii_uppercase(), rest).0)
+            .collect();
+        (Reply::Array(replies), Then::Continue)
+    }
+
+    /// Runs one command (`upper` is its name in upper case) outside any transaction logic.
+    fn run(&self, name: &[u8], upper: &[u8], rest: &[Vec<u8>]) -> (Reply, Then) {
+        let reply = match upper {
             b"AUTH" => self.auth(rest),
             b"HELLO" => self.hello(rest),
             b"CLIENT" => self.client(rest),
@@ -809,7 +940,7 @@ impl Session<'_> {
             b"EXISTS" if !rest.is_empty() => self.count(rest, |s, k| s.exists(k)),
             b"DEL" if !rest.is_empty() => self.count(rest, |s, k| s.del(k)),
             b"MGET" if !rest.is_empty() => self.mget(rest),
-            b"MSET" if !rest.is_empty() && rest.len() % 2 == 0 => self.mset(rest),
+            b"MSET" if !rest.is_empty() && rest.len().is_multiple_of(2) => self.mset(rest),
             b"EXISTS" | b"DEL" | b"MGET" | b"MSET" => {
                 arity(&String::from_utf8_lossy(&name.to_ascii_lowercase()))
             }

@@ -22,7 +22,7 @@ use gpucache_dataplane::store::Store;
 use gpucache_dataplane::testing::fixture;
 use gpucache_service::resp::{
     ARGS_MAX, IdentityTemplate, ProtocolError, REDIS_VERSION, Reply, RequestDecoder, RespConfig,
-    RespLimits, RespServer,
+    RespLimits, RespServer, TRANSACTION_COMMANDS_MAX,
 };
 use gpucache_storage::MemoryStore;
 use proptest::collection::vec;
@@ -361,6 +361,77 @@ fn pipelined_requests_are_answered_in_order() {
         assert_eq!(&c.read(), w, "reply {i}");
     }
     assert_eq!(c.call(&[b"PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn a_transaction_runs_its_commands_at_exec_in_order() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    let mut other = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"MULTI"]), ok());
+    assert_error(&c.call(&[b"MULTI"]), "can not be nested");
+    let queued = Reply::Simple("QUEUED".into());
+    for cmd in [
+        &[&b"SET"[..], b"tx", b"one"][..],
+        &[b"GET", b"tx"],
+        &[b"SET", b"tx", b"two"],
+        &[b"DEL", b"tx"],
+        &[b"GET", b"tx"],
+        &[b"SET", b"tx", b"three"],
+    ] {
+        assert_eq!(c.call(cmd), queued);
+    }
+    // Nothing has run yet.
+    assert_eq!(other.call(&[b"GET", b"tx"]), Reply::Nil);
+    let Reply::Array(replies) = c.call(&[b"EXEC"]) else { panic!("EXEC answers an array") };
+    assert_eq!(replies.len(), 6);
+    assert_eq!(replies[..2], [ok(), bulk(b"one")]);
+    // A failed command inside does not stop the others, nor undo them.
+    assert_error(&replies[2], "create-only");
+    assert_eq!(replies[3..], [Reply::Integer(1), Reply::Nil, ok()]);
+    assert_eq!(other.call(&[b"GET", b"tx"]), bulk(b"three"));
+    assert_error(&c.call(&[b"EXEC"]), "EXEC without MULTI");
+    assert_error(&c.call(&[b"DISCARD"]), "DISCARD without MULTI");
+    assert_error(&c.call(&[b"WATCH", b"tx"]), "not supported");
+    assert_eq!(server.shutdown(), 0);
+}
+
+fn execabort() -> Reply {
+    Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+}
+
+#[test]
+fn a_discarded_or_refused_transaction_runs_nothing() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    let queued = Reply::Simple("QUEUED".into());
+    assert_eq!(c.call(&[b"MULTI"]), ok());
+    assert_eq!(c.call(&[b"SET", b"d", b"x"]), queued);
+    assert_eq!(c.call(&[b"DISCARD"]), ok());
+    assert_eq!(c.call(&[b"EXISTS", b"d"]), Reply::Integer(0));
+
+    // An unknown command while queueing: EXEC aborts, and later commands were still queued.
+    assert_eq!(c.call(&[b"MULTI"]), ok());
+    assert_eq!(c.call(&[b"SET", b"d", b"x"]), queued);
+    assert_error(&c.call(&[b"NOPE"]), "unknown command 'NOPE'");
+    assert_eq!(c.call(&[b"PING"]), queued);
+    assert_eq!(c.call(&[b"EXEC"]), execabort());
+    assert_eq!(c.call(&[b"EXISTS", b"d"]), Reply::Integer(0));
+
+    // One command past the limit: refused, and EXEC aborts.
+    assert_eq!(c.call(&[b"MULTI"]), ok());
+    let mut batch = Vec::new();
+    for _ in 0..=TRANSACTION_COMMANDS_MAX {
+        batch.extend(encode_request(&[b"SET", b"d", b"x"]));
+    }
+    c.send_raw(&batch);
+    for i in 0..TRANSACTION_COMMANDS_MAX {
+        assert_eq!(c.read(), queued, "command {i}");
+    }
+    assert_error(&c.read(), "transaction too large");
+    assert_eq!(c.call(&[b"EXEC"]), execabort());
+    assert_eq!(c.call(&[b"EXISTS", b"d"]), Reply::Integer(0));
     assert_eq!(server.shutdown(), 0);
 }
 

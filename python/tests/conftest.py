@@ -53,7 +53,8 @@ def pytest_collection_modifyitems(config, items):
 
 def server_binary() -> Path:
     if os.environ.get("GPUCACHE_BIN"):
-        return Path(os.environ["GPUCACHE_BIN"])
+        # Relative to where pytest was started (the servers run in their own directories).
+        return Path(os.environ["GPUCACHE_BIN"]).resolve()
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     if not target.is_absolute():
         target = REPO / target

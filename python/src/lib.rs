@@ -3,8 +3,9 @@
 //! [`Identity`](keys), and the typed exceptions. Every call that waits on the server releases the
 //! GIL. The pure-Python package (`python/gpucache/`) re-exports these names with their stubs.
 //!
-//! Built with the stable ABI (abi3, Python 3.9 and later) by maturin, which sets
-//! `PYO3_BUILD_EXTENSION_MODULE`; a plain `cargo build` links libpython instead, for the tests.
+//! Built with the stable ABI (abi3, Python 3.9 and later) by maturin. Every build sets
+//! `PYO3_BUILD_EXTENSION_MODULE` (maturin, and `.cargo/config.toml` for plain cargo), so the
+//! module never links libpython: the importing interpreter provides its symbols.
 
 use pyo3::prelude::*;
 

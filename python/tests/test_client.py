@@ -330,3 +330,47 @@ def test_module_main_reports_version_reachability_and_offers(server):
                            "--timeout-s", "2"], capture_output=True, text=True, timeout=60)
     assert dead.returncode == 1
     assert "not reachable" in dead.stdout
+
+
+def test_a_pool_in_the_shared_segment_is_served_in_place(server, unique):
+    c = gpucache.Client(server.native, local=True, segment_bytes=16 << 20)
+    pool = c.shared_buffer(1 << 20)
+    assert pool is not None
+    assert c.register_buffer(pool) is True
+    assert c.register_buffer(bytearray(4096)) is False  # outside: one copy here each way
+    with pytest.raises(ValueError, match="overlap"):
+        c.register_buffer(pool.ptr + 4096, size=10)
+    view = np.frombuffer(gpucache.shared_view(pool), dtype=np.uint8)
+    blocks = [os.urandom(8192) for _ in range(4)]
+    for i, b in enumerate(blocks):
+        view[i * 8192:(i + 1) * 8192] = np.frombuffer(b, dtype=np.uint8)
+    names = [f"{unique}-{i}" for i in range(4)]
+    before = c.offers()["shared"]
+    addrs = [pool.ptr + i * 8192 for i in range(4)]
+    assert c.batch_put_from(names, addrs, sizes=[8192] * 4) == [True] * 4
+    view[:] = 0
+    assert c.batch_get_into(names[::-1], addrs, sizes=[8192] * 4) == [8192] * 4
+    after = c.offers()["shared"]
+    assert after["direct_items"] - before["direct_items"] == 8
+    assert after["bounced_items"] == before["bounced_items"]
+    assert [view[i * 8192:(i + 1) * 8192].tobytes() for i in range(4)] == blocks[::-1]
+    # The same names read over TCP give the same bytes.
+    tcp = gpucache.Client(server.native, local=False)
+    assert [tcp.get(n) for n in names] == blocks
+    assert tcp.register_buffer(bytearray(16)) is False
+    ptrs = [p for p, _, _ in c.registered_buffers()]
+    assert pool.ptr in ptrs
+    c.unregister_buffer(pool)
+    assert pool.ptr not in [p for p, _, _ in c.registered_buffers()]
+    with pytest.raises(ValueError):
+        c.unregister_buffer(pool)
+
+
+def test_registrations_are_bounded(client):
+    pool = (ctypes.c_char * (gpucache.REGISTERED_BUFFERS_MAX + 1))()
+    base = ctypes.addressof(pool)
+    for i in range(gpucache.REGISTERED_BUFFERS_MAX):
+        client.register_buffer(base + i, size=1)
+    with pytest.raises(gpucache.RefusedError) as e:
+        client.register_buffer(base + gpucache.REGISTERED_BUFFERS_MAX, size=1)
+    assert e.value.reason == "registrations"

@@ -136,6 +136,19 @@ fn may_fall_back(e: &ConnectError) -> bool {
 }
 
 impl Client {
+    pub(crate) fn store(&self) -> &Arc<TcpStore> {
+        &self.store
+    }
+
+    pub(crate) fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// A key argument (a Key or a plain name of this client's tenant).
+    pub(crate) fn key_of(&self, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey> {
+        key_of(&self.namespace, obj)
+    }
+
     /// Whether `len` bytes at `ptr` lie inside the segment shared with the server.
     fn in_segment(&self, ptr: usize, len: usize) -> bool {
         self.store.shared_segment_span().is_some_and(|(base, seg)| {
@@ -662,6 +675,18 @@ impl Client {
             return Err(PyValueError::new_err("size must be positive"));
         }
         Ok(self.store.shared_buffer(size).map(|buf| SharedBuffer { buf }))
+    }
+
+    /// An executor over this client (see `gpucache.Executor`).
+    #[pyo3(signature = (allocation_bytes, **kwargs))]
+    fn executor<'py>(
+        slf: &Bound<'py, Self>,
+        allocation_bytes: u64,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let cls = py.get_type::<crate::executor::Executor>();
+        cls.call((slf, allocation_bytes), kwargs)
     }
 
     /// Marks the client closed: later calls raise UnavailableError. Its connections close

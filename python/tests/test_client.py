@@ -15,8 +15,9 @@ import threading
 import numpy as np
 import pytest
 
-import gpucache
 from conftest import OBJECT_BYTES_MAX, OTHER_TENANT, SEALED_TENANT, server_binary
+
+gpucache = pytest.importorskip("gpucache")
 
 
 def ident(**kw):
@@ -374,3 +375,27 @@ def test_registrations_are_bounded(client):
     with pytest.raises(gpucache.RefusedError) as e:
         client.register_buffer(base + gpucache.REGISTERED_BUFFERS_MAX, size=1)
     assert e.value.reason == "registrations"
+
+
+def test_threads_share_one_client(server, unique):
+    c = gpucache.Client(server.native)
+    blocks = {f"{unique}-{i}": os.urandom(50_000 + i) for i in range(8)}
+    errors = []
+
+    def work(name, data):
+        try:
+            assert c.put(name, data) is True
+            for _ in range(5):
+                dst = bytearray(len(data))
+                assert c.get_into(name, dst) == len(data) and bytes(dst) == data
+        except BaseException as e:  # reported below, with the name
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=work, args=item) for item in blocks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a client thread did not finish in 60 s"
+    assert errors == []
+    assert c.batch_exists(list(blocks)) == [True] * len(blocks)

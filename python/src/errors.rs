@@ -5,7 +5,7 @@
 
 use gpucache_client::ConnectError;
 use gpucache_dataplane::limits::Refusal;
-use gpucache_dataplane::store::StoreError;
+use gpucache_dataplane::store::{Retirement, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -105,8 +105,19 @@ fn is_transport(detail: &str) -> bool {
     detail.starts_with("transport:")
 }
 
-/// The exception for a failed store call.
+/// The exception for a failed store call. `.retired` says whether the store has stopped
+/// touching the call's buffers (False only on the same-host path, for a destination in the
+/// shared segment that the server may still be writing: do not trust or reuse it).
 pub(crate) fn from_store(e: &StoreError) -> PyErr {
+    let err = store_exception(e);
+    let retired = e.retirement() == Retirement::Retired;
+    Python::attach(|py| {
+        let _ = err.value(py).setattr("retired", retired);
+    });
+    err
+}
+
+fn store_exception(e: &StoreError) -> PyErr {
     let text = e.to_string();
     match e {
         StoreError::WrongTenant { .. } => refused("wrong_tenant", text),
@@ -130,8 +141,6 @@ fn server_reason(detail: &str) -> &'static str {
         "too_large"
     } else if d.contains("quarantin") {
         "quarantined"
-    } else if d.contains("forbidden") || d.contains("right") {
-        "forbidden"
     } else {
         "bad_request"
     }

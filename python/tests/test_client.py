@@ -138,6 +138,7 @@ def test_over_limit_block_is_refused_with_a_reason(client, server, unique):
         client.put(unique, big)
     assert e.value.reason == "too_large", e.value.detail
     assert str(OBJECT_BYTES_MAX) in e.value.detail
+    assert e.value.retired is True
     assert client.exists(unique) is False
     # In a batch, the refusal names its item; the other items are stored.
     with pytest.raises(gpucache.RefusedError) as e:

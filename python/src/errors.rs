@@ -43,7 +43,10 @@ pub(crate) fn refused(reason: &str, detail: impl Into<String>) -> PyErr {
     Python::attach(|py| {
         let err = RefusedError::new_err(format!("{reason}: {detail}"));
         let value = err.value(py);
-        let set = value.setattr("reason", reason).and_then(|()| value.setattr("detail", &detail));
+        let set = value
+            .setattr("reason", reason)
+            .and_then(|()| value.setattr("detail", &detail))
+            .and_then(|()| value.setattr("retired", true));
         match set {
             Ok(()) => err,
             Err(e) => e,
@@ -57,8 +60,10 @@ pub(crate) fn unavailable(detail: impl Into<String>) -> PyErr {
     Python::attach(|py| {
         let err = UnavailableError::new_err(detail.clone());
         let value = err.value(py);
-        let set =
-            value.setattr("reason", "unavailable").and_then(|()| value.setattr("detail", &detail));
+        let set = value
+            .setattr("reason", "unavailable")
+            .and_then(|()| value.setattr("detail", &detail))
+            .and_then(|()| value.setattr("retired", true));
         match set {
             Ok(()) => err,
             Err(e) => e,
@@ -74,7 +79,8 @@ fn too_small(needed: u64, provided: u64) -> PyErr {
         let set = value
             .setattr("reason", "buffer_too_small")
             .and_then(|()| value.setattr("detail", &detail))
-            .and_then(|()| value.setattr("needed", needed));
+            .and_then(|()| value.setattr("needed", needed))
+            .and_then(|()| value.setattr("retired", true));
         match set {
             Ok(()) => err,
             Err(e) => e,
@@ -105,9 +111,10 @@ fn is_transport(detail: &str) -> bool {
     detail.starts_with("transport:")
 }
 
-/// The exception for a failed store call. `.retired` says whether the store has stopped
-/// touching the call's buffers (False only on the same-host path, for a destination in the
-/// shared segment that the server may still be writing: do not trust or reuse it).
+/// The exception for a failed store call. Every exception of the package has `.retired`, true
+/// unless the store may still be touching the call's buffers (only on the same-host path, for a
+/// destination in the shared segment that the server may still be writing: do not trust or
+/// reuse it), which only a failed store call can say.
 pub(crate) fn from_store(e: &StoreError) -> PyErr {
     let err = store_exception(e);
     let retired = e.retirement() == Retirement::Retired;

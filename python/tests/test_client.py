@@ -208,8 +208,9 @@ def free_port() -> int:
 
 
 def test_unreachable_server_is_unavailable():
-    with pytest.raises(gpucache.UnavailableError):
+    with pytest.raises(gpucache.UnavailableError) as e:
         gpucache.Client(f"127.0.0.1:{free_port()}", timeout_s=2.0)
+    assert e.value.reason == "unavailable" and e.value.retired is True
 
 
 def test_a_waiting_call_releases_the_gil():

@@ -692,8 +692,9 @@ impl Client {
         allocation_bytes: u64,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let cls = py.get_type::<crate::executor::Executor>();
+        // Looked up in the module rather than named here: the executor module builds on this
+        // one, so this one does not import it.
+        let cls = PyModule::import(slf.py(), "gpucache._native")?.getattr("Executor")?;
         cls.call((slf, allocation_bytes), kwargs)
     }
 

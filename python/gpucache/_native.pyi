@@ -20,6 +20,9 @@ class RefusedError(Error):
     detail: str
     index: int
     """In a batch call: the item the refusal is about (set only by batch calls)."""
+    retired: bool
+    """Set on store failures: False when the server may still be writing the call's
+    destination (same-host path, a range in the shared segment); do not trust it then."""
 
 class BufferTooSmallError(RefusedError):
     """The destination is smaller than the block."""
@@ -31,6 +34,8 @@ class UnavailableError(Error):
 
     reason: str
     detail: str
+    retired: bool
+    """Set on failed store calls (see RefusedError.retired)."""
 
 class Key:
     """A physical key: what one block is stored under. Hashable; ``bytes(key)`` is its

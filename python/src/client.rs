@@ -45,6 +45,14 @@ enum LocalMode {
 }
 
 /// One tenant's client of a `gpucache serve` native (GPCW) listener.
+///
+/// `Client(address="127.0.0.1:7470", tenant="default", key_file=None, key_id=None,
+/// local="auto", timeout_s=30.0, segment_bytes=256 MiB, client_name="gpucache-python")`. The
+/// session opens here: an unreachable server raises UnavailableError, an unknown tenant or
+/// refused key RefusedError. `key_file` is a tenant key file (mode 0600, the server's format);
+/// `key_id` picks a key when it holds several. `local="auto"` takes the same-host path (a
+/// memfd segment of `segment_bytes` shared with the server) when the server offers it and TCP
+/// otherwise, `True` requires it, `False` is TCP only. `timeout_s` bounds each request.
 #[pyclass(module = "gpucache._native", frozen)]
 #[derive(Debug)]
 pub struct Client {
@@ -684,8 +692,9 @@ impl Client {
         allocation_bytes: u64,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let cls = py.get_type::<crate::executor::Executor>();
+        // Looked up in the module rather than named here: the executor module builds on this
+        // one, so this one does not import it.
+        let cls = PyModule::import(slf.py(), "gpucache._native")?.getattr("Executor")?;
         cls.call((slf, allocation_bytes), kwargs)
     }
 

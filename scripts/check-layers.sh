@@ -4,7 +4,7 @@
 # - gpucache-storage pulls in no metrics, authentication, randomness or JSON crate;
 # - gpucache-wire pulls in nothing that does I/O (no io_uring, libc, memory maps, sockets,
 #   async runtimes, randomness from the system);
-# - no crate below the service depends on gpucache-service;
+# - no crate below the service (the Python package included) depends on gpucache-service;
 # - cli/src, the thin binary, stays under 2,000 lines.
 # Exit status 1 names every broken rule.
 set -euo pipefail
@@ -31,7 +31,7 @@ forbid() {
 forbid gpucache-storage prometheus-client hmac sha2 getrandom serde_json
 forbid gpucache-wire io-uring libc memmap2 getrandom tokio mio socket2 nix
 for crate in gpucache-dataplane gpucache-storage gpucache-wire gpucache-client gpucache-mooncake \
-    gpucache-nic gpucache-dpu gpucache-gpu; do
+    gpucache-nic gpucache-dpu gpucache-gpu gpucache-python; do
     forbid "$crate" gpucache-service gpucache-bench gpucache-cli
 done
 

@@ -14,10 +14,13 @@
 #   mooncake    a venv with Mooncake Store (mooncake-transfer-engine-non-cuda) and the system
 #               libraries its binaries load (libibverbs1)
 #   nixl        a venv with the nixl-cu12 wheel (libnixl_capi.so, UCX, the POSIX plugin)
+#   python      a venv with maturin, pytest, numpy and redis-py, and the gpucache wheel built
+#               from python/ by maturin (the dev profile, as the test build) and installed in it
 #
 #   CARGO_TARGET_DIR        the build folder the venvs live under (default: target)
 #   GPUCACHE_MOONCAKE_VENV  the Mooncake venv (default: $CARGO_TARGET_DIR/bench-venv)
 #   GPUCACHE_NIXL_VENV      the NIXL venv (default: $CARGO_TARGET_DIR/nixl-venv)
+#   GPUCACHE_PY_VENV        the Python package's venv (default: $CARGO_TARGET_DIR/py-venv)
 #   PYTHON                  the interpreter that makes the venvs (default: python3)
 #
 # Debian packages need root (apt-get). Exit status: 0 when every piece asked for works, 1 when
@@ -29,10 +32,12 @@ cd "$(dirname "$0")/.."
 
 MOONCAKE_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 NIXL_WHEELS=("nixl-cu12==1.5.1" numpy)
+PY_TOOLS=("maturin==1.16.0" "pytest==9.2.0" "numpy==2.2.6" "redis==8.1.0")
 # Free space each install needs on its disk, in MiB (measured sizes with room to spare).
 APT_MIB=800
 MOONCAKE_MIB=600
 NIXL_MIB=900
+PY_MIB=300
 MARGIN_MIB=512
 
 python="${PYTHON:-python3}"
@@ -40,7 +45,7 @@ installed=()
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 
-all=(build prometheus redis fio iperf3 mooncake nixl)
+all=(build prometheus redis fio iperf3 mooncake nixl python)
 pieces=("$@")
 [ ${#pieces[@]} -gt 0 ] || pieces=("${all[@]}")
 for p in "${pieces[@]}"; do
@@ -110,7 +115,7 @@ wants prometheus && check_deb prometheus ok_prometheus prometheus
 wants redis && check_deb redis ok_redis redis-server redis-tools
 wants fio && check_deb fio ok_fio fio
 wants iperf3 && check_deb iperf3 ok_iperf3 iperf3
-{ wants mooncake || wants nixl; } && check_deb python3-venv ok_venv python3 python3-venv
+{ wants mooncake || wants nixl || wants python; } && check_deb python3-venv ok_venv python3 python3-venv
 wants mooncake && check_deb libibverbs ok_ibverbs libibverbs1
 
 if [ ${#debs[@]} -gt 0 ]; then
@@ -139,7 +144,7 @@ if [ ${#debs[@]} -gt 0 ]; then
     wants redis && { ok_redis || die "redis does not run: $(redis-server --version 2>&1 | head -3)"; }
     wants fio && { ok_fio || die "fio does not run: $(fio --version 2>&1 | head -3)"; }
     wants iperf3 && { ok_iperf3 || die "iperf3 does not run: $(iperf3 --version 2>&1 | head -3)"; }
-    { wants mooncake || wants nixl; } && { ok_venv || die "$python cannot make a venv"; }
+    { wants mooncake || wants nixl || wants python; } && { ok_venv || die "$python cannot make a venv"; }
     wants mooncake && { ok_ibverbs || die "libibverbs.so.1 is not known to the loader after installing libibverbs1"; }
 fi
 
@@ -219,6 +224,65 @@ ensure_venv() {
 
 wants mooncake && ensure_venv "$MOONCAKE_VENV" mooncake_problem "$MOONCAKE_MIB" Mooncake "$MOONCAKE_WHEEL"
 wants nixl && ensure_venv "$NIXL_VENV" nixl_problem "$NIXL_MIB" NIXL --no-deps "${NIXL_WHEELS[@]}"
+
+# Why the Python venv's tools are not ready (nothing when they are): each imports at its pinned
+# version.
+py_tools_problem() {
+    local v="$1" out
+    "$v/bin/python" -c 'import sys' >/dev/null 2>&1 || { echo "the venv's python does not run"; return; }
+    out="$("$v/bin/python" - "${PY_TOOLS[@]}" 2>&1 <<'PY'
+import importlib.metadata as m, sys
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    try:
+        have = m.version(name)
+    except m.PackageNotFoundError:
+        sys.exit(f"{name} is not installed")
+    if have != want:
+        sys.exit(f"{name} is {have}, not {want}")
+import maturin, pytest, numpy, redis  # noqa: E401,F401
+PY
+)" || echo "$out"
+}
+
+# The gpucache wheel, built from python/ with the venv's maturin in the dev profile (so the
+# test build that follows reuses the workspace crates it compiled), installed when it differs
+# from the one in the venv, and proven by importing gpucache and comparing its version with the
+# workspace's.
+ensure_py_package() {
+    local v="$1" want have wheel sum
+    want="$(awk -F'"' '/^\[workspace.package\]/ { p = 1 } p && /^version/ { print $2; exit }' Cargo.toml)"
+    rm -rf "$PY_WHEELS"
+    log "maturin build (python/, dev profile) into $PY_WHEELS"
+    if ! "$v/bin/maturin" build --manifest-path python/Cargo.toml --locked --quiet \
+        --interpreter "$v/bin/python" --out "$PY_WHEELS" >&2; then
+        die "maturin build of python/ failed (its message above)"
+    fi
+    wheel="$(ls "$PY_WHEELS"/gpucache-*.whl 2>/dev/null | head -1)"
+    [ -n "$wheel" ] || die "maturin build wrote no wheel into $PY_WHEELS"
+    # The package's files as the wheel's RECORD hashes them (the zip itself, and the SBOM in
+    # its metadata, carry build times).
+    sum="$("$v/bin/python" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for n in z.namelist():
+    if n.endswith(".dist-info/RECORD"):
+        print("".join(l for l in z.read(n).decode().splitlines(True) if l.startswith("gpucache/")))' \
+        "$wheel" | sha256sum | cut -d' ' -f1)"
+    if [ "$(cat "$v/.gpucache-wheel.sha256" 2>/dev/null)" != "$sum" ]; then
+        "$v/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+            "$wheel" >&2 || die "pip install $wheel failed (pip's message above)"
+        printf '%s\n' "$sum" >"$v/.gpucache-wheel.sha256"
+        installed+=("gpucache wheel")
+    fi
+    have="$(cd / && "$v/bin/python" -c 'import gpucache; print(gpucache.__version__)' 2>&1)" \
+        || die "import gpucache in $v failed: $have"
+    [ "$have" = "$want" ] || die "gpucache in $v reports version $have, the workspace is $want"
+}
+
+if wants python; then
+    ensure_venv "$PY_VENV" py_tools_problem "$PY_MIB" Python "${PY_TOOLS[@]}"
+    ensure_py_package "$PY_VENV"
+fi
 
 if [ ${#installed[@]} -eq 0 ]; then
     log "nothing to install: ${pieces[*]} already work"

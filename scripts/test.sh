@@ -14,9 +14,18 @@ if command -v rustup >/dev/null 2>&1; then
     rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
+# Disk: this suite builds the workspace four times (plain, verbs, spdk/doca, nixl), and with full
+# debug info and incremental caches that came to about 8 GB, more than a CI machine may have
+# free. Line tables keep file:line in panics and backtraces at a fraction of the size; a
+# one-shot run gains nothing from incremental caches. Either can be overridden from outside.
+# They are set before scripts/setup.sh, whose maturin build of the Python package then compiles
+# the workspace crates exactly as the test build below does, so they are built once.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
+
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# redis, fio, iperf3, the Mooncake and NIXL venvs) is installed and proven to work by
-# scripts/setup.sh. In CI a piece that cannot be made to work stops the run here, with the
+# redis, fio, iperf3, the Mooncake, NIXL and Python venvs, the gpucache wheel) is installed and
+# proven to work by scripts/setup.sh. In CI a piece that cannot be made to work stops the run here, with the
 # installer's or the loader's own message; elsewhere its tests skip and say why.
 if ! scripts/setup.sh; then
     if [ "${CI:-}" = "true" ]; then
@@ -30,16 +39,11 @@ export GPUCACHE_MOONCAKE_VENV="$MOONCAKE_VENV"
 # In CI the peers must be there: their tests fail instead of skipping.
 if [ "${CI:-}" = "true" ]; then
     export GPUCACHE_REQUIRE_PROMETHEUS=1 GPUCACHE_REQUIRE_REDIS_CLI=1 GPUCACHE_REQUIRE_MOONCAKE=1
+    export GPUCACHE_REQUIRE_PYTHON=1
 fi
 
 export GPUCACHE_CONFORMANCE_CASES="${GPUCACHE_CONFORMANCE_CASES:-1000}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-# Disk: this suite builds the workspace four times (plain, verbs, spdk/doca, nixl), and with full
-# debug info and incremental caches that came to about 8 GB, more than a CI machine may have
-# free. Line tables keep file:line in panics and backtraces at a fraction of the size; a
-# one-shot run gains nothing from incremental caches. Either can be overridden from outside.
-export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 target_dir="${CARGO_TARGET_DIR:-target}"
 # A fresh clone's run peaks near 2 GB in the build folder; below 3 GiB free it would fail late
 # with "No space left on device" somewhere inside a compiler, so it stops here and says so.
@@ -84,6 +88,21 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "tests (conformance: ${GPUCACHE_CONFORMANCE_CASES} cases per property)"
 cargo test --workspace --locked
+
+# The Python package (python/): the wheel scripts/setup.sh built and installed into its venv,
+# against `gpucache serve` processes the tests start on loopback (the binary of the test build
+# above). Without the venv the tests cannot run: in CI that fails the step
+# (GPUCACHE_REQUIRE_PYTHON=1), elsewhere it is reported and skipped.
+step "python package (pytest python/tests)"
+cargo build -p gpucache-cli --locked
+if [ -x "$PY_VENV/bin/python" ]; then
+    GPUCACHE_BIN="$target_dir/debug/gpucache" "$PY_VENV/bin/python" -m pytest python/tests -q
+elif [ "${CI:-}" = "true" ]; then
+    echo "scripts/test.sh: no Python venv at $PY_VENV (scripts/setup.sh python)" >&2
+    exit 1
+else
+    echo "scripts/test.sh: no Python venv at $PY_VENV; the Python tests are skipped" >&2
+fi
 
 # The fuzz crate (fuzz/: its own workspace and lock file) in its own folder under the build
 # folder: format check, clippy over the library, its tests, the seed generator and every

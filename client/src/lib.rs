@@ -4,8 +4,10 @@
 //! - [`tcp`]: the connection pool, the handshake, pipelined batches (framed or through the
 //!   shared segment), staging.
 //! - [`credentials`]: what a client signs a tenant's sessions with.
+//! - [`key_file`]: reading a tenant key file, as the server does.
 
 pub mod credentials;
+pub mod key_file;
 pub mod tcp;
 
 pub use credentials::Credentials;

@@ -523,6 +523,26 @@ impl TcpStore {
         Ok(self.local_path.get_or_init(|| PathBuf::from(path)).clone())
     }
 
+    /// The Unix socket the server offers to same-host clients, as a fresh HELLO over TCP as
+    /// `caller` answers it (`None`: it offers none), whether or not this client uses it.
+    pub fn offered_local_socket(&self, caller: &Caller) -> Result<Option<String>, ConnectError> {
+        self.hello(self.tcp_stream()?, caller).map(|(_, offered)| offered)
+    }
+
+    /// Where the segment shared with the server is mapped in this process (its first byte's
+    /// address and its length), once the same-host path has made it; `None` over TCP. A GET
+    /// into a range inside it, or a PUT from one, is served there by the server directly.
+    pub fn shared_segment_span(&self) -> Option<(usize, usize)> {
+        let segment = self.arena.get()?.segment();
+        let base = segment.with_bytes(0, segment.len(), |all| all.as_ptr() as usize).ok()?;
+        Some((base, usize::try_from(segment.len()).ok()?))
+    }
+
+    /// Whether this client takes the same-host path (its configuration has a [`LocalConfig`]).
+    pub fn is_local(&self) -> bool {
+        self.config.local.is_some()
+    }
+
     /// Opens a session as `caller` now and keeps it in the pool for the next request, so that
     /// a caller learns why the server cannot be used (unreachable, not GPCW, busy, unknown
     /// tenant, refused credentials) as a typed error before its first request.

@@ -27,6 +27,7 @@ mod error;
 mod frame;
 pub mod keys;
 mod message;
+pub mod namespace;
 pub mod resp;
 pub mod seal;
 pub mod staging;

@@ -2,8 +2,6 @@
 //! small), and the per-tenant key set that is re-read when its file changes. The line format is
 //! the wire crate's ([`gpucache_wire::keys`]).
 
-use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -12,92 +10,11 @@ pub use gpucache_wire::keys::{
     parse_keys, unhex, valid_key_id,
 };
 
-/// Largest key file read.
-pub const KEY_FILE_BYTES_MAX: u64 = 64 << 10;
-
-/// Why a key file was refused. Display never includes secret bytes.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KeyFileError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{path} is not a regular file")]
-    NotAFile { path: PathBuf },
-    #[error(
-        "{path} has mode {mode:04o}: group or others may access it; make it readable by the \
-         service's user only (chmod 600)"
-    )]
-    TooOpen { path: PathBuf, mode: u32 },
-    #[error("{path}: larger than {bytes_max} bytes; not a key file")]
-    TooLarge { path: PathBuf, bytes_max: u64 },
-    #[error("{path} line {line}: {error}")]
-    Line { path: PathBuf, line: usize, error: LineError },
-    #[error("{path} holds no key")]
-    Empty { path: PathBuf },
-    #[error("{path} holds {count} keys; at most {KEYS_PER_TENANT_MAX} are allowed")]
-    TooManyKeys { path: PathBuf, count: usize },
-}
-
-/// What identifies one version of a file: a rename (new inode), a write (mtime, size) or both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileStamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_s: i64,
-    mtime_ns: i64,
-}
-
-impl FileStamp {
-    fn of(meta: &std::fs::Metadata) -> Self {
-        Self {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime_s: meta.mtime(),
-            mtime_ns: meta.mtime_nsec(),
-        }
-    }
-}
-
-/// Reads and validates a key file: a regular file, private to its owner, small, with 1 to
-/// [`KEYS_PER_TENANT_MAX`] well-formed keys.
-pub fn read_key_file(path: &Path) -> Result<Vec<TenantKey>, KeyFileError> {
-    read_with_stamp(path).map(|(keys, _)| keys)
-}
-
-fn read_with_stamp(path: &Path) -> Result<(Vec<TenantKey>, FileStamp), KeyFileError> {
-    let io_err = |source| KeyFileError::Io { path: path.to_owned(), source };
-    let file = std::fs::File::open(path).map_err(io_err)?;
-    let meta = file.metadata().map_err(io_err)?;
-    if !meta.is_file() {
-        return Err(KeyFileError::NotAFile { path: path.to_owned() });
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(KeyFileError::TooOpen { path: path.to_owned(), mode });
-    }
-    let mut text = String::new();
-    file.take(KEY_FILE_BYTES_MAX + 1).read_to_string(&mut text).map_err(io_err)?;
-    if text.len() as u64 > KEY_FILE_BYTES_MAX {
-        return Err(KeyFileError::TooLarge {
-            path: path.to_owned(),
-            bytes_max: KEY_FILE_BYTES_MAX,
-        });
-    }
-    let keys = parse_keys(&text).map_err(|(line, error)| KeyFileError::Line {
-        path: path.to_owned(),
-        line,
-        error,
-    })?;
-    if keys.is_empty() {
-        return Err(KeyFileError::Empty { path: path.to_owned() });
-    }
-    if keys.len() > KEYS_PER_TENANT_MAX {
-        return Err(KeyFileError::TooManyKeys { path: path.to_owned(), count: keys.len() });
-    }
-    Ok((keys, FileStamp::of(&meta)))
-}
+// Reading one key file (private, small, well-formed) is the client crate's, so that every client
+// reads a key file exactly as the server does.
+pub use gpucache_client::key_file::{
+    FileStamp, KEY_FILE_BYTES_MAX, KeyFileError, read_key_file, read_with_stamp,
+};
 
 #[derive(Debug)]
 struct Loaded {

@@ -33,15 +33,4 @@ impl TenantAuth {
     }
 }
 
-/// The credentials for `key_id` from a key file (the same file format a server reads).
-pub fn credentials_from_key_file(
-    path: &std::path::Path,
-    key_id: &str,
-) -> Result<gpucache_client::Credentials, String> {
-    let keys = read_key_file(path).map_err(|e| e.to_string())?;
-    let key = keys
-        .into_iter()
-        .find(|k| k.id == key_id)
-        .ok_or_else(|| format!("{}: no key with id {key_id:?}", path.display()))?;
-    Ok(gpucache_client::Credentials::new(key.id, key.secret))
-}
+pub use gpucache_client::key_file::credentials_from_key_file;

@@ -1,0 +1,149 @@
+"""Type stubs of gpucache's native module (the Rust client through PyO3)."""
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+__version__: str
+PAYLOAD_BYTES_MAX: int
+BATCH_ITEMS_MAX: int
+REGISTERED_BUFFERS_MAX: int
+
+class Error(Exception):
+    """Every error of gpucache. A miss is never an error."""
+
+class RefusedError(Error):
+    """The store refused the call."""
+
+    reason: str
+    """A stable snake_case word: too_large, budget, inflight, busy, wrong_tenant, forbidden,
+    quarantined, conflict, empty, unknown_tenant, auth, key_file, no_local_socket, not_local,
+    registrations, bad_request, ..."""
+    detail: str
+    index: int
+    """In a batch call: the item the refusal is about (set only by batch calls)."""
+
+class BufferTooSmallError(RefusedError):
+    """The destination is smaller than the block."""
+
+    needed: int
+
+class UnavailableError(Error):
+    """Unreachable, no answer within the deadline, server gone, or not a GPCW listener."""
+
+    reason: str
+    detail: str
+
+class Key:
+    """A physical key: what one block is stored under. Hashable; ``bytes(key)`` is its
+    canonical encoding."""
+
+    @staticmethod
+    def from_bytes(data: bytes) -> "Key": ...
+    def __bytes__(self) -> bytes: ...
+    def hex(self) -> str:
+        """The first 16 bytes of the key's BLAKE3 digest, as 32 hex digits."""
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def blocks(self) -> int:
+        """How many blocks of the prefix the key names."""
+    def __hash__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+
+BlockHash = Union[bytes, str, int]
+
+class Identity:
+    """What a model's cached KV depends on, short of the prefix. Two identities that differ in
+    any argument never share a key."""
+
+    def __init__(
+        self,
+        tenant: str,
+        model: str,
+        model_revision: str = "main",
+        model_config: Optional[Union[bytes, str]] = None,
+        tokenizer_revision: str = "main",
+        adapter: Optional[str] = None,
+        adapter_revision: Optional[str] = None,
+        kv_dtype: str = "f16",
+        layout: str = "gpucache-raw",
+        layout_version: int = 1,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        block_tokens: int = 16,
+        rope: Optional[Dict[str, Any]] = None,
+        multimodal: Optional[Dict[str, Union[bytes, str]]] = None,
+        position: Optional[str] = None,
+        quant: Optional[str] = None,
+        quant_group: Optional[int] = None,
+        trust_domain: str = "default",
+    ) -> None: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def block_tokens(self) -> int: ...
+    def chain_keys(self, block_hashes: Sequence[BlockHash]) -> List[Key]:
+        """Key i names the prefix block_hashes[0..=i]."""
+    def token_keys(self, token_ids: Sequence[int]) -> List[Key]:
+        """One key per full block of token ids."""
+
+def plain_key(tenant: str, name: Union[str, bytes]) -> Key:
+    """The key the RESP front and `gpucache get` use for a plain name of a tenant."""
+
+KeyLike = Union[Key, str, bytes]
+# An int address (with size=), a buffer-protocol object, a CPU torch tensor or a SharedBuffer.
+Buffer = Any
+
+class SharedBuffer:
+    """A range of the segment shared with the server (same-host path)."""
+
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def __len__(self) -> int: ...
+
+class Client:
+    def __init__(
+        self,
+        address: str = "127.0.0.1:7470",
+        tenant: str = "default",
+        key_file: Optional[str] = None,
+        key_id: Optional[str] = None,
+        local: Union[str, bool, None] = "auto",
+        timeout_s: float = 30.0,
+        segment_bytes: int = 268435456,
+        client_name: str = "gpucache-python",
+    ) -> None: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def transport(self) -> str:
+        """"local" or "tcp"."""
+    def offers(self) -> Dict[str, Any]: ...
+    def key(self, name: Union[str, bytes]) -> Key: ...
+    def exists(self, key: KeyLike) -> bool: ...
+    def batch_exists(self, keys: Sequence[KeyLike]) -> List[bool]: ...
+    def prefix_len(self, keys: Sequence[KeyLike]) -> int: ...
+    def get(self, key: KeyLike) -> Optional[bytes]: ...
+    def put(self, key: KeyLike, data: Buffer) -> bool: ...
+    def get_into(self, key: KeyLike, dst: Buffer, size: Optional[int] = None) -> Optional[int]: ...
+    def batch_get_into(
+        self, keys: Sequence[KeyLike], dsts: Sequence[Buffer],
+        sizes: Optional[Sequence[Optional[int]]] = None,
+    ) -> List[Optional[int]]: ...
+    def put_from(self, key: KeyLike, src: Buffer, size: Optional[int] = None) -> bool: ...
+    def batch_put_from(
+        self, keys: Sequence[KeyLike], srcs: Sequence[Buffer],
+        sizes: Optional[Sequence[Optional[int]]] = None,
+    ) -> List[bool]: ...
+    def remove(self, key: KeyLike) -> bool: ...
+    def register_buffer(self, dst_or_ptr: Buffer, size: Optional[int] = None) -> bool:
+        """True when the range lies in the shared segment (no copy in this process)."""
+    def unregister_buffer(self, ptr: Buffer) -> None: ...
+    def registered_buffers(self) -> List[Tuple[int, int, bool]]: ...
+    def shared_buffer(self, size: int) -> Optional[SharedBuffer]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Client": ...
+    def __exit__(self, *exc: object) -> bool: ...

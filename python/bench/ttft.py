@@ -48,7 +48,8 @@ def main() -> int:
     p.add_argument("--suffix", type=int, default=64, help="new tokens after each prefix")
     p.add_argument("--processes", type=int, default=3, help="fresh processes per side and P")
     p.add_argument("--repeat", type=int, default=5, help="timed repetitions per process")
-    p.add_argument("--threads", type=int, default=mr.TORCH_THREADS_DEFAULT)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of every process (1: steadier on a shared machine)")
     p.add_argument("--local", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--binary", help="the gpucache binary (default: as the tests find it)")
     p.add_argument("--json", help="write every sample here")
@@ -86,6 +87,7 @@ def main() -> int:
                 if reader["tokens"] != full["tokens"]:
                     raise RuntimeError(f"P={n}: restored and recomputed greedy tokens differ")
             kept = reader["restored_tokens"]
+            transport = reader["transport"]
             rows.append((n, reader["prompt_tokens"], kept, reader["restored_bytes"],
                          recompute, restore, restore_io))
             samples.append({"prefix_tokens": n, "prompt_tokens": reader["prompt_tokens"],
@@ -95,7 +97,8 @@ def main() -> int:
     load_after = uptime()
 
     print(f"model: LlamaForCausalLM, 4 layers, hidden 256, float32, CPU, {args.threads} torch threads; "
-          f"{w['block_bytes'] // 1024} KiB per {mr.BLOCK_TOKENS}-token block; client local={args.local}; "
+          f"{w['block_bytes'] // 1024} KiB per {mr.BLOCK_TOKENS}-token block; client local={args.local} "
+          f"(transport {transport}); "
           f"{args.processes} processes x {args.repeat} repetitions per cell; ms: median (min-max)")
     print()
     print("| prefix tokens | prompt tokens | restored tokens (of the prefix) | TTFT recompute ms "

@@ -209,6 +209,9 @@ def greedy(model, cache, last_logits, steps: int):
 def connect(args):
     import gpucache
 
+    # One batch call carries every block of the longest prompt.
+    if PROMPT_TOKENS_MAX // BLOCK_TOKENS > gpucache.BATCH_ITEMS_MAX:
+        raise RuntimeError(f"{PROMPT_TOKENS_MAX // BLOCK_TOKENS} blocks exceed BATCH_ITEMS_MAX")
     local = {"auto": "auto", "on": True, "off": False}[args.local]
     return gpucache.Client(args.server, tenant=TENANT, local=local, timeout_s=args.timeout_s)
 
@@ -303,6 +306,7 @@ def role_read(args):
     t_connect = time.perf_counter()
     client = connect(args)
     connect_s = time.perf_counter() - t_connect
+    transport = client.transport
     runs = []
     try:
         for _ in range(args.repeat):
@@ -326,6 +330,7 @@ def role_read(args):
         "restored_tokens": kept,
         "restored_bytes": buf.shape[0] * block_bytes(model),
         "restored_digests": [digest(buf[i]) for i in range(buf.shape[0])],
+        "transport": transport,
         "connect_s": connect_s,
         "runs": runs,
     })

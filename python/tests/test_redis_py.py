@@ -54,6 +54,8 @@ def gpucache_bin() -> Path:
     else:
         target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
         path = target / "debug" / "gpucache"
+    # Absolute: the servers start in temporary directories of their own.
+    path = path.resolve()
     if not path.is_file():
         pytest.fail(
             f"no gpucache binary at {path}: build it with `cargo build -p gpucache-cli` "

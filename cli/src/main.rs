@@ -54,8 +54,8 @@ enum Command {
     ///   local    ./gpucache-data/gpucache.sock   a Unix socket for clients on this host: GPCW
     ///                             with payloads in shared memory, `--shm` (listen.local; with a
     ///                             memory store, none unless set)
-    ///   resp     127.0.0.1:7471   the Redis protocol (RESP2) for redis-cli and Redis clients
-    ///                             (listen.resp)
+    ///   resp     127.0.0.1:7471   the Redis protocol (RESP2, RESP3 after HELLO 3) for
+    ///                             redis-cli, redis-py and other Redis clients (listen.resp)
     ///   metrics  127.0.0.1:7472   HTTP: /metrics (Prometheus), /livez, /readyz and /healthz
     ///                             (listen.metrics)
     #[command(verbatim_doc_comment)]

@@ -1,5 +1,6 @@
-//! The RESP front: a Redis-protocol (RESP2) listener over a shared [`Store`], so that Redis
-//! clients (`redis-cli`, `redis-benchmark`, client libraries) can keep opaque values in GPUCache.
+//! The RESP front: a Redis-protocol listener (RESP2, and RESP3 after `HELLO 3`) over a shared
+//! [`Store`], so that Redis clients (`redis-cli`, `redis-benchmark`, redis-py and the libraries
+//! built on it) can keep opaque values in GPUCache.
 //!
 //! # Keys
 //!
@@ -18,15 +19,25 @@
 //! of a key that already holds exactly the same bytes answers `+OK`, because the key then holds
 //! what was asked for (this is what lets `redis-benchmark`, which writes one value to random
 //! keys, run). `SET` of a key that holds different bytes is an error and changes nothing; with
-//! `NX` it answers nil instead, whatever the value. A value therefore changes only through `DEL`
-//! then `SET`. Values never expire. A value must hold at least one byte and fit the store's
+//! `NX` it answers nil instead, whatever the value, and `XX` never stores (a key it finds either
+//! holds the same bytes, or other bytes it cannot replace). A value therefore changes only
+//! through `DEL` then `SET`. A value must hold at least one byte and fit the store's
 //! `object_bytes_max`. A read that finds nothing usable, including a block whose bytes failed
 //! their checksum (which the store drops), answers nil.
+//!
+//! # Expiry
+//!
+//! `SET ... EX|PX|EXAT|PXAT` gives a key a deadline, kept by this process in a table of at most
+//! [`EXPIRING_KEYS_MAX`] keys shared by every connection. A key whose deadline has passed is
+//! removed from the store by the next command that touches it and reads as absent; the store
+//! itself has no expiry, so the deadline is lost when the process restarts (the block then stays
+//! until `DEL` or eviction).
 //!
 //! # Protocol
 //!
 //! Requests are RESP2 arrays of bulk strings, or inline commands (one line of words separated
-//! by spaces or tabs; quotes are not interpreted). The decoder ([`gpucache_wire::resp`],
+//! by spaces or tabs; quotes are not interpreted). Replies are RESP2 until the connection sends
+//! `HELLO 3`, then RESP3 (null `_`, maps `%`, verbatim text `=`). The decoder ([`gpucache_wire::resp`],
 //! re-exported here) is strict and bounded (see the constants and [`RespLimits`]); a request it
 //! cannot decode is answered `-ERR Protocol error: ...` and the connection closes, because the
 //! stream cannot be resynchronised. Command-level mistakes (unknown command, wrong arity, bad option) are answered
@@ -37,11 +48,13 @@
 //! As for the native listener (ADR 0011): one accept thread, one thread per connection up to
 //! `connections_max`, a read tick that notices shutdown and idleness, and a write timeout.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::auth::TenantKeys;
@@ -51,7 +64,7 @@ use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::clock::{Clock, UnixClock};
-use gpucache_dataplane::identity::IdentityError;
+use gpucache_dataplane::identity::{Digest32, IdentityError};
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{
     BatchGet, BatchPut, Get, Implementation, Invalidate, Lookup, MissReason, Put, Store, StoreError,
@@ -65,15 +78,23 @@ use subtle::ConstantTimeEq;
 // it is re-exported here so that the front's users find it next to the listener.
 pub use gpucache_wire::resp::{
     ARGS_MAX, BULK_SLACK_BYTES, INLINE_BYTES_MAX, LENGTH_LINE_BYTES_MAX, ProtocolError,
-    REQUEST_SLACK_BYTES, Reply, RequestDecoder, RespLimits, VALUE_BYTES_CEILING, encode_request,
-    parse_int,
+    REQUEST_SLACK_BYTES, Reply, RequestDecoder, RespLimits, RespVersion, VALUE_BYTES_CEILING,
+    encode_request, parse_int,
 };
 
 // ---------------------------------------------------------------------------------------------
 // Limits of the listener
 
-/// The Redis version INFO reports; clients check it to pick a dialect.
+/// The Redis version INFO and HELLO report; clients check it to pick a dialect.
 pub const REDIS_VERSION: &str = "7.0.0";
+/// The server name HELLO reports.
+pub const SERVER_NAME: &str = "gpucache";
+/// Longest connection name (`CLIENT SETNAME`, `HELLO ... SETNAME`) and library name or version
+/// (`CLIENT SETINFO`).
+pub const CLIENT_NAME_BYTES_MAX: usize = 256;
+/// Most plain keys with an expiry (`SET ... EX|PX|EXAT|PXAT`) at once, over all connections, by
+/// default ([`RespConfig::expiring_keys_max`]).
+pub const EXPIRING_KEYS_MAX: usize = 65_536;
 
 /// How often a blocked read wakes to check for shutdown and idleness.
 const READ_TICK: Duration = Duration::from_millis(100);
@@ -140,6 +161,9 @@ pub struct RespConfig {
     /// answered `-NOAUTH` until it does. RESP cannot seal, so the secret crosses the wire in
     /// clear: keep the listener on loopback or a trusted network.
     pub auth: Option<Arc<TenantKeys>>,
+    /// Most plain keys with a deadline at once ([`EXPIRING_KEYS_MAX`] by default); a SET with
+    /// an expiry that would take one more, when none of them is past its deadline, is refused.
+    pub expiring_keys_max: usize,
 }
 
 impl RespConfig {
@@ -157,6 +181,7 @@ impl RespConfig {
             namespace,
             limits: RespLimits::default(),
             auth: None,
+            expiring_keys_max: EXPIRING_KEYS_MAX,
         })
     }
 }
@@ -167,6 +192,97 @@ struct Shared {
     gate: Arc<Gate>,
     started: Instant,
     port: u16,
+    /// The id the next connection gets (`CLIENT ID`, HELLO's `id`), from 1.
+    next_client_id: AtomicU64,
+    expiries: Expiries,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expiry
+
+/// The deadlines (Unix milliseconds) of the plain keys stored with one, by [`chain_link`] of the
+/// key: at most `max` of them.
+#[derive(Debug)]
+struct Expiries {
+    deadlines: Mutex<HashMap<Digest32, u64>>,
+    max: usize,
+}
+
+/// Why a deadline could not be set.
+#[derive(Debug, PartialEq, Eq)]
+struct ExpiriesFull;
+
+impl Expiries {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest32, u64>> {
+        // The map is consistent after every statement, so a panic elsewhere leaves it usable.
+        self.deadlines.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn deadline(&self, link: Digest32) -> Option<u64> {
+        self.lock().get(&link).copied()
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Sets the deadline of `link` to `at` and answers the one it replaces. When the table is
+    /// full, the keys whose deadlines have passed by `now_ms` are dropped from it first and
+    /// handed to `expired` (outside the lock) to be removed from the store.
+    fn set(
+        &self,
+        link: Digest32,
+        at: u64,
+        now_ms: u64,
+        expired: impl FnMut(Digest32),
+    ) -> Result<Option<u64>, ExpiriesFull> {
+        let mut swept = Vec::new();
+        let answer = {
+            let mut map = self.lock();
+            if map.len() >= self.max && !map.contains_key(&link) {
+                map.retain(|&k, &mut d| {
+                    let keep = d > now_ms;
+                    if !keep {
+                        swept.push(k);
+                    }
+                    keep
+                });
+            }
+            if map.len() >= self.max && !map.contains_key(&link) {
+                Err(ExpiriesFull)
+            } else {
+                Ok(map.insert(link, at))
+            }
+        };
+        swept.into_iter().for_each(expired);
+        answer
+    }
+
+    /// Puts back the deadline `previous` that a [`Self::set`] to `at` replaced (none: no
+    /// deadline), unless another SET has set the key's deadline since.
+    fn restore(&self, link: Digest32, at: u64, previous: Option<u64>) {
+        let mut map = self.lock();
+        if map.get(&link) != Some(&at) {
+            return;
+        }
+        match previous {
+            Some(d) => map.insert(link, d),
+            None => map.remove(&link),
+        };
+    }
+
+    /// Forgets the deadline of `link`.
+    fn forget(&self, link: Digest32) {
+        self.lock().remove(&link);
+    }
+
+    /// Forgets the deadline of `link` if it is still `deadline`.
+    fn forget_if(&self, link: Digest32, deadline: u64) {
+        let mut map = self.lock();
+        if map.get(&link) == Some(&deadline) {
+            map.remove(&link);
+        }
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -203,6 +319,8 @@ impl RespServer {
         let listener = TcpListener::bind(config.addr)?;
         let addr = listener.local_addr()?;
         let gate = Arc::new(Gate::default());
+        let expiries =
+            Expiries { deadlines: Mutex::new(HashMap::new()), max: config.expiring_keys_max };
         let (connections_max, shutdown_deadline) =
             (config.connections_max, config.shutdown_deadline);
         let tenant = config.tenant.tenant.clone();
@@ -212,6 +330,8 @@ impl RespServer {
             gate: Arc::clone(&gate),
             started: Instant::now(),
             port: addr.port(),
+            next_client_id: AtomicU64::new(1),
+            expiries,
         });
         let acceptor = Acceptor::start(
             listener,
@@ -293,7 +413,11 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
         caller: &shared.config.tenant,
         namespace: &shared.config.namespace,
         shared,
-        authenticated: std::cell::Cell::new(shared.config.auth.is_none()),
+        authenticated: Cell::new(shared.config.auth.is_none()),
+        version: Cell::new(RespVersion::Resp2),
+        id: shared.next_client_id.fetch_add(1, Ordering::Relaxed),
+        name: RefCell::new(None),
+        library: RefCell::new(Library::default()),
     };
     loop {
         if shared.gate.stopping() && decoder.is_idle() {
@@ -311,7 +435,7 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
                 Ok(Some(args)) => {
                     last_request = Instant::now();
                     let (reply, then) = session.execute(&args);
-                    reply.encode(&mut out);
+                    reply.encode_as(session.version.get(), &mut out);
                     if then == Then::Close {
                         close_gently(stream, &out);
                         return;
@@ -354,11 +478,45 @@ struct Session<'a> {
     namespace: &'a IdentityTemplate,
     shared: &'a Shared,
     /// Whether the connection may run commands: at once for an open tenant, after a good
-    /// `AUTH` for a tenant with keys.
-    authenticated: std::cell::Cell<bool>,
+    /// `AUTH` (or `HELLO ... AUTH`) for a tenant with keys.
+    authenticated: Cell<bool>,
+    /// The reply protocol, switched by `HELLO`.
+    version: Cell<RespVersion>,
+    /// `CLIENT ID`.
+    id: u64,
+    /// `CLIENT SETNAME`, at most [`CLIENT_NAME_BYTES_MAX`] bytes.
+    name: RefCell<Option<Vec<u8>>>,
+    /// `CLIENT SETINFO LIB-NAME` and `LIB-VER`.
+    library: RefCell<Library>,
+}
+
+/// What a client said about its library (`CLIENT SETINFO`), each at most
+/// [`CLIENT_NAME_BYTES_MAX`] bytes.
+#[derive(Debug, Default)]
+struct Library {
+    name: Option<Vec<u8>>,
+    version: Option<Vec<u8>>,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let library = self.library.borrow();
+        let text = |v: &Option<Vec<u8>>| v.as_deref().map(shown);
+        tracing::debug!(
+            id = self.id,
+            name = text(&self.name.borrow()),
+            lib_name = text(&library.name),
+            lib_ver = text(&library.version),
+            "RESP connection closed"
+        );
+    }
 }
 
 const NOAUTH_TEXT: &str = "NOAUTH Authentication required.";
+const HELLO_NOAUTH_TEXT: &str = "NOAUTH Authentication required: authenticate first with AUTH, or \
+                                 in the same command with HELLO <protover> AUTH <key-id> <hex secret>";
+const NOPROTO_TEXT: &str = "NOPROTO unsupported protocol version; this server speaks 2 and 3";
+const INVALID_EXPIRE_TEXT: &str = "invalid expire time in 'set' command";
 const WRONGPASS_TEXT: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 /// How many times a read looks a key up again when the value was replaced by a longer one
@@ -389,7 +547,7 @@ fn mset_stopped(
     batched: Option<(usize, usize)>,
 ) -> Reply {
     let why = match why {
-        NotStored::Exists => exists_text(),
+        NotStored::Exists | NotStored::Absent => exists_text(),
         NotStored::Reply(Reply::Error(text)) => {
             text.strip_prefix("ERR ").unwrap_or(&text).to_owned()
         }
@@ -455,6 +613,83 @@ enum BatchRead {
     Again,
 }
 
+/// A connection or library name as Redis takes one: at most [`CLIENT_NAME_BYTES_MAX`] bytes of
+/// printable ASCII without spaces (empty: no name).
+fn checked_name(what: &str, name: &[u8]) -> Result<(), Reply> {
+    if name.len() > CLIENT_NAME_BYTES_MAX {
+        return Err(Reply::err(format!(
+            "a {what} of {} bytes is over the limit of {CLIENT_NAME_BYTES_MAX}",
+            name.len()
+        )));
+    }
+    if !name.iter().all(|b| (0x21..0x7f).contains(b)) {
+        return Err(Reply::err(format!(
+            "a {what} may hold only printable ASCII, without spaces or newlines"
+        )));
+    }
+    Ok(())
+}
+
+/// What a SET does with the key's deadline when it leaves the value there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    /// No option: the key has no deadline afterwards.
+    Clear,
+    /// `KEEPTTL`: the deadline it had stays.
+    Keep,
+    /// `EX`, `PX`, `EXAT`, `PXAT`: this deadline, in Unix milliseconds.
+    At(u64),
+}
+
+/// The options of one SET.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SetOptions {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    expiry: Expiry,
+}
+
+/// Reads `[NX|XX] [GET] [EX s|PX ms|EXAT unix-s|PXAT unix-ms|KEEPTTL]`, in any order, as Redis
+/// does: one condition, one expiry, a positive time that does not overflow.
+fn set_options(options: &[Vec<u8>], now_ms: u64) -> Result<SetOptions, Reply> {
+    let syntax = || Reply::err("syntax error");
+    let mut o = SetOptions { nx: false, xx: false, get: false, expiry: Expiry::Clear };
+    let mut expiry_given = false;
+    let mut words = options.iter();
+    while let Some(word) = words.next() {
+        let upper = word.to_ascii_uppercase();
+        match upper.as_slice() {
+            b"NX" if !o.xx => o.nx = true,
+            b"XX" if !o.nx => o.xx = true,
+            b"GET" => o.get = true,
+            b"KEEPTTL" if !expiry_given => {
+                expiry_given = true;
+                o.expiry = Expiry::Keep;
+            }
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if !expiry_given => {
+                let time = words.next().ok_or_else(syntax)?;
+                let time = parse_int(time)
+                    .ok_or_else(|| Reply::err("value is not an integer or out of range"))?;
+                let time = u64::try_from(time)
+                    .ok()
+                    .filter(|&t| t > 0)
+                    .ok_or_else(|| Reply::err(INVALID_EXPIRE_TEXT))?;
+                let at = match upper.as_slice() {
+                    b"EX" => time.checked_mul(1000).and_then(|ms| now_ms.checked_add(ms)),
+                    b"PX" => now_ms.checked_add(time),
+                    b"EXAT" => time.checked_mul(1000),
+                    _ => Some(time),
+                };
+                expiry_given = true;
+                o.expiry = Expiry::At(at.ok_or_else(|| Reply::err(INVALID_EXPIRE_TEXT))?);
+            }
+            _ => return Err(syntax()),
+        }
+    }
+    Ok(o)
+}
+
 fn arity(name: &str) -> Reply {
     Reply::err(format!("wrong number of arguments for '{name}' command"))
 }
@@ -463,6 +698,8 @@ fn arity(name: &str) -> Reply {
 enum NotStored {
     /// Another value is there (or, with NX, any value).
     Exists,
+    /// With XX: no value is there.
+    Absent,
     Reply(Reply),
 }
 
@@ -472,11 +709,13 @@ impl Session<'_> {
             return (Reply::err("empty command"), Then::Continue);
         };
         let upper = name.to_ascii_uppercase();
-        if !self.authenticated.get() && !matches!(upper.as_slice(), b"AUTH" | b"QUIT") {
+        if !self.authenticated.get() && !matches!(upper.as_slice(), b"AUTH" | b"HELLO" | b"QUIT") {
             return (Reply::Error(NOAUTH_TEXT.into()), Then::Continue);
         }
         let reply = match upper.as_slice() {
             b"AUTH" => self.auth(rest),
+            b"HELLO" => self.hello(rest),
+            b"CLIENT" => self.client(rest),
             b"PING" => match rest {
                 [] => Reply::Simple("PONG".to_owned()),
                 [message] => Reply::Bulk(message.clone()),
@@ -487,6 +726,10 @@ impl Session<'_> {
                 _ => arity("get"),
             },
             b"SET" => self.set(rest),
+            b"TTL" | b"PTTL" => match rest {
+                [key] => self.ttl(key, upper == b"PTTL").unwrap_or_else(|r| r),
+                _ => arity(&String::from_utf8_lossy(&name.to_ascii_lowercase())),
+            },
             b"EXISTS" if !rest.is_empty() => self.count(rest, |s, k| s.exists(k)),
             b"DEL" if !rest.is_empty() => self.count(rest, |s, k| s.del(k)),
             b"MGET" if !rest.is_empty() => self.mget(rest),
@@ -497,6 +740,8 @@ impl Session<'_> {
             b"INFO" => self.info(rest),
             b"COMMAND" => match rest.first() {
                 Some(sub) if sub.eq_ignore_ascii_case(b"COUNT") => Reply::Integer(0),
+                // Command docs are a map (an empty one: there are none).
+                Some(sub) if sub.eq_ignore_ascii_case(b"DOCS") => Reply::Map(Vec::new()),
                 _ => Reply::Array(Vec::new()),
             },
             b"CONFIG" => config(rest),
@@ -523,16 +768,21 @@ impl Session<'_> {
             );
         };
         let (id, hex) = match rest {
-            [user, pass] => (String::from_utf8_lossy(user).into_owned(), pass.clone()),
+            [user, pass] => (&user[..], &pass[..]),
             [joined] => match joined.iter().position(|b| *b == b':') {
-                Some(at) => {
-                    (String::from_utf8_lossy(&joined[..at]).into_owned(), joined[at + 1..].to_vec())
-                }
+                Some(at) => (&joined[..at], &joined[at + 1..]),
                 None => return Reply::Error(WRONGPASS_TEXT.into()),
             },
             _ => return arity("auth"),
         };
-        let offered = std::str::from_utf8(&hex).ok().and_then(unhex);
+        self.check_key(keys, id, hex)
+    }
+
+    /// Authenticates the connection when `id` names a key of the tenant in force whose secret
+    /// is the hex `hex`: `+OK`, else `-WRONGPASS` and nothing changes.
+    fn check_key(&self, keys: &TenantKeys, id: &[u8], hex: &[u8]) -> Reply {
+        let id = String::from_utf8_lossy(id);
+        let offered = std::str::from_utf8(hex).ok().and_then(unhex);
         let now_ms = UnixClock.now_ms();
         let good = match (keys.find(&id), offered) {
             (Some(key), Some(offered)) => {
@@ -548,14 +798,171 @@ impl Session<'_> {
         }
     }
 
+    /// `HELLO [protover [AUTH key-id hex-secret] [SETNAME name]]`: checks everything first, so
+    /// that a refused HELLO changes nothing; then authenticates, switches the reply protocol and
+    /// names the connection, and answers who the server is (a map in RESP3, a flat array of
+    /// field-value pairs in RESP2).
+    fn hello(&self, rest: &[Vec<u8>]) -> Reply {
+        let mut version = self.version.get();
+        let mut credentials: Option<(&[u8], &[u8])> = None;
+        let mut setname: Option<&[u8]> = None;
+        if let Some((protover, mut options)) = rest.split_first() {
+            let Some(number) = parse_int(protover) else {
+                return Reply::err("protocol version is not an integer or out of range");
+            };
+            let Some(asked) = RespVersion::from_number(number) else {
+                return Reply::Error(NOPROTO_TEXT.into());
+            };
+            version = asked;
+            while let Some((option, after)) = options.split_first() {
+                let syntax =
+                    || Reply::err(format!("syntax error in HELLO option '{}'", shown(option)));
+                if option.eq_ignore_ascii_case(b"AUTH") {
+                    let [user, pass, more @ ..] = after else { return syntax() };
+                    credentials = Some((user, pass));
+                    options = more;
+                } else if option.eq_ignore_ascii_case(b"SETNAME") {
+                    let [name, more @ ..] = after else { return syntax() };
+                    if let Err(r) = checked_name("client name", name) {
+                        return r;
+                    }
+                    setname = Some(name);
+                    options = more;
+                } else {
+                    return syntax();
+                }
+            }
+        }
+        match (credentials, &self.shared.config.auth) {
+            (Some((user, pass)), Some(keys)) => {
+                let answer = self.check_key(keys, user, pass);
+                if answer != Reply::ok() {
+                    return answer;
+                }
+            }
+            (Some(_), None) => return self.auth(&[]),
+            (None, _) if !self.authenticated.get() => {
+                return Reply::Error(HELLO_NOAUTH_TEXT.into());
+            }
+            (None, _) => {}
+        }
+        self.version.set(version);
+        if let Some(name) = setname {
+            *self.name.borrow_mut() = (!name.is_empty()).then(|| name.to_vec());
+        }
+        let text = |t: &str| Reply::Bulk(t.as_bytes().to_vec());
+        Reply::Map(vec![
+            (text("server"), text(SERVER_NAME)),
+            (text("version"), text(REDIS_VERSION)),
+            (text("proto"), Reply::Integer(version.number())),
+            (text("id"), Reply::Integer(i64::try_from(self.id).unwrap_or(i64::MAX))),
+            (text("mode"), text("standalone")),
+            (text("role"), text("master")),
+            (text("modules"), Reply::Array(Vec::new())),
+        ])
+    }
+
+    /// `CLIENT ID | GETNAME | SETNAME name | SETINFO LIB-NAME|LIB-VER value`; any other
+    /// subcommand is an error that names the ones answered.
+    fn client(&self, rest: &[Vec<u8>]) -> Reply {
+        let Some((sub, args)) = rest.split_first() else { return arity("client") };
+        let upper = sub.to_ascii_uppercase();
+        match (upper.as_slice(), args) {
+            (b"ID", []) => Reply::Integer(i64::try_from(self.id).unwrap_or(i64::MAX)),
+            (b"GETNAME", []) => self.name.borrow().clone().map_or(Reply::Nil, Reply::Bulk),
+            (b"SETNAME", [name]) => match checked_name("client name", name) {
+                Ok(()) => {
+                    *self.name.borrow_mut() = (!name.is_empty()).then(|| name.clone());
+                    Reply::ok()
+                }
+                Err(r) => r,
+            },
+            (b"SETINFO", [attribute, value]) => {
+                let mut library = self.library.borrow_mut();
+                let (slot, what) = if attribute.eq_ignore_ascii_case(b"LIB-NAME") {
+                    (&mut library.name, "library name")
+                } else if attribute.eq_ignore_ascii_case(b"LIB-VER") {
+                    (&mut library.version, "library version")
+                } else {
+                    return Reply::err(format!(
+                        "CLIENT SETINFO attribute '{}' is not known; use LIB-NAME or LIB-VER",
+                        shown(attribute)
+                    ));
+                };
+                match checked_name(what, value) {
+                    Ok(()) => {
+                        *slot = (!value.is_empty()).then(|| value.clone());
+                        Reply::ok()
+                    }
+                    Err(r) => r,
+                }
+            }
+            (b"ID" | b"GETNAME" | b"SETNAME" | b"SETINFO", _) => {
+                arity(&format!("client|{}", String::from_utf8_lossy(&sub.to_ascii_lowercase())))
+            }
+            _ => Reply::err(format!(
+                "unknown subcommand CLIENT {}; this server answers CLIENT ID, GETNAME, SETNAME \
+                 and SETINFO",
+                shown(sub)
+            )),
+        }
+    }
+
     fn key(&self, plain: &[u8]) -> Result<PhysicalKey, Reply> {
         self.namespace.key_for(plain).map_err(|e| Reply::err(format!("key namespace: {e}")))
     }
 
+    /// The physical key of `plain`, and whether it is live. A key whose deadline has passed is
+    /// not: it is removed from the store and its deadline forgotten (when the store cannot
+    /// remove it, for a tenant without `write` say, the deadline stays and it still is not).
+    fn live_key(&self, plain: &[u8]) -> Result<(PhysicalKey, bool), Reply> {
+        let key = self.key(plain)?;
+        let link = chain_link(plain);
+        let expiries = &self.shared.expiries;
+        match expiries.deadline(link) {
+            Some(deadline) if deadline <= UnixClock.now_ms() => {
+                match self.store.invalidate(self.caller, &key) {
+                    Ok(Invalidate::Removed | Invalidate::Absent) => {
+                        expiries.forget_if(link, deadline);
+                    }
+                    // Being written again right now: that SET sets the deadline anew.
+                    Ok(Invalidate::Busy) => {}
+                    Err(e) => tracing::debug!(error = %e, "an expired RESP key stays in the store"),
+                }
+                Ok((key, false))
+            }
+            _ => Ok((key, true)),
+        }
+    }
+
+    /// Removes the key of `link` from the store, whose deadline was dropped from the table.
+    fn remove_expired(&self, link: Digest32) {
+        if let Ok(key) = self.namespace.key_for_link(link) {
+            let _ = self.store.invalidate(self.caller, &key);
+        }
+    }
+
     /// GET: the value, or nil when nothing usable is there.
     fn get(&self, plain: &[u8]) -> Result<Reply, Reply> {
-        let key = self.key(plain)?;
+        let (key, live) = self.live_key(plain)?;
+        if !live {
+            return Ok(Reply::Nil);
+        }
         Ok(self.read(&key)?.map_or(Reply::Nil, Reply::Bulk))
+    }
+
+    /// TTL (seconds, rounded) or PTTL (milliseconds): -2 for a key that holds nothing, -1 for
+    /// one without a deadline.
+    fn ttl(&self, plain: &[u8], millis: bool) -> Result<Reply, Reply> {
+        if !self.exists(plain)? {
+            return Ok(Reply::Integer(-2));
+        }
+        let Some(deadline) = self.shared.expiries.deadline(chain_link(plain)) else {
+            return Ok(Reply::Integer(-1));
+        };
+        let left = deadline.saturating_sub(UnixClock.now_ms());
+        let left = if millis { left } else { left.saturating_add(500) / 1000 };
+        Ok(Reply::Integer(i64::try_from(left).unwrap_or(i64::MAX)))
     }
 
     /// The value under `key`, `None` when nothing usable is there.
@@ -622,7 +1029,8 @@ impl Session<'_> {
 
     /// Leaves `value` under `plain`: stores it when the key is free; when the key already holds
     /// exactly these bytes, that is success too (unless `nx`), since the outcome is the same.
-    /// Waits up to [`BUSY_WAIT`] for another client's write of the key to finish.
+    /// Waits up to [`BUSY_WAIT`] for another client's write of the key to finish. The caller has
+    /// removed the key first if its deadline had passed ([`Self::live_key`]).
     fn store_value(&self, plain: &[u8], value: &[u8], nx: bool) -> Result<(), NotStored> {
         if value.is_empty() {
             return Err(NotStored::Reply(Reply::err(
@@ -678,30 +1086,91 @@ impl Session<'_> {
         }
     }
 
+    /// SET with its options. The store is create-only, so XX never stores: a key it finds
+    /// either holds these bytes already (`+OK`) or other bytes it cannot replace (an error),
+    /// and a missing one answers nil. GET reads the value held before the SET.
     fn set(&self, args: &[Vec<u8>]) -> Reply {
-        let [key, value, options @ ..] = args else { return arity("set") };
-        let mut nx = false;
-        for option in options {
-            if option.eq_ignore_ascii_case(b"NX") {
-                nx = true;
-            } else {
-                return Reply::err(format!(
-                    "syntax error: SET option '{}' is not supported (only NX; values are \
-                     create-only and never expire)",
-                    shown(option)
-                ));
+        let [plain, value, options @ ..] = args else { return arity("set") };
+        let now_ms = UnixClock.now_ms();
+        let o = match set_options(options, now_ms) {
+            Ok(o) => o,
+            Err(r) => return r,
+        };
+        // A key past its deadline is removed first, so that it is free for this SET.
+        if let Err(r) = self.live_key(plain) {
+            return r;
+        }
+        let old = if o.get {
+            match self.get(plain) {
+                Ok(old) => old,
+                Err(r) => return r,
+            }
+        } else {
+            Reply::Nil
+        };
+        let link = chain_link(plain);
+        let expiries = &self.shared.expiries;
+        // Take the deadline's place in the table before storing, so that a value is never
+        // stored without the deadline it was asked with; put the old one back if not stored.
+        let previous = match o.expiry {
+            Expiry::At(at) => {
+                match expiries.set(link, at, now_ms, |swept| self.remove_expired(swept)) {
+                    Ok(previous) => Some(previous),
+                    Err(ExpiriesFull) => {
+                        return Reply::err(format!(
+                            "{} keys already have a deadline, the most this \
+                             server tracks; SET without EX/PX/EXAT/PXAT, or DEL some",
+                            expiries.max
+                        ));
+                    }
+                }
+            }
+            Expiry::Clear | Expiry::Keep => None,
+        };
+        let stored = if o.xx {
+            self.replace_only(plain, value)
+        } else {
+            self.store_value(plain, value, o.nx)
+        };
+        match stored {
+            Ok(()) => {
+                if o.expiry == Expiry::Clear {
+                    expiries.forget(link);
+                }
+                if o.get { old } else { Reply::ok() }
+            }
+            Err(not_stored) => {
+                if let (Some(previous), Expiry::At(at)) = (previous, o.expiry) {
+                    expiries.restore(link, at, previous);
+                }
+                match not_stored {
+                    // NX found a value, XX none: nothing to do, and GET answers what is there.
+                    NotStored::Exists if o.nx => old,
+                    NotStored::Absent => old,
+                    NotStored::Exists => Reply::err(exists_text()),
+                    NotStored::Reply(r) => r,
+                }
             }
         }
-        match self.store_value(key, value, nx) {
-            Ok(()) => Reply::ok(),
-            Err(NotStored::Exists) if nx => Reply::Nil,
-            Err(NotStored::Exists) => Reply::err(exists_text()),
-            Err(NotStored::Reply(r)) => r,
+    }
+
+    /// SET XX: what holds the key decides; nothing is ever stored. The caller has removed the
+    /// key first if its deadline had passed ([`Self::live_key`]).
+    fn replace_only(&self, plain: &[u8], value: &[u8]) -> Result<(), NotStored> {
+        let key = self.key(plain).map_err(NotStored::Reply)?;
+        match compare_held(self.store, self.caller, &key, value) {
+            Ok(Held::Same) => Ok(()),
+            Ok(Held::Different) => Err(NotStored::Exists),
+            Ok(Held::Gone) => Err(NotStored::Absent),
+            Err(e) => Err(NotStored::Reply(store_error(&e))),
         }
     }
 
     fn exists(&self, plain: &[u8]) -> Result<bool, Reply> {
-        let key = self.key(plain)?;
+        let (key, live) = self.live_key(plain)?;
+        if !live {
+            return Ok(false);
+        }
         match self.store.lookup(self.caller, &key) {
             Ok(Lookup::Hit { .. }) => Ok(true),
             Ok(Lookup::PrefixHit { .. } | Lookup::Miss(_)) => Ok(false),
@@ -710,9 +1179,15 @@ impl Session<'_> {
     }
 
     fn del(&self, plain: &[u8]) -> Result<bool, Reply> {
-        let key = self.key(plain)?;
+        let (key, live) = self.live_key(plain)?;
+        if !live {
+            return Ok(false);
+        }
         match self.store.invalidate(self.caller, &key) {
-            Ok(Invalidate::Removed) => Ok(true),
+            Ok(Invalidate::Removed) => {
+                self.shared.expiries.forget(chain_link(plain));
+                Ok(true)
+            }
             Ok(Invalidate::Absent | Invalidate::Busy) => Ok(false),
             Err(e) => Err(store_error(&e)),
         }
@@ -745,10 +1220,14 @@ impl Session<'_> {
         // The keys up to the first that does not map into the namespace: that one answers
         // once every key before it has been read.
         let mut physical = Vec::with_capacity(keys.len());
+        let mut live = Vec::with_capacity(keys.len());
         let mut refused = None;
         for plain in keys {
-            match self.key(plain) {
-                Ok(key) => physical.push(key),
+            match self.live_key(plain) {
+                Ok((key, is_live)) => {
+                    physical.push(key);
+                    live.push(is_live);
+                }
                 Err(r) => {
                     refused = Some(r);
                     break;
@@ -758,8 +1237,10 @@ impl Session<'_> {
         let reads = self.read_batch(&physical, max);
         let mut values = Vec::with_capacity(keys.len());
         let mut total: usize = 0;
-        for (key, read) in physical.iter().zip(reads) {
+        for ((key, read), is_live) in physical.iter().zip(reads).zip(live) {
             let value = match read {
+                // Expired, but the store could not remove it.
+                _ if !is_live => Ok(None),
                 Some(BatchRead::Read(read)) => read,
                 Some(BatchRead::Again) => self.read_within(key, RACE_ATTEMPTS - 1),
                 None => self.read(key),
@@ -796,7 +1277,9 @@ impl Session<'_> {
         // The keys of the pairs up to the first the store would not be asked about.
         let keys: Vec<PhysicalKey> = pairs
             .iter()
-            .map_while(|(plain, value)| (!value.is_empty()).then(|| self.key(plain).ok()).flatten())
+            .map_while(|(plain, value)| {
+                (!value.is_empty()).then(|| self.live_key(plain).ok().map(|(k, _)| k)).flatten()
+            })
             .collect();
         let refs: Vec<&PhysicalKey> = keys.iter().collect();
         let free: Vec<bool> = if refs.is_empty() {
@@ -812,6 +1295,8 @@ impl Session<'_> {
                 if let Err(why) = self.store_value(pairs[i].0, pairs[i].1, false) {
                     return mset_stopped(&pairs, i, why, None);
                 }
+                // Like SET without an expiry, MSET leaves its keys without a deadline.
+                self.shared.expiries.forget(chain_link(pairs[i].0));
                 i += 1;
                 continue;
             }
@@ -831,10 +1316,16 @@ impl Session<'_> {
                 });
                 if let Err(why) = self.settle(&keys[j], pairs[j].1, false, answer) {
                     let later = &answers[j + 1 - i..];
-                    let stored =
-                        later.iter().filter(|a| matches!(a, Some(Ok(Put::Committed(_))))).count();
+                    let mut stored = 0;
+                    for (k, a) in (j + 1..).zip(later) {
+                        if matches!(a, Some(Ok(Put::Committed(_)))) {
+                            self.shared.expiries.forget(chain_link(pairs[k].0));
+                            stored += 1;
+                        }
+                    }
                     return mset_stopped(&pairs, j, why, Some((i + run, stored)));
                 }
+                self.shared.expiries.forget(chain_link(pairs[j].0));
             }
             i += run;
         }
@@ -903,11 +1394,12 @@ impl Session<'_> {
         if wanted("keyspace") {
             let _ = write!(
                 text,
-                "# Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n\r\n",
-                stats.committed_blocks
+                "# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n\r\n",
+                stats.committed_blocks,
+                self.shared.expiries.len(),
             );
         }
-        Reply::Bulk(text.into_bytes())
+        Reply::Verbatim(text)
     }
 }
 
@@ -924,11 +1416,13 @@ fn config(args: &[Vec<u8>]) -> Reply {
     let mut pairs = Vec::new();
     for (name, value) in [("save", ""), ("appendonly", "no")] {
         if params.iter().any(|p| p.eq_ignore_ascii_case(name.as_bytes())) {
-            pairs.push(Reply::Bulk(name.as_bytes().to_vec()));
-            pairs.push(Reply::Bulk(value.as_bytes().to_vec()));
+            pairs.push((
+                Reply::Bulk(name.as_bytes().to_vec()),
+                Reply::Bulk(value.as_bytes().to_vec()),
+            ));
         }
     }
-    Reply::Array(pairs)
+    Reply::Map(pairs)
 }
 
 #[cfg(test)]
@@ -988,16 +1482,15 @@ mod tests {
         assert_eq!(server.shutdown(), 0);
     }
 
-    /// A tenant with keys: nothing but AUTH and QUIT before a good AUTH; wrong, unknown and
-    /// expired keys are refused alike; each connection authenticates for itself.
-    #[test]
-    fn a_tenant_with_keys_needs_auth() {
+    /// A server over a memory store whose tenant has two keys of the secret `byte` x 32: `k1`,
+    /// and `old`, expired long ago; and that secret in hex.
+    fn server_with_keys(byte: u8) -> (RespServer, String) {
         use crate::auth::{Secret, TenantKey, TenantKeys};
         let store = Arc::new(
             MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default()))
                 .expect("store"),
         );
-        let secret = vec![0x5a_u8; 32];
+        let secret = vec![byte; 32];
         let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
         let key = |id: &str, not_after_s| TenantKey {
             id: id.into(),
@@ -1008,7 +1501,14 @@ mod tests {
         let mut config = RespConfig::new("127.0.0.1:0".parse().expect("addr"), fixture::caller(0))
             .expect("config");
         config.auth = Some(Arc::new(keys));
-        let server = RespServer::start(config, store).expect("start");
+        (RespServer::start(config, store).expect("start"), hex)
+    }
+
+    /// A tenant with keys: nothing but AUTH, HELLO and QUIT before a good AUTH; wrong, unknown and
+    /// expired keys are refused alike; each connection authenticates for itself.
+    #[test]
+    fn a_tenant_with_keys_needs_auth() {
+        let (server, hex) = server_with_keys(0x5a);
         let connect = || {
             let s = TcpStream::connect(server.local_addr()).expect("connect");
             s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
@@ -1036,6 +1536,45 @@ mod tests {
         let joined = format!("AUTH k1:{hex}\r\n");
         assert_eq!(exchange(&mut t, joined.as_bytes(), 5), b"+OK\r\n");
         assert_eq!(exchange(&mut t, b"GET k\r\n", 7), b"$1\r\nv\r\n");
+        assert_eq!(server.shutdown(), 0);
+    }
+
+    /// AUTH inside HELLO, as redis-py sends it for a client with a username and password: the
+    /// same keys and failures as AUTH; a refused HELLO neither authenticates nor switches the
+    /// protocol.
+    #[test]
+    fn hello_authenticates_with_a_tenant_key() {
+        let (server, hex) = server_with_keys(0xa5);
+        let mut s = TcpStream::connect(server.local_addr()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let request = |words: &[&str]| {
+            let mut out = Vec::new();
+            encode_request(words, &mut out);
+            out
+        };
+        let noauth = format!("-{HELLO_NOAUTH_TEXT}\r\n");
+        let wrongpass = format!("-{WRONGPASS_TEXT}\r\n");
+        assert_eq!(exchange(&mut s, &request(&["HELLO", "3"]), noauth.len()), noauth.as_bytes());
+        assert_eq!(exchange(&mut s, &request(&["HELLO"]), noauth.len()), noauth.as_bytes());
+        for (user, pass) in [("k1", "00".repeat(32)), ("nobody", hex.clone()), ("old", hex.clone())]
+        {
+            let hello = request(&["HELLO", "3", "AUTH", user, &pass, "SETNAME", "x"]);
+            assert_eq!(exchange(&mut s, &hello, wrongpass.len()), wrongpass.as_bytes(), "{user}");
+        }
+        let noauth_get = format!("-{NOAUTH_TEXT}\r\n");
+        assert_eq!(exchange(&mut s, b"GET k\r\n", noauth_get.len()), noauth_get.as_bytes());
+        let good = request(&["HELLO", "3", "AUTH", "k1", &hex, "SETNAME", "app"]);
+        let want = format!(
+            "%7\r\n$6\r\nserver\r\n$8\r\ngpucache\r\n$7\r\nversion\r\n$5\r\n{REDIS_VERSION}\r\n\
+             $5\r\nproto\r\n:3\r\n$2\r\nid\r\n:1\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n\
+             $4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n"
+        );
+        assert_eq!(String::from_utf8_lossy(&exchange(&mut s, &good, want.len())), want);
+        assert_eq!(exchange(&mut s, b"GET k\r\n", 3), b"_\r\n");
+        assert_eq!(exchange(&mut s, b"CLIENT GETNAME\r\n", 9), b"$3\r\napp\r\n");
+        // Once authenticated, HELLO needs no AUTH.
+        let two = exchange(&mut s, &request(&["HELLO", "2"]), 5);
+        assert_eq!(two, b"*14\r\n");
         assert_eq!(server.shutdown(), 0);
     }
 }

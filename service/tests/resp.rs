@@ -1,5 +1,6 @@
 //! The RESP listener (`gpucache_service::resp`) over loopback, driven by a tiny RESP client:
-//! every command, binary values, create-only SET, pipelining, malformed input (answered, then
+//! every command, binary values, create-only SET and its options (expiry, NX, XX, GET), the
+//! HELLO handshake and its RESP2 and RESP3 bytes, CLIENT, pipelining, malformed input (answered, then
 //! the connection closes while others keep being served), the connection limit, rights and
 //! tenants, and the decoder under arbitrary chunking and arbitrary bytes. When `redis-cli` is
 //! installed, the real `redis-cli` and `redis-benchmark` run against it too
@@ -46,7 +47,7 @@ fn server() -> RespServer {
     start(memory_store(ResourceLimits::default()))
 }
 
-/// A tiny RESP2 client.
+/// A tiny RESP client (RESP2 and the RESP3 types the front sends).
 struct Client {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
@@ -121,20 +122,32 @@ fn read_reply(r: &mut BufReader<TcpStream>) -> Reply {
         b':' => Reply::Integer(number(rest)),
         b'$' => match usize::try_from(number(rest)) {
             Err(_) => Reply::Nil,
-            Ok(len) => {
-                let mut data = vec![0u8; len + 2];
-                r.read_exact(&mut data).expect("bulk");
-                assert_eq!(&data[len..], b"\r\n");
-                data.truncate(len);
-                Reply::Bulk(data)
-            }
+            Ok(len) => Reply::Bulk(read_bulk(r, len)),
         },
+        b'_' if rest.is_empty() => Reply::Nil,
+        b'=' => {
+            let data = read_bulk(r, usize::try_from(number(rest)).expect("verbatim length"));
+            let text = data.strip_prefix(b"txt:").expect("a txt verbatim string");
+            Reply::Verbatim(String::from_utf8(text.to_vec()).expect("utf-8"))
+        }
         b'*' => {
             let n = usize::try_from(number(rest)).expect("array length");
             Reply::Array((0..n).map(|_| read_reply(r)).collect())
         }
+        b'%' => {
+            let n = usize::try_from(number(rest)).expect("map length");
+            Reply::Map((0..n).map(|_| (read_reply(r), read_reply(r))).collect())
+        }
         other => panic!("unknown reply type {:?}", char::from(*other)),
     }
+}
+
+fn read_bulk(r: &mut BufReader<TcpStream>, len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len + 2];
+    r.read_exact(&mut data).expect("bulk");
+    assert_eq!(&data[len..], b"\r\n");
+    data.truncate(len);
+    data
 }
 
 fn ok() -> Reply {
@@ -195,7 +208,8 @@ fn set_get_round_trips_binary_values() {
     assert_error(&c.call(&[b"GET"]), "wrong number of arguments for 'get'");
     assert_error(&c.call(&[b"SET", b"k"]), "wrong number of arguments for 'set'");
     assert_error(&c.call(&[b"SET", b"empty", b""]), "empty values cannot be stored");
-    assert_error(&c.call(&[b"SET", b"k", b"v", b"EX", b"10"]), "syntax error");
+    assert_error(&c.call(&[b"SET", b"k", b"v", b"EX"]), "syntax error");
+    assert_error(&c.call(&[b"SET", b"k", b"v", b"EXPIRE", b"10"]), "syntax error");
     assert_eq!(c.call(&[b"GET", b"k"]), Reply::Nil, "a refused SET stored nothing");
     assert_eq!(server.shutdown(), 0);
 }
@@ -804,5 +818,243 @@ fn mget_and_mset_go_to_the_store_as_one_batch_each() {
         c.call(&[b"MGET", b"f", b"g", b"h"]),
         Reply::Array(vec![bulk(b"6"), Reply::Nil, bulk(b"8")])
     );
+    assert_eq!(server.shutdown(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The handshake of redis-py and other RESP3 clients, and SET's options
+
+/// Sends `request` and reads exactly as many bytes as `want` holds: the reply must be those
+/// bytes.
+#[track_caller]
+fn assert_bytes(c: &mut Client, request: &[&[u8]], want: &[u8]) {
+    c.send(request);
+    let mut got = vec![0u8; want.len()];
+    c.reader.read_exact(&mut got).expect("reply bytes");
+    assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(want), "{request:?}");
+}
+
+/// HELLO's fields after the `%7` or `*14` header, for connection `id` speaking `proto`.
+fn hello_fields(id: u32, proto: u8) -> String {
+    format!(
+        "$6\r\nserver\r\n$8\r\ngpucache\r\n$7\r\nversion\r\n${}\r\n{REDIS_VERSION}\r\n\
+         $5\r\nproto\r\n:{proto}\r\n$2\r\nid\r\n:{id}\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n\
+         $4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n",
+        REDIS_VERSION.len()
+    )
+}
+
+#[test]
+fn hello_3_switches_every_reply_to_resp3_and_hello_2_back() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    // RESP2 until HELLO: nil is `$-1`, CONFIG GET a flat array.
+    assert_bytes(&mut c, &[b"GET", b"nothing"], b"$-1\r\n");
+    assert_bytes(&mut c, &[b"CONFIG", b"GET", b"save"], b"*2\r\n$4\r\nsave\r\n$0\r\n\r\n");
+    // HELLO without a version answers in the protocol in force and changes nothing.
+    assert_bytes(&mut c, &[b"HELLO"], format!("*14\r\n{}", hello_fields(1, 2)).as_bytes());
+    // The first connection of the server is id 1; the reply to HELLO 3 is itself RESP3.
+    assert_bytes(&mut c, &[b"hello", b"3"], format!("%7\r\n{}", hello_fields(1, 3)).as_bytes());
+    assert_bytes(&mut c, &[b"SET", b"k", b"v"], b"+OK\r\n");
+    assert_bytes(&mut c, &[b"GET", b"nothing"], b"_\r\n");
+    assert_bytes(&mut c, &[b"MGET", b"k", b"nothing"], b"*2\r\n$1\r\nv\r\n_\r\n");
+    assert_bytes(&mut c, &[b"EXISTS", b"k"], b":1\r\n");
+    assert_bytes(&mut c, &[b"CONFIG", b"GET", b"save"], b"%1\r\n$4\r\nsave\r\n$0\r\n\r\n");
+    assert_bytes(&mut c, &[b"COMMAND", b"DOCS"], b"%0\r\n");
+    assert_bytes(&mut c, &[b"CLIENT", b"GETNAME"], b"_\r\n");
+    assert_bytes(&mut c, &[b"SET", b"k", b"v", b"NX"], b"_\r\n");
+    assert_bytes(&mut c, &[b"PING"], b"+PONG\r\n");
+    let Reply::Verbatim(info) = c.call(&[b"INFO", b"keyspace"]) else {
+        panic!("INFO is not a verbatim string in RESP3")
+    };
+    assert!(info.starts_with("# Keyspace\r\ndb0:keys=1,expires=0"), "{info}");
+    assert_error(&c.call(&[b"GET"]), "wrong number of arguments");
+    // Back to RESP2.
+    assert_bytes(&mut c, &[b"HELLO", b"2"], format!("*14\r\n{}", hello_fields(1, 2)).as_bytes());
+    assert_bytes(&mut c, &[b"GET", b"nothing"], b"$-1\r\n");
+    assert_eq!(c.call(&[b"INFO", b"keyspace"]), bulk(info.as_bytes()));
+    // Another connection has its own id and starts in RESP2.
+    let mut d = Client::connect(server.local_addr());
+    assert_bytes(&mut d, &[b"GET", b"nothing"], b"$-1\r\n");
+    assert_bytes(&mut d, &[b"CLIENT", b"ID"], b":2\r\n");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn a_refused_hello_changes_nothing() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(
+        c.call(&[b"HELLO", b"4"]),
+        Reply::Error("NOPROTO unsupported protocol version; this server speaks 2 and 3".into())
+    );
+    assert!(matches!(c.call(&[b"HELLO", b"1"]), Reply::Error(e) if e.starts_with("NOPROTO ")));
+    assert_error(&c.call(&[b"HELLO", b"three"]), "protocol version is not an integer");
+    assert_error(&c.call(&[b"HELLO", b"3", b"SETNAME"]), "syntax error in HELLO option 'SETNAME'");
+    assert_error(&c.call(&[b"HELLO", b"3", b"AUTH", b"user"]), "syntax error in HELLO option");
+    assert_error(&c.call(&[b"HELLO", b"3", b"LOUDLY"]), "syntax error in HELLO option 'LOUDLY'");
+    assert_error(&c.call(&[b"HELLO", b"3", b"SETNAME", b"has space"]), "printable ASCII");
+    // AUTH inside HELLO meets the same refusal as AUTH when the tenant has no keys.
+    assert_error(&c.call(&[b"HELLO", b"3", b"AUTH", b"default", b"pw"]), "AUTH <password>");
+    assert_error(&c.call(&[b"AUTH", b"default", b"pw"]), "AUTH <password>");
+    // Still RESP2, still unnamed.
+    assert_bytes(&mut c, &[b"GET", b"nothing"], b"$-1\r\n");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), Reply::Nil);
+    // SETNAME inside HELLO names the connection.
+    let Reply::Map(fields) = c.call(&[b"HELLO", b"3", b"setname", b"worker-1"]) else {
+        panic!("HELLO 3 is not a map")
+    };
+    assert!(fields.contains(&(bulk(b"proto"), Reply::Integer(3))), "{fields:?}");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), bulk(b"worker-1"));
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn client_subcommands_answer_as_redis_does() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    let Reply::Integer(id) = c.call(&[b"CLIENT", b"ID"]) else { panic!("CLIENT ID") };
+    let Reply::Array(hello) = c.call(&[b"HELLO", b"2"]) else { panic!("HELLO 2") };
+    assert_eq!(hello[6..8], [bulk(b"id"), Reply::Integer(id)], "HELLO names the same id");
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), Reply::Nil);
+    assert_eq!(c.call(&[b"client", b"setname", b"lmcache-7"]), ok());
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), bulk(b"lmcache-7"));
+    assert_error(&c.call(&[b"CLIENT", b"SETNAME", b"two words"]), "without spaces");
+    assert_error(&c.call(&[b"CLIENT", b"SETNAME", b"line\n"]), "without spaces");
+    let long = vec![b'n'; 257];
+    assert_error(&c.call(&[b"CLIENT", b"SETNAME", &long]), "of 257 bytes is over the limit of 256");
+    assert_eq!(c.call(&[b"CLIENT", b"SETNAME", &long[..256]]), ok());
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), bulk(&long[..256]));
+    // An empty name removes the name.
+    assert_eq!(c.call(&[b"CLIENT", b"SETNAME", b""]), ok());
+    assert_eq!(c.call(&[b"CLIENT", b"GETNAME"]), Reply::Nil);
+    // What redis-py sends after HELLO.
+    assert_eq!(c.call(&[b"CLIENT", b"SETINFO", b"LIB-NAME", b"redis-py"]), ok());
+    assert_eq!(c.call(&[b"CLIENT", b"SETINFO", b"lib-ver", b"8.1.0"]), ok());
+    assert_error(&c.call(&[b"CLIENT", b"SETINFO", b"LIB-NAME", b"a b"]), "library name");
+    assert_error(&c.call(&[b"CLIENT", b"SETINFO", b"LIB-COLOR", b"red"]), "LIB-NAME or LIB-VER");
+    assert_error(&c.call(&[b"CLIENT", b"SETINFO", b"LIB-VER"]), "'client|setinfo'");
+    assert_error(&c.call(&[b"CLIENT", b"ID", b"extra"]), "'client|id'");
+    assert_error(&c.call(&[b"CLIENT"]), "wrong number of arguments for 'client'");
+    for sub in [&b"LIST"[..], b"KILL", b"MAINT_NOTIFICATIONS", b"TRACKING"] {
+        let r = c.call(&[b"CLIENT", sub, b"ON"]);
+        assert_error(&r, "this server answers CLIENT ID, GETNAME, SETNAME and SETINFO");
+        assert_error(&r, &String::from_utf8_lossy(sub));
+    }
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn set_expiry_options_give_keys_a_deadline() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"a", b"1", b"EX", b"100"]), ok());
+    let Reply::Integer(ttl) = c.call(&[b"TTL", b"a"]) else { panic!("TTL") };
+    assert!((99..=100).contains(&ttl), "TTL {ttl}");
+    let Reply::Integer(pttl) = c.call(&[b"PTTL", b"a"]) else { panic!("PTTL") };
+    assert!((90_000..=100_000).contains(&pttl), "PTTL {pttl}");
+    assert_eq!(c.call(&[b"GET", b"a"]), bulk(b"1"));
+    // The same value again with KEEPTTL keeps the deadline, without an option clears it.
+    assert_eq!(c.call(&[b"SET", b"a", b"1", b"KEEPTTL"]), ok());
+    assert!(matches!(c.call(&[b"TTL", b"a"]), Reply::Integer(99 | 100)));
+    assert_eq!(c.call(&[b"SET", b"a", b"1"]), ok());
+    assert_eq!(c.call(&[b"TTL", b"a"]), Reply::Integer(-1));
+    assert_eq!(c.call(&[b"TTL", b"missing"]), Reply::Integer(-2));
+    // A refused SET keeps the deadline the key had.
+    assert_eq!(c.call(&[b"SET", b"b", b"2", b"PX", b"50000"]), ok());
+    assert_error(&c.call(&[b"SET", b"b", b"other", b"EX", b"1"]), "create-only");
+    let Reply::Integer(pttl) = c.call(&[b"PTTL", b"b"]) else { panic!("PTTL") };
+    assert!((40_000..=50_000).contains(&pttl), "a refused SET moved the deadline: {pttl}");
+    // A deadline in the past: stored, and gone at the next touch (GET, EXISTS, MGET, TTL).
+    for (key, option) in [(&b"c"[..], &b"PXAT"[..]), (b"d", b"EXAT")] {
+        assert_eq!(c.call(&[b"SET", key, b"3", option, b"1"]), ok());
+        assert_eq!(c.call(&[b"GET", key]), Reply::Nil);
+        assert_eq!(c.call(&[b"EXISTS", key]), Reply::Integer(0));
+        assert_eq!(c.call(&[b"TTL", key]), Reply::Integer(-2));
+    }
+    assert_eq!(c.call(&[b"SET", b"e", b"5", b"PXAT", b"1"]), ok());
+    assert_eq!(c.call(&[b"MGET", b"e", b"a"]), Reply::Array(vec![Reply::Nil, bulk(b"1")]));
+    // An expired key is free: another value may take it, and DEL finds nothing.
+    assert_eq!(c.call(&[b"SET", b"f", b"6", b"PXAT", b"1"]), ok());
+    assert_eq!(c.call(&[b"SET", b"f", b"something else"]), ok());
+    assert_eq!(c.call(&[b"GET", b"f"]), bulk(b"something else"));
+    assert_eq!(c.call(&[b"SET", b"g", b"7", b"PXAT", b"1"]), ok());
+    assert_eq!(c.call(&[b"DEL", b"g"]), Reply::Integer(0));
+    // A short deadline passes on its own; wait for it with a deadline of our own.
+    assert_eq!(c.call(&[b"SET", b"h", b"8", b"PX", b"40"]), ok());
+    let until = Instant::now() + Duration::from_secs(10);
+    while c.call(&[b"GET", b"h"]) != Reply::Nil {
+        assert!(Instant::now() < until, "a 40 ms deadline had not passed after 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let Reply::Bulk(info) = c.call(&[b"INFO", b"keyspace"]) else { panic!("INFO") };
+    assert!(String::from_utf8_lossy(&info).contains(",expires=1,"), "only b has a deadline");
+    // Bad times and bad combinations.
+    for bad in [&b"0"[..], b"-5"] {
+        assert_error(&c.call(&[b"SET", b"x", b"1", b"EX", bad]), "invalid expire time in 'set'");
+    }
+    assert_error(&c.call(&[b"SET", b"x", b"1", b"PX", b"soon"]), "not an integer");
+    assert_error(&c.call(&[b"SET", b"x", b"1", b"EX", b"999999999999999999"]), "invalid expire");
+    for options in [
+        &[&b"EX"[..], b"1", b"PX", b"1"][..],
+        &[b"EX", b"1", b"KEEPTTL"],
+        &[b"NX", b"XX"],
+        &[b"EX"],
+        &[b"PERSIST"],
+    ] {
+        let mut request: Vec<&[u8]> = vec![b"SET", b"x", b"1"];
+        request.extend_from_slice(options);
+        assert_eq!(c.call(&request), Reply::Error("ERR syntax error".into()), "{options:?}");
+    }
+    assert_eq!(c.call(&[b"EXISTS", b"x"]), Reply::Integer(0), "a refused SET stored nothing");
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn set_nx_xx_and_get_mean_what_they_say_over_a_create_only_store() {
+    let server = server();
+    let mut c = Client::connect(server.local_addr());
+    // XX on a missing key: nil, nothing stored.
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"XX"]), Reply::Nil);
+    assert_eq!(c.call(&[b"EXISTS", b"k"]), Reply::Integer(0));
+    // GET answers the value before the SET (nil: none).
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"GET"]), Reply::Nil);
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"GET"]), bulk(b"v"));
+    // XX on an existing key: the same bytes are success, other bytes cannot replace them.
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"XX"]), ok());
+    assert_error(&c.call(&[b"SET", b"k", b"w", b"XX"]), "create-only");
+    assert_error(&c.call(&[b"SET", b"k", b"w", b"GET"]), "create-only");
+    // NX on an existing key: nil, whatever the bytes; with GET, the value held.
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"NX"]), Reply::Nil);
+    assert_eq!(c.call(&[b"SET", b"k", b"w", b"NX", b"GET"]), bulk(b"v"));
+    assert_eq!(c.call(&[b"SET", b"k", b"v", b"XX", b"EX", b"100"]), ok());
+    assert!(matches!(c.call(&[b"TTL", b"k"]), Reply::Integer(99 | 100)));
+    assert_eq!(c.call(&[b"SET", b"j", b"v", b"XX", b"GET"]), Reply::Nil);
+    assert_eq!(c.call(&[b"GET", b"k"]), bulk(b"v"));
+    assert_eq!(c.call(&[b"GET", b"j"]), Reply::Nil);
+    assert_eq!(server.shutdown(), 0);
+}
+
+#[test]
+fn the_deadline_table_is_bounded() {
+    let mut config = config_for(fixture::caller(0));
+    config.expiring_keys_max = 2;
+    let server = RespServer::start(config, memory_store(ResourceLimits::default())).expect("start");
+    let mut c = Client::connect(server.local_addr());
+    assert_eq!(c.call(&[b"SET", b"a", b"1", b"EX", b"100"]), ok());
+    assert_eq!(c.call(&[b"SET", b"b", b"2", b"EX", b"100"]), ok());
+    let r = c.call(&[b"SET", b"c", b"3", b"EX", b"100"]);
+    assert_error(&r, "2 keys already have a deadline, the most this server tracks");
+    assert_eq!(c.call(&[b"EXISTS", b"c"]), Reply::Integer(0), "stored without its deadline");
+    // A key that has a deadline may change it; one without may be stored without one.
+    assert_eq!(c.call(&[b"SET", b"a", b"1", b"PXAT", b"1"]), ok());
+    assert_eq!(c.call(&[b"SET", b"c", b"3"]), ok());
+    // When full, keys past their deadline make room and leave the store.
+    assert_eq!(c.call(&[b"SET", b"d", b"4", b"EX", b"100"]), ok());
+    let Reply::Bulk(info) = c.call(&[b"INFO", b"keyspace"]) else { panic!("INFO") };
+    assert!(String::from_utf8_lossy(&info).contains("db0:keys=3,expires=2,"), "a left the store");
+    assert_eq!(c.call(&[b"MGET", b"a", b"b", b"c", b"d"]).clone(), {
+        Reply::Array(vec![Reply::Nil, bulk(b"2"), bulk(b"3"), bulk(b"4")])
+    });
     assert_eq!(server.shutdown(), 0);
 }

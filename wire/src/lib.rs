@@ -1,7 +1,7 @@
 //! GPUCache's wire formats, with no I/O: the GPCW protocol, version 2 (frames, typed messages and
 //! the incremental decoder), the block-staging contract its stage ops speak of ([`staging`]),
-//! the tenant key-file lines ([`keys`]) and the RESP2 codec of the Redis-protocol front
-//! ([`resp`]). The client, the service and the fuzz targets build on this crate.
+//! the tenant key-file lines ([`keys`]) and the RESP codec of the Redis-protocol front
+//! ([`resp`]: RESP2 requests, RESP2 and RESP3 replies). The client, the service and the fuzz targets build on this crate.
 //!
 //! `docs/PROTOCOL.md` is the specification; this module is its implementation and must agree
 //! with it byte for byte. In short:

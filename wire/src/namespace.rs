@@ -71,13 +71,13 @@ impl IdentityTemplate {
 
     /// The physical key of the plain key `plain`.
     pub fn key_for(&self, plain: &[u8]) -> Result<PhysicalKey, IdentityError> {
-        let identity = self
-            .base
-            .to_builder()
-            .chain(vec![chain_link(plain)])
-            .block_tokens(1)
-            .valid_tokens(1)
-            .build()?;
+        self.key_for_link(chain_link(plain))
+    }
+
+    /// The physical key of the plain key whose [`chain_link`] is `link`.
+    pub fn key_for_link(&self, link: Digest32) -> Result<PhysicalKey, IdentityError> {
+        let identity =
+            self.base.to_builder().chain(vec![link]).block_tokens(1).valid_tokens(1).build()?;
         Ok(PhysicalKey::new(identity))
     }
 }

@@ -1,12 +1,13 @@
-//! RESP2, the Redis protocol, as the RESP front speaks it: a strict, bounded, incremental
-//! request decoder ([`RequestDecoder`]), the replies ([`Reply`]) and a request encoder
+//! RESP, the Redis protocol, as the RESP front speaks it: a strict, bounded, incremental
+//! request decoder ([`RequestDecoder`]), the replies ([`Reply`]) in either protocol version a
+//! connection chose ([`RespVersion`]: RESP2, or RESP3 after `HELLO 3`) and a request encoder
 //! ([`encode_request`]) for clients and tests. Pure: bytes in, values out, no I/O; the listener
 //! that runs commands over a store is `gpucache_service::resp`.
 //!
-//! Requests are RESP2 arrays of bulk strings, or inline commands (one line of words separated
-//! by spaces or tabs; quotes are not interpreted). Every length is checked against the
-//! constants here and [`RespLimits`] before its bytes are waited for, and after any
-//! [`ProtocolError`] the stream cannot be resynchronised.
+//! Requests are RESP2 arrays of bulk strings (RESP3 did not change requests), or inline
+//! commands (one line of words separated by spaces or tabs; quotes are not interpreted). Every
+//! length is checked against the constants here and [`RespLimits`] before its bytes are waited
+//! for, and after any [`ProtocolError`] the stream cannot be resynchronised.
 
 use gpucache_dataplane::limits::ResourceLimits;
 
@@ -302,7 +303,36 @@ pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
 // ---------------------------------------------------------------------------------------------
 // Replies
 
-/// A RESP2 reply.
+/// The reply protocol of a connection: RESP2 until a `HELLO 3` switches it to RESP3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RespVersion {
+    #[default]
+    Resp2,
+    Resp3,
+}
+
+impl RespVersion {
+    /// The version number `HELLO` names and answers: 2 or 3.
+    pub fn number(self) -> i64 {
+        match self {
+            Self::Resp2 => 2,
+            Self::Resp3 => 3,
+        }
+    }
+
+    /// The version `HELLO <number>` asks for, `None` for any number but 2 and 3.
+    pub fn from_number(number: i64) -> Option<Self> {
+        match number {
+            2 => Some(Self::Resp2),
+            3 => Some(Self::Resp3),
+            _ => None,
+        }
+    }
+}
+
+/// A reply, encoded for either protocol version. The two versions differ only where RESP3 has
+/// its own type: [`Reply::Nil`], [`Reply::Map`] and [`Reply::Verbatim`]; everything else is the
+/// same bytes in both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     /// `+text`; CR and LF in the text are sent as spaces.
@@ -312,9 +342,15 @@ pub enum Reply {
     Error(String),
     Integer(i64),
     Bulk(Vec<u8>),
-    /// The null bulk string, `$-1`.
+    /// No value: the null bulk string `$-1` in RESP2, the null `_` in RESP3.
     Nil,
     Array(Vec<Reply>),
+    /// Field-value pairs: a flat array of twice as many items in RESP2 (field, value, field,
+    /// value, ...), a `%` map in RESP3.
+    Map(Vec<(Reply, Reply)>),
+    /// Text meant for people (INFO): a bulk string in RESP2, a `=` verbatim string of format
+    /// `txt` in RESP3.
+    Verbatim(String),
 }
 
 impl Reply {
@@ -327,34 +363,61 @@ impl Reply {
         Self::Error(format!("ERR {message}"))
     }
 
-    /// Appends the wire form of the reply to `out`.
+    /// Appends the RESP2 wire form of the reply to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_as(RespVersion::Resp2, out);
+    }
+
+    /// Appends the wire form of the reply in `version` to `out`.
+    pub fn encode_as(&self, version: RespVersion, out: &mut Vec<u8>) {
+        let resp3 = version == RespVersion::Resp3;
         match self {
             Self::Simple(text) => line(out, b'+', text),
             Self::Error(text) => line(out, b'-', text),
-            Self::Integer(n) => {
-                out.push(b':');
-                out.extend_from_slice(n.to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
-            Self::Bulk(bytes) => {
-                out.push(b'$');
-                out.extend_from_slice(bytes.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(bytes);
-                out.extend_from_slice(b"\r\n");
-            }
+            Self::Integer(n) => length(out, b':', *n),
+            Self::Bulk(bytes) => bulk(out, b'$', bytes),
+            Self::Nil if resp3 => out.extend_from_slice(b"_\r\n"),
             Self::Nil => out.extend_from_slice(b"$-1\r\n"),
             Self::Array(items) => {
-                out.push(b'*');
-                out.extend_from_slice(items.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
+                length(out, b'*', items.len());
                 for item in items {
-                    item.encode(out);
+                    item.encode_as(version, out);
                 }
             }
+            Self::Map(pairs) => {
+                if resp3 {
+                    length(out, b'%', pairs.len());
+                } else {
+                    length(out, b'*', pairs.len() * 2);
+                }
+                for (field, value) in pairs {
+                    field.encode_as(version, out);
+                    value.encode_as(version, out);
+                }
+            }
+            Self::Verbatim(text) if resp3 => {
+                let mut framed = Vec::with_capacity(text.len() + 4);
+                framed.extend_from_slice(b"txt:");
+                framed.extend_from_slice(text.as_bytes());
+                bulk(out, b'=', &framed);
+            }
+            Self::Verbatim(text) => bulk(out, b'$', text.as_bytes()),
         }
     }
+}
+
+/// `<kind><n>\r\n`.
+fn length(out: &mut Vec<u8>, kind: u8, n: impl std::fmt::Display) {
+    out.push(kind);
+    out.extend_from_slice(n.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `<kind><len>\r\n<bytes>\r\n`.
+fn bulk(out: &mut Vec<u8>, kind: u8, bytes: &[u8]) {
+    length(out, kind, bytes.len());
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn line(out: &mut Vec<u8>, kind: u8, text: &str) {
@@ -440,6 +503,40 @@ mod tests {
         ])
         .encode(&mut out);
         assert_eq!(out, b"*5\r\n+OK\r\n-ERR bad  thing\r\n:-3\r\n$3\r\na\r\n\r\n$-1\r\n");
+    }
+
+    #[test]
+    fn replies_differ_between_versions_only_where_resp3_has_a_type() {
+        let reply = Reply::Array(vec![
+            Reply::Nil,
+            Reply::Map(vec![
+                (Reply::Bulk(b"proto".to_vec()), Reply::Integer(3)),
+                (Reply::Bulk(b"modules".to_vec()), Reply::Array(vec![])),
+            ]),
+            Reply::Verbatim("# Server\r\n".to_owned()),
+            Reply::Simple("OK".to_owned()),
+        ]);
+        let mut two = Vec::new();
+        reply.encode_as(RespVersion::Resp2, &mut two);
+        assert_eq!(
+            two,
+            &b"*4\r\n$-1\r\n*4\r\n$5\r\nproto\r\n:3\r\n$7\r\nmodules\r\n*0\r\n\
+               $10\r\n# Server\r\n\r\n+OK\r\n"[..]
+        );
+        let mut plain = Vec::new();
+        reply.encode(&mut plain);
+        assert_eq!(plain, two, "encode is RESP2");
+        let mut three = Vec::new();
+        reply.encode_as(RespVersion::Resp3, &mut three);
+        assert_eq!(
+            three,
+            &b"*4\r\n_\r\n%2\r\n$5\r\nproto\r\n:3\r\n$7\r\nmodules\r\n*0\r\n\
+               =14\r\ntxt:# Server\r\n\r\n+OK\r\n"[..]
+        );
+        assert_eq!(RespVersion::from_number(2), Some(RespVersion::Resp2));
+        assert_eq!(RespVersion::from_number(3).map(RespVersion::number), Some(3));
+        assert_eq!(RespVersion::from_number(4), None);
+        assert_eq!(RespVersion::default(), RespVersion::Resp2);
     }
 
     #[test]

@@ -529,6 +529,15 @@ impl TcpStore {
         self.hello(self.tcp_stream()?, caller).map(|(_, offered)| offered)
     }
 
+    /// Where the segment shared with the server is mapped in this process (its first byte's
+    /// address and its length), once the same-host path has made it; `None` over TCP. A GET
+    /// into a range inside it, or a PUT from one, is served there by the server directly.
+    pub fn shared_segment_span(&self) -> Option<(usize, usize)> {
+        let segment = self.arena.get()?.segment();
+        let base = segment.with_bytes(0, segment.len(), |all| all.as_ptr() as usize).ok()?;
+        Some((base, usize::try_from(segment.len()).ok()?))
+    }
+
     /// Whether this client takes the same-host path (its configuration has a [`LocalConfig`]).
     pub fn is_local(&self) -> bool {
         self.config.local.is_some()

@@ -45,6 +45,14 @@ enum LocalMode {
 }
 
 /// One tenant's client of a `gpucache serve` native (GPCW) listener.
+///
+/// `Client(address="127.0.0.1:7470", tenant="default", key_file=None, key_id=None,
+/// local="auto", timeout_s=30.0, segment_bytes=256 MiB, client_name="gpucache-python")`. The
+/// session opens here: an unreachable server raises UnavailableError, an unknown tenant or
+/// refused key RefusedError. `key_file` is a tenant key file (mode 0600, the server's format);
+/// `key_id` picks a key when it holds several. `local="auto"` takes the same-host path (a
+/// memfd segment of `segment_bytes` shared with the server) when the server offers it and TCP
+/// otherwise, `True` requires it, `False` is TCP only. `timeout_s` bounds each request.
 #[pyclass(module = "gpucache._native", frozen)]
 #[derive(Debug)]
 pub struct Client {
@@ -58,7 +66,8 @@ pub struct Client {
     /// Why `local="auto"` fell back to TCP, when it did.
     fallback: Option<String>,
     segment_bytes: u64,
-    registered: Mutex<Vec<(usize, usize)>>,
+    /// Registered ranges: address, length, whether inside the shared segment.
+    registered: Mutex<Vec<(usize, usize, bool)>>,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -135,6 +144,26 @@ fn may_fall_back(e: &ConnectError) -> bool {
 }
 
 impl Client {
+    pub(crate) fn store(&self) -> &Arc<TcpStore> {
+        &self.store
+    }
+
+    pub(crate) fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// A key argument (a Key or a plain name of this client's tenant).
+    pub(crate) fn key_of(&self, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey> {
+        key_of(&self.namespace, obj)
+    }
+
+    /// Whether `len` bytes at `ptr` lie inside the segment shared with the server.
+    fn in_segment(&self, ptr: usize, len: usize) -> bool {
+        self.store.shared_segment_span().is_some_and(|(base, seg)| {
+            ptr >= base && ptr.checked_add(len).is_some_and(|end| end <= base + seg)
+        })
+    }
+
     fn check_open(&self) -> PyResult<()> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(crate::errors::unavailable("the client is closed"));
@@ -584,15 +613,23 @@ impl Client {
         }
     }
 
-    /// Registers a host range (an engine's KV pool) the client will be handed ranges of; see
-    /// docs/adr/0021-python-engine-buffers.md for what it changes (the copies) and what it
-    /// refuses (overlaps, more than REGISTERED_BUFFERS_MAX ranges).
+    /// Registers a host range (an engine's KV pool) that later calls will name ranges of.
+    /// Returns whether the range lies inside the segment shared with the server (made from
+    /// `shared_buffer`): then a GET into it is written by the server's own read and a PUT from
+    /// it read by the server's own write, with no copy in this process; any other range costs
+    /// one copy in this process each way (docs/adr/0021-python-engine-buffers.md). Overlapping
+    /// ranges and more than REGISTERED_BUFFERS_MAX of them are refused.
     #[pyo3(signature = (dst_or_ptr, size = None))]
-    fn register_buffer(&self, dst_or_ptr: &Bound<'_, PyAny>, size: Option<usize>) -> PyResult<()> {
+    fn register_buffer(
+        &self,
+        dst_or_ptr: &Bound<'_, PyAny>,
+        size: Option<usize>,
+    ) -> PyResult<bool> {
         let r = range_arg(dst_or_ptr, size, Access::Write)?;
         if r.len == 0 {
             return Err(PyValueError::new_err("an empty range cannot be registered"));
         }
+        let direct = self.in_segment(r.ptr, r.len);
         let mut reg = self.registered.lock().map_err(|_| PyValueError::new_err("poisoned"))?;
         if reg.len() >= REGISTERED_BUFFERS_MAX {
             return Err(refused(
@@ -601,14 +638,14 @@ impl Client {
             ));
         }
         let (start, end) = (r.ptr, r.ptr + r.len);
-        if let Some(&(s, l)) = reg.iter().find(|&&(s, l)| start < s + l && s < end) {
+        if let Some(&(s, l, _)) = reg.iter().find(|&&(s, l, _)| start < s + l && s < end) {
             return Err(PyValueError::new_err(format!(
                 "range {start:#x}+{} overlaps the registered {s:#x}+{l}",
                 r.len
             )));
         }
-        reg.push((start, r.len));
-        Ok(())
+        reg.push((start, r.len, direct));
+        Ok(direct)
     }
 
     /// Forgets the registered range that starts at `ptr` (an int, or the object registered).
@@ -619,15 +656,15 @@ impl Client {
         };
         let mut reg = self.registered.lock().map_err(|_| PyValueError::new_err("poisoned"))?;
         let before = reg.len();
-        reg.retain(|&(s, _)| s != start);
+        reg.retain(|&(s, _, _)| s != start);
         if reg.len() == before {
             return Err(PyValueError::new_err(format!("no registered range starts at {start:#x}")));
         }
         Ok(())
     }
 
-    /// The registered ranges, as (address, size).
-    fn registered_buffers(&self) -> PyResult<Vec<(usize, usize)>> {
+    /// The registered ranges, as (address, size, direct): direct when inside the shared segment.
+    fn registered_buffers(&self) -> PyResult<Vec<(usize, usize, bool)>> {
         Ok(self.registered.lock().map_err(|_| PyValueError::new_err("poisoned"))?.clone())
     }
 
@@ -646,6 +683,19 @@ impl Client {
             return Err(PyValueError::new_err("size must be positive"));
         }
         Ok(self.store.shared_buffer(size).map(|buf| SharedBuffer { buf }))
+    }
+
+    /// An executor over this client (see `gpucache.Executor`).
+    #[pyo3(signature = (allocation_bytes, **kwargs))]
+    fn executor<'py>(
+        slf: &Bound<'py, Self>,
+        allocation_bytes: u64,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Looked up in the module rather than named here: the executor module builds on this
+        // one, so this one does not import it.
+        let cls = PyModule::import(slf.py(), "gpucache._native")?.getattr("Executor")?;
+        cls.call((slf, allocation_bytes), kwargs)
     }
 
     /// Marks the client closed: later calls raise UnavailableError. Its connections close

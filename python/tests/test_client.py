@@ -15,8 +15,9 @@ import threading
 import numpy as np
 import pytest
 
-import gpucache
 from conftest import OBJECT_BYTES_MAX, OTHER_TENANT, SEALED_TENANT, server_binary
+
+gpucache = pytest.importorskip("gpucache")
 
 
 def ident(**kw):
@@ -137,6 +138,7 @@ def test_over_limit_block_is_refused_with_a_reason(client, server, unique):
         client.put(unique, big)
     assert e.value.reason == "too_large", e.value.detail
     assert str(OBJECT_BYTES_MAX) in e.value.detail
+    assert e.value.retired is True
     assert client.exists(unique) is False
     # In a batch, the refusal names its item; the other items are stored.
     with pytest.raises(gpucache.RefusedError) as e:
@@ -206,8 +208,9 @@ def free_port() -> int:
 
 
 def test_unreachable_server_is_unavailable():
-    with pytest.raises(gpucache.UnavailableError):
+    with pytest.raises(gpucache.UnavailableError) as e:
         gpucache.Client(f"127.0.0.1:{free_port()}", timeout_s=2.0)
+    assert e.value.reason == "unavailable" and e.value.retired is True
 
 
 def test_a_waiting_call_releases_the_gil():
@@ -330,3 +333,71 @@ def test_module_main_reports_version_reachability_and_offers(server):
                            "--timeout-s", "2"], capture_output=True, text=True, timeout=60)
     assert dead.returncode == 1
     assert "not reachable" in dead.stdout
+
+
+def test_a_pool_in_the_shared_segment_is_served_in_place(server, unique):
+    c = gpucache.Client(server.native, local=True, segment_bytes=16 << 20)
+    pool = c.shared_buffer(1 << 20)
+    assert pool is not None
+    assert c.register_buffer(pool) is True
+    assert c.register_buffer(bytearray(4096)) is False  # outside: one copy here each way
+    with pytest.raises(ValueError, match="overlap"):
+        c.register_buffer(pool.ptr + 4096, size=10)
+    view = np.frombuffer(gpucache.shared_view(pool), dtype=np.uint8)
+    blocks = [os.urandom(8192) for _ in range(4)]
+    for i, b in enumerate(blocks):
+        view[i * 8192:(i + 1) * 8192] = np.frombuffer(b, dtype=np.uint8)
+    names = [f"{unique}-{i}" for i in range(4)]
+    before = c.offers()["shared"]
+    addrs = [pool.ptr + i * 8192 for i in range(4)]
+    assert c.batch_put_from(names, addrs, sizes=[8192] * 4) == [True] * 4
+    view[:] = 0
+    assert c.batch_get_into(names[::-1], addrs, sizes=[8192] * 4) == [8192] * 4
+    after = c.offers()["shared"]
+    assert after["direct_items"] - before["direct_items"] == 8
+    assert after["bounced_items"] == before["bounced_items"]
+    assert [view[i * 8192:(i + 1) * 8192].tobytes() for i in range(4)] == blocks[::-1]
+    # The same names read over TCP give the same bytes.
+    tcp = gpucache.Client(server.native, local=False)
+    assert [tcp.get(n) for n in names] == blocks
+    assert tcp.register_buffer(bytearray(16)) is False
+    ptrs = [p for p, _, _ in c.registered_buffers()]
+    assert pool.ptr in ptrs
+    c.unregister_buffer(pool)
+    assert pool.ptr not in [p for p, _, _ in c.registered_buffers()]
+    with pytest.raises(ValueError):
+        c.unregister_buffer(pool)
+
+
+def test_registrations_are_bounded(client):
+    pool = (ctypes.c_char * (gpucache.REGISTERED_BUFFERS_MAX + 1))()
+    base = ctypes.addressof(pool)
+    for i in range(gpucache.REGISTERED_BUFFERS_MAX):
+        client.register_buffer(base + i, size=1)
+    with pytest.raises(gpucache.RefusedError) as e:
+        client.register_buffer(base + gpucache.REGISTERED_BUFFERS_MAX, size=1)
+    assert e.value.reason == "registrations"
+
+
+def test_threads_share_one_client(server, unique):
+    c = gpucache.Client(server.native)
+    blocks = {f"{unique}-{i}": os.urandom(50_000 + i) for i in range(8)}
+    errors = []
+
+    def work(name, data):
+        try:
+            assert c.put(name, data) is True
+            for _ in range(5):
+                dst = bytearray(len(data))
+                assert c.get_into(name, dst) == len(data) and bytes(dst) == data
+        except BaseException as e:  # reported below, with the name
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=work, args=item) for item in blocks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a client thread did not finish in 60 s"
+    assert errors == []
+    assert c.batch_exists(list(blocks)) == [True] * len(blocks)

@@ -16,6 +16,8 @@
 #   nixl        a venv with the nixl-cu12 wheel (libnixl_capi.so, UCX, the POSIX plugin)
 #   python      a venv with maturin, pytest, numpy and redis-py, and the gpucache wheel built
 #               from python/ by maturin (the dev profile, as the test build) and installed in it
+#   engines     torch, transformers, SGLang and LMCache in the Python venv, for the engine
+#               connectors' tests (scripts/setup-engines.sh; about 7 GB; implies python)
 #
 #   CARGO_TARGET_DIR        the build folder the venvs live under (default: target)
 #   GPUCACHE_MOONCAKE_VENV  the Mooncake venv (default: $CARGO_TARGET_DIR/bench-venv)
@@ -45,13 +47,15 @@ installed=()
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 
-all=(build prometheus redis fio iperf3 mooncake nixl python)
+all=(build prometheus redis fio iperf3 mooncake nixl python engines)
 pieces=("$@")
 [ ${#pieces[@]} -gt 0 ] || pieces=("${all[@]}")
 for p in "${pieces[@]}"; do
     case " ${all[*]} " in *" $p "*) ;; *) echo "setup: unknown piece $p (${all[*]})" >&2; exit 2 ;; esac
 done
 wants() { case " ${pieces[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The engines go into the Python venv, so they need it.
+wants engines && ! wants python && pieces+=(python)
 
 # Fails unless the disk holding $1 has $2 MiB free beyond the margin.
 need_disk() {
@@ -282,6 +286,9 @@ for n in z.namelist():
 if wants python; then
     ensure_venv "$PY_VENV" py_tools_problem "$PY_MIB" Python "${PY_TOOLS[@]}"
     ensure_py_package "$PY_VENV"
+fi
+if wants engines; then
+    scripts/setup-engines.sh "$PY_VENV" "${PY_TOOLS[@]}" || die "the engines piece is not ready (its reason above)"
 fi
 
 if [ ${#installed[@]} -eq 0 ]; then

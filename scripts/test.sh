@@ -24,7 +24,7 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# redis, fio, iperf3, the Mooncake, NIXL and Python venvs, the gpucache wheel) is installed and
+# redis, fio, iperf3, the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is installed and
 # proven to work by scripts/setup.sh. In CI a piece that cannot be made to work stops the run here, with the
 # installer's or the loader's own message; elsewhere its tests skip and say why.
 if ! scripts/setup.sh; then
@@ -95,13 +95,35 @@ cargo test --workspace --locked
 # (GPUCACHE_REQUIRE_PYTHON=1), elsewhere it is reported and skipped.
 step "python package (pytest python/tests)"
 cargo build -p gpucache-cli --locked
+# Absolute: the tests start servers from their own temporary directories.
+gpucache_bin="$(cd "$target_dir" && pwd)/debug/gpucache"
 if [ -x "$PY_VENV/bin/python" ]; then
-    GPUCACHE_BIN="$target_dir/debug/gpucache" "$PY_VENV/bin/python" -m pytest python/tests -q
+    GPUCACHE_BIN="$gpucache_bin" "$PY_VENV/bin/python" -m pytest python/tests -q \
+        --ignore=python/tests/engines
 elif [ "${CI:-}" = "true" ]; then
     echo "scripts/test.sh: no Python venv at $PY_VENV (scripts/setup.sh python)" >&2
     exit 1
 else
     echo "scripts/test.sh: no Python venv at $PY_VENV; the Python tests are skipped" >&2
+fi
+
+# The engine connectors and tests that use the engines themselves (python/tests/engines/:
+# SGLang's HiCache backend loader and host KV pool, LMCache's remote backend, transformers
+# models), with the engines scripts/setup.sh put into the same venv (its engines piece). In CI
+# a missing engine interface fails its tests (GPUCACHE_REQUIRE_ENGINES=1) instead of skipping.
+step "engines (pytest python/tests/engines)"
+if [ -x "$PY_VENV/bin/python" ]; then
+    (
+        if [ "${CI:-}" = "true" ]; then
+            export GPUCACHE_REQUIRE_ENGINES=1
+        fi
+        GPUCACHE_BIN="$gpucache_bin" "$PY_VENV/bin/python" -m pytest python/tests/engines -q
+    )
+elif [ "${CI:-}" = "true" ]; then
+    echo "scripts/test.sh: no Python venv at $PY_VENV (scripts/setup.sh engines)" >&2
+    exit 1
+else
+    echo "scripts/test.sh: no Python venv at $PY_VENV; the engine tests are skipped" >&2
 fi
 
 # The fuzz crate (fuzz/: its own workspace and lock file) in its own folder under the build

@@ -39,8 +39,8 @@ WITH_DEPS=(
 # only: its compiled kernels (vllm._C) are built for its own torch pin and do not load, which
 # the tiering modules do not need.
 NO_DEPS=("sglang==0.5.23" "vllm==0.33.0")
-# Free space the install needs on the venv's disk (torch with its CUDA libraries, LMCache's
-# dependencies, SGLang; measured at about 7 GB, with room to spare), in MiB.
+# Free space the install needs on the venv's disk, in MiB: a fresh install added 7,537 MiB
+# (torch with its CUDA libraries, LMCache's dependencies, SGLang, vLLM), plus room to spare.
 NEED_MIB=9000
 
 log() { printf 'setup-engines: %s\n' "$*" >&2; }

@@ -17,7 +17,7 @@
 #   python      a venv with maturin, pytest, numpy and redis-py, and the gpucache wheel built
 #               from python/ by maturin (the dev profile, as the test build) and installed in it
 #   engines     torch, transformers, SGLang and LMCache in the Python venv, for the engine
-#               connectors' tests (scripts/setup-engines.sh; about 7 GB; implies python)
+#               connectors' tests (scripts/setup-engines.sh; about 7.4 GiB; implies python)
 #
 #   CARGO_TARGET_DIR        the build folder the venvs live under (default: target)
 #   GPUCACHE_MOONCAKE_VENV  the Mooncake venv (default: $CARGO_TARGET_DIR/bench-venv)

@@ -24,9 +24,10 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# redis, fio, iperf3, the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is installed and
-# proven to work by scripts/setup.sh. In CI a piece that cannot be made to work stops the run here, with the
-# installer's or the loader's own message; elsewhere its tests skip and say why.
+# redis, fio, iperf3, the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is
+# installed and proven to work by scripts/setup.sh. In CI a piece that cannot be made to work
+# stops the run here, with the installer's or the loader's own message; elsewhere its tests
+# skip and say why.
 if ! scripts/setup.sh; then
     if [ "${CI:-}" = "true" ]; then
         echo "scripts/test.sh: scripts/setup.sh failed (its reason above)" >&2

@@ -26,6 +26,11 @@ page is stored as the pieces ``get_page_buffer_meta`` names (K and V, or one per
 piece under the key of ``(page hash, piece index, piece count, piece bytes)``: another model,
 shard, dtype, layout or geometry never reads these bytes. A page counts as present only when
 all its pieces are, and a piece read back with another size is a miss.
+
+``clear()`` (SGLang's clear-storage request) removes the pieces this backend stored, the newest
+``CLEAR_TRACKED_KEYS_MAX`` of them: the server keeps no per-engine index, so older pieces and
+other processes' pieces stay until it evicts them. ``get_stats()`` hands SGLang its storage
+metrics (pages per batch, GB/s) when SGLang's metrics are on (``--enable-metrics``).
 """
 
 from __future__ import annotations

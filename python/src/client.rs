@@ -2,6 +2,7 @@
 //! shared-memory path (ADR 0013), through the Rust `TcpStore` (pooled connections, pipelined
 //! batches). Every call that waits releases the GIL.
 
+use std::borrow::Cow;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -63,10 +64,11 @@ pub struct Client {
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// Where one key argument came from.
-fn key_of(ns: &IdentityTemplate, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey> {
+/// Where one key argument came from: a `Key` is borrowed (a batch call clones no key), a plain
+/// name is mapped into the tenant's namespace.
+fn key_of<'a>(ns: &IdentityTemplate, obj: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, PhysicalKey>> {
     if let Ok(k) = obj.cast::<Key>() {
-        return Ok(k.get().key.clone());
+        return Ok(Cow::Borrowed(&k.get().key));
     }
     let name: Vec<u8> = if let Ok(s) = obj.cast::<PyString>() {
         s.to_cow()?.as_bytes().to_vec()
@@ -77,7 +79,7 @@ fn key_of(ns: &IdentityTemplate, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey
             "a key is a gpucache.Key, or a plain name (str or bytes)",
         ));
     };
-    ns.key_for(&name).map_err(|e| PyValueError::new_err(e.to_string()))
+    ns.key_for(&name).map(Cow::Owned).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 fn resolve(addr: &str) -> PyResult<SocketAddr> {
@@ -150,7 +152,7 @@ impl Client {
         Ok(())
     }
 
-    fn keys(&self, keys: &[Bound<'_, PyAny>]) -> PyResult<Vec<PhysicalKey>> {
+    fn keys<'a>(&self, keys: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<Cow<'a, PhysicalKey>>> {
         if keys.len() > BATCH_KEYS_MAX {
             return Err(PyValueError::new_err(format!(
                 "{} keys: one batch takes at most {BATCH_KEYS_MAX}",
@@ -160,9 +162,9 @@ impl Client {
         keys.iter().map(|k| key_of(&self.namespace, k)).collect()
     }
 
-    fn lookups(&self, py: Python<'_>, keys: &[PhysicalKey]) -> PyResult<Vec<bool>> {
+    fn lookups(&self, py: Python<'_>, keys: &[Cow<'_, PhysicalKey>]) -> PyResult<Vec<bool>> {
         self.check_open()?;
-        let refs: Vec<&PhysicalKey> = keys.iter().collect();
+        let refs: Vec<&PhysicalKey> = keys.iter().map(|k| &**k).collect();
         let answers = py.detach(|| self.store.lookup_batch(&self.caller, &refs));
         answers
             .into_iter()
@@ -197,7 +199,7 @@ impl Client {
     fn gets(
         &self,
         py: Python<'_>,
-        keys: &[PhysicalKey],
+        keys: &[Cow<'_, PhysicalKey>],
         dsts: &[Range],
     ) -> PyResult<Vec<Option<usize>>> {
         self.check_open()?;
@@ -226,7 +228,12 @@ impl Client {
         })
     }
 
-    fn puts(&self, py: Python<'_>, keys: &[PhysicalKey], srcs: &[Range]) -> PyResult<Vec<bool>> {
+    fn puts(
+        &self,
+        py: Python<'_>,
+        keys: &[Cow<'_, PhysicalKey>],
+        srcs: &[Range],
+    ) -> PyResult<Vec<bool>> {
         self.check_open()?;
         if keys.len() != srcs.len() {
             return Err(PyValueError::new_err(format!(
@@ -453,7 +460,7 @@ impl Client {
 
     /// The key a plain name maps to for this client's tenant.
     fn key(&self, name: &Bound<'_, PyAny>) -> PyResult<Key> {
-        key_of(&self.namespace, name).map(|key| Key { key })
+        key_of(&self.namespace, name).map(|key| Key { key: key.into_owned() })
     }
 
     /// Whether the exact key holds a committed block.

@@ -103,6 +103,12 @@ fn check_samples(doc: &serde_json::Value, rows: &str) {
         assert!(s["put"]["bytes"].as_u64().is_some_and(|b| b <= 4 << 20), "{s}");
         let direct = s["direct_items"].as_u64();
         let bounced = s["bounced_items"].as_u64();
+        let layer = s["layer_us"].as_f64();
+        if row.starts_with("python-") {
+            assert!(layer.is_some_and(|us| us > 0.0), "the binding's cost is measured: {s}");
+        } else {
+            assert!(layer.is_none(), "{s}");
+        }
         if row.ends_with("-local-seg") {
             assert!(direct.is_some_and(|d| d > 0) && bounced == Some(0), "in place: {s}");
         } else if row.ends_with("-local") {

@@ -291,6 +291,9 @@ pub(crate) struct Measurement {
     /// The same-host path's counters at the end (items served in place and bounced).
     pub direct_items: Option<u64>,
     pub bounced_items: Option<u64>,
+    /// Python rows: microseconds per call of the binding's argument handling (the driver's
+    /// `layer_cost`: a call of this shape refused at its size check, before any I/O).
+    pub layer_us: Option<f64>,
 }
 
 /// One measurement as the report keeps it.
@@ -315,6 +318,7 @@ struct PyOutput {
     transport: Option<String>,
     direct_items: Option<u64>,
     bounced_items: Option<u64>,
+    layer_us: Option<f64>,
     error: Option<String>,
 }
 
@@ -417,6 +421,7 @@ fn py_measure(
         mismatches: out.mismatches,
         direct_items: row.local.then_some(out.direct_items).flatten(),
         bounced_items: row.local.then_some(out.bounced_items).flatten(),
+        layer_us: out.layer_us,
     })
 }
 
@@ -447,6 +452,7 @@ fn mooncake_measure(
         mismatches: p.mismatches,
         direct_items: None,
         bounced_items: None,
+        layer_us: None,
     })
 }
 
@@ -777,6 +783,8 @@ struct RowSummary {
     get_gbps: Option<Spread>,
     put_p50_ms: Option<Spread>,
     get_p50_ms: Option<Spread>,
+    /// Python rows: the binding's argument handling per call, in microseconds.
+    layer_us: Option<Spread>,
 }
 
 fn summarize(plan: &Plan, samples: &[Sample]) -> Vec<RowSummary> {
@@ -794,6 +802,18 @@ fn summarize(plan: &Plan, samples: &[Sample]) -> Vec<RowSummary> {
                 get_gbps: over(&|r| gbps(samples, &name, point, r, Op::Get)),
                 put_p50_ms: over(&|r| p50_ms(samples, &name, point, r, Op::Put)),
                 get_p50_ms: over(&|r| p50_ms(samples, &name, point, r, Op::Get)),
+                layer_us: over(&|r| {
+                    samples
+                        .iter()
+                        .find(|s| {
+                            s.row == name
+                                && s.rep == r
+                                && s.items == point.items
+                                && s.size == point.size
+                        })
+                        .and_then(|s| s.result.as_ref())
+                        .and_then(|m| m.layer_us)
+                }),
             });
         }
     }
@@ -895,23 +915,35 @@ fn cell(s: Option<Spread>, digits: usize) -> String {
     }
 }
 
+/// The binding's cost per call, and its share of the median GET batch.
+fn layer_cell(layer_us: Option<Spread>, get_p50_ms: Option<Spread>) -> String {
+    match (layer_us, get_p50_ms) {
+        (None, _) => "-".into(),
+        (Some(l), Some(g)) if g.median > 0.0 => {
+            format!("{} ({:.2}%)", cell(Some(l), 1), l.median / (g.median * 1e3) * 100.0)
+        }
+        (Some(l), _) => cell(Some(l), 1),
+    }
+}
+
 fn table(summary: &[RowSummary]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| batch | row | PUT GB/s | GET GB/s | PUT p50 ms/batch | GET p50 ms/batch |\n\
-         | --- | --- | --- | --- | --- | --- |"
+        "| batch | row | PUT GB/s | GET GB/s | PUT p50 ms/batch | GET p50 ms/batch | binding us/call \
+         (of GET p50) |\n| --- | --- | --- | --- | --- | --- | --- |"
     );
     for r in summary {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.batch,
             r.row,
             cell(r.put_gbps, 2),
             cell(r.get_gbps, 2),
             cell(r.put_p50_ms, 2),
-            cell(r.get_p50_ms, 2)
+            cell(r.get_p50_ms, 2),
+            layer_cell(r.layer_us, r.get_p50_ms)
         );
     }
     s
@@ -1022,6 +1054,14 @@ mod tests {
     }
 
     #[test]
+    fn the_binding_cost_is_shown_as_a_share_of_the_get_batch() {
+        let s = |x: f64| spread(&[x]);
+        assert_eq!(layer_cell(s(10.0), s(2.0)), "10.0 (0.50%)");
+        assert_eq!(layer_cell(s(10.0), None), "10.0");
+        assert_eq!(layer_cell(None, s(2.0)), "-");
+    }
+
+    #[test]
     fn row_names_round_trip() {
         for name in ROW_NAMES {
             assert_eq!(Row::parse(name).expect(name).name(), name);
@@ -1057,6 +1097,7 @@ mod tests {
                 mismatches: 0,
                 direct_items: None,
                 bounced_items: None,
+                layer_us: None,
             }),
             error: None,
         }

@@ -183,6 +183,7 @@ pub(super) fn measure(
         mismatches: if same { 0 } else { n as u64 },
         direct_items: local.then_some(stats.direct_items),
         bounced_items: local.then_some(stats.bounced_items),
+        layer_us: None,
     })
 }
 

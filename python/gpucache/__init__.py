@@ -16,6 +16,10 @@ and ``gpucache put/get`` map them. A miss is a value (``None``, ``False``); a re
 Buffers are int addresses (with ``size=``), objects with the buffer protocol (bytearray,
 memoryview, numpy arrays) or CPU torch tensors (duck-typed, no torch dependency). Every call
 that waits on the server releases the GIL.
+
+``Executor`` (or ``Client.executor``) runs the data plane's asynchronous executor: submit
+QUERY/GET/PUT jobs with ranges of its own host allocation, ``poll()`` their per-key results,
+retirement facts, pressure and health, and ``close()`` for the restart report.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gpucache._native import (
     BufferTooSmallError,
     Client,
     Error,
+    Executor,
     Identity,
     Key,
     RefusedError,
@@ -45,6 +50,7 @@ __all__ = [
     "BufferTooSmallError",
     "Client",
     "Error",
+    "Executor",
     "Identity",
     "Key",
     "RefusedError",

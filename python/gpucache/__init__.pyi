@@ -7,6 +7,7 @@ from gpucache._native import (
     BufferTooSmallError as BufferTooSmallError,
     Client as Client,
     Error as Error,
+    Executor as Executor,
     Identity as Identity,
     Key as Key,
     RefusedError as RefusedError,

@@ -20,6 +20,9 @@ class RefusedError(Error):
     detail: str
     index: int
     """In a batch call: the item the refusal is about (set only by batch calls)."""
+    retired: bool
+    """Set on store failures: False when the server may still be writing the call's
+    destination (same-host path, a range in the shared segment); do not trust it then."""
 
 class BufferTooSmallError(RefusedError):
     """The destination is smaller than the block."""
@@ -31,6 +34,8 @@ class UnavailableError(Error):
 
     reason: str
     detail: str
+    retired: bool
+    """Set on failed store calls (see RefusedError.retired)."""
 
 class Key:
     """A physical key: what one block is stored under. Hashable; ``bytes(key)`` is its
@@ -144,6 +149,47 @@ class Client:
     def unregister_buffer(self, ptr: Buffer) -> None: ...
     def registered_buffers(self) -> List[Tuple[int, int, bool]]: ...
     def shared_buffer(self, size: int) -> Optional[SharedBuffer]: ...
+    def executor(self, allocation_bytes: int, **kwargs: Any) -> "Executor": ...
     def close(self) -> None: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *exc: object) -> bool: ...
+
+Range = Tuple[int, int]
+"""(offset, len) inside the executor's allocation, within one slot."""
+
+class Executor:
+    """The data plane's asynchronous executor over a Client's store. Refusals raise
+    RefusedError with reason queue_full, outstanding_full, unhealthy, quarantined, closed,
+    no_keys, too_many_keys or bad_range (with .index)."""
+
+    def __init__(
+        self,
+        client: Client,
+        allocation_bytes: int,
+        slot_bytes: Optional[int] = None,
+        queue_depth: int = 256,
+        workers_query: int = 1,
+        workers_get: int = 2,
+        workers_put: int = 2,
+        operations_outstanding_max: int = 1024,
+        keys_per_job_max: int = 4096,
+        cooldown_ms: int = 5000,
+    ) -> None: ...
+    @property
+    def allocation_bytes(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    def submit_query(self, keys: Sequence[KeyLike]) -> int: ...
+    def submit_get(self, keys: Sequence[KeyLike], ranges: Sequence[Range]) -> int: ...
+    def submit_put(self, keys: Sequence[KeyLike], ranges: Sequence[Range]) -> int: ...
+    def cancel(self, operation: int) -> str:
+        """"cancelled", "detached" or "not_outstanding"."""
+    def poll(self, timeout_s: float = 0.0) -> Dict[str, Any]:
+        """{"results": [{"operation", "kind", "ending", "retired", "detached", "keys": [{"ok",
+        "result", "bytes" | "reason", "detail"}]}], "pressure": {...}, "health": {"state",
+        "epoch", "text"}, "quarantined": [{"operation", "kind", "ranges"}]}"""
+    def write(self, offset: int, len: int, data: Buffer) -> None: ...
+    def read(self, offset: int, len: int) -> bytes: ...
+    def close(self, join_deadline_s: float = 5.0) -> Dict[str, Any]:
+        """{"restart_required", "workers_joined", "workers_stuck", "results", "quarantined",
+        "text"}"""

@@ -46,6 +46,14 @@ enum LocalMode {
 }
 
 /// One tenant's client of a `gpucache serve` native (GPCW) listener.
+///
+/// `Client(address="127.0.0.1:7470", tenant="default", key_file=None, key_id=None,
+/// local="auto", timeout_s=30.0, segment_bytes=256 MiB, client_name="gpucache-python")`. The
+/// session opens here: an unreachable server raises UnavailableError, an unknown tenant or
+/// refused key RefusedError. `key_file` is a tenant key file (mode 0600, the server's format);
+/// `key_id` picks a key when it holds several. `local="auto"` takes the same-host path (a
+/// memfd segment of `segment_bytes` shared with the server) when the server offers it and TCP
+/// otherwise, `True` requires it, `False` is TCP only. `timeout_s` bounds each request.
 #[pyclass(module = "gpucache._native", frozen)]
 #[derive(Debug)]
 pub struct Client {
@@ -138,6 +146,19 @@ fn may_fall_back(e: &ConnectError) -> bool {
 }
 
 impl Client {
+    pub(crate) fn store(&self) -> &Arc<TcpStore> {
+        &self.store
+    }
+
+    pub(crate) fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// A key argument (a Key or a plain name of this client's tenant).
+    pub(crate) fn key_of(&self, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey> {
+        key_of(&self.namespace, obj).map(Cow::into_owned)
+    }
+
     /// Whether `len` bytes at `ptr` lie inside the segment shared with the server.
     fn in_segment(&self, ptr: usize, len: usize) -> bool {
         self.store.shared_segment_span().is_some_and(|(base, seg)| {
@@ -669,6 +690,19 @@ impl Client {
             return Err(PyValueError::new_err("size must be positive"));
         }
         Ok(self.store.shared_buffer(size).map(|buf| SharedBuffer { buf }))
+    }
+
+    /// An executor over this client (see `gpucache.Executor`).
+    #[pyo3(signature = (allocation_bytes, **kwargs))]
+    fn executor<'py>(
+        slf: &Bound<'py, Self>,
+        allocation_bytes: u64,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Looked up in the module rather than named here: the executor module builds on this
+        // one, so this one does not import it.
+        let cls = PyModule::import(slf.py(), "gpucache._native")?.getattr("Executor")?;
+        cls.call((slf, allocation_bytes), kwargs)
     }
 
     /// Marks the client closed: later calls raise UnavailableError. Its connections close

@@ -5,7 +5,7 @@
 
 use gpucache_client::ConnectError;
 use gpucache_dataplane::limits::Refusal;
-use gpucache_dataplane::store::StoreError;
+use gpucache_dataplane::store::{Retirement, StoreError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -43,7 +43,10 @@ pub(crate) fn refused(reason: &str, detail: impl Into<String>) -> PyErr {
     Python::attach(|py| {
         let err = RefusedError::new_err(format!("{reason}: {detail}"));
         let value = err.value(py);
-        let set = value.setattr("reason", reason).and_then(|()| value.setattr("detail", &detail));
+        let set = value
+            .setattr("reason", reason)
+            .and_then(|()| value.setattr("detail", &detail))
+            .and_then(|()| value.setattr("retired", true));
         match set {
             Ok(()) => err,
             Err(e) => e,
@@ -57,8 +60,10 @@ pub(crate) fn unavailable(detail: impl Into<String>) -> PyErr {
     Python::attach(|py| {
         let err = UnavailableError::new_err(detail.clone());
         let value = err.value(py);
-        let set =
-            value.setattr("reason", "unavailable").and_then(|()| value.setattr("detail", &detail));
+        let set = value
+            .setattr("reason", "unavailable")
+            .and_then(|()| value.setattr("detail", &detail))
+            .and_then(|()| value.setattr("retired", true));
         match set {
             Ok(()) => err,
             Err(e) => e,
@@ -74,7 +79,8 @@ fn too_small(needed: u64, provided: u64) -> PyErr {
         let set = value
             .setattr("reason", "buffer_too_small")
             .and_then(|()| value.setattr("detail", &detail))
-            .and_then(|()| value.setattr("needed", needed));
+            .and_then(|()| value.setattr("needed", needed))
+            .and_then(|()| value.setattr("retired", true));
         match set {
             Ok(()) => err,
             Err(e) => e,
@@ -105,8 +111,20 @@ fn is_transport(detail: &str) -> bool {
     detail.starts_with("transport:")
 }
 
-/// The exception for a failed store call.
+/// The exception for a failed store call. Every exception of the package has `.retired`, true
+/// unless the store may still be touching the call's buffers (only on the same-host path, for a
+/// destination in the shared segment that the server may still be writing: do not trust or
+/// reuse it), which only a failed store call can say.
 pub(crate) fn from_store(e: &StoreError) -> PyErr {
+    let err = store_exception(e);
+    let retired = e.retirement() == Retirement::Retired;
+    Python::attach(|py| {
+        let _ = err.value(py).setattr("retired", retired);
+    });
+    err
+}
+
+fn store_exception(e: &StoreError) -> PyErr {
     let text = e.to_string();
     match e {
         StoreError::WrongTenant { .. } => refused("wrong_tenant", text),
@@ -130,8 +148,6 @@ fn server_reason(detail: &str) -> &'static str {
         "too_large"
     } else if d.contains("quarantin") {
         "quarantined"
-    } else if d.contains("forbidden") || d.contains("right") {
-        "forbidden"
     } else {
         "bad_request"
     }

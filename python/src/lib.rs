@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 mod buffers;
 mod client;
 mod errors;
+mod executor;
 mod keys;
 
 /// The package version (the workspace's), which `gpucache.__version__` reports.
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<keys::Identity>()?;
     m.add_class::<client::Client>()?;
     m.add_class::<client::SharedBuffer>()?;
+    m.add_class::<executor::Executor>()?;
     m.add_function(wrap_pyfunction!(keys::plain_key, m)?)?;
     m.add("PAYLOAD_BYTES_MAX", gpucache_wire::PAYLOAD_BYTES_MAX)?;
     m.add("BATCH_ITEMS_MAX", gpucache_wire::BATCH_ITEMS_MAX)?;

@@ -3,7 +3,8 @@ directory, on loopback ports the system picks, with its same-host socket; starte
 module, ready when it prints its start line (within START_PATIENCE_S), stopped by its PID.
 
 The package must be importable (scripts/setup.sh installs it into the Python venv): without it
-every test is skipped, unless GPUCACHE_REQUIRE_PYTHON=1 (CI), which makes collection fail.
+every test module is skipped with the import error as the reason, unless
+GPUCACHE_REQUIRE_PYTHON=1 (CI), which stops the run with that error.
 The server binary is $GPUCACHE_BIN, else $CARGO_TARGET_DIR/debug/gpucache, else
 target/debug/gpucache of this checkout.
 """
@@ -38,17 +39,12 @@ except ImportError as e:  # pragma: no cover - depends on the install
     IMPORT_ERROR = e
 
 
-def pytest_collection_modifyitems(config, items):
-    if IMPORT_ERROR is None:
-        return
-    if os.environ.get("GPUCACHE_REQUIRE_PYTHON") == "1":
+def pytest_configure(config):
+    if IMPORT_ERROR is not None and os.environ.get("GPUCACHE_REQUIRE_PYTHON") == "1":
         raise pytest.UsageError(
             f"GPUCACHE_REQUIRE_PYTHON=1 but gpucache does not import ({IMPORT_ERROR}); "
             "run scripts/setup.sh python"
         )
-    skip = pytest.mark.skip(reason=f"gpucache does not import: {IMPORT_ERROR}")
-    for item in items:
-        item.add_marker(skip)
 
 
 def server_binary() -> Path:

@@ -15,8 +15,9 @@ import threading
 import numpy as np
 import pytest
 
-import gpucache
 from conftest import OBJECT_BYTES_MAX, OTHER_TENANT, SEALED_TENANT, server_binary
+
+gpucache = pytest.importorskip("gpucache")
 
 
 def ident(**kw):
@@ -137,6 +138,7 @@ def test_over_limit_block_is_refused_with_a_reason(client, server, unique):
         client.put(unique, big)
     assert e.value.reason == "too_large", e.value.detail
     assert str(OBJECT_BYTES_MAX) in e.value.detail
+    assert e.value.retired is True
     assert client.exists(unique) is False
     # In a batch, the refusal names its item; the other items are stored.
     with pytest.raises(gpucache.RefusedError) as e:
@@ -206,8 +208,9 @@ def free_port() -> int:
 
 
 def test_unreachable_server_is_unavailable():
-    with pytest.raises(gpucache.UnavailableError):
+    with pytest.raises(gpucache.UnavailableError) as e:
         gpucache.Client(f"127.0.0.1:{free_port()}", timeout_s=2.0)
+    assert e.value.reason == "unavailable" and e.value.retired is True
 
 
 def test_a_waiting_call_releases_the_gil():
@@ -374,3 +377,27 @@ def test_registrations_are_bounded(client):
     with pytest.raises(gpucache.RefusedError) as e:
         client.register_buffer(base + gpucache.REGISTERED_BUFFERS_MAX, size=1)
     assert e.value.reason == "registrations"
+
+
+def test_threads_share_one_client(server, unique):
+    c = gpucache.Client(server.native)
+    blocks = {f"{unique}-{i}": os.urandom(50_000 + i) for i in range(8)}
+    errors = []
+
+    def work(name, data):
+        try:
+            assert c.put(name, data) is True
+            for _ in range(5):
+                dst = bytearray(len(data))
+                assert c.get_into(name, dst) == len(data) and bytes(dst) == data
+        except BaseException as e:  # reported below, with the name
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=work, args=item) for item in blocks.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a client thread did not finish in 60 s"
+    assert errors == []
+    assert c.batch_exists(list(blocks)) == [True] * len(blocks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import gpucache
+gpucache = pytest.importorskip("gpucache")
 
 BASE = dict(tenant="default", model="meta-llama/Llama-3-8B", model_revision="main",
             model_config=b'{"hidden": 4096}', tokenizer_revision="main", kv_dtype="f16",

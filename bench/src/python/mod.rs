@@ -27,6 +27,7 @@
 //! [`TcpStore`]: gpucache_client::TcpStore
 
 mod rust_rows;
+mod types;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,7 @@ use crate::service::{git_commit, loadavg, machine, utc_now, write_file};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_service::resp::IdentityTemplate;
 use gpucache_service::units::{MIB, human_bytes, parse_size, size_label};
+use types::{Buffers, Measurement, Point};
 
 /// The Python driver, embedded so that the binary does not depend on where it runs from.
 const PY_SCRIPT: &str = include_str!("../../peers/gpucache_py_bench.py");
@@ -102,28 +104,6 @@ pub struct PythonBenchArgs {
     /// Keep the scratch directory.
     #[arg(long)]
     keep_logs: bool,
-}
-
-/// One batch shape: `items` values of `size` bytes per call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub(crate) struct Point {
-    pub items: usize,
-    pub size: u64,
-}
-
-impl Point {
-    fn label(self) -> String {
-        format!("{}x{}", self.items, size_label(self.size))
-    }
-}
-
-/// Where a row's pool lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Buffers {
-    /// Plain host memory of the client process.
-    Host,
-    /// Inside the segment shared with the server (same-host path only).
-    Segment,
 }
 
 /// Who drives a row.
@@ -278,22 +258,6 @@ fn plan(args: &PythonBenchArgs) -> Result<Plan, String> {
         ));
     }
     Ok(Plan { points, rows, reps, phase: Duration::from_secs_f64(seconds), working_set_bytes })
-}
-
-/// What one measurement of one row gave.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct Measurement {
-    pub put: Option<PhaseStats>,
-    pub get: Option<PhaseStats>,
-    /// Values compared byte for byte after the GET phase, and how many differed.
-    pub verified: u64,
-    pub mismatches: u64,
-    /// The same-host path's counters at the end (items served in place and bounced).
-    pub direct_items: Option<u64>,
-    pub bounced_items: Option<u64>,
-    /// Python rows: microseconds per call of the binding's argument handling (the driver's
-    /// `layer_cost`: a call of this shape refused at its size check, before any I/O).
-    pub layer_us: Option<f64>,
 }
 
 /// One measurement as the report keeps it.

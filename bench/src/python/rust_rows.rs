@@ -11,7 +11,7 @@ use gpucache_dataplane::store::{BatchGet, BatchPut, Get, Put, Store};
 use gpucache_service::resp::IdentityTemplate;
 use gpucache_storage::host::segment::SharedBuf;
 
-use super::{Buffers, Measurement, Point};
+use super::types::{Buffers, Measurement, Point};
 use crate::service::load::{self, PhaseStats, ValuePattern};
 use crate::service::ours::Service;
 

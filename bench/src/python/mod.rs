@@ -61,8 +61,8 @@ pub const AIM_PY_OVER_MOONCAKE: f64 = 2.0;
 
 #[derive(Debug, Args)]
 pub struct PythonBenchArgs {
-    /// Batch shapes, comma-separated, each ITEMSxSIZE (SIZE with K, M binary). Default
-    /// 128x64K,16x1M.
+    /// Batch shapes, comma-separated, each ITEMSxSIZE (SIZE with K, M binary; --quick keeps
+    /// them).
     #[arg(long, default_value = "128x64K,16x1M")]
     batches: String,
     /// Rows to run, comma-separated: rust-tcp, python-tcp, rust-local, python-local,

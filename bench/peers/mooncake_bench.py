@@ -7,7 +7,8 @@ the data crosses a socket to another process), then for each (size, clients) poi
 worker processes (multiprocessing, so the GIL does not serialise them). Each worker registers one
 value buffer, puts its share of distinct keys with put_from until the keys run out or the
 deadline passes, waits for the others, then reads its own keys back with get_into until the
-deadline. Every 16th GET is compared with what was put.
+deadline. Every 16th GET is compared with what was put. With --batch N, each call moves N values
+(batch_put_from / batch_get_into from a pool of the worker's values; see batch_worker).
 
 Prints one JSON object on stdout (everything else goes to stderr or the log directory):
   {"peer": "mooncake", "version": ..., "points": [{"size": B, "clients": N,
@@ -98,91 +99,46 @@ def percentile(sorted_us, p):
     return sorted_us[rank]
 
 
-def worker(wid, clients, size, key_count, seconds, point, cfg, barrier, results):
+def connect(cfg, size):
     from mooncake.store import MooncakeDistributedStore
 
-    out = {"wid": wid, "put": None, "get": None, "verified": 0, "mismatches": 0, "error": None}
     store = MooncakeDistributedStore()
+    rc = store.setup(
+        "127.0.0.1",
+        cfg["metadata_url"],
+        0,  # no segment of its own: the data lives in the mooncake_client process
+        max(64 << 20, 2 * size),
+        "tcp",
+        "",
+        cfg["master_addr"],
+    )
+    if rc != 0:
+        raise RuntimeError(f"setup returned {rc}")
+    return store
+
+
+def wait_mounted(store, probe, ptr, size):
+    """Waits until a put can land (the client's segment is mounted), outside the timing."""
+    until = time.monotonic() + MOUNT_WAIT_S
+    while True:
+        rc = store.put_from(probe, ptr, size)
+        if rc == 0:
+            store.remove(probe, True)
+            return
+        if time.monotonic() > until:
+            raise RuntimeError(f"put_from never succeeded (last code {rc})")
+        time.sleep(0.1)
+
+
+def worker(wid, clients, size, key_count, seconds, point, cfg, barrier, results, batch):
+    """One worker process: connects, runs its phases (one value per call, or `batch` per call),
+    and puts what it measured (or its error) on `results`."""
+    out = {"wid": wid, "put": None, "get": None, "verified": 0, "mismatches": 0, "error": None}
+    store = None
     try:
-        rc = store.setup(
-            "127.0.0.1",
-            cfg["metadata_url"],
-            0,  # no segment of its own: the data lives in the mooncake_client process
-            max(64 << 20, 2 * size),
-            "tcp",
-            "",
-            cfg["master_addr"],
-        )
-        if rc != 0:
-            raise RuntimeError(f"setup returned {rc}")
-        buf = mmap.mmap(-1, size)
-        import ctypes
-
-        ptr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        rc = store.register_buffer(ptr, size)
-        if rc != 0:
-            raise RuntimeError(f"register_buffer returned {rc}")
-        base = bytes((i * 131 + 7) & 0xFF for i in range(256)) * (size // 256 + 1)
-        base = base[:size]
-        buf[:] = base
-        mine = list(range(wid, key_count, clients))
-
-        # Wait until a put can land (the client's segment is mounted), outside the timing.
-        probe = f"p{point}-probe-{wid}"
-        until = time.monotonic() + MOUNT_WAIT_S
-        while True:
-            rc = store.put_from(probe, ptr, size)
-            if rc == 0:
-                store.remove(probe, True)
-                break
-            if time.monotonic() > until:
-                raise RuntimeError(f"put_from never succeeded (last code {rc})")
-            time.sleep(0.1)
-
-        barrier.wait(timeout=120)
-        lat, errors, put_keys = [], 0, []
-        t0 = time.perf_counter()
-        deadline = t0 + seconds
-        for i in mine:
-            if time.perf_counter() >= deadline:
-                break
-            buf[0:8] = struct.pack("<Q", i)
-            a = time.perf_counter()
-            rc = store.put_from(f"p{point}-k{i}", ptr, size)
-            lat.append((time.perf_counter() - a) * 1e6)
-            if rc == 0:
-                put_keys.append(i)
-            else:
-                errors += 1
-        t1 = time.perf_counter()
-        out["put"] = {"ops": len(lat), "ok": len(put_keys), "start": t0, "end": t1, "lat": lat,
-                      "errors": errors}
-
-        barrier.wait(timeout=120)
-        lat, errors, n = [], 0, 0
-        t0 = time.perf_counter()
-        deadline = t0 + seconds
-        while put_keys and time.perf_counter() < deadline:
-            i = put_keys[n % len(put_keys)]
-            n += 1
-            a = time.perf_counter()
-            rc = store.get_into(f"p{point}-k{i}", ptr, size)
-            lat.append((time.perf_counter() - a) * 1e6)
-            if rc != size:
-                errors += 1
-                continue
-            if n % VERIFY_EVERY == 1:
-                if buf[:] == value_for(base, i):
-                    out["verified"] += 1
-                else:
-                    out["mismatches"] += 1
-        t1 = time.perf_counter()
-        out["get"] = {"ops": len(lat), "ok": len(lat) - errors, "start": t0, "end": t1,
-                      "lat": lat, "errors": errors}
-        barrier.wait(timeout=120)
-        if wid == 0:
-            store.remove_all(True)
-        store.unregister_buffer(ptr)
+        store = connect(cfg, size)
+        body = batch_phases if batch else single_phases
+        body(store, out, wid, clients, size, key_count, seconds, point, barrier, batch)
     except Exception as e:  # reported in the JSON, never a traceback on stdout
         out["error"] = f"worker {wid}: {e}"
         try:
@@ -191,10 +147,153 @@ def worker(wid, clients, size, key_count, seconds, point, cfg, barrier, results)
             pass
     finally:
         try:
-            store.close()
+            if store is not None:
+                store.close()
         except Exception:
             pass
     results.put(out)
+
+
+def single_phases(store, out, wid, clients, size, key_count, seconds, point, barrier, _batch):
+    """put_from / get_into of one value per call from one registered buffer."""
+    buf = mmap.mmap(-1, size)
+    import ctypes
+
+    ptr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    rc = store.register_buffer(ptr, size)
+    if rc != 0:
+        raise RuntimeError(f"register_buffer returned {rc}")
+    base = bytes((i * 131 + 7) & 0xFF for i in range(256)) * (size // 256 + 1)
+    base = base[:size]
+    buf[:] = base
+    mine = list(range(wid, key_count, clients))
+
+    wait_mounted(store, f"p{point}-probe-{wid}", ptr, size)
+
+    barrier.wait(timeout=120)
+    lat, errors, put_keys = [], 0, []
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    for i in mine:
+        if time.perf_counter() >= deadline:
+            break
+        buf[0:8] = struct.pack("<Q", i)
+        a = time.perf_counter()
+        rc = store.put_from(f"p{point}-k{i}", ptr, size)
+        lat.append((time.perf_counter() - a) * 1e6)
+        if rc == 0:
+            put_keys.append(i)
+        else:
+            errors += 1
+    t1 = time.perf_counter()
+    out["put"] = {"ops": len(lat), "ok": len(put_keys), "start": t0, "end": t1, "lat": lat,
+                  "errors": errors}
+
+    barrier.wait(timeout=120)
+    lat, errors, n = [], 0, 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while put_keys and time.perf_counter() < deadline:
+        i = put_keys[n % len(put_keys)]
+        n += 1
+        a = time.perf_counter()
+        rc = store.get_into(f"p{point}-k{i}", ptr, size)
+        lat.append((time.perf_counter() - a) * 1e6)
+        if rc != size:
+            errors += 1
+            continue
+        if n % VERIFY_EVERY == 1:
+            if buf[:] == value_for(base, i):
+                out["verified"] += 1
+            else:
+                out["mismatches"] += 1
+    t1 = time.perf_counter()
+    out["get"] = {"ops": len(lat), "ok": len(lat) - errors, "start": t0, "end": t1,
+                  "lat": lat, "errors": errors}
+    barrier.wait(timeout=120)
+    if wid == 0:
+        store.remove_all(True)
+    store.unregister_buffer(ptr)
+
+
+def batch_phases(store, out, wid, clients, size, key_count, seconds, point, barrier, batch):
+    """batch_put_from / batch_get_into of `batch` values per call: a source pool of this
+    worker's keys (each value stamped with its index) and one destination of a batch, both in
+    one registered buffer. Latencies are per batch; ops count batches. After the
+    GET phase, the last batch read is read again into a zeroed destination and compared."""
+    mine = list(range(wid, key_count, clients))
+    batches = max(1, len(mine) // batch)
+    mine = mine[:batches * batch]
+    pool_bytes = len(mine) * size
+    buf = mmap.mmap(-1, pool_bytes + batch * size)
+    import ctypes
+
+    ptr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    rc = store.register_buffer(ptr, pool_bytes + batch * size)
+    if rc != 0:
+        raise RuntimeError(f"register_buffer returned {rc}")
+    base = bytes((i * 131 + 7) & 0xFF for i in range(256)) * (size // 256 + 1)
+    base = base[:size]
+    for slot, i in enumerate(mine):
+        buf[slot * size:(slot + 1) * size] = value_for(base, i)
+    dst = pool_bytes
+    buf[dst:] = b"\x01" * (batch * size)
+    names = [f"p{point}-k{i}" for i in mine]
+    key_batches = [names[j * batch:(j + 1) * batch] for j in range(batches)]
+    src_ptrs = [[ptr + (j * batch + s) * size for s in range(batch)] for j in range(batches)]
+    dst_ptrs = [ptr + dst + s * size for s in range(batch)]
+    sizes = [size] * batch
+    wait_mounted(store, f"p{point}-probe-{wid}", ptr + dst, size)
+
+    barrier.wait(timeout=120)
+    lat, errors, stored = [], 0, 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    for j in range(batches):
+        if time.perf_counter() >= deadline:
+            break
+        a = time.perf_counter()
+        rcs = store.batch_put_from(key_batches[j], src_ptrs[j], sizes)
+        lat.append((time.perf_counter() - a) * 1e6)
+        if all(rc == 0 for rc in rcs):
+            stored += 1
+        else:
+            errors += 1
+            break
+    t1 = time.perf_counter()
+    out["put"] = {"ops": len(lat), "ok": stored * batch, "start": t0, "end": t1, "lat": lat,
+                  "errors": errors}
+
+    barrier.wait(timeout=120)
+    lat, errors, ok, j = [], 0, 0, 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while stored and time.perf_counter() < deadline:
+        a = time.perf_counter()
+        got = store.batch_get_into(key_batches[j % stored], dst_ptrs, sizes)
+        lat.append((time.perf_counter() - a) * 1e6)
+        if got.count(size) == batch:
+            ok += batch
+        else:
+            errors += 1
+            break
+        j += 1
+    t1 = time.perf_counter()
+    out["get"] = {"ops": len(lat), "ok": ok, "start": t0, "end": t1, "lat": lat,
+                  "errors": errors}
+    if stored:
+        last = (j - 1) % stored if j else 0
+        buf[dst:] = bytes(batch * size)
+        got = store.batch_get_into(key_batches[last], dst_ptrs, sizes)
+        at = last * batch * size
+        if got.count(size) == batch and buf[dst:] == buf[at:at + batch * size]:
+            out["verified"] += batch
+        else:
+            out["mismatches"] += batch
+    barrier.wait(timeout=120)
+    if wid == 0:
+        store.remove_all(True)
+    store.unregister_buffer(ptr)
 
 
 def summarize(parts, size, which):
@@ -215,13 +314,14 @@ def summarize(parts, size, which):
 
 
 def run_point(point, size, clients, args, cfg):
-    key_count = max(clients * 4, args.working_set // size)
+    key_count = max(clients * max(4, args.batch), args.working_set // size)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(clients)
     results = ctx.Queue()
     procs = [
         ctx.Process(target=worker,
-                    args=(w, clients, size, key_count, args.seconds, point, cfg, barrier, results))
+                    args=(w, clients, size, key_count, args.seconds, point, cfg, barrier, results,
+                          args.batch))
         for w in range(clients)
     ]
     for p in procs:
@@ -261,6 +361,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--working-set", type=int, default=256 << 20)
     ap.add_argument("--log-dir", required=True)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="values per batch_put_from / batch_get_into call (0: put_from / "
+                         "get_into one value per call)")
     args = ap.parse_args()
 
     signal.signal(signal.SIGTERM, on_signal)

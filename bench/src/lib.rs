@@ -4,6 +4,8 @@
 //! - [`dpu`]: the DPU agent beside the FileStore and fio.
 //! - [`service`]: `gpucache serve` beside Redis and Mooncake Store under one load.
 //! - [`nixl`]: NIXL transfers beside our TCP path and memcpy.
+//! - [`python`]: the `gpucache` Python package's batch calls beside the Rust client and
+//!   Mooncake Store's Python client.
 //! - [`fixtures`]: what the criterion benches in `benches/` share (production-looking keys,
 //!   deterministic payloads, the timed-put loop).
 //!
@@ -14,4 +16,5 @@ pub mod file;
 pub mod fio;
 pub mod fixtures;
 pub mod nixl;
+pub mod python;
 pub mod service;

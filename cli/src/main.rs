@@ -3,7 +3,8 @@
 //! Owns argument parsing and wiring backends together from validated configuration; no data
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
 //! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
-//! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), and talks to a running service (`put`, `get`, `stat`).
+//! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), the
+//! Python package beside the Rust client and Mooncake (`bench python`), and talks to a running service (`put`, `get`, `stat`).
 
 mod client_cmd;
 mod fsck;
@@ -117,6 +118,9 @@ enum BenchCommand {
     /// The peer process of `bench nixl` (started by it).
     #[command(hide = true)]
     NixlPeer(gpucache_bench::nixl::NixlPeerArgs),
+    /// The Python package's batch calls beside the Rust client and Mooncake Store's Python
+    /// client, 128 x 64 KiB and 16 x 1 MiB, over TCP and the same-host path.
+    Python(gpucache_bench::python::PythonBenchArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -181,5 +185,6 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Service(args)) => gpucache_bench::service::run(&args),
         Command::Bench(BenchCommand::Nixl(args)) => gpucache_bench::nixl::run(&args),
         Command::Bench(BenchCommand::NixlPeer(args)) => gpucache_bench::nixl::peer(&args),
+        Command::Bench(BenchCommand::Python(args)) => gpucache_bench::python::run(&args),
     }
 }

@@ -298,6 +298,7 @@ fn help_names_listeners_arguments_and_only_the_options_that_apply() {
         &["bench", "dpu"],
         &["bench", "service"],
         &["bench", "nixl"],
+        &["bench", "python"],
     ];
     for args in subcommands {
         let text = help(args);

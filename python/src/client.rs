@@ -2,6 +2,7 @@
 //! shared-memory path (ADR 0013), through the Rust `TcpStore` (pooled connections, pipelined
 //! batches). Every call that waits releases the GIL.
 
+use std::borrow::Cow;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -71,10 +72,11 @@ pub struct Client {
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// Where one key argument came from.
-fn key_of(ns: &IdentityTemplate, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey> {
+/// Where one key argument came from: a `Key` is borrowed (a batch call clones no key), a plain
+/// name is mapped into the tenant's namespace.
+fn key_of<'a>(ns: &IdentityTemplate, obj: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, PhysicalKey>> {
     if let Ok(k) = obj.cast::<Key>() {
-        return Ok(k.get().key.clone());
+        return Ok(Cow::Borrowed(&k.get().key));
     }
     let name: Vec<u8> = if let Ok(s) = obj.cast::<PyString>() {
         s.to_cow()?.as_bytes().to_vec()
@@ -85,7 +87,7 @@ fn key_of(ns: &IdentityTemplate, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey
             "a key is a gpucache.Key, or a plain name (str or bytes)",
         ));
     };
-    ns.key_for(&name).map_err(|e| PyValueError::new_err(e.to_string()))
+    ns.key_for(&name).map(Cow::Owned).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 fn resolve(addr: &str) -> PyResult<SocketAddr> {
@@ -154,7 +156,7 @@ impl Client {
 
     /// A key argument (a Key or a plain name of this client's tenant).
     pub(crate) fn key_of(&self, obj: &Bound<'_, PyAny>) -> PyResult<PhysicalKey> {
-        key_of(&self.namespace, obj)
+        key_of(&self.namespace, obj).map(Cow::into_owned)
     }
 
     /// Whether `len` bytes at `ptr` lie inside the segment shared with the server.
@@ -171,7 +173,7 @@ impl Client {
         Ok(())
     }
 
-    fn keys(&self, keys: &[Bound<'_, PyAny>]) -> PyResult<Vec<PhysicalKey>> {
+    fn keys<'a>(&self, keys: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<Cow<'a, PhysicalKey>>> {
         if keys.len() > BATCH_KEYS_MAX {
             return Err(PyValueError::new_err(format!(
                 "{} keys: one batch takes at most {BATCH_KEYS_MAX}",
@@ -181,9 +183,9 @@ impl Client {
         keys.iter().map(|k| key_of(&self.namespace, k)).collect()
     }
 
-    fn lookups(&self, py: Python<'_>, keys: &[PhysicalKey]) -> PyResult<Vec<bool>> {
+    fn lookups(&self, py: Python<'_>, keys: &[Cow<'_, PhysicalKey>]) -> PyResult<Vec<bool>> {
         self.check_open()?;
-        let refs: Vec<&PhysicalKey> = keys.iter().collect();
+        let refs: Vec<&PhysicalKey> = keys.iter().map(|k| &**k).collect();
         let answers = py.detach(|| self.store.lookup_batch(&self.caller, &refs));
         answers
             .into_iter()
@@ -218,7 +220,7 @@ impl Client {
     fn gets(
         &self,
         py: Python<'_>,
-        keys: &[PhysicalKey],
+        keys: &[Cow<'_, PhysicalKey>],
         dsts: &[Range],
     ) -> PyResult<Vec<Option<usize>>> {
         self.check_open()?;
@@ -247,7 +249,12 @@ impl Client {
         })
     }
 
-    fn puts(&self, py: Python<'_>, keys: &[PhysicalKey], srcs: &[Range]) -> PyResult<Vec<bool>> {
+    fn puts(
+        &self,
+        py: Python<'_>,
+        keys: &[Cow<'_, PhysicalKey>],
+        srcs: &[Range],
+    ) -> PyResult<Vec<bool>> {
         self.check_open()?;
         if keys.len() != srcs.len() {
             return Err(PyValueError::new_err(format!(
@@ -474,7 +481,7 @@ impl Client {
 
     /// The key a plain name maps to for this client's tenant.
     fn key(&self, name: &Bound<'_, PyAny>) -> PyResult<Key> {
-        key_of(&self.namespace, name).map(|key| Key { key })
+        key_of(&self.namespace, name).map(|key| Key { key: key.into_owned() })
     }
 
     /// Whether the exact key holds a committed block.

@@ -21,7 +21,7 @@
 
 pub(crate) mod load;
 pub(crate) mod ours;
-mod peers;
+pub(crate) mod peers;
 pub(crate) mod process;
 mod redis;
 mod report;
@@ -239,7 +239,7 @@ fn mooncake_point(
     working_set_bytes: u64,
     run: &mut PeerRun,
 ) -> PointResult {
-    match peers::mooncake_run(venv, dir, &[size], &[clients], phase, working_set_bytes) {
+    match peers::mooncake_run(venv, dir, &[size], &[clients], phase, working_set_bytes, 0) {
         Ok(report) => {
             if run.version.is_none() {
                 run.version = report.version;
@@ -261,7 +261,7 @@ fn mooncake_point(
     }
 }
 
-fn default_venv() -> PathBuf {
+pub(crate) fn default_venv() -> PathBuf {
     // <target>/<profile>/gpucache -> <target>/bench-venv
     std::env::current_exe()
         .ok()

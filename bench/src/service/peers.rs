@@ -268,13 +268,13 @@ pub(super) fn memcpy_point(
 
 /// Where the Mooncake venv's Python and binaries are.
 #[derive(Debug, Clone)]
-pub(super) struct MooncakeVenv {
+pub(crate) struct MooncakeVenv {
     pub python: PathBuf,
     pub bin_dir: PathBuf,
 }
 
 /// The venv at `venv`, or why it cannot be used.
-pub(super) fn mooncake_venv(venv: &Path) -> Result<MooncakeVenv, String> {
+pub(crate) fn mooncake_venv(venv: &Path) -> Result<MooncakeVenv, String> {
     let bin_dir = venv.join("bin");
     let python = bin_dir.join("python");
     if !python.is_file() {
@@ -295,7 +295,7 @@ pub(super) fn mooncake_venv(venv: &Path) -> Result<MooncakeVenv, String> {
 
 /// The driver's JSON: one object with every point.
 #[derive(Debug, Deserialize)]
-pub(super) struct MooncakeReport {
+pub(crate) struct MooncakeReport {
     pub version: Option<String>,
     pub segment_bytes: Option<u64>,
     pub points: Vec<MooncakePoint>,
@@ -312,8 +312,9 @@ pub(crate) struct MooncakePoint {
     error: Option<String>,
 }
 
+/// One phase as a Python driver reports it (the Mooncake one and `gpucache bench python`'s).
 #[derive(Debug, Deserialize)]
-struct MooncakePhase {
+pub(crate) struct MooncakePhase {
     ops: u64,
     bytes: u64,
     seconds: f64,
@@ -350,7 +351,7 @@ impl From<MooncakePoint> for PointResult {
 }
 
 /// Parses the driver's output: the last line that holds a JSON object.
-pub(super) fn parse_mooncake(stdout: &str) -> Result<MooncakeReport, String> {
+pub(crate) fn parse_mooncake(stdout: &str) -> Result<MooncakeReport, String> {
     let line = stdout
         .lines()
         .rev()
@@ -361,14 +362,16 @@ pub(super) fn parse_mooncake(stdout: &str) -> Result<MooncakeReport, String> {
 }
 
 /// Runs the Mooncake driver over every point at once (its three services start once), in its
-/// own process group, which is killed on every path out of here.
-pub(super) fn mooncake_run(
+/// own process group, which is killed on every path out of here. `batch` values move per call
+/// (`batch_put_from` / `batch_get_into`); 0 is one value per call (`put_from` / `get_into`).
+pub(crate) fn mooncake_run(
     venv: &MooncakeVenv,
     scratch: &Path,
     sizes: &[u64],
     clients: &[usize],
     phase: Duration,
     working_set_bytes: u64,
+    batch: usize,
 ) -> Result<MooncakeReport, String> {
     let tag = |v: Vec<String>| v.join("_");
     let dir = scratch.join(format!(
@@ -394,7 +397,9 @@ pub(super) fn mooncake_run(
         .arg("--working-set")
         .arg(working_set_bytes.to_string())
         .arg("--log-dir")
-        .arg(&dir);
+        .arg(&dir)
+        .arg("--batch")
+        .arg(batch.to_string());
     // The driver writes its JSON to stdout and its log to stderr; both land in one file here
     // (the JSON is its last line).
     let out_path = dir.join("driver.out");

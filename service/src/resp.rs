@@ -178,6 +178,9 @@ pub struct RespConfig {
     /// Most plain keys with a deadline at once ([`EXPIRING_KEYS_MAX`] by default); a SET with
     /// an expiry that would take one more, when none of them is past its deadline, is refused.
     pub expiring_keys_max: usize,
+    /// Unix time in milliseconds, by which deadlines and tenant-key expiry are judged
+    /// ([`UnixClock`] by default).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl RespConfig {
@@ -196,6 +199,7 @@ impl RespConfig {
             limits: RespLimits::default(),
             auth: None,
             expiring_keys_max: EXPIRING_KEYS_MAX,
+            clock: Arc::new(UnixClock),
         })
     }
 }
@@ -914,7 +918,7 @@ impl Session<'_> {
     fn check_key(&self, keys: &TenantKeys, id: &[u8], hex: &[u8]) -> Reply {
         let id = String::from_utf8_lossy(id);
         let offered = std::str::from_utf8(hex).ok().and_then(unhex);
-        let now_ms = UnixClock.now_ms();
+        let now_ms = self.shared.config.clock.now_ms();
         let good = match (keys.find(&id), offered) {
             (Some(key), Some(offered)) => {
                 !key.expired(now_ms) && bool::from(key.secret.bytes().ct_eq(&offered[..]))
@@ -1051,7 +1055,7 @@ impl Session<'_> {
         let link = chain_link(plain);
         let expiries = &self.shared.expiries;
         match expiries.deadline(link) {
-            Some(deadline) if deadline <= UnixClock.now_ms() => {
+            Some(deadline) if deadline <= self.shared.config.clock.now_ms() => {
                 match self.store.invalidate(self.caller, &key) {
                     Ok(Invalidate::Removed | Invalidate::Absent) => {
                         expiries.forget_if(link, deadline);
@@ -1091,7 +1095,7 @@ impl Session<'_> {
         let Some(deadline) = self.shared.expiries.deadline(chain_link(plain)) else {
             return Ok(Reply::Integer(-1));
         };
-        let left = deadline.saturating_sub(UnixClock.now_ms());
+        let left = deadline.saturating_sub(self.shared.config.clock.now_ms());
         let left = if millis { left } else { left.saturating_add(500) / 1000 };
         Ok(Reply::Integer(i64::try_from(left).unwrap_or(i64::MAX)))
     }
@@ -1222,7 +1226,7 @@ impl Session<'_> {
     /// and a missing one answers nil. GET reads the value held before the SET.
     fn set(&self, args: &[Vec<u8>]) -> Reply {
         let [plain, value, options @ ..] = args else { return arity("set") };
-        let now_ms = UnixClock.now_ms();
+        let now_ms = self.shared.config.clock.now_ms();
         let o = match set_options(options, now_ms) {
             Ok(o) => o,
             Err(r) => return r,

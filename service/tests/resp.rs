@@ -19,6 +19,7 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::{Clock, ManualClock, MonotonicClock, UnixClock};
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::Store;
+use gpucache_dataplane::testing::counting::{Call, Counting};
 use gpucache_dataplane::testing::fixture;
 use gpucache_service::resp::{
     ARGS_MAX, IdentityTemplate, ProtocolError, REDIS_VERSION, Reply, RequestDecoder, RespConfig,
@@ -769,114 +770,34 @@ fn real_redis_cli_and_redis_benchmark() {
 // ---------------------------------------------------------------------------------------------
 // MGET and MSET as store batches
 
-/// Hands every call to a MemoryStore, recording the keyed ones (single-key and batch, with
-/// their item counts).
-struct Recorded {
-    inner: Arc<MemoryStore>,
-    calls: std::sync::Mutex<Vec<(&'static str, usize)>>,
-}
-
-impl std::fmt::Debug for Recorded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorded").finish_non_exhaustive()
-    }
-}
-
-impl Recorded {
-    fn saw(&self, call: &'static str, items: usize) {
-        self.calls.lock().expect("calls").push((call, items));
-    }
-
-    fn take(&self) -> Vec<(&'static str, usize)> {
-        std::mem::take(&mut *self.calls.lock().expect("calls"))
-    }
-}
-
-mod recorded {
-    use gpucache_dataplane::caller::Caller;
-    use gpucache_dataplane::key::PhysicalKey;
-    use gpucache_dataplane::limits::RequestId;
-    use gpucache_dataplane::store::{
-        BatchAnswers, BatchGet, BatchPut, Get, Invalidate, Lookup, Put, Store, StoreError,
-    };
-
-    impl gpucache_dataplane::store::StoreLayer for super::Recorded {
-        type Inner = std::sync::Arc<gpucache_storage::MemoryStore>;
-
-        fn inner(&self) -> &Self::Inner {
-            &self.inner
-        }
-
-        fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-            self.saw("lookup", 1);
-            self.inner.lookup(caller, key)
-        }
-        fn get_into(
-            &self,
-            caller: &Caller,
-            key: &PhysicalKey,
-            dst: &mut [u8],
-        ) -> Result<Get, StoreError> {
-            self.saw("get", 1);
-            self.inner.get_into(caller, key, dst)
-        }
-        fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-            self.saw("invalidate", 1);
-            self.inner.invalidate(caller, key)
-        }
-        fn put(
-            &self,
-            caller: &Caller,
-            key: &PhysicalKey,
-            src: &[u8],
-            request: Option<RequestId>,
-        ) -> Result<Put, StoreError> {
-            self.saw("put", 1);
-            self.inner.put(caller, key, src, request)
-        }
-        fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
-            self.saw("lookup_batch", keys.len());
-            self.inner.lookup_batch(caller, keys)
-        }
-        fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
-            self.saw("get_batch", items.len());
-            self.inner.get_batch(caller, items)
-        }
-        fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-            self.saw("put_batch", items.len());
-            self.inner.put_batch(caller, items)
-        }
-    }
-}
-
 #[test]
 fn mget_and_mset_go_to_the_store_as_one_batch_each() {
     let limits = ResourceLimits { object_bytes_max: 1024, ..ResourceLimits::default() };
-    let store = Arc::new(Recorded { inner: memory_store(limits), calls: Default::default() });
+    let store = Arc::new(Counting::new(memory_store(limits)));
     let server =
         RespServer::start(config_for(fixture::caller(0)), Arc::clone(&store) as Arc<dyn Store>)
             .expect("start");
     let mut c = Client::connect(server.local_addr());
     assert_eq!(c.call(&[b"MSET", b"a", b"1", b"b", b"22", b"c", b"333"]), ok());
-    assert_eq!(store.take(), [("lookup_batch", 3), ("put_batch", 3)]);
+    assert_eq!(store.take_calls(), [(Call::LookupBatch, 3), (Call::PutBatch, 3)]);
     assert_eq!(
         c.call(&[b"MGET", b"a", b"nope", b"c", b"b"]),
         Reply::Array(vec![bulk(b"1"), Reply::Nil, bulk(b"333"), bulk(b"22")])
     );
-    assert_eq!(store.take(), [("lookup_batch", 4), ("get_batch", 3)]);
+    assert_eq!(store.take_calls(), [(Call::LookupBatch, 4), (Call::GetBatch, 3)]);
 
     // A key that holds a value is settled as SET settles it, on its own, and the free keys
     // around it go in batches: the same value again is fine.
     assert_eq!(c.call(&[b"MSET", b"d", b"4", b"a", b"1", b"e", b"5"]), ok());
     assert_eq!(
-        store.take(),
+        store.take_calls(),
         [
-            ("lookup_batch", 3),
-            ("put_batch", 1),
-            ("put", 1),
-            ("lookup", 1),
-            ("get", 1),
-            ("put_batch", 1)
+            (Call::LookupBatch, 3),
+            (Call::PutBatch, 1),
+            (Call::Put, 1),
+            (Call::Lookup, 1),
+            (Call::Get, 1),
+            (Call::PutBatch, 1)
         ]
     );
     // A pair the store refuses after the lookup said its key was free: the pairs sent with it

@@ -5,8 +5,6 @@
 //! connection whose answers equal the single-key answers, and a server that vanishes mid-batch
 //! fails every unanswered item, retired.
 
-mod counting;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -28,7 +26,7 @@ use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
 
-use counting::{Call, Counting};
+use gpucache_dataplane::testing::counting::{self, Call, Counting};
 use gpucache_wire::{
     BATCH_ITEMS_MAX, Fetched, FrameDecoder, HEADER_BYTES, Request, Response, VERSION, WireError,
     header_checksum, offset,

@@ -6,8 +6,6 @@
 //! frame reaches the store as one batch call (items whose ranges overlap, one at a time), and a
 //! batch the server stops answering fails each item with the retirement its buffer is in.
 
-mod counting;
-
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -35,7 +33,7 @@ use gpucache_wire::{
     BATCH_ITEMS_MAX, FrameDecoder, Request, Response, SharedGetItem, SharedPutItem, WireError,
 };
 
-use counting::{Call, Counting};
+use gpucache_dataplane::testing::counting::{Call, Counting};
 
 fn caller() -> Caller {
     Caller::new(tenant(0), Rights::READ_WRITE)

@@ -9,6 +9,7 @@
 //! A backend wires it in with [`conformance_suite!`] (and pools with [`pool_conformance_suite!`]),
 //! passing a function that builds a fresh [`Subject`] from limits and a manual clock.
 
+pub mod counting;
 pub mod fixture;
 pub mod model;
 pub mod pool;

@@ -1,22 +1,20 @@
-//! A store decorator for the server tests: it records every keyed call the server makes (which
+//! A store decorator for tests of what calls a front makes: it records every keyed call (which
 //! call, how many items, on which thread, one thread being one connection) and hands it to the
 //! inner store unchanged; a hook can hold up a chosen `get_batch` call.
-
-#![allow(dead_code, reason = "each test file uses a different subset of these helpers")]
 
 use std::sync::Mutex;
 use std::thread::ThreadId;
 
-use gpucache_dataplane::caller::Caller;
-use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::limits::RequestId;
-use gpucache_dataplane::store::{
+use crate::caller::Caller;
+use crate::key::PhysicalKey;
+use crate::limits::RequestId;
+use crate::store::{
     BatchAnswers, BatchGet, BatchPut, Get, Invalidate, Lookup, Put, Store, StoreError,
 };
 
 /// A keyed store call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Call {
+pub enum Call {
     Lookup,
     Get,
     Put,
@@ -29,16 +27,16 @@ pub(crate) enum Call {
 
 /// One recorded call: which, with how many items, on which thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Seen {
-    pub(crate) call: Call,
-    pub(crate) items: usize,
-    pub(crate) thread: ThreadId,
+pub struct Seen {
+    pub call: Call,
+    pub items: usize,
+    pub thread: ThreadId,
 }
 
 /// Runs before the `n`th (from 0) `get_batch` call reaches the inner store.
 type BeforeBatch = Box<dyn Fn(usize) + Send + Sync>;
 
-pub(crate) struct Counting<S> {
+pub struct Counting<S> {
     inner: S,
     seen: Mutex<Vec<Seen>>,
     before_get_batch: Option<BeforeBatch>,
@@ -51,23 +49,23 @@ impl<S> std::fmt::Debug for Counting<S> {
 }
 
 impl<S: Store> Counting<S> {
-    pub(crate) fn new(inner: S) -> Self {
+    pub fn new(inner: S) -> Self {
         Self { inner, seen: Mutex::default(), before_get_batch: None }
     }
 
     /// Runs `hook` with its index before every `get_batch` call.
-    pub(crate) fn before_get_batch(mut self, hook: impl Fn(usize) + Send + Sync + 'static) -> Self {
+    pub fn before_get_batch(mut self, hook: impl Fn(usize) + Send + Sync + 'static) -> Self {
         self.before_get_batch = Some(Box::new(hook));
         self
     }
 
     /// Every call so far, in order; forgets them.
-    pub(crate) fn take(&self) -> Vec<Seen> {
+    pub fn take(&self) -> Vec<Seen> {
         std::mem::take(&mut *self.seen.lock().expect("seen"))
     }
 
     /// The calls so far as (call, items), in order; forgets them.
-    pub(crate) fn take_calls(&self) -> Vec<(Call, usize)> {
+    pub fn take_calls(&self) -> Vec<(Call, usize)> {
         self.take().into_iter().map(|s| (s.call, s.items)).collect()
     }
 
@@ -80,7 +78,7 @@ impl<S: Store> Counting<S> {
     }
 }
 
-impl<S: Store> gpucache_dataplane::store::StoreLayer for Counting<S> {
+impl<S: Store> crate::store::StoreLayer for Counting<S> {
     type Inner = S;
 
     fn inner(&self) -> &S {

@@ -1,6 +1,6 @@
 """Fixtures of the gpucache Python tests: a `gpucache serve` on a FileStore in a temporary
 directory, on loopback ports the system picks, with its same-host socket; started once per test
-module, ready when it prints its start line (within START_PATIENCE_S), stopped by its PID.
+module, ready when it prints its start line (serving.launch), stopped by its PID.
 
 The package must be importable (scripts/setup.sh installs it into the Python venv): without it
 every test module is skipped with the import error as the reason, unless
@@ -12,21 +12,15 @@ target/debug/gpucache of this checkout.
 from __future__ import annotations
 
 import os
-import queue
 import secrets
-import signal
 import subprocess
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from serving import fields_of, launch, stop  # noqa: F401  (stop: for the tests)
 
 REPO = Path(__file__).resolve().parents[2]
-START_PATIENCE_S = 60.0
-STOP_PATIENCE_S = 30.0
-START_LINES_MAX = 200
 OBJECT_BYTES_MAX = 1 << 20
 SEALED_TENANT = "sealed"
 OTHER_TENANT = "t1"
@@ -71,20 +65,8 @@ class Server:
     fields: dict
 
 
-def fields_of(line: str) -> dict:
-    out = {}
-    for word in line.split():
-        if "=" in word:
-            k, v = word.split("=", 1)
-            out[k] = v
-    return out
-
-
 def start_server(workdir: Path) -> tuple[subprocess.Popen, Server]:
     binary = server_binary()
-    if not binary.exists():
-        pytest.fail(f"{binary} is missing: build it with `cargo build -p gpucache-cli` "
-                    "(or set GPUCACHE_BIN)")
     root = workdir / "store"
     key_id = "k1"
     key_file = workdir / "sealed.keys"
@@ -101,62 +83,8 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen, Server]:
         f'[[tenants]]\nname = "{SEALED_TENANT}"\nrights = ["read", "write"]\n'
         f'secret_file = "{key_file}"\n'
     )
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--config", str(config)],
-        cwd=workdir,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue = queue.Queue(maxsize=START_LINES_MAX)
-
-    def drain():
-        # Keeps reading the log so the server never blocks on it; keeps the first lines.
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            try:
-                lines.put_nowait(line.rstrip("\n"))
-            except queue.Full:
-                pass
-        try:
-            lines.put_nowait(None)
-        except queue.Full:
-            pass
-
-    threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + START_PATIENCE_S
-    seen = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            stop(proc)
-            pytest.fail(f"serve printed no start line within {START_PATIENCE_S} s:\n"
-                        + "\n".join(seen))
-        try:
-            line = lines.get(timeout=left)
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.wait(timeout=STOP_PATIENCE_S)
-            pytest.fail("serve exited before it listened:\n" + "\n".join(seen))
-        seen.append(line)
-        if "listening native=" in line:
-            f = fields_of(line)
-            return proc, Server(proc.pid, f["native"], f["resp"], f["local"], root, key_file,
-                                key_id, f)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM by PID, then SIGKILL when it has not exited within STOP_PATIENCE_S."""
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_PATIENCE_S)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=STOP_PATIENCE_S)
+    proc, f = launch(binary, config, workdir)
+    return proc, Server(proc.pid, f["native"], f["resp"], f["local"], root, key_file, key_id, f)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import OBJECT_BYTES_MAX, OTHER_TENANT, SEALED_TENANT, server_binary
+from serving import launch, stop
 
 gpucache = pytest.importorskip("gpucache")
 
@@ -290,20 +291,10 @@ def test_local_true_without_an_offer_is_refused(tmp_path):
     cfg.write_text('[store]\nkind = "memory"\n\n[listen]\nnative = "127.0.0.1:0"\n'
                    'resp = "127.0.0.1:0"\nmetrics = "127.0.0.1:0"\n\n'
                    '[[tenants]]\nname = "default"\nrights = ["read", "write"]\n')
-    import conftest
-
-    proc = subprocess.Popen([str(server_binary()), "serve", "--config", str(cfg)], cwd=tmp_path,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc, fields = launch(server_binary(), cfg, tmp_path)
     try:
-        native = None
-        assert proc.stderr is not None
-        for _ in range(conftest.START_LINES_MAX):
-            line = proc.stderr.readline()
-            if not line or "listening native=" in line:
-                break
-        assert line and "local=none" in line, line
-        native = conftest.fields_of(line)["native"]
+        assert fields["local"] == "none", fields
+        native = fields["native"]
         with pytest.raises(gpucache.RefusedError) as e:
             gpucache.Client(native, local=True)
         assert e.value.reason == "no_local_socket"
@@ -311,7 +302,7 @@ def test_local_true_without_an_offer_is_refused(tmp_path):
         assert auto.transport == "tcp"
         assert auto.offers()["same_host_offered"] is False
     finally:
-        conftest.stop(proc)
+        stop(proc)
 
 
 def test_closed_client_refuses_calls(server):

@@ -19,7 +19,10 @@ class RefusedError(Error):
     registrations, bad_request, ..."""
     detail: str
     index: int
-    """In a batch call: the item the refusal is about (set only by batch calls)."""
+    """In a batch call: the first item that failed (set only by batch calls)."""
+    results: List[Any]
+    """In a batch call: every item's answer in order, as the call would have returned it, with
+    each failed item's exception in its place (the other items still ran)."""
     retired: bool
     """Set on store failures: False when the server may still be writing the call's
     destination (same-host path, a range in the shared segment); do not trust it then."""

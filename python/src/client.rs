@@ -21,7 +21,7 @@ use gpucache_wire::namespace::IdentityTemplate;
 use gpucache_wire::{BATCH_ITEMS_MAX, PAYLOAD_BYTES_MAX};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString};
 
 use crate::buffers::{Access, Range, Span, disjoint, range_of};
 use crate::errors::{from_connect, from_refusal, from_store, refused};
@@ -243,9 +243,10 @@ impl Client {
                 .collect();
             self.store.get_batch(&self.caller, &mut items)
         });
-        batch_result(answers, |g| match g {
-            Get::Hit { len, .. } => Some(usize::try_from(len).unwrap_or(usize::MAX)),
-            Get::Miss(_) => None,
+        batch_answers(answers, |a| match a {
+            Ok(Get::Hit { len, .. }) => Ok(Some(usize::try_from(len).unwrap_or(usize::MAX))),
+            Ok(Get::Miss(_)) => Ok(None),
+            Err(e) => Err(from_store(&e)),
         })
     }
 
@@ -273,41 +274,46 @@ impl Client {
                 .collect();
             self.store.put_batch(&self.caller, &items)
         });
-        let mut out = Vec::with_capacity(answers.len());
-        for (i, a) in answers.into_iter().enumerate() {
-            let e = match a {
-                Ok(Put::Committed(_)) => {
-                    out.push(true);
-                    continue;
-                }
-                Ok(Put::AlreadyCommitted) => {
-                    out.push(false);
-                    continue;
-                }
-                Ok(Put::Busy) => refused("busy", "another writer holds the key right now"),
-                Ok(Put::Refused(r)) => from_refusal(&r),
-                Err(e) => from_store(&e),
-            };
-            return Err(at_index(e, i));
-        }
-        Ok(out)
+        batch_answers(answers, |a| match a {
+            Ok(Put::Committed(_)) => Ok(true),
+            Ok(Put::AlreadyCommitted) => Ok(false),
+            Ok(Put::Busy) => Err(refused("busy", "another writer holds the key right now")),
+            Ok(Put::Refused(r)) => Err(from_refusal(&r)),
+            Err(e) => Err(from_store(&e)),
+        })
     }
 }
 
-/// Marks the batch item an exception is about.
-fn at_index(e: PyErr, index: usize) -> PyErr {
+/// Every item's answer of a batch, or, when an item failed, the first failed item's exception
+/// with `index` (that item) and `results` (every item's answer in order, each failed one as its
+/// exception): the other items still ran, and the caller learns what each of them did.
+fn batch_answers<T, U>(answers: Vec<T>, f: impl Fn(T) -> PyResult<U>) -> PyResult<Vec<U>>
+where
+    U: for<'py> IntoPyObject<'py>,
+{
+    let each: Vec<PyResult<U>> = answers.into_iter().map(f).collect();
+    let Some(first) = each.iter().position(Result::is_err) else {
+        return each.into_iter().collect();
+    };
     Python::attach(|py| {
-        let _ = e.value(py).setattr("index", index);
-    });
-    e
-}
-
-fn batch_result<T, U>(answers: Vec<Result<T, StoreError>>, f: impl Fn(T) -> U) -> PyResult<Vec<U>> {
-    answers
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| a.map(&f).map_err(|e| at_index(from_store(&e), i)))
-        .collect()
+        let results = PyList::empty(py);
+        let mut failed = None;
+        for (i, answer) in each.into_iter().enumerate() {
+            match answer {
+                Ok(u) => results.append(u)?,
+                Err(e) => {
+                    results.append(e.value(py))?;
+                    if i == first {
+                        failed = Some(e);
+                    }
+                }
+            }
+        }
+        let Some(e) = failed else { return Err(PyValueError::new_err("a batch lost its error")) };
+        e.value(py).setattr("index", first)?;
+        e.value(py).setattr("results", results)?;
+        Err(e)
+    })
 }
 
 #[pymethods]

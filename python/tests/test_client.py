@@ -146,6 +146,12 @@ def test_over_limit_block_is_refused_with_a_reason(client, server, unique):
         client.batch_put_from([unique + "-ok", unique], [b"fine", big])
     assert e.value.reason == "too_large" and e.value.index == 1
     assert client.get(unique + "-ok") == b"fine"
+    # The exception says what every item did: the first was stored, the third already held.
+    with pytest.raises(gpucache.RefusedError) as e:
+        client.batch_put_from([unique + "-new", unique, unique + "-ok"], [b"a", big, b"fine"])
+    assert e.value.index == 1
+    assert e.value.results[0] is True and e.value.results[2] is False
+    assert e.value.results[1] is e.value
     assert client.offers()["object_bytes_max"] == OBJECT_BYTES_MAX
 
 
@@ -157,6 +163,13 @@ def test_too_small_destination_is_refused_with_the_size_needed(client, unique):
     assert e.value.needed == 100
     assert e.value.reason == "buffer_too_small"
     assert isinstance(e.value, gpucache.RefusedError)
+    # In a batch the other items still land, and the exception says how each went.
+    fits, other = bytearray(100), bytearray(10)
+    with pytest.raises(gpucache.BufferTooSmallError) as e:
+        client.batch_get_into([unique, unique + "-absent", unique], [fits, other, small])
+    assert e.value.index == 2
+    assert e.value.results[:2] == [100, None] and e.value.results[2] is e.value
+    assert fits == b"y" * 100
 
 
 def test_bad_arguments_are_type_and_value_errors(client):

@@ -10,7 +10,7 @@
 //! `write` / `read` / `read_into`, which copy.
 
 use std::num::{NonZeroU64, NonZeroUsize};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpucache_dataplane::clock::UnixClock;
@@ -50,10 +50,37 @@ fn wait(seconds: f64, what: &str) -> PyResult<Duration> {
 #[pyclass(module = "gpucache._native", frozen)]
 #[derive(Debug)]
 pub struct Executor {
-    /// Taken out by `close`; calls clone the `Arc` and never hold this lock while they wait.
+    /// Taken out by `close`; calls hold a clone of the `Arc` ([`Held`]) and never this lock
+    /// while they wait.
     core: Mutex<Option<Arc<Core>>>,
+    /// Signalled (under `core`'s lock) each time a call lets its clone of the core go, so that
+    /// `close` waits for the last one with a deadline.
+    released: Condvar,
     host: Arc<HostBuffer>,
     namespace_client: Py<Client>,
+}
+
+/// A call's clone of the running core; letting it go wakes a waiting `close`.
+struct Held<'a> {
+    core: Option<Arc<Core>>,
+    owner: &'a Executor,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.core.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        drop(self.core.take());
+        // Under the lock, so that a close between its count and its wait cannot miss this.
+        let _g = self.owner.core.lock();
+        self.owner.released.notify_all();
+    }
 }
 
 fn kind_name(k: OperationKind) -> &'static str {
@@ -245,13 +272,24 @@ impl Executor {
         };
         let core = Core::start(config, store, caller, Arc::clone(&host), Arc::new(UnixClock))
             .map_err(|e| unavailable(e.to_string()))?;
-        Ok(Self { core: Mutex::new(Some(Arc::new(core))), host, namespace_client: client })
+        Ok(Self {
+            core: Mutex::new(Some(Arc::new(core))),
+            released: Condvar::new(),
+            host,
+            namespace_client: client,
+        })
+    }
+
+    fn lock_core(&self) -> PyResult<MutexGuard<'_, Option<Arc<Core>>>> {
+        self.core.lock().map_err(|_| PyValueError::new_err("poisoned"))
     }
 
     /// The running core, or the refusal of a closed executor. The lock is held only to clone.
-    fn core(&self) -> PyResult<Arc<Core>> {
-        let g = self.core.lock().map_err(|_| PyValueError::new_err("poisoned"))?;
-        g.as_ref().map(Arc::clone).ok_or_else(|| refused("closed", "the executor is closed"))
+    fn core(&self) -> PyResult<Held<'_>> {
+        let g = self.lock_core()?;
+        let core = g.as_ref().map(Arc::clone);
+        core.map(|core| Held { core: Some(core), owner: self })
+            .ok_or_else(|| refused("closed", "the executor is closed"))
     }
 
     fn with_core<R>(&self, f: impl FnOnce(&Core) -> R) -> PyResult<R> {
@@ -461,38 +499,34 @@ impl Executor {
     #[pyo3(signature = (join_deadline_s = 5.0))]
     fn close<'py>(&self, py: Python<'py>, join_deadline_s: f64) -> PyResult<Bound<'py, PyDict>> {
         let deadline = wait(join_deadline_s, "join_deadline_s")?;
-        let mut core = self
-            .core
-            .lock()
-            .map_err(|_| PyValueError::new_err("poisoned"))?
-            .take()
-            .ok_or_else(|| refused("closed", "the executor is closed"))?;
-        // A poll of another thread may still hold the core (for at most its timeout): its
-        // waits are bounded, so this one is too.
+        // A call of another thread may still hold the core (a poll for at most its timeout):
+        // wait for the last one to let it go, until the deadline.
         let until = std::time::Instant::now() + deadline;
-        let report = py.detach(|| {
+        let report = py.detach(|| -> PyResult<Result<_, ()>> {
+            let mut g = self.lock_core()?;
+            let core = g.take().ok_or_else(|| refused("closed", "the executor is closed"))?;
             loop {
-                match Arc::try_unwrap(core) {
-                    Ok(c) => {
-                        return Ok(
-                            c.close(until.saturating_duration_since(std::time::Instant::now()))
-                        );
-                    }
-                    Err(shared) if std::time::Instant::now() >= until => return Err(shared),
-                    Err(shared) => {
-                        core = shared;
-                        std::thread::park_timeout(Duration::from_millis(1));
-                    }
+                if Arc::strong_count(&core) == 1 {
+                    drop(g);
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    return Ok(Arc::try_unwrap(core).map(|c| c.close(left)).map_err(|_| ()));
                 }
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    // Put it back, so that a later close can finish the job.
+                    *g = Some(core);
+                    return Ok(Err(()));
+                }
+                g = self
+                    .released
+                    .wait_timeout(g, left)
+                    .map_err(|_| PyValueError::new_err("poisoned"))?
+                    .0;
             }
-        });
+        })?;
         match report {
             Ok(report) => close_dict(py, &report),
-            Err(shared) => {
-                // Put it back, so that a later close can finish the job.
-                if let Ok(mut g) = self.core.lock() {
-                    *g = Some(shared);
-                }
+            Err(()) => {
                 Err(unavailable("a poll in another thread still holds the executor; close again"))
             }
         }

@@ -105,3 +105,34 @@ def test_an_outage_opens_a_health_epoch_and_refuses_work(tmp_path):
     assert e.value.reason == "unhealthy"
     report = ex.close()
     assert report["restart_required"] is False
+
+
+def test_close_waits_for_a_poll_of_another_thread(client):
+    import threading
+
+    ex = client.executor(allocation_bytes=1 << 20, slot_bytes=64 << 10)
+    polling = threading.Event()
+    outcome = {}
+
+    def poll():
+        polling.set()
+        try:
+            outcome["poll"] = ex.poll(timeout_s=1.0)
+        except gpucache.RefusedError as e:  # the close came first
+            outcome["poll"] = e.reason
+
+    t = threading.Thread(target=poll)
+    t.start()
+    assert polling.wait(timeout=10.0)
+    # No deadline to spare: a poll that holds the core makes this close refuse, and the core
+    # stays for the next close; one that does not hold it lets it through.
+    try:
+        first = ex.close(join_deadline_s=0.0)
+    except gpucache.UnavailableError:
+        first = None
+    # With time to spare the close waits for the poll and succeeds.
+    report = first if first is not None else ex.close(join_deadline_s=10.0)
+    t.join(timeout=10.0)
+    assert not t.is_alive()
+    assert report["restart_required"] is False
+    assert outcome["poll"] == "closed" or outcome["poll"]["results"] == []

@@ -49,7 +49,7 @@ use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
     Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
-    StoreError, StoreInfo, StoreStats,
+    StoreError, StoreInfo, StoreStats, put_batch_verified,
 };
 
 use gpucache_storage::host::segment::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
@@ -1424,11 +1424,16 @@ fn frame_ranges(sizes: &[u64]) -> Vec<(usize, usize)> {
 fn land(fetched: FetchedRef<'_>, dst: &mut [u8]) -> Get {
     match fetched {
         FetchedRef::Hit { checksum, data } => {
-            if data.len() > dst.len() || Checksum::of(data) != checksum {
-                return Get::Miss(MissReason::Corrupt);
+            // Checked in the caller's buffer, in the pass that copies it there; what does not
+            // verify is zeroed, as the store zeroes a corrupt read.
+            match Checksum::copy_of(dst, data) {
+                Some(sum) if sum == checksum => Get::Hit { len: data.len() as u64, checksum },
+                Some(_) => {
+                    dst[..data.len()].fill(0);
+                    Get::Miss(MissReason::Corrupt)
+                }
+                None => Get::Miss(MissReason::Corrupt),
             }
-            dst[..data.len()].copy_from_slice(data);
-            Get::Hit { len: data.len() as u64, checksum }
         }
         FetchedRef::Miss(MissReason::Corrupt) => {
             // The store zeroes a corrupt read's destination; so does its remote form.
@@ -1668,72 +1673,25 @@ impl Store for TcpStore {
 
     /// PUT (or, on the same-host path, PUT_SHARED) frames within the protocol's limits,
     /// pipelined on one connection; the bytes go into a frame straight from the caller's
-    /// slices. The server only reads what it is given, so every failure is retired (a bounce
-    /// buffer whose frame may have been served is still kept out of reuse).
+    /// slices, hashed in the pass that copies them there. The server only reads what it is
+    /// given, so every failure is retired (a bounce buffer whose frame may have been served is
+    /// still kept out of reuse).
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-        if let Err(e) = check_right(caller, Right::Write) {
-            return every_item(items.len(), &e);
+        self.put_items(caller, items, None)
+    }
+
+    /// As [`Self::put_batch`], with the caller's checksums sent as they are (the bytes are not
+    /// hashed here); the server's store refuses an item whose bytes do not match its checksum.
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        if expected.len() < items.len() {
+            return put_batch_verified(items, expected, |sound| self.put_batch(caller, sound));
         }
-        let arena = match self.arena("put") {
-            Ok(a) => a,
-            Err(e) => return every_item(items.len(), &e),
-        };
-        let sizes: Vec<u64> = items.iter().map(|i| i.src.len() as u64).collect();
-        let (frames, places) = self.plan_frames(arena, &sizes, |arena, i| {
-            let src = items[i].src;
-            match Place::of(arena, src)? {
-                Place::Bounce(mut b) => {
-                    b.copy_from_slice(src);
-                    Some(Place::Bounce(b))
-                }
-                direct => Some(direct),
-            }
-        });
-        let encode = |f: usize, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>| {
-            let frame = &frames[f];
-            let batch = items.get(frame.items.clone()).unwrap_or_default();
-            match &frame.offsets {
-                None => encode_put_request(id, seal, batch, out),
-                Some(offsets) => Request::PutShared {
-                    items: batch
-                        .iter()
-                        .zip(offsets)
-                        .map(|(item, &offset)| SharedPutItem {
-                            key: item.key.clone(),
-                            request: item.request,
-                            offset,
-                            len: item.src.len() as u64,
-                            checksum: Checksum::of(item.src),
-                        })
-                        .collect(),
-                }
-                .encode_sealed_frame(id, seal, out),
-            }
-        };
-        let mut answers: Vec<Option<Result<Put, StoreError>>> =
-            (0..items.len()).map(|_| None).collect();
-        let outcome =
-            self.batch_exchange(caller, "put", frames.len(), false, &encode, |f, frame| {
-                let range = frames[f].items.clone();
-                let got = match (Response::from_frame(frame), frames[f].offsets.is_some()) {
-                    (Ok(Response::Put(a)), false) | (Ok(Response::PutShared(a)), true) => Ok(a),
-                    (Ok(other), _) => Err(unexpected("put", &other)),
-                    (Err(e), _) => Err(transport("put", e)),
-                };
-                fill(&mut answers[range], got, "put");
-            });
-        if let Err(stop) = &outcome {
-            // The server only reads these ranges, and refuses bytes that no longer match
-            // their checksum; bounce buffers it may have been reading are still kept out of
-            // reuse.
-            for (f, group) in places.into_iter().enumerate() {
-                if stop.maybe_served(f) {
-                    group.into_iter().flatten().for_each(Place::quarantine);
-                }
-            }
-        }
-        let item_frames: FrameItems = frames.iter().map(|f| f.items.clone()).collect();
-        every_answer(answers, &item_frames, &outcome, "put", |_, _, e| e)
+        self.put_items(caller, items, Some(expected))
     }
 
     /// INVALIDATE frames of at most [`BATCH_ITEMS_MAX`] keys, pipelined on one connection.
@@ -1876,6 +1834,92 @@ impl TcpStore {
             Response::StageStats(s) => Ok(s),
             other => Err(unexpected("stage_stats", &other).into()),
         }
+    }
+}
+
+impl TcpStore {
+    /// The batch PUT behind [`Store::put_batch`] and [`Store::put_batch_checked`]: `expected`,
+    /// when given, holds one checksum per item.
+    fn put_items(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: Option<&[Checksum]>,
+    ) -> BatchAnswers<Put> {
+        if let Err(e) = check_right(caller, Right::Write) {
+            return every_item(items.len(), &e);
+        }
+        let arena = match self.arena("put") {
+            Ok(a) => a,
+            Err(e) => return every_item(items.len(), &e),
+        };
+        let sizes: Vec<u64> = items.iter().map(|i| i.src.len() as u64).collect();
+        // Each item's checksum: the caller's, or the one its bounce copy computed.
+        let mut sums: Vec<Option<Checksum>> =
+            (0..items.len()).map(|i| expected.and_then(|e| e.get(i).copied())).collect();
+        let (frames, places) = self.plan_frames(arena, &sizes, |arena, i| {
+            let src = items[i].src;
+            match Place::of(arena, src)? {
+                Place::Bounce(mut b) => {
+                    let copied = Checksum::copy_of(&mut b, src);
+                    sums[i] = sums[i].or(copied);
+                    Some(Place::Bounce(b))
+                }
+                direct => Some(direct),
+            }
+        });
+        let encode = |f: usize, id: u64, seal: Option<&SealKey>, out: &mut Vec<u8>| {
+            let frame = &frames[f];
+            let batch = items.get(frame.items.clone()).unwrap_or_default();
+            match &frame.offsets {
+                None => encode_put_request(
+                    id,
+                    seal,
+                    batch,
+                    expected.and_then(|e| e.get(frame.items.clone())),
+                    out,
+                ),
+                Some(offsets) => Request::PutShared {
+                    items: batch
+                        .iter()
+                        .zip(offsets)
+                        .zip(frame.items.clone())
+                        .map(|((item, &offset), i)| SharedPutItem {
+                            key: item.key.clone(),
+                            request: item.request,
+                            offset,
+                            len: item.src.len() as u64,
+                            checksum: sums[i].unwrap_or_else(|| Checksum::of(item.src)),
+                        })
+                        .collect(),
+                }
+                .encode_sealed_frame(id, seal, out),
+            }
+        };
+        let mut answers: Vec<Option<Result<Put, StoreError>>> =
+            (0..items.len()).map(|_| None).collect();
+        let outcome =
+            self.batch_exchange(caller, "put", frames.len(), false, &encode, |f, frame| {
+                let range = frames[f].items.clone();
+                let got = match (Response::from_frame(frame), frames[f].offsets.is_some()) {
+                    (Ok(Response::Put(a)), false) | (Ok(Response::PutShared(a)), true) => Ok(a),
+                    (Ok(other), _) => Err(unexpected("put", &other)),
+                    (Err(e), _) => Err(transport("put", e)),
+                };
+                fill(&mut answers[range], got, "put");
+            });
+        if let Err(stop) = &outcome {
+            // The server only reads these ranges, and refuses bytes that no longer match
+            // their checksum; bounce buffers it may have been reading are still kept out of
+            // reuse.
+            for (f, group) in places.into_iter().enumerate() {
+                if stop.maybe_served(f) {
+                    group.into_iter().flatten().for_each(Place::quarantine);
+                }
+            }
+        }
+        let item_frames: FrameItems = frames.iter().map(|f| f.items.clone()).collect();
+        every_answer(answers, &item_frames, &outcome, "put", |_, _, e| e)
     }
 }
 

@@ -575,6 +575,21 @@ pub trait Store: Send + Sync {
         items.iter().map(|item| self.put(caller, item.key, item.src, item.request)).collect()
     }
 
+    /// [`Store::put_batch`] for items whose bytes must hash to `expected` (one checksum per
+    /// item, the writer's own, sent with the bytes): an item whose bytes do not, or that has no
+    /// expected checksum, is refused with [`put_damaged`] and nothing is stored or reserved for
+    /// it; the other items are answered as `put_batch` answers them. A store that hashes the
+    /// bytes as it copies them overrides this to compare before it commits, so the bytes are
+    /// hashed once; this default hashes each item before the batch.
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        put_batch_verified(items, expected, |sound| self.put_batch(caller, sound))
+    }
+
     /// [`Store::invalidate`] for each key, in order.
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         keys.iter().map(|key| self.invalidate(caller, key)).collect()
@@ -606,6 +621,61 @@ pub fn put_reserved<S: Store + ?Sized>(
             Err(e)
         }
     }
+}
+
+/// The refusal of a PUT whose bytes hash to `computed` where the writer said `expected` (they
+/// changed on the way, or while they were copied); nothing was stored.
+pub fn put_damaged(computed: Checksum, expected: Option<Checksum>) -> StoreError {
+    let detail = match expected {
+        Some(e) => format!(
+            "the bytes hash to {:016x} but the writer sent {:016x}: they changed on the way or \
+             while they were copied; nothing was stored",
+            computed.0, e.0
+        ),
+        None => "no checksum came with the bytes; nothing was stored".into(),
+    };
+    StoreError::Backend { operation: "put", detail, retirement: Retirement::Retired }
+}
+
+/// [`Store::put_batch_checked`] for a store that cannot compare as it copies: hashes each
+/// item first, then hands the sound ones to `put` as one batch, and merges the answers back in
+/// item order.
+pub fn put_batch_verified<'a>(
+    items: &[BatchPut<'a>],
+    expected: &[Checksum],
+    put: impl FnOnce(&[BatchPut<'a>]) -> BatchAnswers<Put>,
+) -> BatchAnswers<Put> {
+    let checks: Vec<Result<(), StoreError>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let computed = Checksum::of(item.src);
+            match expected.get(i) {
+                Some(&e) if e == computed => Ok(()),
+                e => Err(put_damaged(computed, e.copied())),
+            }
+        })
+        .collect();
+    let sound: Vec<BatchPut<'a>> = items
+        .iter()
+        .zip(&checks)
+        .filter(|(_, c)| c.is_ok())
+        .map(|(item, _)| BatchPut { key: item.key, src: item.src, request: item.request })
+        .collect();
+    let mut answers = put(&sound).into_iter();
+    checks
+        .into_iter()
+        .map(|check| match check {
+            Err(e) => Err(e),
+            Ok(()) => answers.next().unwrap_or_else(|| {
+                Err(StoreError::Backend {
+                    operation: "put",
+                    detail: "the store left this item of the batch unanswered".into(),
+                    retirement: Retirement::Unknown,
+                })
+            }),
+        })
+        .collect()
 }
 
 /// Which byte ranges of a reservation have been written, merged; bounded so that a writer
@@ -776,6 +846,14 @@ pub trait StoreLayer: Send + Sync + Sized {
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
         items.iter().map(|i| StoreLayer::put(self, caller, i.key, i.src, i.request)).collect()
     }
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        put_batch_verified(items, expected, |sound| StoreLayer::put_batch(self, caller, sound))
+    }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         keys.iter().map(|key| StoreLayer::invalidate(self, caller, key)).collect()
     }
@@ -870,6 +948,14 @@ impl<L: StoreLayer> Store for L {
     }
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
         StoreLayer::put_batch(self, caller, items)
+    }
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        StoreLayer::put_batch_checked(self, caller, items, expected)
     }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         StoreLayer::invalidate_batch(self, caller, keys)
@@ -967,6 +1053,14 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
         (**self).put_batch(caller, items)
+    }
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        (**self).put_batch_checked(caller, items, expected)
     }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         (**self).invalidate_batch(caller, keys)

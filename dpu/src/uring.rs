@@ -68,7 +68,7 @@ fn header(epoch: Epoch, data: &[u8]) -> [u8; BLOCK_HEADER_BYTES] {
     h[..8].copy_from_slice(&MAGIC);
     h[8..16].copy_from_slice(&epoch.0.to_le_bytes());
     h[16..24].copy_from_slice(&(data.len() as u64).to_le_bytes());
-    h[24..32].copy_from_slice(&xxhash_rust::xxh3::xxh3_64(data).to_le_bytes());
+    h[24..32].copy_from_slice(&gpucache_dataplane::checksum::Checksum::of(data).0.to_le_bytes());
     h
 }
 
@@ -135,7 +135,7 @@ impl QueueBackend for HostQueue {
             return Ok(Done::Miss(MissCause::Corrupt));
         };
         if self.engine.read_exact_at(&file, BLOCK_HEADER_BYTES as u64, &mut dst[..len]).is_err()
-            || xxhash_rust::xxh3::xxh3_64(&dst[..len]) != sum
+            || gpucache_dataplane::checksum::Checksum::of(&dst[..len]).0 != sum
         {
             dst[..len].fill(0);
             return Ok(Done::Miss(MissCause::Corrupt));

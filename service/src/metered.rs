@@ -22,6 +22,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
@@ -786,6 +787,13 @@ impl<S: Store> MeteredStore<S> {
         &self.inner
     }
 
+    /// Records each PUT of a batch, with its payload's length.
+    fn record_puts(&self, answers: &BatchAnswers<Put>, items: &[BatchPut<'_>], started: Instant) {
+        for (answer, item) in answers.iter().zip(items) {
+            self.metrics.record_put(answer, item.src.len(), started);
+        }
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -960,9 +968,20 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
         let started = Instant::now();
         let answers = self.inner.put_batch(caller, items);
-        for (answer, item) in answers.iter().zip(items) {
-            self.metrics.record_put(answer, item.src.len(), started);
-        }
+        self.record_puts(&answers, items, started);
+        answers
+    }
+
+    /// As [`Self::put_batch`]; the inner store compares the checksums.
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        let started = Instant::now();
+        let answers = self.inner.put_batch_checked(caller, items, expected);
+        self.record_puts(&answers, items, started);
         answers
     }
 

@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::caller::{Caller, Right, Rights};
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
-use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Get, Put, Retirement, Store, StoreError, authorize,
+    BatchAnswers, BatchGet, BatchPut, Get, Retirement, Store, StoreError, authorize,
 };
 use subtle::ConstantTimeEq;
 
@@ -457,14 +457,16 @@ fn serve_frame<'a>(
         }
     }
     if frame.kind == Kind::Request && frame.op == Op::Put {
-        // Stored straight from the frame body, the frame's items as one batch.
+        // Stored straight from the frame body, the frame's items as one batch; the store
+        // checks each item against the checksum the client sent as it copies it.
         return Served::Plain(match decode_put_request(&frame.body) {
             Ok(items) => {
                 let batch: Vec<BatchPut<'_>> = items
                     .iter()
                     .map(|i| BatchPut { key: &i.key, src: i.data, request: i.request })
                     .collect();
-                Response::Put(shared.store.put_batch(&s.caller, &batch))
+                let sums: Vec<Checksum> = items.iter().map(|i| i.checksum).collect();
+                Response::Put(shared.store.put_batch_checked(&s.caller, &batch, &sums))
             }
             Err(e) => Response::Error(e),
         });
@@ -814,9 +816,9 @@ fn get_shared(
     }
 }
 
-/// PUT straight from the client's segment, the frame's items as one batch. The store checksums
-/// what it copied; a block whose checksum is not the one the client sent (its bytes changed
-/// during the copy) is dropped again (the drops as one batch too).
+/// PUT straight from the client's segment, the frame's items as one batch. The store checks
+/// what it copied against the checksum the client sent, in the pass that copies it, and
+/// commits nothing whose bytes changed during the copy.
 fn put_shared(
     store: &dyn Store,
     who: &Caller,
@@ -831,6 +833,7 @@ fn put_shared(
     else {
         return shm_error("a range does not fit this host's addresses");
     };
+    let sums: Vec<Checksum> = items.iter().map(|i| i.checksum).collect();
     let answers = segment.with_bytes(0, segment.len(), |all| {
         let batch: Vec<BatchPut<'_>> = items
             .iter()
@@ -841,32 +844,12 @@ fn put_shared(
                 request: item.request,
             })
             .collect();
-        store.put_batch(who, &batch)
+        store.put_batch_checked(who, &batch, &sums)
     });
-    let mut answers = match answers {
-        Ok(answers) => answers,
-        Err(e) => return shm_error(e),
-    };
-    let changed: Vec<usize> = (0..items.len().min(answers.len()))
-        .filter(|&i| matches!(answers[i], Ok(Put::Committed(sum)) if sum != items[i].checksum))
-        .collect();
-    if !changed.is_empty() {
-        let keys: Vec<&PhysicalKey> = changed.iter().map(|&i| &items[i].key).collect();
-        let _ = store.invalidate_batch(who, &keys);
-        for &i in &changed {
-            let Ok(Put::Committed(sum)) = answers[i] else { continue };
-            answers[i] = Err(StoreError::Backend {
-                operation: "put",
-                detail: format!(
-                    "the shared bytes hash to {:016x}, the client sent {:016x}: they changed \
-                     while the server copied them; the block was dropped",
-                    sum.0, items[i].checksum.0
-                ),
-                retirement: Retirement::Retired,
-            });
-        }
+    match answers {
+        Ok(answers) => Response::PutShared(answers),
+        Err(e) => shm_error(e),
     }
-    Response::PutShared(answers)
 }
 
 /// `len` bytes at `offset`, as a range of this host's addresses.

@@ -62,7 +62,13 @@ impl ReadPin {
     /// Whether the bytes the caller received are the committed ones: the read side of the
     /// checksum recorded at commit, computed over the caller's buffer, not the store's copy.
     pub(crate) fn delivered_intact(&self, delivered: &[u8]) -> bool {
-        Checksum::of(delivered) == self.checksum
+        self.intact_by(Checksum::of(delivered))
+    }
+
+    /// Whether bytes whose checksum is `delivered` (computed over the caller's buffer, as
+    /// [`Checksum::copy_of`] does while it copies) are the committed ones.
+    pub(crate) fn intact_by(&self, delivered: Checksum) -> bool {
+        delivered == self.checksum
     }
 
     /// The answer to the read once [`Catalog::unpin_read`] has settled it.

@@ -24,7 +24,7 @@ use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, 
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptReason, FullPolicy, Get,
     Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
-    StoreError, StoreInfo, StoreStats, authorize, put_reserved,
+    StoreError, StoreInfo, StoreStats, authorize, put_damaged, put_reserved,
 };
 
 use crate::catalog::{Catalog, ReadPin};
@@ -176,13 +176,13 @@ impl Inner {
     }
 }
 
-/// Copies `src` into the front of a block's buffer and checksums the whole buffer; none when the
-/// buffer is shared or too short.
+/// Copies `src` into the front of a block's buffer and checksums the whole buffer (in the same
+/// pass as the copy when `src` fills it, as it does for a PUT); none when the buffer is shared
+/// or too short.
 fn fill(buf: &mut Payload, src: &[u8]) -> Option<Checksum> {
     Arc::get_mut(buf).and_then(|b| {
-        let dst = b.get_mut(..src.len())?;
-        dst.copy_from_slice(src);
-        Some(Checksum::of(b))
+        let sum = Checksum::copy_of(b, src)?;
+        Some(if b.len() == src.len() { sum } else { Checksum::of(b) })
     })
 }
 
@@ -197,10 +197,11 @@ fn deliver(
 ) -> (bool, Option<CorruptReason>) {
     let len = pin.len_bytes();
     let source = payload.and_then(|p| p.get(..len));
-    if let Some(src) = source {
-        dst[..len].copy_from_slice(src);
-    }
-    let corrupt = !pin.delivered_intact(&dst[..len]);
+    // The copy and the check of what it wrote are one pass over the bytes.
+    let corrupt = match source.and_then(|src| Checksum::copy_of(dst, src)) {
+        Some(delivered) => !pin.intact_by(delivered),
+        None => !pin.delivered_intact(&dst[..len]),
+    };
     let damaged = corrupt && !source.is_some_and(|src| pin.delivered_intact(src));
     let reason = if source.is_some() { CorruptReason::Checksum } else { CorruptReason::Truncated };
     if corrupt {
@@ -302,6 +303,49 @@ impl MemoryStore {
                 Err(Err(e))
             }
         }
+    }
+
+    /// The batch PUTs: each item reserved and committed under the lock, copied and hashed
+    /// (one pass) without it. With `expected`, a block whose bytes do not hash to its item's
+    /// checksum is aborted instead of committed, and an item without one is refused unreserved.
+    fn put_items(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: Option<&[Checksum]>,
+    ) -> BatchAnswers<Put> {
+        let mut answers = Vec::with_capacity(items.len());
+        let mut inner = self.lock();
+        for (i, item) in items.iter().enumerate() {
+            let want = expected.map(|e| e.get(i).copied());
+            if let Some(None) = want {
+                answers.push(Err(put_damaged(Checksum::of(item.src), None)));
+                continue;
+            }
+            let (r, mut buf) = match self.start_put(&mut inner, caller, item) {
+                Ok(writing) => writing,
+                Err(answer) => {
+                    answers.push(answer);
+                    continue;
+                }
+            };
+            drop(inner);
+            let filled = fill(&mut buf, item.src);
+            inner = self.lock();
+            let now = self.clock.now_ms();
+            let committed = match (filled, want.flatten()) {
+                (Some(got), Some(sum)) if got != sum => Err(put_damaged(got, Some(sum))),
+                _ => inner.commit_buffer(caller, &r, buf, filled, now),
+            };
+            answers.push(match committed {
+                Ok(c) => Ok(Put::Committed(c.checksum)),
+                Err(e) => {
+                    inner.abort_after(caller, r, &e);
+                    Err(e)
+                }
+            });
+        }
+        answers
     }
 
     /// One round of a batch GET: pins `items` under one lock, copies and verifies them in
@@ -542,29 +586,18 @@ impl Store for MemoryStore {
     /// reservation of the next share one lock, so a batch of n written blocks takes the lock
     /// n + 1 times and each PUT sees the ones before it committed.
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-        let mut answers = Vec::with_capacity(items.len());
-        let mut inner = self.lock();
-        for item in items {
-            let (r, mut buf) = match self.start_put(&mut inner, caller, item) {
-                Ok(writing) => writing,
-                Err(answer) => {
-                    answers.push(answer);
-                    continue;
-                }
-            };
-            drop(inner);
-            let filled = fill(&mut buf, item.src);
-            inner = self.lock();
-            let now = self.clock.now_ms();
-            answers.push(match inner.commit_buffer(caller, &r, buf, filled, now) {
-                Ok(c) => Ok(Put::Committed(c.checksum)),
-                Err(e) => {
-                    inner.abort_after(caller, r, &e);
-                    Err(e)
-                }
-            });
-        }
-        answers
+        self.put_items(caller, items, None)
+    }
+
+    /// As [`Self::put_batch`], each block's checksum (computed in the pass that copies it)
+    /// compared with the writer's before the block is committed.
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        self.put_items(caller, items, Some(expected))
     }
 
     /// Every invalidation under one lock.

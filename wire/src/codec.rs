@@ -2,6 +2,7 @@
 //! keys, and batch counts. The [`Writer`] records the first limit an encoding breaks instead of
 //! failing at every call; the [`Reader`] fails at the first byte it cannot accept.
 
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::{KEY_BYTES_MAX, PhysicalKey};
 
@@ -98,6 +99,12 @@ impl<'a> Writer<'a> {
     /// Fixed-size bytes, without a length.
     pub(super) fn raw(&mut self, b: &[u8]) {
         self.out.extend_from_slice(b);
+    }
+
+    /// Fixed-size bytes, without a length, and their checksum, computed in the same pass as
+    /// the copy ([`Checksum::extend_of`]).
+    pub(super) fn raw_hashed(&mut self, b: &[u8]) -> Checksum {
+        Checksum::extend_of(self.out, b)
     }
 
     /// Length-prefixed bytes.

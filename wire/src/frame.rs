@@ -127,9 +127,11 @@ impl FrameHeader {
 }
 
 /// Whether a frame of `kind` and `op` carries its payloads before a trailer
-/// ([`FLAG_TRAILER`]): GET answers.
+/// ([`FLAG_TRAILER`]): GET answers and PUT requests. Their frame checksum covers the trailer
+/// only; each payload has its own checksum in the trailer, which the receiver checks in the
+/// pass that copies it out (the client as it lands a GET, the store as it stores a PUT).
 pub(super) fn uses_trailer(kind: Kind, op: Op) -> bool {
-    kind == Kind::Response && op == Op::Get
+    matches!((kind, op), (Kind::Response, Op::Get) | (Kind::Request, Op::Put))
 }
 
 /// Where the part of `body` its checksum covers starts, for a frame with [`FLAG_TRAILER`]:

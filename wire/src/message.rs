@@ -378,12 +378,8 @@ impl Request {
                 }
             }
             Self::Put { items } => {
-                w.count(items.len());
-                for item in items {
-                    w.key(&item.key);
-                    put_request_id(w, item.request);
-                    w.bytes(&item.data);
-                }
+                let sources = items.iter().map(|i| (&i.key, i.request, &i.data[..], None));
+                write_put_body(w, items.len(), sources);
             }
             Self::Reserve { key, len, request } => {
                 w.key(key);
@@ -525,10 +521,20 @@ impl Request {
                 Self::Get { items }
             }
             Op::Put => Self::Put {
-                items: read_put_refs(r)?
+                items: read_put_refs(r.take_rest())?
                     .into_iter()
-                    .map(|p| PutItem { key: p.key, request: p.request, data: p.data.to_vec() })
-                    .collect(),
+                    .map(|p| {
+                        let computed = Checksum::of(p.data);
+                        if computed == p.checksum {
+                            Ok(PutItem { key: p.key, request: p.request, data: p.data.to_vec() })
+                        } else {
+                            Err(WireError::BodyChecksum {
+                                found: p.checksum.0,
+                                computed: computed.0,
+                            })
+                        }
+                    })
+                    .collect::<Result<_, _>>()?,
             },
             Op::Reserve => Self::Reserve {
                 key: Box::new(r.key(0)?),
@@ -584,45 +590,83 @@ pub struct PutRef<'a> {
     pub key: PhysicalKey,
     pub request: Option<RequestId>,
     pub data: &'a [u8],
+    /// The writer's checksum of `data`, which the frame checksum does not cover: the store
+    /// compares it with what it copied ([`Store::put_batch_checked`]).
+    ///
+    /// [`Store::put_batch_checked`]: gpucache_dataplane::store::Store::put_batch_checked
+    pub checksum: Checksum,
 }
 
-fn read_put_refs<'a>(r: &mut Reader<'a>) -> Result<Vec<PutRef<'a>>, WireError> {
+/// Reads a PUT request body: the trailer at its end (located by [`trailer_start`]) names each
+/// item's key, request id, checksum and length, and the payload part before it holds the items'
+/// bytes back to back, in order. Both parts must be used up exactly.
+fn read_put_refs(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
+    let start = trailer_start(body).ok_or(WireError::Malformed { what: text::TRAILER })?;
+    let (payloads, rest) = body.split_at(start);
+    let trailer = rest.get(..rest.len().saturating_sub(4)).unwrap_or_default();
+    let (mut r, mut bulk) = (Reader::new(trailer), Reader::new(payloads));
     let n = r.count()?;
     let mut items = r.batch(n);
     for index in 0..n {
-        items.push(PutRef {
-            key: r.key(index)?,
-            request: get_request_id(r)?,
-            data: r.bytes_ref()?,
-        });
+        let key = r.key(index)?;
+        let request = get_request_id(&mut r)?;
+        let checksum = Checksum(r.u64(text::INTEGER)?);
+        let len = usize::try_from(r.u32(text::BYTES)?)
+            .map_err(|_| WireError::Truncated { what: text::PAYLOADS })?;
+        items.push(PutRef { key, request, data: bulk.take(len, text::PAYLOADS)?, checksum });
     }
+    r.finish()?;
+    bulk.finish()?;
     Ok(items)
 }
 
 /// The items of a PUT request body, strictly decoded, their bytes borrowed from `body`: what
-/// a server stores from without copying them out of the frame first.
+/// a server stores from without copying them out of the frame first. Their checksums are the
+/// writer's and are not checked here: the store checks them as it copies.
 pub fn decode_put_request(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
-    let mut r = Reader::new(body);
-    let items = read_put_refs(&mut r)?;
-    r.finish()?;
-    Ok(items)
+    read_put_refs(body)
+}
+
+/// A PUT body: each item's bytes, copied and hashed in one pass unless its checksum is given,
+/// then the trailer that describes them ([`read_put_refs`]).
+fn write_put_body<'a>(
+    w: &mut Writer<'_>,
+    n: usize,
+    items: impl Iterator<Item = (&'a PhysicalKey, Option<RequestId>, &'a [u8], Option<Checksum>)>,
+) {
+    let mut trailer = Vec::new();
+    let mut t = Writer::new(&mut trailer);
+    t.count(n);
+    for (key, request, data, checksum) in items {
+        let checksum = match checksum {
+            Some(sum) => {
+                w.raw(data);
+                sum
+            }
+            None => w.raw_hashed(data),
+        };
+        t.key(key);
+        put_request_id(&mut t, request);
+        t.u64(checksum.0);
+        t.len(data.len());
+    }
+    finish_trailer(w, t.finish(), &trailer);
 }
 
 /// Appends a PUT request frame whose keys and payloads are written straight from the caller's
-/// batch items (no owned [`PutItem`]s); the same bytes as [`Request::Put`].
+/// batch items (no owned [`PutItem`]s); the same bytes as [`Request::Put`]. With `checksums`
+/// (one per item, the caller's own), the bytes are sent under them without being hashed here.
 pub fn encode_put_request(
     request_id: u64,
     seal: Option<&SealKey>,
     items: &[BatchPut<'_>],
+    checksums: Option<&[Checksum]>,
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
     write_frame(Kind::Request, Op::Put, request_id, seal, out, |w| {
-        w.count(items.len());
-        for item in items {
-            w.key(item.key);
-            put_request_id(w, item.request);
-            w.bytes(item.src);
-        }
+        let sums = (0..items.len()).map(|i| checksums.and_then(|c| c.get(i).copied()));
+        let sources = items.iter().zip(sums).map(|(i, sum)| (i.key, i.request, i.src, sum));
+        write_put_body(w, items.len(), sources);
     })
 }
 

@@ -860,12 +860,42 @@ proptest! {
         let slices: Vec<BatchPut<'_>> =
             items.iter().map(|(key, request, src)| BatchPut { key, src, request: *request }).collect();
         let mut borrowed = Vec::new();
-        encode_put_request(id, None, &slices, &mut borrowed).unwrap_or_else(|e| panic!("{e}"));
+        encode_put_request(id, None, &slices, None, &mut borrowed).unwrap_or_else(|e| panic!("{e}"));
         prop_assert_eq!(&borrowed, &request_frame(&owned, id));
+        // The caller's own (right) checksums give the same bytes without hashing.
+        let sums: Vec<Checksum> = items.iter().map(|(_, _, d)| Checksum::of(d)).collect();
+        let mut given = Vec::new();
+        encode_put_request(id, None, &slices, Some(&sums), &mut given).unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(&given, &borrowed);
         let frame = decode_one(&borrowed).unwrap_or_else(|e| panic!("{e}"));
         let refs = decode_put_request(&frame.body).unwrap_or_else(|e| panic!("{e}"));
         let back: Vec<_> = refs.iter().map(|p| (p.key.clone(), p.request, p.data.to_vec())).collect();
-        prop_assert_eq!(back, items);
+        prop_assert_eq!(back, items.clone());
+        prop_assert!(refs.iter().zip(&sums).all(|(p, s)| p.checksum == *s));
+    }
+
+    /// A PUT sent under a checksum its bytes do not have still decodes (the frame checksum
+    /// covers only the trailer); the borrowed decode carries the writer's checksum for the
+    /// store to compare, and the owned decode refuses it.
+    #[test]
+    fn a_put_under_a_wrong_checksum_reaches_the_store_only_as_a_mismatch(
+        items in vec((key(), request_id(), data()), 1..6),
+        wrong in any::<usize>(),
+        id in any::<u64>(),
+    ) {
+        let slices: Vec<BatchPut<'_>> =
+            items.iter().map(|(key, request, src)| BatchPut { key, src, request: *request }).collect();
+        let mut sums: Vec<Checksum> = items.iter().map(|(_, _, d)| Checksum::of(d)).collect();
+        let at = wrong % sums.len();
+        sums[at] = Checksum(sums[at].0 ^ 1);
+        let mut bytes = Vec::new();
+        encode_put_request(id, None, &slices, Some(&sums), &mut bytes).unwrap_or_else(|e| panic!("{e}"));
+        let frame = decode_one(&bytes).unwrap_or_else(|e| panic!("{e}"));
+        let refs = decode_put_request(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(refs[at].checksum, sums[at]);
+        prop_assert_ne!(Checksum::of(refs[at].data), refs[at].checksum);
+        let owned = Request::from_frame(&frame);
+        prop_assert!(matches!(owned, Err(WireError::BodyChecksum { .. })), "{:?}", owned);
     }
 
     #[test]
@@ -1243,19 +1273,21 @@ fn every_truncated_body_is_refused() {
     for req in sample_requests() {
         let mut body = Vec::new();
         req.encode_body(&mut body).unwrap_or_else(|e| panic!("{e}"));
+        // A PUT ends with its trailer's length, as a GET answer does (below).
+        let trailer = req.op() == Op::Put;
         for cut in 0..body.len() {
             let result = Request::decode_body(req.op(), &body[..cut]);
             assert!(
-                matches!(result, Err(WireError::Truncated { .. })),
+                matches!(result, Err(WireError::Truncated { .. })) || (trailer && result.is_err()),
                 "{:?} cut at {cut}: {result:?}",
                 req.op()
             );
         }
         body.push(0);
-        assert_eq!(
-            Request::decode_body(req.op(), &body),
-            Err(WireError::TrailingBytes { count: 1 }),
-            "{:?}",
+        let result = Request::decode_body(req.op(), &body);
+        assert!(
+            result == Err(WireError::TrailingBytes { count: 1 }) || (trailer && result.is_err()),
+            "{:?}: {result:?}",
             req.op()
         );
     }
@@ -1311,9 +1343,7 @@ fn every_header_corruption_fails_the_stream() {
 
 #[test]
 fn body_corruption_fails_only_that_frame() {
-    let req = Request::Put {
-        items: vec![PutItem { key: sample_key(1, &[4]), request: None, data: vec![0x5a; 40] }],
-    };
+    let req = Request::Reserve { key: Box::new(sample_key(1, &[4])), len: 40, request: None };
     let bytes = request_frame(&req, 42);
     let next = request_frame(&Request::Epoch, 43);
     for at in HEADER_BYTES..bytes.len() {
@@ -1327,6 +1357,49 @@ fn body_corruption_fails_only_that_frame() {
             assert!(matches!(err.error, WireError::BodyChecksum { .. }), "{err}");
             assert!(!err.resync_impossible());
             assert_eq!(err.request_id, Some(42));
+            let frame = outcomes[1].as_ref().unwrap_or_else(|e| panic!("next frame: {e}"));
+            assert_eq!(Request::from_frame(frame), Ok(Request::Epoch));
+        }
+    }
+}
+
+/// A PUT's frame checksum covers its trailer; a damaged payload byte reaches the store as a
+/// payload that does not match its item's checksum (which the store refuses), and a damaged
+/// trailer byte fails the frame alone.
+#[test]
+fn put_corruption_is_caught_by_the_frame_or_by_the_item_checksum() {
+    let data = vec![0x5a; 40];
+    let req = Request::Put {
+        items: vec![PutItem { key: sample_key(1, &[4]), request: None, data: data.clone() }],
+    };
+    let bytes = request_frame(&req, 42);
+    let next = request_frame(&Request::Epoch, 43);
+    let payload = HEADER_BYTES..HEADER_BYTES + data.len();
+    for at in HEADER_BYTES..bytes.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut stream = bytes.clone();
+            stream[at] ^= flip;
+            stream.extend_from_slice(&next);
+            let outcomes = decode_chunked(&stream, &[7, 1, 300]);
+            assert_eq!(outcomes.len(), 2, "byte {at}");
+            if payload.contains(&at) {
+                let frame = outcomes[0].as_ref().unwrap_or_else(|e| panic!("byte {at}: {e}"));
+                let refs = decode_put_request(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(refs[0].checksum, Checksum::of(&data), "byte {at}");
+                assert_ne!(Checksum::of(refs[0].data), refs[0].checksum, "byte {at}");
+            } else {
+                let err =
+                    outcomes[0].as_ref().err().unwrap_or_else(|| panic!("byte {at} accepted"));
+                assert!(
+                    matches!(
+                        err.error,
+                        WireError::BodyChecksum { .. } | WireError::Malformed { .. }
+                    ),
+                    "byte {at}: {err}"
+                );
+                assert!(!err.resync_impossible());
+                assert_eq!(err.request_id, Some(42));
+            }
             let frame = outcomes[1].as_ref().unwrap_or_else(|e| panic!("next frame: {e}"));
             assert_eq!(Request::from_frame(frame), Ok(Request::Epoch));
         }
@@ -1676,8 +1749,11 @@ fn batch_counts_over_the_limit_are_refused_both_ways() {
     // A declared count over the limit is refused before anything is read or allocated.
     let body = u32::MAX.to_le_bytes();
     for op in [Op::Lookup, Op::Get, Op::Put, Op::Invalidate] {
+        // A PUT's count is in its trailer, at the end of the body.
+        let request =
+            if op == Op::Put { [body, 4u32.to_le_bytes()].concat() } else { body.to_vec() };
         assert!(matches!(
-            Request::decode_body(op, &body),
+            Request::decode_body(op, &request),
             Err(WireError::TooMany { what: "batch", count: 0xffff_ffff, .. })
         ));
         // A GET answer's count is in its trailer, at the end of the body.

@@ -23,6 +23,7 @@ use gpucache_dataplane::store::Store;
 use gpucache_dpu::{DpuStore, DpuStoreConfig};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::file::FileStoreError;
+use gpucache_storage::host::arena::PayloadArena;
 use gpucache_wire::staging::BlockStaging;
 use prometheus_client::registry::Registry;
 
@@ -45,6 +46,9 @@ pub enum StoreOpenError {
     FileStore { root: PathBuf, source: FileStoreError },
     #[error("limits: {source}")]
     Memory { source: LimitsError },
+    /// `store.preallocate`: the kernel refused the mapping.
+    #[error("store.preallocate: cannot map {bytes} bytes for the memory store: {source}")]
+    Preallocate { bytes: u64, source: std::io::Error },
     /// The DPU agent did not start (before the file store behind it is opened).
     #[error(transparent)]
     Dpu(#[from] DpuStartError),
@@ -56,6 +60,7 @@ impl StoreOpenError {
         match self {
             Self::FileStore { .. } => "store.root",
             Self::Memory { .. } => "limits",
+            Self::Preallocate { .. } => "store.preallocate",
             Self::Dpu(e) => e.key(),
         }
     }
@@ -128,8 +133,17 @@ impl ValidConfig {
         };
         match self.store.kind {
             StoreKind::Memory => {
-                let store = MemoryStore::new(self.limits(), clock)
-                    .map_err(|source| StoreOpenError::Memory { source })?;
+                let limits = self.limits();
+                let store = if self.store.preallocate {
+                    let bytes = limits.retained_bytes_max;
+                    let arena = PayloadArena::new(bytes)
+                        .map_err(|source| StoreOpenError::Preallocate { bytes, source })?;
+                    tracing::info!(bytes, "memory store: payload arena mapped and faulted in");
+                    MemoryStore::with_arena(limits, clock, arena)
+                } else {
+                    MemoryStore::new(limits, clock)
+                }
+                .map_err(|source| StoreOpenError::Memory { source })?;
                 Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None })
             }
             StoreKind::File => {

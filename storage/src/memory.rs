@@ -28,6 +28,7 @@ use gpucache_dataplane::store::{
 };
 
 use crate::catalog::{Catalog, ReadPin};
+use crate::host::arena::{ArenaBuf, ArenaStats, PayloadArena};
 
 /// Most bytes of freed payload buffers kept for reuse (also capped at a quarter of
 /// `retained_bytes_max`).
@@ -39,9 +40,12 @@ pub const SPARE_BYTES_MAX: u64 = 256 << 20;
 /// quarantined regions never come here before their reclaim proof.
 #[derive(Debug, Default)]
 struct SpareBuffers {
-    by_len: HashMap<usize, Vec<Vec<u8>>>,
+    by_len: HashMap<usize, Vec<Bytes>>,
     bytes: u64,
     bytes_max: u64,
+    /// Where new blocks go first when the store has one (a freed piece of it returns there,
+    /// not here).
+    arena: Option<Arc<PayloadArena>>,
 }
 
 impl SpareBuffers {
@@ -52,17 +56,21 @@ impl SpareBuffers {
             self.bytes -= len as u64;
             return Arc::new(buf);
         }
-        Arc::new(fresh_buffer(len))
+        if let Some(piece) = self.arena.as_ref().and_then(|a| a.take(len)) {
+            return Arc::new(Bytes::Arena(piece));
+        }
+        Arc::new(Bytes::Heap(fresh_buffer(len)))
     }
 
     /// Keeps freed buffers for reuse; one a reader still holds is simply dropped (it is freed
     /// when that read finishes).
     fn give(&mut self, buffers: Vec<Payload>) {
         for buf in buffers.into_iter().filter_map(|b| Arc::try_unwrap(b).ok()) {
+            let Bytes::Heap(buf) = buf else { continue };
             let len = buf.len() as u64;
             if self.bytes + len <= self.bytes_max {
                 self.bytes += len;
-                self.by_len.entry(buf.len()).or_default().push(buf);
+                self.by_len.entry(buf.len()).or_default().push(Bytes::Heap(buf));
             }
         }
     }
@@ -99,9 +107,49 @@ fn fresh_buffer(len: usize) -> Vec<u8> {
     buf
 }
 
+/// A block's bytes, on the heap or in the store's pre-faulted arena.
+#[derive(Debug, Default)]
+enum Bytes {
+    #[default]
+    Empty,
+    Heap(Vec<u8>),
+    Arena(ArenaBuf),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Empty => &[],
+            Self::Heap(v) => v,
+            Self::Arena(a) => a,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Bytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Self::Empty => &mut [],
+            Self::Heap(v) => v,
+            Self::Arena(a) => a,
+        }
+    }
+}
+
+impl Clone for Bytes {
+    /// A copy on the heap (an arena piece has one owner).
+    fn clone(&self) -> Self {
+        match self {
+            Self::Empty => Self::Empty,
+            other => Self::Heap(other.to_vec()),
+        }
+    }
+}
+
 /// A block's bytes. Shared so that a read can copy (and verify) them after the lock is
 /// released: a committed block is never written again, and a pinned one is never freed.
-type Payload = Arc<Vec<u8>>;
+type Payload = Arc<Bytes>;
 
 #[derive(Debug)]
 struct Inner {
@@ -227,6 +275,24 @@ impl MemoryStore {
     /// A store with the given limits and clock, on a local epoch counter.
     pub fn new(limits: ResourceLimits, clock: Arc<dyn Clock>) -> Result<Self, LimitsError> {
         Self::with_epochs(limits, clock, Box::new(LocalEpochs))
+    }
+
+    /// A store whose new blocks go into `arena` while it has room (and to the heap after), so
+    /// that writing them faults no page in: an arena of `retained_bytes_max` holds every block
+    /// the store may keep.
+    pub fn with_arena(
+        limits: ResourceLimits,
+        clock: Arc<dyn Clock>,
+        arena: Arc<PayloadArena>,
+    ) -> Result<Self, LimitsError> {
+        let store = Self::with_epochs(limits, clock, Box::new(LocalEpochs))?;
+        store.lock().spare.arena = Some(arena);
+        Ok(store)
+    }
+
+    /// What the store's arena holds, when it has one.
+    pub fn arena_stats(&self) -> Option<ArenaStats> {
+        self.lock().spare.arena.as_ref().map(|a| a.stats())
     }
 
     /// A store whose epochs come from `epochs`.

@@ -1,4 +1,6 @@
-//! MemoryStore runs the whole conformance suite.
+//! MemoryStore runs the whole conformance suite: on the heap, and with its blocks in a
+//! pre-faulted arena (a small one, so that blocks past it fall back to the heap in the same
+//! store).
 
 use std::sync::Arc;
 
@@ -7,10 +9,29 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::Subject;
 use gpucache_storage::MemoryStore;
 
-fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
-    let store = Arc::new(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"));
+fn subject(store: MemoryStore) -> Subject {
+    let store = Arc::new(store);
     let hook = Arc::clone(&store);
     Subject { store: Box::new(store), corrupt: Box::new(move |key| hook.corrupt_for_test(key, 17)) }
 }
 
+fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+    subject(MemoryStore::new(limits, Arc::new(clock)).expect("valid limits"))
+}
+
 gpucache_dataplane::conformance_suite!(make);
+
+mod in_an_arena {
+    use super::*;
+    use gpucache_storage::host::arena::PayloadArena;
+
+    /// Smaller than most rules' retained bytes, so both kinds of block meet in one store.
+    const ARENA_BYTES: u64 = 2 << 20;
+
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let arena = PayloadArena::new(ARENA_BYTES.min(limits.retained_bytes_max)).expect("arena");
+        subject(MemoryStore::with_arena(limits, Arc::new(clock), arena).expect("valid limits"))
+    }
+
+    gpucache_dataplane::conformance_suite!(make);
+}

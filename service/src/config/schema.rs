@@ -141,7 +141,8 @@ impl From<DurabilityName> for Durability {
     }
 }
 
-/// `[store]`. The keys after `kind` apply to the file store only.
+/// `[store]`. The keys after `kind` apply to the file store only, but `preallocate`, which
+/// applies to the memory store only.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
@@ -152,6 +153,9 @@ pub struct StoreSection {
     pub durability: DurabilityName,
     pub queue_depth: u32,
     pub group_commit_deadline_ms: u64,
+    /// `kind = "memory"`: map and fault in `limits.retained_bytes_max` of memory at start, so
+    /// that no PUT faults a page in (or waits for the kernel to zero one).
+    pub preallocate: bool,
 }
 
 impl Default for StoreSection {
@@ -165,6 +169,7 @@ impl Default for StoreSection {
             durability: DurabilityName::PerBlock,
             queue_depth: file.engine_config.queue_depth,
             group_commit_deadline_ms: file.group_commit_deadline_ms,
+            preallocate: false,
         }
     }
 }

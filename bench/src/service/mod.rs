@@ -419,12 +419,15 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                 }
                 eprintln!("bench: {} x{c}: {}", size_label(size), run.name);
                 let spec = spec(&plan, size, c);
+                // What the stores must hold: more than --working-set when each client's fewest
+                // keys take more.
+                let held = stored_bytes(&plan, &spec);
                 let p = match slot {
                     Slot::Skipped => continue,
-                    Slot::Ours(t) => ours::measure(*t, &dir, spec, plan.working_set_bytes),
+                    Slot::Ours(t) => ours::measure(*t, &dir, spec, held),
                     Slot::RawSocket => raw::measure(spec),
-                    Slot::Redis(p) => redis::measure(&dir, spec, plan.working_set_bytes, *p),
-                    Slot::File(row) => filestore::measure(*row, &dir, spec, plan.working_set_bytes),
+                    Slot::Redis(p) => redis::measure(&dir, spec, held, *p),
+                    Slot::File(row) => filestore::measure(*row, &dir, spec, held),
                     Slot::Mooncake(v) => {
                         mooncake_point(v, &dir, size, c, plan.phase, plan.working_set_bytes, run)
                     }
@@ -541,6 +544,12 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
         eprintln!("bench: logs kept in {}", kept.display());
     }
     Ok(clean)
+}
+
+/// The bytes a point's PUT phase can store: the working set, or the clients' fewest keys when
+/// those take more.
+fn stored_bytes(plan: &Plan, spec: &LoadSpec) -> u64 {
+    plan.working_set_bytes.max(spec.keys.saturating_mul(spec.value_bytes as u64))
 }
 
 fn spec(plan: &Plan, size: u64, clients: usize) -> LoadSpec {
@@ -687,5 +696,9 @@ mod tests {
         assert!(plan(&args(&["--clients", "0"])).is_err());
         assert_eq!(keys_for(&p, MIB, 8), 512);
         assert_eq!(keys_for(&p, 64 * MIB, 8), 32);
+        // 32 clients at 4 MiB with a 256 MiB working set: 4 keys each, 512 MiB to hold.
+        let small = plan(&args(&["--working-set", "256M"])).expect("plan");
+        assert_eq!(stored_bytes(&small, &spec(&small, 4 * MIB, 32)), 512 * MIB);
+        assert_eq!(stored_bytes(&small, &spec(&small, MIB, 1)), 256 * MIB);
     }
 }

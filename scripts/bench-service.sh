@@ -10,13 +10,17 @@
 #   --quick                 a smoke run (64K and 1M, one client, 0.5 s phases, every row)
 #   BENCH_SECONDS=3         deadline of each PUT and GET phase per point
 #   BENCH_WORKING_SET=512M  distinct bytes a point's PUT phase writes at most (on disk too:
-#                           each on-disk point needs this much free space, checked first)
+#                           each on-disk point needs this much free space and 256 MiB more,
+#                           checked before it writes)
 #   BENCH_DIR=$target_dir/tmp  where the scratch directory (stores, logs) goes; a disk, not a
 #                           tmpfs, since the cold rows drop the stores' files from the page cache
+#   BENCH_PEERS=...         the rows (default: all of them, as below)
+# The extra arguments may not repeat an option the script passes (--peers, --dir, and without
+# --quick --sizes, --clients, --seconds, --working-set): use the variables above for those.
 # The on-disk rows write the whole working set per point and flush it (per-block, appendfsync
-# always), so the run's length depends on the disk: about 30 minutes with the defaults on a
-# 2-core machine. Mooncake runs 32 worker processes at 32 clients; that fits a 2-core machine
-# (slowly), so no point is left out.
+# always), so the run's length depends on the disk: about 20 to 30 minutes with the defaults on
+# a 2-core machine (estimated from shorter runs of every row). Mooncake runs 32 worker processes
+# at 32 clients; that fits a 2-core machine (slowly), so no point is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,7 +49,7 @@ stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out_dir"
 scratch="${BENCH_DIR:-$target_dir/tmp}"
 mkdir -p "$scratch"
-peers=ours,ours-shm,raw-socket,redis,mooncake,iperf3,memcpy,ours-file,redis-aof
+peers="${BENCH_PEERS:-ours,ours-shm,raw-socket,redis,mooncake,iperf3,memcpy,ours-file,redis-aof}"
 args=(bench service "${quick[@]}" --peers "$peers" --dir "$scratch")
 if [[ ${#quick[@]} -eq 0 ]]; then
     args+=(--sizes 64K,256K,1M,4M --clients 1,8,32

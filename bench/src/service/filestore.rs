@@ -253,6 +253,20 @@ fn drop_files(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `dir` is on a tmpfs, whose pages are the files themselves and cannot be dropped.
+pub(crate) fn is_tmpfs(dir: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: statfs(2) writes into the zeroed struct we own; the path is a valid C string.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut s) };
+    // `f_type` is 64 bits here but narrower on other targets.
+    #[allow(clippy::useless_conversion)]
+    let kind = i64::from(s.f_type);
+    rc == 0 && kind == TMPFS_MAGIC
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid(2) has no failure and touches no memory.
     unsafe { libc::geteuid() == 0 }
@@ -261,6 +275,12 @@ fn is_root() -> bool {
 /// The cold step: drops the store's files from the page cache and checks that at most
 /// [`COLD_RESIDENT_MAX`] of their bytes stayed.
 pub(crate) fn make_cold(root: &Path) -> Result<Residency, String> {
+    if is_tmpfs(root) {
+        return Err(format!(
+            "{} is on a tmpfs, whose pages cannot be dropped: pass --dir on a disk",
+            root.display()
+        ));
+    }
     drop_files(root)?;
     let mut r = residency(root)?;
     if r.fraction() > COLD_RESIDENT_MAX && is_root() {
@@ -272,8 +292,7 @@ pub(crate) fn make_cold(root: &Path) -> Result<Residency, String> {
     }
     if r.fraction() > COLD_RESIDENT_MAX {
         return Err(format!(
-            "{:.1} % of the store's {} stayed in the page cache after the drop (at most {:.0} %; \
-             a tmpfs keeps its pages: pass --dir on a disk)",
+            "{:.1} % of the store's {} stayed in the page cache after the drop (at most {:.0} %)",
             r.fraction() * 100.0,
             human_bytes(r.bytes),
             COLD_RESIDENT_MAX * 100.0
@@ -360,10 +379,34 @@ mod tests {
         assert!(here > 0);
     }
 
-    /// A file just written is resident; after the cold step it is not.
+    /// Every tmpfs mount of /proc/mounts is seen as one, and the root file system as what
+    /// /proc/mounts says it is.
+    #[test]
+    fn tmpfs_mounts_are_recognised() {
+        let mounts = std::fs::read_to_string("/proc/mounts").expect("/proc/mounts");
+        for line in mounts.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(_), Some(at), Some(kind)) = (f.next(), f.next(), f.next()) else { continue };
+            // Paths with spaces are escaped in /proc/mounts; those are left out.
+            if at.contains('\\') || !Path::new(at).is_dir() {
+                continue;
+            }
+            if kind == "tmpfs" || at == "/" {
+                assert_eq!(is_tmpfs(Path::new(at)), kind == "tmpfs", "{line}");
+            }
+        }
+    }
+
+    /// A file just written is resident; after the cold step it is not (on a tmpfs, the step
+    /// refuses instead).
     #[test]
     fn the_cold_step_empties_the_page_cache_of_the_files() {
         let dir = tempfile::tempdir().expect("dir");
+        if is_tmpfs(dir.path()) {
+            let e = make_cold(dir.path()).expect_err("a tmpfs cannot be made cold");
+            assert!(e.contains("tmpfs") && e.contains("--dir"), "{e}");
+            return;
+        }
         let sub = dir.path().join("blocks").join("ab");
         std::fs::create_dir_all(&sub).expect("mkdir");
         for i in 0..3u8 {

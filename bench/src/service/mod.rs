@@ -10,7 +10,7 @@
 //!   on the same-host path with a segment of its own, PUT from and GET into shared buffers;
 //! - **raw-socket**: a bare blocking TCP server thread in this process moving the same bytes per
 //!   operation as ours over TCP, with one value buffer per connection and no store: the ceiling
-//!   of `ours-tcp` ([`raw`]);
+//!   of `ours-tcp` (`raw.rs`);
 //! - **redis**: `redis-server` with persistence off, one per point, the same load through a small
 //!   RESP2 client;
 //! - **mooncake**: Mooncake Store over TCP, with the segment in a separate `mooncake_client`
@@ -20,7 +20,7 @@
 //!
 //! - on request (`--peers ours-file,redis-aof`), the on-disk rows: **ours-file-none** and
 //!   **ours-file-durable** (the service on a FileStore with durability `none` and `per-block`,
-//!   each also `-cold`, the page cache dropped before the GET phase; [`filestore`]) beside
+//!   each also `-cold`, the page cache dropped before the GET phase; `filestore.rs`) beside
 //!   **redis-aof-always** and **redis-aof-everysec** (Redis with an append-only file).
 //!
 //! Then it prints a ratio table per store kind (in memory, on disk) and the aims at 1 MiB, and

@@ -2,7 +2,7 @@
 //! N client threads, each with its own connection, a PUT phase of distinct keys and a GET phase
 //! over the keys that were put, with per-operation latencies and a verified sample of values.
 
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::rng::SplitMix64;
@@ -147,6 +147,16 @@ struct ThreadOutcome {
     setup_error: Option<String>,
 }
 
+/// What happens between the PUT and the GET phase of a point, untimed: `hook` runs once, on one
+/// thread, after every client's PUT phase ended and before any GET starts (for example to drop
+/// the page cache); with `get_once`, each client then reads each of its keys at most once (a
+/// cold read stays cold), ending its GET phase early when they are all read.
+#[derive(Clone, Copy)]
+pub(crate) struct Between<'a> {
+    pub hook: &'a (dyn Fn() -> Result<(), String> + Sync),
+    pub get_once: bool,
+}
+
 /// Runs one point: `spec.clients` threads, each with the client `connect(thread)` returns. The
 /// clients are created before the clock starts; the phases are separated by barriers, so PUT
 /// and GET never overlap.
@@ -155,13 +165,28 @@ where
     C: KvClient,
     F: Fn(usize) -> Result<C, String> + Sync,
 {
+    run_with(spec, connect, None)
+}
+
+/// [`run`], with `between` run between the phases.
+pub(crate) fn run_with<C, F>(
+    spec: LoadSpec,
+    connect: F,
+    between: Option<Between<'_>>,
+) -> PointResult
+where
+    C: KvClient,
+    F: Fn(usize) -> Result<C, String> + Sync,
+{
     let pattern = ValuePattern::new(spec.value_bytes);
     let barrier = Barrier::new(spec.clients);
+    let hook_error: Mutex<Option<String>> = Mutex::new(None);
     let outcomes: Vec<ThreadOutcome> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..spec.clients)
             .map(|t| {
-                let (pattern, barrier, connect) = (&pattern, &barrier, &connect);
-                scope.spawn(move || client_thread(spec, t, pattern, barrier, connect))
+                let (pattern, connect, hook_error) = (&pattern, &connect, &hook_error);
+                let steps = Steps { barrier: &barrier, between, hook_error };
+                scope.spawn(move || client_thread(spec, t, pattern, steps, connect))
             })
             .collect();
         handles
@@ -182,6 +207,9 @@ where
             .flat_map(|o| [&o.put.first_error, &o.get.first_error].into_iter().flatten().cloned()),
     );
     errors.dedup();
+    if let Some(e) = hook_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        errors.insert(0, format!("between the phases: {e}"));
+    }
     PointResult {
         size,
         clients: spec.clients,
@@ -193,11 +221,35 @@ where
     }
 }
 
+/// How the client threads of a point keep in step.
+#[derive(Clone, Copy)]
+struct Steps<'a> {
+    barrier: &'a Barrier,
+    between: Option<Between<'a>>,
+    hook_error: &'a Mutex<Option<String>>,
+}
+
+impl Steps<'_> {
+    /// The end of the PUT phase: every thread waits here, and the hook, when there is one, runs
+    /// on one of them while the others wait again.
+    fn between_phases(&self) {
+        let leader = self.barrier.wait().is_leader();
+        let Some(between) = self.between else { return };
+        if leader
+            && let Err(e) = (between.hook)()
+            && let Ok(mut slot) = self.hook_error.lock()
+        {
+            *slot = Some(e);
+        }
+        self.barrier.wait();
+    }
+}
+
 fn client_thread<C, F>(
     spec: LoadSpec,
     thread: usize,
     pattern: &ValuePattern,
-    barrier: &Barrier,
+    steps: Steps<'_>,
     connect: &F,
 ) -> ThreadOutcome
 where
@@ -212,12 +264,12 @@ where
     dst.fill(1);
     // Every thread passes every barrier, even one whose client failed, so no thread waits
     // forever.
-    barrier.wait();
+    steps.barrier.wait();
     let mut client = match client {
         Ok(c) => c,
         Err(e) => {
             out.setup_error = Some(format!("client {thread}: {e}"));
-            barrier.wait();
+            steps.between_phases();
             return out;
         }
     };
@@ -246,13 +298,17 @@ where
     }
     out.put.end = Some(Instant::now());
 
-    barrier.wait();
+    steps.between_phases();
+    let get_once = steps.between.is_some_and(|b| b.get_once);
     let start = Instant::now();
     let deadline = start + spec.phase;
     out.get.start = Some(start);
     let mut n: u64 = 0;
     failed_in_a_row = 0;
     while !put_keys.is_empty() && Instant::now() < deadline {
+        if get_once && n >= put_keys.len() as u64 {
+            break;
+        }
         let index = put_keys[usize::try_from(n).unwrap_or(0) % put_keys.len()];
         n += 1;
         let t = Instant::now();
@@ -361,6 +417,39 @@ mod tests {
         // Thread 2 owns keys 2, 5, 8, ...: its first GET, which is verified, reads key 2.
         assert!(r.mismatches > 0, "{:?}", r.mismatches);
         assert_eq!(r.error, None);
+    }
+
+    /// The hook runs once, after every PUT and before any GET; with `get_once` each key is read
+    /// once, and the GET phase ends then, long before its deadline.
+    #[test]
+    fn the_step_between_the_phases_sees_every_put_and_no_get() {
+        let map = std::sync::Mutex::new(HashMap::new());
+        let seen = std::sync::Mutex::new(Vec::new());
+        let hook = || {
+            let n = map.lock().map_err(|e| e.to_string())?.len();
+            seen.lock().map_err(|e| e.to_string())?.push(n);
+            Ok(())
+        };
+        let spec =
+            LoadSpec { value_bytes: 256, clients: 4, keys: 40, phase: Duration::from_secs(20) };
+        let t = Instant::now();
+        let r =
+            run_with(spec, |_| Ok(MapClient(&map)), Some(Between { hook: &hook, get_once: true }));
+        assert!(t.elapsed() < Duration::from_secs(10), "the GET phase ran to its deadline");
+        assert_eq!(*seen.lock().expect("lock"), vec![40]);
+        assert_eq!(r.get.as_ref().map(|g| g.ops), Some(40));
+        // Key 2 reads back damaged, and with one GET per key thread 2's first (verified) GET
+        // still reads it.
+        assert!(r.mismatches > 0);
+
+        let failing = || Err("no cache to drop".to_owned());
+        let between = Between { hook: &failing, get_once: false };
+        let spec = LoadSpec { phase: Duration::from_millis(50), ..spec };
+        let r = run_with(spec, |_| Ok(MapClient(&map)), Some(between));
+        assert!(
+            r.error.as_deref().is_some_and(|e| e.contains("between the phases: no cache to drop")),
+            "{r:?}"
+        );
     }
 
     #[test]

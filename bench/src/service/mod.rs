@@ -8,6 +8,9 @@
 //!   them;
 //! - **ours-shm**: the same service with its Unix socket on, each client thread's [`TcpStore`]
 //!   on the same-host path with a segment of its own, PUT from and GET into shared buffers;
+//! - **raw-socket**: a bare blocking TCP server thread in this process moving the same bytes per
+//!   operation as ours over TCP, with one value buffer per connection and no store: the ceiling
+//!   of `ours-tcp` (`raw.rs`);
 //! - **redis**: `redis-server` with persistence off, one per point, the same load through a small
 //!   RESP2 client;
 //! - **mooncake**: Mooncake Store over TCP, with the segment in a separate `mooncake_client`
@@ -15,14 +18,22 @@
 //! - **iperf3**: `-P N` streams on loopback writing value-sized buffers;
 //! - **memcpy**: N threads copying value-sized chunks through buffers larger than the LLC.
 //!
-//! Then it prints a ratio table and the aims at 1 MiB, and writes JSON and an SVG chart.
+//! - on request (`--peers ours-file,redis-aof`), the on-disk rows: **ours-file-none** and
+//!   **ours-file-durable** (the service on a FileStore with durability `none` and `per-block`,
+//!   each also `-cold`, the page cache dropped before the GET phase; `filestore.rs`) beside
+//!   **redis-aof-always** and **redis-aof-everysec** (Redis with an append-only file).
+//!
+//! Then it prints a ratio table per store kind (in memory, on disk) and the aims at 1 MiB, and
+//! writes JSON (with every ratio) and an SVG chart.
 //!
 //! [`TcpStore`]: gpucache_client::TcpStore
 
+mod filestore;
 pub(crate) mod load;
 pub(crate) mod ours;
 pub(crate) mod peers;
 pub(crate) mod process;
+mod raw;
 mod redis;
 mod report;
 
@@ -34,10 +45,12 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::json;
 
+use filestore::FileRow;
 use gpucache_service::units::{GIB, MIB, human_bytes, parse_size, parse_size_list, size_label};
 use load::{LoadSpec, PointResult};
 use ours::Transport;
-use report::PeerRun;
+use redis::Persistence;
+use report::{PeerRun, Table};
 
 /// Fewest keys a point's working set holds per client, whatever the value size.
 const KEYS_PER_CLIENT_MIN: u64 = 4;
@@ -65,8 +78,11 @@ pub struct ServiceBenchArgs {
     #[arg(long, value_parser = parse_size)]
     memcpy_bytes: Option<u64>,
     /// Peers to run, comma-separated: ours (loopback TCP; also ours-tcp), ours-shm (the
-    /// same-host shared-memory path), redis, mooncake, iperf3, memcpy.
-    #[arg(long, default_value = "ours,ours-shm,redis,mooncake,iperf3,memcpy")]
+    /// same-host shared-memory path), raw-socket (a bare TCP server: ours-tcp's ceiling),
+    /// redis, mooncake, iperf3, memcpy; and, not by default, the on-disk rows: ours-file (all
+    /// four of ours-file-none, ours-file-none-cold, ours-file-durable, ours-file-durable-cold)
+    /// and redis-aof (both of redis-aof-always, redis-aof-everysec).
+    #[arg(long, default_value = "ours,ours-shm,raw-socket,redis,mooncake,iperf3,memcpy")]
     peers: String,
     /// A smoke run: small defaults for everything not given.
     #[arg(long)]
@@ -105,25 +121,44 @@ struct Plan {
 enum PeerName {
     Ours,
     OursShm,
-    Redis,
+    RawSocket,
+    Redis(Persistence),
     Mooncake,
     Iperf3,
     Memcpy,
+    File(FileRow),
 }
 
+const PEER_NAMES: &str = "ours, ours-shm, raw-socket, redis, mooncake, iperf3, memcpy, \
+                          ours-file[-none|-none-cold|-durable|-durable-cold], \
+                          redis-aof[-always|-everysec]";
+
 impl PeerName {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "ours" | "ours-tcp" => Ok(Self::Ours),
-            "ours-shm" => Ok(Self::OursShm),
-            "redis" => Ok(Self::Redis),
-            "mooncake" => Ok(Self::Mooncake),
-            "iperf3" => Ok(Self::Iperf3),
-            "memcpy" => Ok(Self::Memcpy),
-            other => Err(format!(
-                "unknown peer {other:?} (use ours, ours-shm, redis, mooncake, iperf3, memcpy)"
-            )),
-        }
+    /// The rows one name of --peers stands for (a group name stands for several).
+    fn parse(text: &str) -> Result<Vec<Self>, String> {
+        let one = match text.trim() {
+            "ours" | "ours-tcp" => Self::Ours,
+            "ours-shm" => Self::OursShm,
+            "raw-socket" => Self::RawSocket,
+            "redis" => Self::Redis(Persistence::Off),
+            "redis-aof-always" => Self::Redis(Persistence::AofAlways),
+            "redis-aof-everysec" => Self::Redis(Persistence::AofEverysec),
+            "redis-aof" => {
+                return Ok(vec![
+                    Self::Redis(Persistence::AofAlways),
+                    Self::Redis(Persistence::AofEverysec),
+                ]);
+            }
+            "mooncake" => Self::Mooncake,
+            "iperf3" => Self::Iperf3,
+            "memcpy" => Self::Memcpy,
+            "ours-file" => return Ok(FileRow::ALL.into_iter().map(Self::File).collect()),
+            other => match FileRow::parse(other) {
+                Some(row) => Self::File(row),
+                None => return Err(format!("unknown peer {other:?} (use {PEER_NAMES})")),
+            },
+        };
+        Ok(vec![one])
     }
 }
 
@@ -156,9 +191,10 @@ fn plan(args: &ServiceBenchArgs) -> Result<Plan, String> {
     let memcpy_bytes = args.memcpy_bytes.unwrap_or(if q { 256 * MIB } else { GIB });
     let mut peers = Vec::new();
     for p in args.peers.split(',').filter(|p| !p.trim().is_empty()) {
-        let p = PeerName::parse(p)?;
-        if !peers.contains(&p) {
-            peers.push(p);
+        for p in PeerName::parse(p)? {
+            if !peers.contains(&p) {
+                peers.push(p);
+            }
         }
     }
     if peers.is_empty() {
@@ -191,10 +227,11 @@ fn keys_for(plan: &Plan, size: u64, clients: usize) -> u64 {
     (plan.working_set_bytes / size).max(KEYS_PER_CLIENT_MIN * clients as u64)
 }
 
-fn skipped(name: &str, why: String) -> PeerRun {
+fn skipped(name: &str, table: Table, why: String) -> PeerRun {
     eprintln!("bench: {name}: skipped: {why}");
     PeerRun {
         name: name.into(),
+        table,
         ours: name.starts_with("ours"),
         shared_memory: false,
         version: None,
@@ -204,9 +241,10 @@ fn skipped(name: &str, why: String) -> PeerRun {
     }
 }
 
-fn ran(name: &str, version: Option<String>, note: &str) -> PeerRun {
+fn ran(name: &str, table: Table, version: Option<String>, note: &str) -> PeerRun {
     PeerRun {
         name: name.into(),
+        table,
         ours: false,
         shared_memory: false,
         version,
@@ -220,7 +258,9 @@ fn ran(name: &str, version: Option<String>, note: &str) -> PeerRun {
 enum Slot {
     Skipped,
     Ours(Transport),
-    Redis,
+    RawSocket,
+    Redis(Persistence),
+    File(FileRow),
     Mooncake(peers::MooncakeVenv),
     Iperf3,
     Memcpy,
@@ -289,31 +329,55 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
         match peer {
             PeerName::Ours | PeerName::OursShm => {
                 let t = if peer == PeerName::Ours { Transport::Tcp } else { Transport::Shm };
-                let mut run = ran(t.peer_name(), Some(env!("CARGO_PKG_VERSION").into()), t.note());
+                let mut run = ran(
+                    t.peer_name(),
+                    Table::Memory,
+                    Some(env!("CARGO_PKG_VERSION").into()),
+                    t.note(),
+                );
                 run.ours = true;
                 run.shared_memory = t.is_shared_memory();
                 slots.push((Slot::Ours(t), run));
             }
-            PeerName::Redis => match redis::version() {
-                None => slots.push((Slot::Skipped, skipped("redis", NO_REDIS.into()))),
-                Some(v) => slots.push((
-                    Slot::Redis,
-                    ran(
-                        "redis",
-                        Some(v),
-                        "redis-server, no persistence, one RESP2 connection per client thread, \
-                         SET / GET",
-                    ),
-                )),
-            },
+            PeerName::File(row) => {
+                let mut run = ran(
+                    row.peer_name(),
+                    Table::File,
+                    Some(env!("CARGO_PKG_VERSION").into()),
+                    &row.note(),
+                );
+                run.ours = true;
+                slots.push((Slot::File(row), run));
+            }
+            PeerName::RawSocket => {
+                let sizes = raw::FrameSizes::for_value(64 << 10).ok();
+                slots.push((
+                    Slot::RawSocket,
+                    ran("raw-socket", Table::Memory, None, &raw::note(sizes)),
+                ));
+            }
+            PeerName::Redis(p) => {
+                let table = if p == Persistence::Off { Table::Memory } else { Table::File };
+                match redis::version() {
+                    None => {
+                        slots.push((Slot::Skipped, skipped(p.peer_name(), table, NO_REDIS.into())))
+                    }
+                    Some(v) => {
+                        slots.push((Slot::Redis(p), ran(p.peer_name(), table, Some(v), p.note())))
+                    }
+                }
+            }
             PeerName::Mooncake => {
                 let venv = args.mooncake_venv.clone().unwrap_or_else(default_venv);
                 match peers::mooncake_venv(&venv) {
-                    Err(why) => slots.push((Slot::Skipped, skipped("mooncake", why))),
+                    Err(why) => {
+                        slots.push((Slot::Skipped, skipped("mooncake", Table::Memory, why)))
+                    }
                     Ok(v) => slots.push((
                         Slot::Mooncake(v),
                         ran(
                             "mooncake",
+                            Table::Memory,
                             None,
                             "segment in a separate mooncake_client process (its own metadata \
                              server, master and client per point); one worker process per \
@@ -323,11 +387,14 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                 }
             }
             PeerName::Iperf3 => match peers::iperf3_version() {
-                None => slots.push((Slot::Skipped, skipped("iperf3", NO_IPERF3.into()))),
+                None => {
+                    slots.push((Slot::Skipped, skipped("iperf3", Table::Memory, NO_IPERF3.into())));
+                }
                 Some(v) => slots.push((
                     Slot::Iperf3,
                     ran(
                         "iperf3",
+                        Table::Memory,
                         Some(v),
                         "loopback TCP, -P clients streams, -l value size (at most 1 MiB, \
                          iperf3's limit); the same figure in GET and PUT",
@@ -340,7 +407,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                      same figure in GET and PUT",
                     human_bytes(plan.memcpy_bytes)
                 );
-                slots.push((Slot::Memcpy, ran("memcpy", None, &note)));
+                slots.push((Slot::Memcpy, ran("memcpy", Table::Memory, None, &note)));
             }
         }
     }
@@ -352,10 +419,15 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                 }
                 eprintln!("bench: {} x{c}: {}", size_label(size), run.name);
                 let spec = spec(&plan, size, c);
+                // What the stores must hold: more than --working-set when each client's fewest
+                // keys take more.
+                let held = stored_bytes(&plan, &spec);
                 let p = match slot {
                     Slot::Skipped => continue,
-                    Slot::Ours(t) => ours::measure(*t, &dir, spec, plan.working_set_bytes),
-                    Slot::Redis => redis::measure(&dir, spec, plan.working_set_bytes),
+                    Slot::Ours(t) => ours::measure(*t, &dir, spec, held),
+                    Slot::RawSocket => raw::measure(spec),
+                    Slot::Redis(p) => redis::measure(&dir, spec, held, *p),
+                    Slot::File(row) => filestore::measure(*row, &dir, spec, held),
                     Slot::Mooncake(v) => {
                         mooncake_point(v, &dir, size, c, plan.phase, plan.working_set_bytes, run)
                     }
@@ -403,7 +475,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
         }
     }
     out.push('\n');
-    out.push_str(&report::table(&runs, &plan.sizes, &plan.clients));
+    out.push_str(&report::tables(&runs, &plan.sizes, &plan.clients));
     out.push('\n');
     out.push_str(&report::aims_table(&aims));
     let mut clean = true;
@@ -445,6 +517,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                 "memcpy_bytes": plan.memcpy_bytes,
             },
             "peers": runs,
+            "ratios": report::ratios(&runs, &plan.sizes, &plan.clients),
             "aims": aims,
         });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
@@ -471,6 +544,12 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
         eprintln!("bench: logs kept in {}", kept.display());
     }
     Ok(clean)
+}
+
+/// The bytes a point's PUT phase can store: the working set, or the clients' fewest keys when
+/// those take more.
+fn stored_bytes(plan: &Plan, spec: &LoadSpec) -> u64 {
+    plan.working_set_bytes.max(spec.keys.saturating_mul(spec.value_bytes as u64))
 }
 
 fn spec(plan: &Plan, size: u64, clients: usize) -> LoadSpec {
@@ -596,8 +675,9 @@ mod tests {
         let p = plan(&args(&[])).expect("plan");
         assert_eq!(p.sizes, vec![64 << 10, 256 << 10, MIB, 4 * MIB]);
         assert_eq!(p.clients, vec![1, 8]);
-        assert_eq!(p.peers.len(), 6);
-        assert_eq!(p.peers[..2], [PeerName::Ours, PeerName::OursShm]);
+        assert_eq!(p.peers.len(), 7);
+        assert_eq!(p.peers[..3], [PeerName::Ours, PeerName::OursShm, PeerName::RawSocket]);
+        assert!(!p.peers.iter().any(|x| matches!(x, PeerName::File(_))), "file rows are opt-in");
         let q = plan(&args(&["--quick", "--peers", "ours,memcpy,ours-tcp", "--clients", "2"]))
             .expect("plan");
         assert_eq!(q.sizes, vec![64 << 10, MIB]);
@@ -605,9 +685,20 @@ mod tests {
         assert_eq!(q.peers, vec![PeerName::Ours, PeerName::Memcpy]);
         let s = plan(&args(&["--peers", "ours-shm,memcpy"])).expect("plan");
         assert_eq!(s.peers, vec![PeerName::OursShm, PeerName::Memcpy]);
-        assert!(plan(&args(&["--peers", "memcached"])).is_err());
+        let e = plan(&args(&["--peers", "memcached"])).expect_err("unknown");
+        assert!(e.contains("raw-socket") && e.contains("redis-aof"), "{e}");
+        let d =
+            plan(&args(&["--peers", "ours-file,redis-aof,ours-file-none,redis"])).expect("plan");
+        assert_eq!(d.peers.len(), 7, "the groups expand and repeats drop: {:?}", d.peers);
+        assert_eq!(d.peers[0], PeerName::File(FileRow::ALL[0]));
+        assert_eq!(d.peers[4], PeerName::Redis(Persistence::AofAlways));
+        assert_eq!(d.peers[6], PeerName::Redis(Persistence::Off));
         assert!(plan(&args(&["--clients", "0"])).is_err());
         assert_eq!(keys_for(&p, MIB, 8), 512);
         assert_eq!(keys_for(&p, 64 * MIB, 8), 32);
+        // 32 clients at 4 MiB with a 256 MiB working set: 4 keys each, 512 MiB to hold.
+        let small = plan(&args(&["--working-set", "256M"])).expect("plan");
+        assert_eq!(stored_bytes(&small, &spec(&small, 4 * MIB, 32)), 512 * MIB);
+        assert_eq!(stored_bytes(&small, &spec(&small, MIB, 1)), 256 * MIB);
     }
 }

@@ -2,7 +2,7 @@
 //! off, driven by a small binary-safe RESP2 client (SET and GET of bulk strings), one connection
 //! per client thread.
 
-use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -72,17 +72,7 @@ impl RespClient {
         }
         let Some(tail) = tail else { return self.writer.write_all(&self.header) };
         write!(self.header, "${}\r\n", tail.len())?;
-        let mut slices = [IoSlice::new(&self.header), IoSlice::new(tail), IoSlice::new(b"\r\n")];
-        let mut bufs = &mut slices[..];
-        while !bufs.is_empty() {
-            match self.writer.write_vectored(bufs) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        super::raw::write_all_vectored(&mut self.writer, &[&self.header, tail, b"\r\n"])
     }
 
     /// Reads one CRLF-ended line into `self.line`, without the CRLF.
@@ -234,9 +224,56 @@ pub(super) fn version() -> Option<String> {
         .flatten()
 }
 
-/// The arguments of one `redis-server`: loopback only, no snapshots, no append-only file,
-/// `maxmemory` sized for the working set and refusing rather than evicting.
-pub(super) fn server_args(port: u16, maxmemory_bytes: u64, dir: &Path) -> Vec<String> {
+/// How a `redis-server` keeps its data: not at all (the `redis` row), or in an append-only file
+/// flushed before every reply (`always`) or once a second (`everysec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Persistence {
+    Off,
+    AofAlways,
+    AofEverysec,
+}
+
+impl Persistence {
+    pub(super) fn peer_name(self) -> &'static str {
+        match self {
+            Persistence::Off => "redis",
+            Persistence::AofAlways => "redis-aof-always",
+            Persistence::AofEverysec => "redis-aof-everysec",
+        }
+    }
+
+    pub(super) fn note(self) -> &'static str {
+        match self {
+            Persistence::Off => {
+                "redis-server, no persistence, one RESP2 connection per client thread, SET / GET"
+            }
+            Persistence::AofAlways => {
+                "redis-server, append-only file in a fresh directory per point, appendfsync \
+                 always (flushed before each reply), no snapshots or AOF rewrites; GET from \
+                 memory"
+            }
+            Persistence::AofEverysec => {
+                "redis-server, append-only file in a fresh directory per point, appendfsync \
+                 everysec (flushed once a second), no snapshots or AOF rewrites; GET from memory"
+            }
+        }
+    }
+}
+
+/// The arguments of one `redis-server`: loopback only, no snapshots, the append-only file as
+/// `persistence` says (never rewritten during a point), `maxmemory` sized for the working set
+/// and refusing rather than evicting.
+pub(super) fn server_args(
+    port: u16,
+    maxmemory_bytes: u64,
+    dir: &Path,
+    persistence: Persistence,
+) -> Vec<String> {
+    let (appendonly, fsync) = match persistence {
+        Persistence::Off => ("no", "everysec"),
+        Persistence::AofAlways => ("yes", "always"),
+        Persistence::AofEverysec => ("yes", "everysec"),
+    };
     [
         "--port",
         &port.to_string(),
@@ -245,7 +282,11 @@ pub(super) fn server_args(port: u16, maxmemory_bytes: u64, dir: &Path) -> Vec<St
         "--save",
         "",
         "--appendonly",
-        "no",
+        appendonly,
+        "--appendfsync",
+        fsync,
+        "--auto-aof-rewrite-percentage",
+        "0",
         "--protected-mode",
         "no",
         "--maxmemory",
@@ -260,19 +301,63 @@ pub(super) fn server_args(port: u16, maxmemory_bytes: u64, dir: &Path) -> Vec<St
     .collect()
 }
 
-/// Measures one point on a `redis-server` of its own.
-pub(super) fn measure(scratch: &Path, spec: LoadSpec, working_set_bytes: u64) -> PointResult {
+/// Room for the working set, Redis's per-key overhead, and each client's query and output
+/// buffers (a whole value each way).
+pub(super) fn maxmemory(working_set_bytes: u64, spec: &LoadSpec) -> u64 {
+    let buffers = 2 * spec.clients as u64 * spec.value_bytes as u64;
+    working_set_bytes + working_set_bytes / 4 + buffers + (256 << 20)
+}
+
+/// Measures one point on a `redis-server` of its own; with an append-only file, in a directory
+/// of its own, removed afterwards.
+pub(super) fn measure(
+    scratch: &Path,
+    spec: LoadSpec,
+    working_set_bytes: u64,
+    persistence: Persistence,
+) -> PointResult {
     let size = spec.value_bytes as u64;
     let fail = |e: String| PointResult::failed(size, spec.clients, e);
+    let tag = format!("{}-{}-{}", persistence.peer_name(), spec.value_bytes, spec.clients);
+    let data = if persistence == Persistence::Off {
+        scratch.to_owned()
+    } else {
+        if let Err(e) =
+            super::filestore::ensure_room(scratch, super::filestore::disk_needed(&spec), &tag)
+        {
+            return fail(e);
+        }
+        let d = scratch.join(format!("data-{tag}"));
+        if let Err(e) = std::fs::create_dir_all(&d) {
+            return fail(format!("{}: {e}", d.display()));
+        }
+        d
+    };
+    let result = run_server(scratch, &data, &tag, spec, working_set_bytes, persistence);
+    if data != scratch
+        && let Err(e) = std::fs::remove_dir_all(&data)
+    {
+        eprintln!("bench: cannot remove {}: {e}", data.display());
+    }
+    result
+}
+
+fn run_server(
+    scratch: &Path,
+    data: &Path,
+    tag: &str,
+    spec: LoadSpec,
+    working_set_bytes: u64,
+    persistence: Persistence,
+) -> PointResult {
+    let fail = |e: String| PointResult::failed(spec.value_bytes as u64, spec.clients, e);
     let port = match free_port() {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    // Redis keeps each value in an allocation of its own plus per-key overhead.
-    let maxmemory = working_set_bytes + working_set_bytes / 4 + (256 << 20);
     let mut command = Command::new("redis-server");
-    command.args(server_args(port, maxmemory, scratch));
-    let log = scratch.join(format!("redis-{}-{}.log", spec.value_bytes, spec.clients));
+    command.args(server_args(port, maxmemory(working_set_bytes, &spec), data, persistence));
+    let log = scratch.join(format!("{tag}.log"));
     let mut child = match ChildGuard::spawn("redis-server", command, &log, false) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -345,12 +430,40 @@ mod tests {
 
     #[test]
     fn server_args_bind_loopback_without_persistence() {
-        let args = server_args(6400, 1 << 30, Path::new("/tmp/x"));
+        let args = server_args(6400, 1 << 30, Path::new("/tmp/x"), Persistence::Off);
         let joined = args.join(" ");
         assert!(joined.contains("--bind 127.0.0.1"), "{joined}");
         assert!(joined.contains("--appendonly no"), "{joined}");
         let save = args.iter().position(|a| a == "--save").expect("save");
         assert_eq!(args[save + 1], "");
         assert!(joined.contains("--maxmemory 1073741824"), "{joined}");
+    }
+
+    #[test]
+    fn aof_rows_flush_as_named_and_never_rewrite() {
+        for (p, fsync) in
+            [(Persistence::AofAlways, "always"), (Persistence::AofEverysec, "everysec")]
+        {
+            let joined = server_args(6400, 1 << 30, Path::new("/d"), p).join(" ");
+            assert!(joined.contains("--appendonly yes"), "{joined}");
+            assert!(joined.contains(&format!("--appendfsync {fsync} ")), "{joined}");
+            assert!(joined.contains("--auto-aof-rewrite-percentage 0"), "{joined}");
+            assert!(joined.contains("--dir /d"), "{joined}");
+            assert!(p.peer_name().starts_with("redis-aof-"));
+        }
+    }
+
+    #[test]
+    fn maxmemory_holds_every_client_buffer() {
+        let spec = |clients| LoadSpec {
+            value_bytes: 4 << 20,
+            clients,
+            keys: 128,
+            phase: Duration::from_secs(1),
+        };
+        let one = maxmemory(512 << 20, &spec(1));
+        let many = maxmemory(512 << 20, &spec(32));
+        assert_eq!(many - one, 2 * 31 * (4 << 20));
+        assert!(one >= (512 << 20) + (128 << 20));
     }
 }

@@ -590,6 +590,24 @@ pub trait Store: Send + Sync {
         put_batch_verified(items, expected, |sound| self.put_batch(caller, sound))
     }
 
+    /// A GET that lends the block instead of copying it: the store pins the committed block
+    /// under `key` (at most `capacity` bytes, as `get_into` with a buffer of that size), checks
+    /// its checksum over the bytes it holds, and calls `send` with those bytes and their
+    /// checksum; the pin (not a lock) is held while `send` runs, so `send` should not wait long.
+    /// A block that fails its check is dropped and answered as `get_into` answers it, without
+    /// calling `send`. `Ok(None)`, calling nothing, when the store does not keep its blocks in
+    /// memory it can lend: use `get_into`. This default lends nothing.
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut dyn FnMut(&[u8], Checksum),
+    ) -> Result<Option<Get>, StoreError> {
+        let _ = (caller, key, capacity, send);
+        Ok(None)
+    }
+
     /// [`Store::invalidate`] for each key, in order.
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         keys.iter().map(|key| self.invalidate(caller, key)).collect()
@@ -854,6 +872,18 @@ pub trait StoreLayer: Send + Sync + Sized {
     ) -> BatchAnswers<Put> {
         put_batch_verified(items, expected, |sound| StoreLayer::put_batch(self, caller, sound))
     }
+    /// Lends nothing by default: a layer may change what a GET answers, so it lends only
+    /// when it says so.
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut dyn FnMut(&[u8], Checksum),
+    ) -> Result<Option<Get>, StoreError> {
+        let _ = (caller, key, capacity, send);
+        Ok(None)
+    }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         keys.iter().map(|key| StoreLayer::invalidate(self, caller, key)).collect()
     }
@@ -956,6 +986,15 @@ impl<L: StoreLayer> Store for L {
         expected: &[Checksum],
     ) -> BatchAnswers<Put> {
         StoreLayer::put_batch_checked(self, caller, items, expected)
+    }
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut dyn FnMut(&[u8], Checksum),
+    ) -> Result<Option<Get>, StoreError> {
+        StoreLayer::get_lent(self, caller, key, capacity, send)
     }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         StoreLayer::invalidate_batch(self, caller, keys)
@@ -1061,6 +1100,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         expected: &[Checksum],
     ) -> BatchAnswers<Put> {
         (**self).put_batch_checked(caller, items, expected)
+    }
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut dyn FnMut(&[u8], Checksum),
+    ) -> Result<Option<Get>, StoreError> {
+        (**self).get_lent(caller, key, capacity, send)
     }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         (**self).invalidate_batch(caller, keys)

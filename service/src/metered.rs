@@ -826,6 +826,27 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
         result
     }
 
+    /// Lends when the inner store does, recorded as a GET.
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut dyn FnMut(&[u8], Checksum),
+    ) -> Result<Option<Get>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.get_lent(caller, key, capacity, send);
+        let answered = match &result {
+            Ok(None) => None,
+            Ok(Some(got)) => Some(Ok(*got)),
+            Err(e) => Some(Err(e.clone())),
+        };
+        if let Some(answered) = answered {
+            self.metrics.record_get(&answered, started);
+        }
+        result
+    }
+
     fn reserve(
         &self,
         caller: &Caller,

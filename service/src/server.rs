@@ -14,7 +14,7 @@
 //! sends can stop the accept loop or another connection.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::os::fd::OwnedFd;
@@ -41,9 +41,9 @@ use crate::auth::{ReplayWindow, TenantAuth};
 use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 use gpucache_wire::{
-    AuthFailure, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
+    AuthFailure, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
     Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
-    encode_get_response,
+    encode_get_response, get_hit_frame_parts,
 };
 
 /// How often a blocked read wakes to check for shutdown and idleness.
@@ -272,6 +272,57 @@ fn send_answer<C: Write>(
     written
 }
 
+/// Answers a one-key GET from the store's own bytes ([`Store::get_lent`]): the frame header,
+/// the lent block and the trailer go out in one vectored write, so the server copies nothing
+/// itself (the block's checksum is checked over the store's bytes before they are sent, and the
+/// client checks it again over what arrived). None when the store does not lend, or the item's
+/// capacity is over the protocol's limit: the caller reads the block into a frame instead.
+fn send_lent<C: Write>(
+    stream: &mut C,
+    store: &dyn Store,
+    who: &Caller,
+    item: &GetItem,
+    request_id: u64,
+) -> Option<io::Result<()>> {
+    let capacity = usize::try_from(item.capacity)
+        .ok()
+        .filter(|_| item.capacity <= gpucache_wire::PAYLOAD_BYTES_MAX)?;
+    let mut sent = None;
+    let got = store.get_lent(who, &item.key, capacity, &mut |bytes, checksum| {
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        sent = Some(
+            get_hit_frame_parts(request_id, bytes.len(), checksum, &mut head, &mut tail)
+                .map_err(io::Error::other)
+                .and_then(|()| {
+                    let mut parts = [IoSlice::new(&head), IoSlice::new(bytes), IoSlice::new(&tail)];
+                    write_all_vectored(stream, &mut parts)
+                }),
+        );
+    });
+    let answer = match got {
+        Ok(None) => return None,
+        Ok(Some(Get::Hit { .. })) => {
+            return Some(sent.unwrap_or_else(|| Err(io::Error::other("a lent hit was not sent"))));
+        }
+        Ok(Some(Get::Miss(reason))) => Ok(Fetched::Miss(reason)),
+        Err(e) => Err(e),
+    };
+    Some(send(stream, &Response::Get(vec![answer]), request_id, None))
+}
+
+/// Writes every byte of `parts`, in order, with as few calls as the socket allows.
+fn write_all_vectored<C: Write>(stream: &mut C, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !parts.is_empty() {
+        match stream.write_vectored(parts) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut parts, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// What a frame is answered with: a response, or GET items to read straight into the frame.
 enum Answer<'r> {
     Plain(&'r Response),
@@ -405,7 +456,18 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
                             })
                             .collect(),
                     };
-                    let sent = send_answer(&mut stream, &mut out, answer, request_id, seal, fetch);
+                    // A one-key GET on an unsealed session goes out from the store's own
+                    // bytes when the store lends them; otherwise it is read into the frame.
+                    let lent = match (&served, who) {
+                        (Served::Get(items), Some(who)) if seal.is_none() && items.len() == 1 => {
+                            send_lent(&mut stream, &*shared.store, who, &items[0], request_id)
+                        }
+                        _ => None,
+                    };
+                    let sent = match lent {
+                        Some(sent) => sent,
+                        None => send_answer(&mut stream, &mut out, answer, request_id, seal, fetch),
+                    };
                     if sent.is_err() || closes {
                         return;
                     }

@@ -521,6 +521,44 @@ impl Store for MemoryStore {
         Ok(pin.answer(corrupt))
     }
 
+    /// Pins the block under the lock, then checks and lends its own bytes without it: no copy
+    /// on this side at all. A block whose bytes no longer match is dropped as `get_into` drops
+    /// it.
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut dyn FnMut(&[u8], Checksum),
+    ) -> Result<Option<Get>, StoreError> {
+        authorize(caller, key, Right::Read)?;
+        let (pin, payload) = {
+            let mut inner = self.lock();
+            let pin = match inner.catalog.pin_read(key, capacity)? {
+                Ok(pin) => pin,
+                Err(miss) => return Ok(Some(Get::Miss(miss))),
+            };
+            let payload = inner.catalog.entry(pin.region).map(|b| Arc::clone(&b.payload));
+            (pin, payload)
+        };
+        let bytes = payload.as_deref().and_then(|p| p.get(..pin.len_bytes()));
+        let damage = match bytes {
+            Some(bytes) if pin.delivered_intact(bytes) => {
+                if let Get::Hit { checksum, .. } = pin.answer(false) {
+                    send(bytes, checksum);
+                }
+                None
+            }
+            Some(_) => Some(CorruptReason::Checksum),
+            None => Some(CorruptReason::Truncated),
+        };
+        drop(payload);
+        let mut inner = self.lock();
+        let released = inner.catalog.unpin_read(pin.region, damage);
+        inner.spare.give(released);
+        Ok(Some(pin.answer(damage.is_some())))
+    }
+
     fn reserve(
         &self,
         caller: &Caller,

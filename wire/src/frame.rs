@@ -57,7 +57,7 @@ impl FrameHeader {
         Self::with_checksum(kind, op, request_id, body.len(), flags, body_checksum)
     }
 
-    fn with_checksum(
+    pub(super) fn with_checksum(
         kind: Kind,
         op: Op,
         request_id: u64,

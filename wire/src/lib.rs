@@ -44,7 +44,7 @@ pub use frame::{
 pub use message::{
     Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, PutItem, PutRef, RemoteInfo, Request,
     Response, ServerLimits, SharedGetItem, SharedPutItem, decode_get_response, decode_put_request,
-    encode_get_response, encode_put_request,
+    encode_get_response, encode_put_request, get_hit_frame_parts,
 };
 pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};

@@ -11,8 +11,8 @@ use gpucache_dataplane::store::{
     StoreInfo, StoreStats,
 };
 
-use super::codec::{Reader, Writer};
-use super::frame::{Frame, finish_frame, trailer_start, write_frame};
+use super::codec::{Reader, Writer, wide};
+use super::frame::{Frame, FrameHeader, finish_frame, trailer_start, write_frame};
 use super::values::{
     get_abort, get_full_policy, get_implementation, get_invalidate, get_lookup, get_miss, get_put,
     get_reclaimed, get_request_id, get_reservation, get_reserve, get_result, get_retirement,
@@ -27,7 +27,7 @@ use crate::staging::{
 };
 
 use super::seal::{FINGERPRINT_BYTES, NONCE_BYTES, SealAlgorithm, SealKey};
-use super::{HEADER_BYTES, Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
+use super::{FLAG_TRAILER, HEADER_BYTES, Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
 
 /// The proof a HELLO carries for a tenant with a secret (`docs/PROTOCOL.md` section 6). The
 /// HELLO frame itself is sealed with the secret.
@@ -668,6 +668,45 @@ pub fn encode_put_request(
         let sources = items.iter().zip(sums).map(|(i, sum)| (i.key, i.request, i.src, sum));
         write_put_body(w, items.len(), sources);
     })
+}
+
+/// The two parts around the payload of a GET answer to one item that hit with `len` bytes
+/// hashing to `checksum`, for a sender that writes the payload from where it lies instead of
+/// copying it into a frame: `head` gets the frame header, `tail` the trailer, and `head`, the
+/// payload and `tail`, in that order, are the bytes [`encode_get_response`] writes for the same
+/// answer. Unsealed frames only: a seal covers the payload too.
+pub fn get_hit_frame_parts(
+    request_id: u64,
+    len: usize,
+    checksum: Checksum,
+    head: &mut Vec<u8>,
+    tail: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    if wide(len) > PAYLOAD_BYTES_MAX {
+        return Err(get_capacity_error(wide(len)));
+    }
+    tail.clear();
+    let mut trailer = Vec::new();
+    let mut t = Writer::new(&mut trailer);
+    t.count(1);
+    t.u8(0);
+    t.u8(0);
+    t.u64(checksum.0);
+    t.len(len);
+    let mut w = Writer::new(tail);
+    finish_trailer(&mut w, t.finish(), &trailer);
+    w.finish()?;
+    let header = FrameHeader::with_checksum(
+        Kind::Response,
+        Op::Get,
+        request_id,
+        len + tail.len(),
+        FLAG_TRAILER,
+        Checksum::of(tail).0,
+    );
+    head.clear();
+    head.extend_from_slice(&header.to_bytes());
+    Ok(())
 }
 
 /// Writes a GET response frame answering `items` into `out`, replacing what `out` held, with

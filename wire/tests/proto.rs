@@ -26,7 +26,7 @@ use gpucache_wire::{
     REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SealAlgorithm, SealKey, ServerLimits,
     SharedGetItem, SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError,
     decode_get_response, decode_put_request, encode_get_response, encode_put_request,
-    header_checksum, intern, offset,
+    get_hit_frame_parts, header_checksum, intern, offset,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -843,6 +843,24 @@ proptest! {
             };
             prop_assert!(same, "{b:?} vs {a:?}");
         }
+    }
+
+    /// A GET answer sent in parts around a payload that is not copied (a lent block) is the
+    /// same frame, byte for byte, as the one encoded in place.
+    #[test]
+    fn get_hit_parts_around_the_payload_are_the_encoded_answer(
+        data in vec(any::<u8>(), 0..5000),
+        id in any::<u64>(),
+    ) {
+        let checksum = Checksum::of(&data);
+        let owned = Response::Get(vec![Ok(Fetched::Hit { checksum, data: data.clone() })]);
+        let (mut head, mut tail) = (vec![1, 2, 3], vec![4]);
+        get_hit_frame_parts(id, data.len(), checksum, &mut head, &mut tail)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sent = [&head[..], &data[..], &tail[..]].concat();
+        prop_assert_eq!(&sent, &response_frame(&owned, id));
+        let frame = decode_one(&sent).unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(Response::from_frame(&frame), Ok(owned));
     }
 
     /// The borrowed PUT encoder and decoder agree byte for byte with `Request::Put`.

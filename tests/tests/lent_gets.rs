@@ -1,0 +1,128 @@
+//! `Store::get_lent`: a GET that hands the store's own bytes to the sender instead of copying
+//! them. The memory store lends only bytes that pass their checksum, and drops a block that does
+//! not, as `get_into` would; a store that keeps its blocks elsewhere lends nothing; and the
+//! service's one-key GET, which sends a lent block without copying it, answers exactly what the
+//! copying path answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpucache_client::{ClientConfig, TcpStore};
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::identity::KvDtype;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::store::{Get, Lookup, MissReason, Store, StoreError};
+use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_service::{Server, ServerConfig};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::file::{Durability, FileStoreConfig};
+
+fn caller() -> Caller {
+    Caller::new(tenant(0), Rights::READ_WRITE)
+}
+
+fn memory() -> Arc<MemoryStore> {
+    let limits = ResourceLimits { object_bytes_max: 8 << 20, ..ResourceLimits::default() };
+    Arc::new(MemoryStore::new(limits, Arc::new(MonotonicClock::default())).expect("store"))
+}
+
+fn k(i: u8) -> PhysicalKey {
+    key(0, &[i, 3], KvDtype::F16, 16)
+}
+
+/// Each call of `send` in one `get_lent`: the bytes lent and their checksum.
+type Lent = Vec<(Vec<u8>, Checksum)>;
+
+/// What one `get_lent` call answered and lent.
+fn lend(
+    store: &dyn Store,
+    key: &PhysicalKey,
+    capacity: usize,
+) -> (Result<Option<Get>, StoreError>, Lent) {
+    let mut lent = Vec::new();
+    let got = store.get_lent(&caller(), key, capacity, &mut |bytes, sum| {
+        lent.push((bytes.to_vec(), sum));
+    });
+    (got, lent)
+}
+
+#[test]
+fn the_memory_store_lends_only_bytes_that_pass_their_checksum() {
+    let store = memory();
+    let c = caller();
+    let data = payload(5, 300_000);
+    store.put(&c, &k(1), &data, None).expect("put");
+    let (got, lent) = lend(&*store, &k(1), data.len());
+    assert_eq!(got, Ok(Some(Get::Hit { len: data.len() as u64, checksum: Checksum::of(&data) })));
+    assert_eq!(lent, vec![(data.clone(), Checksum::of(&data))]);
+    // A miss and a too-small capacity lend nothing, answered as get_into answers them.
+    let (got, lent) = lend(&*store, &k(2), 10);
+    assert_eq!((got, lent.len()), (Ok(Some(Get::Miss(MissReason::Absent))), 0));
+    let (got, lent) = lend(&*store, &k(1), data.len() - 1);
+    let mut small = vec![0u8; data.len() - 1];
+    assert_eq!(got.map(|_| ()), store.get_into(&c, &k(1), &mut small).map(|_| ()));
+    assert!(lent.is_empty());
+    // Damaged bytes are never lent: the block is dropped and counted.
+    let dropped = store.stats().corrupt_dropped.total();
+    assert!(store.corrupt_for_test(&k(1), 4242));
+    let (got, lent) = lend(&*store, &k(1), data.len());
+    assert_eq!((got, lent.len()), (Ok(Some(Get::Miss(MissReason::Corrupt))), 0));
+    assert_eq!(store.stats().corrupt_dropped.total(), dropped + 1);
+    assert_eq!(store.lookup(&c, &k(1)), Ok(Lookup::Miss(MissReason::Absent)));
+}
+
+#[test]
+fn a_store_that_keeps_blocks_on_disk_lends_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut config = FileStoreConfig::new(dir.path());
+    config.durability = Durability::None;
+    let store = config.open(Arc::new(MonotonicClock::default())).expect("file store");
+    let data = payload(6, 4096);
+    store.put(&caller(), &k(1), &data, None).expect("put");
+    let (got, lent) = lend(&store, &k(1), data.len());
+    assert_eq!((got, lent.len()), (Ok(None), 0));
+}
+
+#[test]
+fn the_service_sends_lent_blocks_as_the_copying_path_would() {
+    let store = memory();
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), vec![caller()]);
+    config.connections_max = 8;
+    let server = Server::start(config, Arc::clone(&store) as Arc<dyn Store>).expect("server");
+    let mut client = ClientConfig::new(server.local_addr(), caller());
+    client.deadline = Duration::from_secs(10);
+    let client = TcpStore::new(client);
+    let c = caller();
+    let sizes = [1, 4096, 1 << 20, (4 << 20) + 3];
+    for (i, &n) in (0u8..).zip(&sizes) {
+        let data = payload(u64::from(i) + 10, n);
+        client.put(&c, &k(i), &data, None).expect("put");
+        // A one-key GET (lent) and the same key in a two-key batch (copied into the frame).
+        let mut one = vec![0u8; n + 7];
+        let got = client.get_into(&c, &k(i), &mut one).expect("get");
+        assert_eq!(got, Get::Hit { len: n as u64, checksum: Checksum::of(&data) });
+        assert_eq!(&one[..n], &data[..], "{n} bytes");
+        let mut a = vec![0u8; n];
+        let mut b = vec![0u8; 8];
+        let mut batch = [
+            gpucache_dataplane::store::BatchGet { key: &k(i), dst: &mut a },
+            gpucache_dataplane::store::BatchGet { key: &k(200), dst: &mut b },
+        ];
+        let answers = client.get_batch(&c, &mut batch);
+        assert_eq!(answers[0], Ok(got));
+        assert_eq!(answers[1], Ok(Get::Miss(MissReason::Absent)));
+        assert_eq!(a, data);
+    }
+    // Misses, refusals and damage come back through the same path as typed answers.
+    let mut dst = vec![0u8; 16];
+    assert_eq!(client.get_into(&c, &k(99), &mut dst), Ok(Get::Miss(MissReason::Absent)));
+    assert!(matches!(client.get_into(&c, &k(2), &mut dst), Err(StoreError::BufferTooSmall { .. })));
+    assert!(store.corrupt_for_test(&k(2), 99));
+    let mut big = vec![0xEE_u8; 1 << 20];
+    assert_eq!(client.get_into(&c, &k(2), &mut big), Ok(Get::Miss(MissReason::Corrupt)));
+    assert!(big.iter().all(|&b| b == 0), "a corrupt miss left bytes in the buffer");
+    assert_eq!(server.shutdown(), 0);
+}

@@ -60,7 +60,7 @@ use gpucache_wire::staging::{StageCallError, StageId, StagedGet, StagedSlot, Sta
 use gpucache_wire::{
     BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HelloAuth, Op, RemoteInfo, Request,
     Response, ServerLimits, SharedGetItem, SharedPutItem, WireError, decode_get_response,
-    encode_put_request,
+    encode_put_request, sole_hit,
 };
 
 /// Idle connections kept per (tenant, rights).
@@ -635,6 +635,7 @@ impl TcpStore {
                 hello_key.as_ref(),
                 None,
                 self.config.handshake_deadline,
+                None,
             )
             .map_err(|f| ConnectError::from_exchange(f, peer))?;
         let answer = Response::from_frame(&frame)
@@ -671,7 +672,7 @@ impl TcpStore {
     ) -> Result<Frame, StoreError> {
         let seal = conn.seal.clone();
         let frame = self
-            .exchange_within(conn, request, seal.as_ref(), segment, self.config.deadline)
+            .exchange_within(conn, request, seal.as_ref(), segment, self.config.deadline, None)
             .map_err(|f| f.into_store_error(operation))?;
         checked(frame, seal.as_ref(), operation).map_err(|(e, _)| e)
     }
@@ -682,6 +683,7 @@ impl TcpStore {
     /// answer is read straight into the decoder's body buffer. An ERROR frame with request id
     /// 0 answers the request too: it is how a server turns a connection away (busy, stopping)
     /// or answers a frame whose header it could not trust.
+    /// With `sink`, the payload of a one-hit GET answer is read into it (see [`Sink`]).
     fn exchange_within(
         &self,
         conn: &mut Conn,
@@ -689,13 +691,14 @@ impl TcpStore {
         seal: Option<&SealKey>,
         segment: Option<&Segment>,
         deadline: Duration,
+        sink: Option<&mut Sink<'_>>,
     ) -> Result<Frame, ExchangeFailure> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         conn.out.clear();
         request.encode_sealed_frame(id, seal, &mut conn.out).map_err(ExchangeFailure::Encode)?;
         let until = Instant::now() + deadline;
         let sent = self.send_out(conn, segment, deadline);
-        let frame = self.answer_after_send(conn, sent, id, until, deadline)?;
+        let frame = self.answer_after_send(conn, sent, id, until, deadline, sink)?;
         // One request, one answer: anything after it breaks the connection.
         if !conn.pending.is_empty() {
             return Err(ExchangeFailure::PastTheAnswer);
@@ -732,10 +735,11 @@ impl TcpStore {
         id: u64,
         until: Instant,
         deadline: Duration,
+        sink: Option<&mut Sink<'_>>,
     ) -> Result<Frame, ExchangeFailure> {
         match sent {
-            Ok(()) => self.read_answer(conn, id, until, deadline),
-            Err(e) => match self.read_answer(conn, id, until, deadline) {
+            Ok(()) => self.read_answer(conn, id, until, deadline, sink),
+            Err(e) => match self.read_answer(conn, id, until, deadline, sink) {
                 Ok(frame) if frame.request_id == 0 && frame.op == Op::Error => Ok(frame),
                 _ => Err(ExchangeFailure::Io(e)),
             },
@@ -751,6 +755,7 @@ impl TcpStore {
         id: u64,
         until: Instant,
         deadline: Duration,
+        mut sink: Option<&mut Sink<'_>>,
     ) -> Result<Frame, ExchangeFailure> {
         loop {
             if conn.pending.is_empty() {
@@ -759,10 +764,15 @@ impl TcpStore {
                     return Err(ExchangeFailure::Deadline(deadline));
                 }
                 conn.stream.set_read_timeout(Some(left)).map_err(ExchangeFailure::Io)?;
+                // A one-hit answer's payload goes straight into the caller's buffer.
+                let to_sink = sink.as_deref_mut().and_then(|s| s.next(&conn.decoder));
                 let direct = conn.decoder.body_window().is_some();
-                let read = match conn.decoder.body_window() {
-                    Some(window) => conn.stream.read(window),
-                    None => conn.stream.read(&mut conn.buf),
+                let read = match (sink.as_deref_mut(), to_sink.clone()) {
+                    (Some(sink), Some(range)) => conn.stream.read(&mut sink.dst[range]),
+                    _ => match conn.decoder.body_window() {
+                        Some(window) => conn.stream.read(window),
+                        None => conn.stream.read(&mut conn.buf),
+                    },
                 };
                 let n = match read {
                     Ok(0) => return Err(ExchangeFailure::Closed),
@@ -778,7 +788,10 @@ impl TcpStore {
                     }
                     Err(e) => return Err(ExchangeFailure::Io(e)),
                 };
-                if direct {
+                if let (Some(sink), Some(_)) = (sink.as_deref_mut(), &to_sink) {
+                    sink.took(n);
+                    conn.decoder.skip_body(n);
+                } else if direct {
                     conn.decoder.commit_body(n);
                 } else {
                     conn.pending = 0..n;
@@ -1112,7 +1125,7 @@ impl TcpStore {
             let written = self.send_out(conn, None, deadline);
             let sent = usize::from(written.is_ok());
             let frame = self
-                .answer_after_send(conn, written, first, until, deadline)
+                .answer_after_send(conn, written, first, until, deadline, None)
                 .map_err(|f| stop(0, sent, failed(f)))
                 .and_then(|frame| checked(frame, seal, operation).map_err(|e| stop(0, sent, e)))?;
             answer(0, &frame);
@@ -1164,7 +1177,7 @@ impl TcpStore {
                 let id = first + answered as u64;
                 let until = Instant::now() + deadline;
                 let frame = self
-                    .read_answer(conn, id, until, deadline)
+                    .read_answer(conn, id, until, deadline, None)
                     .map_err(failed)
                     .and_then(|frame| checked(frame, seal, operation));
                 match frame {
@@ -1444,6 +1457,59 @@ fn land(fetched: FetchedRef<'_>, dst: &mut [u8]) -> Get {
     }
 }
 
+/// The caller's buffer for the payload of a one-hit GET answer
+/// ([`gpucache_wire::FLAG_SOLE_HIT`]): when the
+/// payload fits, it is read into the buffer straight from the socket (the part that arrived
+/// with the header is copied from the decoder), instead of into the decoder and copied out
+/// after; the decoder still takes the header and the trailer.
+struct Sink<'a> {
+    dst: &'a mut [u8],
+    /// Payload bytes in `dst`, once the answer started coming this way.
+    at: Option<usize>,
+    payload: usize,
+}
+
+impl<'a> Sink<'a> {
+    fn new(dst: &'a mut [u8]) -> Self {
+        Self { dst, at: None, payload: 0 }
+    }
+
+    /// Where in `dst` the next read goes, while the frame `decoder` is taking is a one-hit
+    /// answer that fits and whose payload has not all arrived.
+    fn next(&mut self, decoder: &FrameDecoder) -> Option<Range<usize>> {
+        let (payload, so_far) = decoder.sole_hit_payload()?;
+        if payload > self.dst.len() {
+            return None;
+        }
+        let at = match self.at {
+            Some(at) => at,
+            None => {
+                self.dst.get_mut(..so_far.len())?.copy_from_slice(so_far);
+                self.payload = payload;
+                so_far.len()
+            }
+        };
+        self.at = Some(at);
+        (at < payload).then_some(at..payload)
+    }
+
+    fn took(&mut self, n: usize) {
+        self.at = self.at.map(|at| at + n);
+    }
+
+    /// The payload's length, when all of it is in `dst`.
+    fn landed(&self) -> Option<usize> {
+        self.at.filter(|&at| at == self.payload)
+    }
+
+    /// Zeroes what an answer that failed wrote into `dst`.
+    fn undo(&mut self) {
+        if let Some(at) = self.at.take() {
+            self.dst[..at].fill(0);
+        }
+    }
+}
+
 /// Requests whose repetition cannot change what the store holds.
 fn retryable(request: &Request) -> bool {
     matches!(
@@ -1608,6 +1674,9 @@ impl Store for TcpStore {
             Ok(a) => a,
             Err(e) => return every_item(items.len(), &e),
         };
+        if let ([item], None) = (&mut *items, arena) {
+            return vec![self.get_one(caller, item.key, item.dst)];
+        }
         let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
         let capacities: Vec<u64> = items.iter().map(|i| i.dst.len() as u64).collect();
         let (frames, places) =
@@ -1838,6 +1907,69 @@ impl TcpStore {
 }
 
 impl TcpStore {
+    /// One GET over frames: the answer's payload lands straight in `dst` when the session is
+    /// unsealed (a seal covers the payload, so it must be in the frame to be checked) and the
+    /// answer is one hit. A pooled connection whose exchange fails is replaced once, as for any
+    /// read.
+    fn get_one(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        let request =
+            Request::Get { items: vec![GetItem { key: key.clone(), capacity: dst.len() as u64 }] };
+        let (mut conn, was_pooled) = self.take_conn(caller, "get")?;
+        let got = match self.get_on(&mut conn, &request, dst) {
+            Err(_) if was_pooled => {
+                conn = self.connect(caller, "get")?;
+                self.get_on(&mut conn, &request, dst)?
+            }
+            other => other?,
+        };
+        self.keep(pool_key(caller), conn);
+        got
+    }
+
+    /// [`Self::get_one`] on `conn`: the outer error is the exchange's (nothing of it is left
+    /// in `dst`), the inner result the store's answer.
+    fn get_on(
+        &self,
+        conn: &mut Conn,
+        request: &Request,
+        dst: &mut [u8],
+    ) -> Result<Result<Get, StoreError>, StoreError> {
+        let seal = conn.seal.clone();
+        let deadline = self.config.deadline;
+        let mut sink = Sink::new(dst);
+        let into = if seal.is_none() { Some(&mut sink) } else { None };
+        let frame = match self.exchange_within(conn, request, seal.as_ref(), None, deadline, into) {
+            Ok(frame) => checked(frame, seal.as_ref(), "get").map_err(|(e, _)| e),
+            Err(f) => Err(f.into_store_error("get")),
+        };
+        let frame = frame.inspect_err(|_| sink.undo())?;
+        let got = match (sink.landed(), sole_hit(&frame.body)) {
+            (Some(n), Some((checksum, len))) if n == len => {
+                let dst = &mut *sink.dst;
+                if Checksum::of(&dst[..n]) == checksum {
+                    Ok(Ok(Get::Hit { len: n as u64, checksum }))
+                } else {
+                    dst[..n].fill(0);
+                    Ok(Ok(Get::Miss(MissReason::Corrupt)))
+                }
+            }
+            (Some(_), _) => {
+                sink.undo();
+                Err(transport("get", "a one-hit answer did not hold what its header said"))
+            }
+            (None, _) => land_framed(&frame, &mut [&mut *sink.dst]).map(|mut answers| {
+                answers.pop().unwrap_or_else(|| Err(transport("get", "the answer is empty")))
+            }),
+        };
+        conn.decoder.recycle(frame.body);
+        got
+    }
+
     /// The batch PUT behind [`Store::put_batch`] and [`Store::put_batch_checked`]: `expected`,
     /// when given, holds one checksum per item.
     fn put_items(

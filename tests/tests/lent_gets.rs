@@ -126,3 +126,101 @@ fn the_service_sends_lent_blocks_as_the_copying_path_would() {
     assert!(big.iter().all(|&b| b == 0), "a corrupt miss left bytes in the buffer");
     assert_eq!(server.shutdown(), 0);
 }
+
+/// A one-hit answer's payload lands straight in the caller's buffer; what arrives there is
+/// checked before it is a hit. A server that answers byte by byte, one that damages a payload
+/// byte, and one that stops halfway through the payload: the first is a hit with the bytes, the
+/// second a corrupt miss, the third a failure, and neither of the last two leaves payload bytes
+/// in the buffer.
+#[test]
+fn a_directly_received_payload_is_checked_and_undone_on_failure() {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use gpucache_wire::{FrameDecoder, Request, Response, VERSION, get_hit_frame_parts};
+
+    #[derive(Clone, Copy)]
+    enum Serve {
+        InPieces,
+        Damaged,
+        CutHalfway,
+    }
+    let data = payload(77, 300_000);
+    for how in [Serve::InPieces, Serve::Damaged, Serve::CutHalfway] {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let bytes = data.clone();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut dec = FrameDecoder::new();
+            let mut buf = vec![0u8; 4096];
+            let mut next = |s: &mut std::net::TcpStream| loop {
+                if let Some(frame) = dec.next_frame().expect("frame") {
+                    return frame;
+                }
+                let n = s.read(&mut buf).expect("read");
+                assert!(n > 0, "the client closed early");
+                assert_eq!(dec.push(&buf[..n]), n);
+            };
+            let hello = next(&mut s);
+            let answer = Response::Hello {
+                version: VERSION,
+                server: "fake".into(),
+                session: None,
+                local: None,
+            };
+            s.write_all(&answer.to_frame_bytes(hello.request_id).expect("hello")).expect("write");
+            let get = next(&mut s);
+            assert!(matches!(Request::from_frame(&get), Ok(Request::Get { .. })));
+            let (mut head, mut tail) = (Vec::new(), Vec::new());
+            get_hit_frame_parts(
+                get.request_id,
+                bytes.len(),
+                Checksum::of(&bytes),
+                &mut head,
+                &mut tail,
+            )
+            .expect("parts");
+            let mut body = bytes.clone();
+            match how {
+                Serve::InPieces => {}
+                Serve::Damaged => body[123_456] ^= 0x10,
+                Serve::CutHalfway => {
+                    s.write_all(&head).expect("write");
+                    s.write_all(&body[..body.len() / 2]).expect("write");
+                    return;
+                }
+            }
+            let frame = [head, body, tail].concat();
+            for piece in frame.chunks(7919) {
+                s.write_all(piece).expect("write");
+            }
+        });
+        let mut config = ClientConfig::new(addr, caller());
+        config.deadline = Duration::from_secs(10);
+        let client = TcpStore::new(config);
+        let mut dst = vec![0xEE_u8; data.len() + 10];
+        let got = client.get_into(&caller(), &k(1), &mut dst);
+        server.join().expect("fake server");
+        match how {
+            Serve::InPieces => {
+                assert_eq!(
+                    got,
+                    Ok(Get::Hit { len: data.len() as u64, checksum: Checksum::of(&data) })
+                );
+                assert_eq!(&dst[..data.len()], &data[..]);
+            }
+            Serve::Damaged => {
+                assert_eq!(got, Ok(Get::Miss(MissReason::Corrupt)));
+                assert!(dst[..data.len()].iter().all(|&b| b == 0), "damaged bytes were left");
+            }
+            Serve::CutHalfway => {
+                assert!(got.is_err(), "{got:?}");
+                // What arrived was zeroed again; the rest was never written.
+                assert!(dst.iter().all(|&b| b == 0 || b == 0xEE), "a partial payload was left");
+                assert!(dst.contains(&0), "nothing arrived before the cut");
+            }
+        }
+        assert!(dst[data.len()..].iter().all(|&b| b == 0xEE), "bytes past the payload changed");
+    }
+}

@@ -2,11 +2,11 @@
 
 use gpucache_dataplane::checksum::Checksum;
 
-use super::codec::{Writer, wide};
+use super::codec::{Reader, Writer, wide};
 use super::seal::SealKey;
 use super::{
-    BODY_BYTES_MAX, FLAG_SEALED, FLAG_TRAILER, FLAGS_ACCEPTED, HEADER_BYTES, Kind, MAGIC, Op,
-    SEAL_BYTES, VERSION, WireError, offset, text,
+    BODY_BYTES_MAX, FLAG_SEALED, FLAG_SOLE_HIT, FLAG_TRAILER, FLAGS_ACCEPTED, HEADER_BYTES, Kind,
+    MAGIC, Op, SEAL_BYTES, SOLE_HIT_TAIL_BYTES, VERSION, WireError, offset, text,
 };
 
 /// Header bytes a seal covers: everything before the header checksum, with the seal slot
@@ -143,12 +143,29 @@ pub(super) fn trailer_start(body: &[u8]) -> Option<usize> {
 }
 
 /// The flags and body checksum a frame of `kind` and `op` is sent with: the trailer's
-/// checksum for a GET answer laid out with one, the whole body's otherwise.
+/// checksum for a GET answer or PUT laid out with one (and [`FLAG_SOLE_HIT`] for a GET answer
+/// that is one hit), the whole body's otherwise.
 fn body_checksum(kind: Kind, op: Op, body: &[u8]) -> (u8, u64) {
     match trailer_start(body).filter(|_| uses_trailer(kind, op)) {
-        Some(start) => (FLAG_TRAILER, Checksum::of(body.get(start..).unwrap_or_default()).0),
+        Some(start) => {
+            let sole = kind == Kind::Response && op == Op::Get && sole_hit(body).is_some();
+            let flags = if sole { FLAG_TRAILER | FLAG_SOLE_HIT } else { FLAG_TRAILER };
+            (flags, Checksum::of(body.get(start..).unwrap_or_default()).0)
+        }
         None => (0, Checksum::of(body).0),
     }
+}
+
+/// The checksum and length of the one hit a GET answer body holds when it is exactly that:
+/// its payload, then a trailer that describes one hit of the payload's length.
+pub fn sole_hit(body: &[u8]) -> Option<(Checksum, usize)> {
+    let n = body.len().checked_sub(SOLE_HIT_TAIL_BYTES)?;
+    let mut r = Reader::new(body.get(n..)?);
+    let tags = (r.count().ok()?, r.u8("").ok()?, r.u8("").ok()?);
+    let checksum = Checksum(r.u64("").ok()?);
+    let len = usize::try_from(r.u32("").ok()?).ok()?;
+    let trailer = usize::try_from(r.u32("").ok()?).ok()?;
+    (tags == (1, 0, 0) && len == n && trailer == SOLE_HIT_TAIL_BYTES - 4).then_some((checksum, n))
 }
 
 /// A whole frame whose header and body checksums verified, with a known kind and op. A sealed
@@ -287,6 +304,8 @@ enum State {
         checksum: u64,
         /// The checksum covers only the body's trailer ([`FLAG_TRAILER`]).
         trailer: bool,
+        /// The body is one GET hit ([`FLAG_SOLE_HIT`]).
+        sole_hit: bool,
         seal: Option<[u8; SEAL_BYTES]>,
         len: usize,
         /// Body bytes received so far.
@@ -423,6 +442,33 @@ impl FrameDecoder {
         body.get_mut(*filled..)
     }
 
+    /// For a body in progress that is one GET hit ([`FLAG_SOLE_HIT`]) and has not been
+    /// received past its payload: the payload's length and the part of it already in the
+    /// decoder. A receiver may take the rest of the payload itself ([`Self::skip_body`]).
+    pub fn sole_hit_payload(&self) -> Option<(usize, &[u8])> {
+        let State::Body { len, filled, body, sole_hit: true, .. } = &self.state else {
+            return None;
+        };
+        let payload = len.checked_sub(SOLE_HIT_TAIL_BYTES)?;
+        (*filled <= payload).then(|| (payload, body.get(..*filled).unwrap_or_default()))
+    }
+
+    /// Records that the receiver took the next `n` body bytes (at most up to the end of a
+    /// sole hit's payload) into its own buffer: they count as received but are never in the
+    /// decoder's buffer, so the frame's payload part is not the payload (only its trailer is
+    /// meaningful, and [`sole_hit`] reads it).
+    pub fn skip_body(&mut self, n: usize) {
+        let payload = self.sole_hit_payload().map(|(p, _)| p);
+        let State::Body { len, filled, body, .. } = &mut self.state else { return };
+        let Some(payload) = payload else { return };
+        let n = n.min(payload - *filled);
+        grow(body, *filled + n, *len);
+        *filled += n;
+        if *filled == *len {
+            self.finish_body();
+        }
+    }
+
     /// Records `n` bytes read into [`Self::body_window`]. More than the window held is a
     /// caller bug; it is clamped.
     pub fn commit_body(&mut self, n: usize) {
@@ -526,6 +572,11 @@ impl FrameDecoder {
                 if h.flags & FLAG_TRAILER != 0 && !trailer_ok {
                     return Err(WireError::UnsupportedFlags { flags: h.flags });
                 }
+                let sole_ok =
+                    h.flags & FLAG_TRAILER != 0 && kind == Kind::Response && h.op == Op::Get.code();
+                if h.flags & FLAG_SOLE_HIT != 0 && !sole_ok {
+                    return Err(WireError::UnsupportedFlags { flags: h.flags });
+                }
                 if h.flags & FLAG_SEALED == 0 && h.seal != [0; SEAL_BYTES] {
                     return Err(WireError::Malformed { what: text::SEAL });
                 }
@@ -546,12 +597,14 @@ impl FrameDecoder {
                 let seal = (h.flags & FLAG_SEALED != 0).then_some(h.seal);
                 let checksum = h.body_checksum;
                 let trailer = h.flags & FLAG_TRAILER != 0;
+                let sole_hit = h.flags & FLAG_SOLE_HIT != 0;
                 let mut state = State::Body {
                     kind,
                     op,
                     request_id,
                     checksum,
                     trailer,
+                    sole_hit,
                     seal,
                     len,
                     filled: 0,
@@ -573,11 +626,26 @@ impl FrameDecoder {
 
 /// Turns a complete [`State::Body`] into a ready frame or a body checksum error.
 fn verify(state: State) -> State {
-    let State::Body { kind, op, request_id, checksum, trailer, seal, mut body, filled, .. } = state
+    let State::Body {
+        kind,
+        op,
+        request_id,
+        checksum,
+        trailer,
+        sole_hit: sole,
+        seal,
+        mut body,
+        filled,
+        ..
+    } = state
     else {
         return state;
     };
     body.truncate(filled);
+    if sole && sole_hit(&body).is_none() {
+        let error = WireError::Malformed { what: text::TRAILER };
+        return State::Ready(Err(FrameError { error, request_id: Some(request_id) }));
+    }
     let covered = if trailer {
         match trailer_start(&body) {
             Some(start) => body.get(start..).unwrap_or_default(),

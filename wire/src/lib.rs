@@ -39,7 +39,7 @@ use std::fmt;
 pub use error::{AuthFailure, WireError};
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameHeader, RECYCLE_BYTES_MAX, SEALED_HEADER_BYTES,
-    header_checksum,
+    header_checksum, sole_hit,
 };
 pub use message::{
     Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, PutItem, PutRef, RemoteInfo, Request,
@@ -75,10 +75,19 @@ pub const FLAG_SEALED: u8 = 0x01;
 /// trailer. The body's last 4 bytes are the trailer's length `t` (little-endian `u32`); the
 /// checksum is XXH3-64 of the last `t + 4` bytes. The bytes before the trailer are payloads,
 /// each covered by its own checksum carried in the trailer, which the receiver checks; so
-/// they are not hashed twice. Only GET answers use it.
+/// they are not hashed twice. GET answers and PUT requests use it.
 pub const FLAG_TRAILER: u8 = 0x02;
+/// Header flag bit 2, with [`FLAG_TRAILER`] on a GET answer only: the body is one hit, its
+/// payload then a trailer of [`SOLE_HIT_TAIL_BYTES`] (so the payload is the first
+/// `body_len - SOLE_HIT_TAIL_BYTES` bytes). A receiver may read that payload straight into
+/// its destination before the trailer arrives; the decoder refuses a frame whose body does
+/// not match the flag.
+pub const FLAG_SOLE_HIT: u8 = 0x04;
 /// The flag bits this version accepts.
-pub const FLAGS_ACCEPTED: u8 = FLAG_SEALED | FLAG_TRAILER;
+pub const FLAGS_ACCEPTED: u8 = FLAG_SEALED | FLAG_TRAILER | FLAG_SOLE_HIT;
+/// The end of a [`FLAG_SOLE_HIT`] body after its payload: the trailer (`count` 1, the result
+/// and hit tags, `checksum: u64`, `len: u32`) and the trailer's length.
+pub const SOLE_HIT_TAIL_BYTES: usize = 4 + 1 + 1 + 8 + 4 + 4;
 
 /// Byte offsets of the header fields (see the table in `docs/PROTOCOL.md`).
 pub mod offset {

@@ -27,7 +27,9 @@ use crate::staging::{
 };
 
 use super::seal::{FINGERPRINT_BYTES, NONCE_BYTES, SealAlgorithm, SealKey};
-use super::{FLAG_TRAILER, HEADER_BYTES, Kind, Op, PAYLOAD_BYTES_MAX, WireError, text};
+use super::{
+    FLAG_SOLE_HIT, FLAG_TRAILER, HEADER_BYTES, Kind, Op, PAYLOAD_BYTES_MAX, WireError, text,
+};
 
 /// The proof a HELLO carries for a tenant with a secret (`docs/PROTOCOL.md` section 6). The
 /// HELLO frame itself is sealed with the secret.
@@ -701,7 +703,7 @@ pub fn get_hit_frame_parts(
         Op::Get,
         request_id,
         len + tail.len(),
-        FLAG_TRAILER,
+        FLAG_TRAILER | FLAG_SOLE_HIT,
         Checksum::of(tail).0,
     );
     head.clear();

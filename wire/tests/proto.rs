@@ -20,13 +20,13 @@ use gpucache_dataplane::store::{
 use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
 use gpucache_wire::{
-    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_TRAILER,
-    Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem, HEADER_BYTES,
-    HelloAuth, HelloSession, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL,
-    REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SealAlgorithm, SealKey, ServerLimits,
-    SharedGetItem, SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError,
-    decode_get_response, decode_put_request, encode_get_response, encode_put_request,
-    get_hit_frame_parts, header_checksum, intern, offset,
+    AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_SOLE_HIT,
+    FLAG_TRAILER, Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem,
+    HEADER_BYTES, HelloAuth, HelloSession, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem,
+    REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SOLE_HIT_TAIL_BYTES,
+    SealAlgorithm, SealKey, ServerLimits, SharedGetItem, SharedPutItem, TEXT_BYTES_MAX, VERSION,
+    WHAT_TEXT, WireError, decode_get_response, decode_put_request, encode_get_response,
+    encode_put_request, get_hit_frame_parts, header_checksum, intern, offset, sole_hit,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -706,6 +706,59 @@ fn get_answers_checksum_their_trailer_and_leave_payloads_to_their_own_checksums(
     assert!(matches!(
         decode_one(&raw_frame(header, &body)),
         Err(FrameError { error: WireError::UnsupportedFlags { flags: FLAG_TRAILER }, .. })
+    ));
+}
+
+/// A GET answer that is exactly one hit says so in its header (FLAG_SOLE_HIT), so that a
+/// receiver can take the payload straight into its destination; a decoder fed that way ends
+/// with the trailer it needs, and refuses a body that does not match the flag.
+#[test]
+fn a_sole_hit_says_so_and_its_payload_can_bypass_the_decoder() {
+    let data: Vec<u8> = (0..70_000u32).map(|i| i.to_le_bytes()[0] ^ 0x3c).collect();
+    let hit = Ok(Fetched::Hit { checksum: Checksum::of(&data), data: data.clone() });
+    let one = response_frame(&Response::Get(vec![hit.clone()]), 9);
+    assert_eq!(one[offset::FLAGS], FLAG_TRAILER | FLAG_SOLE_HIT);
+    for other in [
+        Response::Get(vec![hit.clone(), Ok(Fetched::Miss(MissReason::Absent))]),
+        Response::Get(vec![Ok(Fetched::Miss(MissReason::Absent))]),
+        Response::Get(vec![]),
+    ] {
+        assert_eq!(response_frame(&other, 9)[offset::FLAGS], FLAG_TRAILER, "{other:?}");
+    }
+    // The receiver takes the header and a first piece through the decoder, the rest of the
+    // payload itself, and the tail through the decoder again.
+    let mut dec = FrameDecoder::new();
+    let first = HEADER_BYTES + 1000;
+    assert_eq!(dec.push(&one[..first]), first);
+    let (payload, so_far) = dec.sole_hit_payload().unwrap_or_else(|| panic!("no sole hit"));
+    assert_eq!((payload, so_far), (data.len(), &data[..1000]));
+    let mut mine = data[..1000].to_vec();
+    mine.extend_from_slice(&one[first..HEADER_BYTES + data.len()]);
+    dec.skip_body(data.len() - 1000);
+    assert!(dec.sole_hit_payload().is_some_and(|(_, got)| got.len() == data.len()));
+    let tail = &one[HEADER_BYTES + data.len()..];
+    assert_eq!(tail.len(), SOLE_HIT_TAIL_BYTES);
+    assert_eq!(dec.push(tail), tail.len());
+    let frame =
+        dec.next_frame().unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no frame"));
+    assert_eq!(sole_hit(&frame.body), Some((Checksum::of(&data), data.len())));
+    assert_eq!(mine, data);
+    // The flag on a body that is not one hit, or on anything but a GET answer, is refused.
+    let two = response_frame(&Response::Get(vec![hit.clone(), hit]), 10);
+    let mut header = valid_header(Kind::Response, Op::Get, 10, &two[HEADER_BYTES..]);
+    assert_eq!(header.flags, FLAG_TRAILER);
+    header.flags = FLAG_TRAILER | FLAG_SOLE_HIT;
+    let outcome = decode_one(&raw_frame(header, &two[HEADER_BYTES..]));
+    assert!(
+        matches!(&outcome, Err(FrameError { error: WireError::Malformed { what: "trailer" }, .. })),
+        "{outcome:?}"
+    );
+    let body = request_frame(&Request::Epoch, 11)[HEADER_BYTES..].to_vec();
+    let mut header = valid_header(Kind::Response, Op::Put, 11, &body);
+    header.flags = FLAG_TRAILER | FLAG_SOLE_HIT;
+    assert!(matches!(
+        decode_one(&raw_frame(header, &body)),
+        Err(FrameError { error: WireError::UnsupportedFlags { .. }, .. })
     ));
 }
 

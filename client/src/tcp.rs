@@ -682,8 +682,8 @@ impl TcpStore {
     /// wrong. The request is encoded into the connection's reused buffer; the rest of a large
     /// answer is read straight into the decoder's body buffer. An ERROR frame with request id
     /// 0 answers the request too: it is how a server turns a connection away (busy, stopping)
-    /// or answers a frame whose header it could not trust.
-    /// With `sink`, the payload of a one-hit GET answer is read into it (see [`Sink`]).
+    /// or answers a frame whose header it could not trust. With `sink`, the payload of a
+    /// one-hit GET answer is read into it instead (see [`Sink`]).
     fn exchange_within(
         &self,
         conn: &mut Conn,

@@ -58,9 +58,9 @@ use crate::Credentials;
 use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{StageCallError, StageId, StagedGet, StagedSlot, StagingStats};
 use gpucache_wire::{
-    BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HelloAuth, Op, RemoteInfo, Request,
-    Response, ServerLimits, SharedGetItem, SharedPutItem, WireError, decode_get_response,
-    encode_put_request, sole_hit,
+    BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HEADER_BYTES, HelloAuth, Op,
+    RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, WireError,
+    decode_get_response, encode_put_request, put_request_parts, sole_hit, write_all_vectored,
 };
 
 /// Idle connections kept per (tenant, rights).
@@ -192,6 +192,13 @@ impl Write for Stream {
         match self {
             Self::Tcp(s) => s.write(buf),
             Self::Local(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write_vectored(bufs),
+            Self::Local(s) => s.write_vectored(bufs),
         }
     }
 
@@ -1970,6 +1977,63 @@ impl TcpStore {
         got
     }
 
+    /// One PUT over frames on an unsealed session, its bytes sent from the caller's buffer
+    /// between the frame's header and trailer (one vectored write, no copy into a frame) and
+    /// hashed in place unless the caller gave their checksum. None when the session is sealed
+    /// (a seal covers the bytes, so they go through the frame): the caller sends it as a batch.
+    /// Never sent twice: a write the server may have stored is not repeated here.
+    fn put_one(
+        &self,
+        caller: &Caller,
+        item: &BatchPut<'_>,
+        expected: Option<Checksum>,
+    ) -> Option<Result<Put, StoreError>> {
+        let (mut conn, _) = match self.take_conn(caller, "put") {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        if conn.seal.is_some() {
+            self.keep(pool_key(caller), conn);
+            return None;
+        }
+        let sum = expected.unwrap_or_else(|| Checksum::of(item.src));
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let item = BatchPut { key: item.key, src: item.src, request: item.request };
+        if let Err(e) = put_request_parts(id, std::slice::from_ref(&item), &[sum], &mut conn.out) {
+            return Some(Err(not_encodable("put", e)));
+        }
+        let deadline = self.config.deadline;
+        let until = Instant::now() + deadline;
+        let sent = conn.stream.set_write_timeout(Some(deadline)).and_then(|()| {
+            let (head, tail) = conn.out.split_at(HEADER_BYTES.min(conn.out.len()));
+            let mut parts =
+                [io::IoSlice::new(head), io::IoSlice::new(item.src), io::IoSlice::new(tail)];
+            write_all_vectored(&mut conn.stream, &mut parts)
+        });
+        let answer = self
+            .answer_after_send(&mut conn, sent, id, until, deadline, None)
+            .map_err(|f| f.into_store_error("put"))
+            .and_then(|frame| checked(frame, None, "put").map_err(|(e, _)| e))
+            .map(|frame| {
+                let answer = match Response::from_frame(&frame) {
+                    Ok(Response::Put(mut answers)) if answers.len() == 1 => {
+                        answers.pop().unwrap_or_else(|| Err(transport("put", "no answer")))
+                    }
+                    Ok(other) => Err(unexpected("put", &other)),
+                    Err(e) => Err(transport("put", e)),
+                };
+                conn.decoder.recycle(frame.body);
+                answer
+            });
+        Some(match answer {
+            Ok(answer) => {
+                self.keep(pool_key(caller), conn);
+                answer
+            }
+            Err(e) => Err(e),
+        })
+    }
+
     /// The batch PUT behind [`Store::put_batch`] and [`Store::put_batch_checked`]: `expected`,
     /// when given, holds one checksum per item.
     fn put_items(
@@ -1985,6 +2049,12 @@ impl TcpStore {
             Ok(a) => a,
             Err(e) => return every_item(items.len(), &e),
         };
+        if let ([item], None) = (items, arena) {
+            let sum = expected.and_then(|e| e.first().copied());
+            if let Some(answer) = self.put_one(caller, item, sum) {
+                return vec![answer];
+            }
+        }
         let sizes: Vec<u64> = items.iter().map(|i| i.src.len() as u64).collect();
         // Each item's checksum: the caller's, or the one its bounce copy computed.
         let mut sums: Vec<Option<Checksum>> =

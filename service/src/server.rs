@@ -43,7 +43,7 @@ use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 use gpucache_wire::{
     AuthFailure, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
     Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
-    encode_get_response, get_hit_frame_parts,
+    encode_get_response, get_hit_frame_parts, write_all_vectored,
 };
 
 /// How often a blocked read wakes to check for shutdown and idleness.
@@ -308,19 +308,6 @@ fn send_lent<C: Write>(
         Err(e) => Err(e),
     };
     Some(send(stream, &Response::Get(vec![answer]), request_id, None))
-}
-
-/// Writes every byte of `parts`, in order, with as few calls as the socket allows.
-fn write_all_vectored<C: Write>(stream: &mut C, mut parts: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !parts.is_empty() {
-        match stream.write_vectored(parts) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut parts, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// What a frame is answered with: a response, or GET items to read straight into the frame.

@@ -1,5 +1,7 @@
 //! Frames: the fixed header, frame encoding, and the incremental decoder.
 
+use std::io::{self, IoSlice, Write};
+
 use gpucache_dataplane::checksum::Checksum;
 
 use super::codec::{Reader, Writer, wide};
@@ -674,4 +676,21 @@ fn grow(body: &mut Vec<u8>, needed: usize, len: usize) {
         let target = needed.max(body.len().saturating_mul(2)).max(BODY_CHUNK_BYTES).min(len);
         body.resize(target, 0);
     }
+}
+
+/// Writes every byte of `parts`, in order, with as few calls as the socket allows: how a
+/// frame goes out whose payload is sent from where it lies (between a header and a trailer).
+pub fn write_all_vectored<W: Write>(
+    stream: &mut W,
+    mut parts: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    while !parts.is_empty() {
+        match stream.write_vectored(parts) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut parts, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

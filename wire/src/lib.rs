@@ -39,12 +39,12 @@ use std::fmt;
 pub use error::{AuthFailure, WireError};
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameHeader, RECYCLE_BYTES_MAX, SEALED_HEADER_BYTES,
-    header_checksum, sole_hit,
+    header_checksum, sole_hit, write_all_vectored,
 };
 pub use message::{
     Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, PutItem, PutRef, RemoteInfo, Request,
     Response, ServerLimits, SharedGetItem, SharedPutItem, decode_get_response, decode_put_request,
-    encode_get_response, encode_put_request, get_hit_frame_parts,
+    encode_get_response, encode_put_request, get_hit_frame_parts, put_request_parts,
 };
 pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};

@@ -711,6 +711,58 @@ pub fn get_hit_frame_parts(
     Ok(())
 }
 
+/// A PUT request frame without its payloads, for a sender that writes each item's bytes from
+/// where they lie instead of copying them into a frame: `out` gets the frame header then the
+/// trailer, and the header, every item's bytes in order, then the trailer are the bytes
+/// [`encode_put_request`] writes for the same items and checksums. Unsealed frames only: a seal
+/// covers the payloads too.
+pub fn put_request_parts(
+    request_id: u64,
+    items: &[BatchPut<'_>],
+    checksums: &[Checksum],
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    if checksums.len() != items.len() {
+        return Err(WireError::Internal {
+            detail: format!("{} checksums for {} PUT items", checksums.len(), items.len()),
+        });
+    }
+    let payload = items.iter().try_fold(0u64, |n, i| n.checked_add(wide(i.src.len())));
+    let payload = match payload.filter(|&n| n <= PAYLOAD_BYTES_MAX).map(usize::try_from) {
+        Some(Ok(n)) => n,
+        _ => return Err(put_payload_error(payload.unwrap_or(u64::MAX))),
+    };
+    out.clear();
+    out.extend_from_slice(&[0; HEADER_BYTES]);
+    let mut w = Writer::new(out);
+    let mut trailer = Vec::new();
+    let mut t = Writer::new(&mut trailer);
+    t.count(items.len());
+    for (item, sum) in items.iter().zip(checksums) {
+        t.key(item.key);
+        put_request_id(&mut t, item.request);
+        t.u64(sum.0);
+        t.len(item.src.len());
+    }
+    finish_trailer(&mut w, t.finish(), &trailer);
+    w.finish()?;
+    let tail = out.get(HEADER_BYTES..).unwrap_or_default();
+    let header = FrameHeader::with_checksum(
+        Kind::Request,
+        Op::Put,
+        request_id,
+        payload + tail.len(),
+        FLAG_TRAILER,
+        Checksum::of(tail).0,
+    );
+    out[..HEADER_BYTES].copy_from_slice(&header.to_bytes());
+    Ok(())
+}
+
+fn put_payload_error(total: u64) -> WireError {
+    WireError::TooLarge { len: total, max: PAYLOAD_BYTES_MAX }
+}
+
 /// Writes a GET response frame answering `items` into `out`, replacing what `out` held, with
 /// every block read in place by one call of `fetch`: it gets one destination per item, in
 /// order, each `capacity` bytes of the frame's payload part, and answers per item as

@@ -26,7 +26,8 @@ use gpucache_wire::{
     REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SOLE_HIT_TAIL_BYTES,
     SealAlgorithm, SealKey, ServerLimits, SharedGetItem, SharedPutItem, TEXT_BYTES_MAX, VERSION,
     WHAT_TEXT, WireError, decode_get_response, decode_put_request, encode_get_response,
-    encode_put_request, get_hit_frame_parts, header_checksum, intern, offset, sole_hit,
+    encode_put_request, get_hit_frame_parts, header_checksum, intern, offset, put_request_parts,
+    sole_hit,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -938,6 +939,13 @@ proptest! {
         let mut given = Vec::new();
         encode_put_request(id, None, &slices, Some(&sums), &mut given).unwrap_or_else(|e| panic!("{e}"));
         prop_assert_eq!(&given, &borrowed);
+        // Sent in parts around payloads that are not copied: the same bytes again.
+        let mut parts = Vec::new();
+        put_request_parts(id, &slices, &sums, &mut parts).unwrap_or_else(|e| panic!("{e}"));
+        let mut gathered = parts[..HEADER_BYTES].to_vec();
+        slices.iter().for_each(|i| gathered.extend_from_slice(i.src));
+        gathered.extend_from_slice(&parts[HEADER_BYTES..]);
+        prop_assert_eq!(&gathered, &borrowed);
         let frame = decode_one(&borrowed).unwrap_or_else(|e| panic!("{e}"));
         let refs = decode_put_request(&frame.body).unwrap_or_else(|e| panic!("{e}"));
         let back: Vec<_> = refs.iter().map(|p| (p.key.clone(), p.request, p.data.to_vec())).collect();

@@ -152,19 +152,11 @@ fn protocol(detail: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("raw socket: {detail}"))
 }
 
-/// Writes every byte of `bufs` in as few `writev(2)` calls as the socket takes.
+/// Writes every byte of `bufs` in as few `writev(2)` calls as the socket takes (the same
+/// vectored write the service's lent GETs use).
 pub(super) fn write_all_vectored(stream: &mut impl Write, bufs: &[&[u8]]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
-    let mut rest = &mut slices[..];
-    while !rest.is_empty() {
-        match stream.write_vectored(rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    gpucache_wire::write_all_vectored(stream, &mut slices)
 }
 
 fn configure(stream: &TcpStream) -> io::Result<()> {

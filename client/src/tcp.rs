@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use gpucache_dataplane::caller::{Caller, Right};
-use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
@@ -1474,11 +1474,14 @@ struct Sink<'a> {
     /// Payload bytes in `dst`, once the answer started coming this way.
     at: Option<usize>,
     payload: usize,
+    /// The checksum of the bytes in `dst` so far: each piece is hashed as soon as it has
+    /// landed, while it is in the cache and while the rest is still on its way.
+    hashed: ChecksumBuilder,
 }
 
 impl<'a> Sink<'a> {
     fn new(dst: &'a mut [u8]) -> Self {
-        Self { dst, at: None, payload: 0 }
+        Self { dst, at: None, payload: 0, hashed: ChecksumBuilder::default() }
     }
 
     /// Where in `dst` the next read goes, while the frame `decoder` is taking is a one-hit
@@ -1491,7 +1494,9 @@ impl<'a> Sink<'a> {
         let at = match self.at {
             Some(at) => at,
             None => {
-                self.dst.get_mut(..so_far.len())?.copy_from_slice(so_far);
+                let first = self.dst.get_mut(..so_far.len())?;
+                first.copy_from_slice(so_far);
+                self.hashed.update(first);
                 self.payload = payload;
                 so_far.len()
             }
@@ -1501,12 +1506,15 @@ impl<'a> Sink<'a> {
     }
 
     fn took(&mut self, n: usize) {
-        self.at = self.at.map(|at| at + n);
+        if let Some(at) = self.at {
+            self.hashed.update(self.dst.get(at..at + n).unwrap_or_default());
+            self.at = Some(at + n);
+        }
     }
 
-    /// The payload's length, when all of it is in `dst`.
-    fn landed(&self) -> Option<usize> {
-        self.at.filter(|&at| at == self.payload)
+    /// The payload's length and the checksum of what landed, when all of it is in `dst`.
+    fn landed(&self) -> Option<(usize, Checksum)> {
+        self.at.filter(|&at| at == self.payload).map(|at| (at, self.hashed.finish()))
     }
 
     /// Zeroes what an answer that failed wrote into `dst`.
@@ -1956,12 +1964,11 @@ impl TcpStore {
         };
         let frame = frame.inspect_err(|_| sink.undo())?;
         let got = match (sink.landed(), sole_hit(&frame.body)) {
-            (Some(n), Some((checksum, len))) if n == len => {
-                let dst = &mut *sink.dst;
-                if Checksum::of(&dst[..n]) == checksum {
+            (Some((n, landed)), Some((checksum, len))) if n == len => {
+                if landed == checksum {
                     Ok(Ok(Get::Hit { len: n as u64, checksum }))
                 } else {
-                    dst[..n].fill(0);
+                    sink.dst[..n].fill(0);
                     Ok(Ok(Get::Miss(MissReason::Corrupt)))
                 }
             }

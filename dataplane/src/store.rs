@@ -86,6 +86,11 @@ pub struct BatchPut<'a> {
     pub request: Option<RequestId>,
 }
 
+/// Where [`Store::get_lent`] sends a lent block: given its bytes and committed checksum, it
+/// returns the checksum of the bytes it sent, computed as it sent them, or none when it could
+/// not send them all.
+pub type LendTo<'a> = dyn FnMut(&[u8], Checksum) -> Option<Checksum> + 'a;
+
 /// The answers of a batch call: one per item, in the items' order.
 pub type BatchAnswers<T> = Vec<Result<T, StoreError>>;
 
@@ -591,18 +596,21 @@ pub trait Store: Send + Sync {
     }
 
     /// A GET that lends the block instead of copying it: the store pins the committed block
-    /// under `key` (at most `capacity` bytes, as `get_into` with a buffer of that size), checks
-    /// its checksum over the bytes it holds, and calls `send` with those bytes and their
-    /// checksum; the pin (not a lock) is held while `send` runs, so `send` should not wait long.
-    /// A block that fails its check is dropped and answered as `get_into` answers it, without
-    /// calling `send`. `Ok(None)`, calling nothing, when the store does not keep its blocks in
-    /// memory it can lend: use `get_into`. This default lends nothing.
+    /// under `key` (at most `capacity` bytes, as `get_into` with a buffer of that size) and
+    /// calls `send` with its bytes and committed checksum, holding the pin (not a lock) while
+    /// `send` runs, so `send` should not wait long. `send` hashes the bytes as it sends them
+    /// and returns that checksum (none when it could not send them all); the store checks it,
+    /// or hashes the bytes itself when there is none, and a block whose bytes do not match is
+    /// dropped and answered as `get_into` answers it. So the bytes may be on their way before
+    /// the check ends: the receiver checks them against the committed checksum before it uses
+    /// them, as it does every payload. `Ok(None)`, calling nothing, when the store does not keep
+    /// its blocks in memory it can lend: use `get_into`. This default lends nothing.
     fn get_lent(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut dyn FnMut(&[u8], Checksum),
+        send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
         let _ = (caller, key, capacity, send);
         Ok(None)
@@ -879,7 +887,7 @@ pub trait StoreLayer: Send + Sync + Sized {
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut dyn FnMut(&[u8], Checksum),
+        send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
         let _ = (caller, key, capacity, send);
         Ok(None)
@@ -992,7 +1000,7 @@ impl<L: StoreLayer> Store for L {
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut dyn FnMut(&[u8], Checksum),
+        send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
         StoreLayer::get_lent(self, caller, key, capacity, send)
     }
@@ -1106,7 +1114,7 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut dyn FnMut(&[u8], Checksum),
+        send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
         (**self).get_lent(caller, key, capacity, send)
     }

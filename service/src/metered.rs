@@ -27,8 +27,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, Lookup,
-    MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, LendTo,
+    Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError,
+    StoreStats,
 };
 
 /// Upper bounds of the latency buckets, in seconds: 1-2.5-5 steps from 10 µs to 10 s.
@@ -832,7 +833,7 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut dyn FnMut(&[u8], Checksum),
+        send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
         let started = Instant::now();
         let result = self.inner.get_lent(caller, key, capacity, send);

@@ -23,8 +23,8 @@ use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptReason, FullPolicy, Get,
-    Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
-    StoreError, StoreInfo, StoreStats, authorize, put_damaged, put_reserved,
+    Implementation, Invalidate, LendTo, Lookup, Put, Reclaimed, Reservation, Reserve, Retirement,
+    Store, StoreError, StoreInfo, StoreStats, authorize, put_damaged, put_reserved,
 };
 
 use crate::catalog::{Catalog, ReadPin};
@@ -521,15 +521,15 @@ impl Store for MemoryStore {
         Ok(pin.answer(corrupt))
     }
 
-    /// Pins the block under the lock, then checks and lends its own bytes without it: no copy
-    /// on this side at all. A block whose bytes no longer match is dropped as `get_into` drops
-    /// it.
+    /// Pins the block under the lock, then lends its own bytes without it (no copy on this
+    /// side at all) and checks the checksum the sender computed as it sent them. A block whose
+    /// bytes no longer match is dropped as `get_into` drops it.
     fn get_lent(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut dyn FnMut(&[u8], Checksum),
+        send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
         authorize(caller, key, Right::Read)?;
         let (pin, payload) = {
@@ -542,15 +542,15 @@ impl Store for MemoryStore {
             (pin, payload)
         };
         let bytes = payload.as_deref().and_then(|p| p.get(..pin.len_bytes()));
-        let damage = match bytes {
-            Some(bytes) if pin.delivered_intact(bytes) => {
-                if let Get::Hit { checksum, .. } = pin.answer(false) {
-                    send(bytes, checksum);
-                }
-                None
+        let damage = match (bytes, pin.answer(false)) {
+            (Some(bytes), Get::Hit { checksum, .. }) => {
+                let intact = match send(bytes, checksum) {
+                    Some(sent) => pin.intact_by(sent),
+                    None => pin.delivered_intact(bytes),
+                };
+                (!intact).then_some(CorruptReason::Checksum)
             }
-            Some(_) => Some(CorruptReason::Checksum),
-            None => Some(CorruptReason::Truncated),
+            _ => Some(CorruptReason::Truncated),
         };
         drop(payload);
         let mut inner = self.lock();

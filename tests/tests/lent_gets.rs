@@ -1,8 +1,8 @@
 //! `Store::get_lent`: a GET that hands the store's own bytes to the sender instead of copying
-//! them. The memory store lends only bytes that pass their checksum, and drops a block that does
-//! not, as `get_into` would; a store that keeps its blocks elsewhere lends nothing; and the
-//! service's one-key GET, which sends a lent block without copying it, answers exactly what the
-//! copying path answers.
+//! them. The memory store checks the checksum its sender computed as it sent them, and drops a
+//! block that does not match, as `get_into` would; a store that keeps its blocks elsewhere
+//! lends nothing; and the service's one-key GET, which sends a lent block without copying it,
+//! answers exactly what the copying path answers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,15 +42,26 @@ fn lend(
     key: &PhysicalKey,
     capacity: usize,
 ) -> (Result<Option<Get>, StoreError>, Lent) {
+    lend_with(store, key, capacity, Checksum::of)
+}
+
+/// As [`lend`], the sender reporting `sent(bytes)` as the checksum of what it sent.
+fn lend_with(
+    store: &dyn Store,
+    key: &PhysicalKey,
+    capacity: usize,
+    sent: impl Fn(&[u8]) -> Checksum,
+) -> (Result<Option<Get>, StoreError>, Lent) {
     let mut lent = Vec::new();
     let got = store.get_lent(&caller(), key, capacity, &mut |bytes, sum| {
         lent.push((bytes.to_vec(), sum));
+        Some(sent(bytes))
     });
     (got, lent)
 }
 
 #[test]
-fn the_memory_store_lends_only_bytes_that_pass_their_checksum() {
+fn the_memory_store_checks_what_its_sender_hashed() {
     let store = memory();
     let c = caller();
     let data = payload(5, 300_000);
@@ -65,13 +76,24 @@ fn the_memory_store_lends_only_bytes_that_pass_their_checksum() {
     let mut small = vec![0u8; data.len() - 1];
     assert_eq!(got.map(|_| ()), store.get_into(&c, &k(1), &mut small).map(|_| ()));
     assert!(lent.is_empty());
-    // Damaged bytes are never lent: the block is dropped and counted.
+    // A sender that could not send it all leaves the check to the store, which still finds
+    // the block intact.
+    let got = store.get_lent(&c, &k(1), data.len(), &mut |_, _| None);
+    assert!(matches!(got, Ok(Some(Get::Hit { .. }))), "{got:?}");
+    // Damaged bytes go out only under the committed checksum, which the receiver checks;
+    // the sender's checksum shows the damage, and the block is dropped and counted.
     let dropped = store.stats().corrupt_dropped.total();
     assert!(store.corrupt_for_test(&k(1), 4242));
     let (got, lent) = lend(&*store, &k(1), data.len());
-    assert_eq!((got, lent.len()), (Ok(Some(Get::Miss(MissReason::Corrupt))), 0));
+    assert_eq!(got, Ok(Some(Get::Miss(MissReason::Corrupt))));
+    assert_eq!(lent.len(), 1);
+    assert_ne!(Checksum::of(&lent[0].0), lent[0].1, "the damage was not in the lent bytes");
     assert_eq!(store.stats().corrupt_dropped.total(), dropped + 1);
     assert_eq!(store.lookup(&c, &k(1)), Ok(Lookup::Miss(MissReason::Absent)));
+    // And the store believes the sender: a checksum that differs drops an intact block too.
+    store.put(&c, &k(3), &data, None).expect("put");
+    let (got, _) = lend_with(&*store, &k(3), data.len(), |_| Checksum(0));
+    assert_eq!(got, Ok(Some(Get::Miss(MissReason::Corrupt))));
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! `put_batch_checked`: a PUT whose bytes do not hash to the writer's checksum is refused and
 //! nothing is stored for it, on every path that carries the writer's checksum: the memory
-//! store (which compares in the pass that copies), a store that takes the trait's default
-//! (FileStore: hashed first), the metered layer, and the service over TCP frames and over the
-//! same-host segment, where the server hands the client's checksums to the store.
+//! store (which compares in the pass that copies), the file store (which hashes once, before it
+//! writes), a layer on the trait's default (hashed first), the metered layer, and the service
+//! over TCP frames and over the same-host segment, where the server hands the client's
+//! checksums to the store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{BatchPut, Get, Lookup, MissReason, Put, Store, StoreError};
+use gpucache_dataplane::testing::counting::{Call, Counting};
 use gpucache_dataplane::testing::fixture::{key, payload, tenant};
 use gpucache_service::metered::{MeteredStore, Metrics};
 use gpucache_service::{Server, ServerConfig};
@@ -100,7 +102,22 @@ fn the_memory_store_compares_before_it_commits() {
 }
 
 #[test]
-fn a_store_on_the_default_hashes_first() {
+fn a_layer_on_the_default_hashes_first() {
+    // The call-counting layer overrides put_batch only: put_batch_checked is the default,
+    // which hashes each item and hands the sound ones to that put_batch.
+    let store = Counting::new(memory());
+    refuses_only_the_damaged_item(&store, 0, SIZES, true);
+    let batches: Vec<usize> = store
+        .take_calls()
+        .into_iter()
+        .filter(|(c, _)| *c == Call::PutBatch)
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(batches, [2, 1], "the damaged and unchecked items reached the inner store");
+}
+
+#[test]
+fn the_file_store_compares_before_it_commits() {
     let dir = tempfile::tempdir().expect("dir");
     let mut config = FileStoreConfig::new(dir.path());
     config.durability = Durability::None;

@@ -31,9 +31,10 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, Committed, CorruptDrops, CorruptPhase, CorruptReason,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason,
     FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve,
     Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
+    put_damaged,
 };
 
 use crate::catalog::{Catalog, Restored};
@@ -486,8 +487,8 @@ impl FileStore {
         region: RegionId,
         (seq, epoch): (u64, u64),
         payload: &[u8],
+        checksum: Checksum,
     ) -> io::Result<(PathBuf, u64, Checksum)> {
-        let checksum = Checksum::of(payload);
         let mut header = vec![0u8; layout::header_len_for(key.encoded().len())];
         layout::encode_header(&mut header, key, payload.len() as u64, checksum, seq, epoch);
         let tmp = layout::tmp_path(&self.root, region.0);
@@ -541,13 +542,22 @@ impl FileStore {
         region: RegionId,
         key: &PhysicalKey,
         payload: &[u8],
+        expected: Option<Checksum>,
     ) -> Result<Committed, StoreError> {
+        // Hashed once: compared with the writer's checksum when there is one, and written into
+        // the block file's header.
+        let checksum = Checksum::of(payload);
+        if let Some(e) = expected.filter(|&e| e != checksum) {
+            let released = self.lock().fail_commit(region, Retirement::Retired);
+            self.dispose(released);
+            return Err(put_damaged(checksum, Some(e)));
+        }
         // The commit sequence names the file; the epoch goes into its header. One lock for both.
         let (seq, epoch) = {
             let mut catalog = self.lock();
             (catalog.next_seq_reserve(), catalog.epoch().0)
         };
-        match self.persist(key, region, (seq, epoch), payload) {
+        match self.persist(key, region, (seq, epoch), payload, checksum) {
             Ok((path, header_len, checksum)) => {
                 let now = self.clock.now_ms();
                 let mut catalog = self.lock();
@@ -775,6 +785,39 @@ fn scan_blocks(
     Ok((found, max_epoch))
 }
 
+impl FileStore {
+    /// [`Store::put`], the block compared with `expected` (the writer's checksum) before it is
+    /// committed when there is one.
+    fn put_expecting(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+        expected: Option<Checksum>,
+    ) -> Result<Put, StoreError> {
+        let r = match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
+            Ok(r) => r,
+            Err(answer) => return Ok(answer),
+        };
+        // Record the whole payload as written without staging a copy: the file is written
+        // straight from the caller's buffer.
+        let recorded = {
+            let mut catalog = self.lock();
+            match catalog.write_into(caller, &r, 0, src.len() as u64) {
+                Ok(_) => catalog.start_commit(caller, &r).map(|_| ()),
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = recorded {
+            // Nothing was written: end the reservation the way the default `put` would.
+            let _ = self.abort(caller, r, e.retirement());
+            return Err(e);
+        }
+        self.commit_payload(r.region, key, src, expected).map(|c| Put::Committed(c.checksum))
+    }
+}
+
 impl Store for FileStore {
     fn info(&self) -> StoreInfo {
         StoreInfo {
@@ -897,7 +940,7 @@ impl Store for FileStore {
             };
             (b.key.clone(), staged)
         };
-        self.commit_payload(r.region, &key, &staged)
+        self.commit_payload(r.region, &key, &staged, None)
     }
 
     fn put(
@@ -907,25 +950,27 @@ impl Store for FileStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        let r = match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
-            Ok(r) => r,
-            Err(answer) => return Ok(answer),
-        };
-        // Record the whole payload as written without staging a copy: the file is written
-        // straight from the caller's buffer.
-        let recorded = {
-            let mut catalog = self.lock();
-            match catalog.write_into(caller, &r, 0, src.len() as u64) {
-                Ok(_) => catalog.start_commit(caller, &r).map(|_| ()),
-                Err(e) => Err(e),
-            }
-        };
-        if let Err(e) = recorded {
-            // Nothing was written: end the reservation the way the default `put` would.
-            let _ = self.abort(caller, r, e.retirement());
-            return Err(e);
-        }
-        self.commit_payload(r.region, key, src).map(|c| Put::Committed(c.checksum))
+        self.put_expecting(caller, key, src, request, None)
+    }
+
+    /// Each PUT in order, hashed once, in the pass that writes its header, and compared with
+    /// the writer's checksum before the block is committed.
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        expected: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match expected.get(i) {
+                Some(&sum) => {
+                    self.put_expecting(caller, item.key, item.src, item.request, Some(sum))
+                }
+                None => Err(put_damaged(Checksum::of(item.src), None)),
+            })
+            .collect()
     }
 
     fn abort(

@@ -94,6 +94,15 @@ pub enum WireError {
     /// the server's account of it. Nothing was staged.
     #[error("staging: {reason}: {detail}")]
     Staging { reason: crate::staging::StagingFailure, detail: String },
+    /// A request body of `requested` bytes would take the request bytes in flight past `max`
+    /// (`in_flight` were held when it was refused): the server's budget over every
+    /// connection, or, with `tenant`, the share of the connection's tenant. Nothing of the body
+    /// was buffered, and since it cannot be skipped safely the connection closes.
+    #[error(
+        "a request body of {requested} bytes would exceed the {} in-flight request bytes limit of {max} ({in_flight} in flight)",
+        if *.tenant { "tenant's" } else { "server's" }
+    )]
+    Overloaded { tenant: bool, requested: u64, in_flight: u64, max: u64 },
 }
 
 /// Which HELLO check failed ([`WireError::AuthFailed`]).
@@ -178,6 +187,7 @@ impl WireError {
                 | Self::HeaderChecksum { .. }
                 | Self::TooLarge { .. }
                 | Self::Busy { .. }
+                | Self::Overloaded { .. }
                 | Self::ShuttingDown
                 | Self::AuthFailed { .. }
                 | Self::Unsealed

@@ -945,6 +945,13 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u8(27);
             w.tenant(tenant);
         }
+        WireError::Overloaded { tenant, requested, in_flight, max } => {
+            w.u8(28);
+            w.u8(u8::from(*tenant));
+            w.u64(*requested);
+            w.u64(*in_flight);
+            w.u64(*max);
+        }
     }
 }
 
@@ -995,6 +1002,12 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
             WireError::Staging { reason, detail: r.text(text::TEXT)? }
         }
         27 => WireError::UnknownTenant { tenant: r.tenant()? },
+        28 => WireError::Overloaded {
+            tenant: r.u8(N)? != 0,
+            requested: r.u64(N)?,
+            in_flight: r.u64(N)?,
+            max: r.u64(N)?,
+        },
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

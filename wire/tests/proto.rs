@@ -1185,6 +1185,12 @@ fn sample_responses() -> Vec<Response> {
         Response::Limits(ServerLimits { object_bytes_max: Some(64 << 20) }),
         Response::Limits(ServerLimits { object_bytes_max: None }),
         Response::Error(WireError::UnknownTenant { tenant: t.clone() }),
+        Response::Error(WireError::Overloaded {
+            tenant: false,
+            requested: 64 << 20,
+            in_flight: 1 << 30,
+            max: 1 << 30,
+        }),
     ]
 }
 
@@ -1830,7 +1836,7 @@ fn bad_names_text_and_tags_are_typed() {
         (Op::Write, &[1, 14], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[28], "wire error"),
+        (Op::Error, &[29], "wire error"),
         (Op::Error, &[26, 8], "staging failure"),
         (Op::Error, &[21, 8], "auth failure"),
         (Op::Hello, &[2, 0, 0, 0, 0, 9], "hello credentials"),
@@ -2195,6 +2201,7 @@ fn every_wire_error() -> Vec<WireError> {
         WireError::Replayed { request_id: 1 },
         WireError::SharedMemory { detail: "no segment".into() },
         WireError::UnknownTenant { tenant: fixture::tenant(1) },
+        WireError::Overloaded { tenant: true, requested: 3, in_flight: 2, max: 4 },
     ]
 }
 
@@ -2250,6 +2257,7 @@ fn which_errors_close_the_connection() {
             WireError::AuthFailed { reason: AuthFailure::KeyExpired },
             WireError::Unsealed,
             WireError::SealMismatch,
+            WireError::Overloaded { tenant: true, requested: 3, in_flight: 2, max: 4 },
         ]
     );
 }

@@ -462,8 +462,9 @@ impl Service {
         let mut lines = vec![format!(
             "listening native={} local={local} resp={} metrics={} store={} epoch={} root={root} \
              io_engine={engine} object_bytes_max={} retained_bytes_max={} \
-             inflight_requests_max={} connections_max={} resp_tenant={} sealed_tenants={} \
-             staging={}{} io_engine_reason=\"{engine_reason}\"",
+             inflight_requests_max={} connections_max={} connections_per_peer_max={} \
+             inflight_body_bytes_max={} resp_tenant={} sealed_tenants={} staging={}{} \
+             io_engine_reason=\"{engine_reason}\"",
             self.native_addr(),
             self.resp_addr(),
             self.metrics_addr(),
@@ -473,6 +474,8 @@ impl Service {
             l.retained_bytes_max,
             l.inflight_requests_max,
             config.listen.connections_max,
+            config.listen.connections_per_peer_max,
+            config.listen.inflight_body_bytes_max,
             config.resp_caller().tenant,
             config.tenant_auth().len(),
             self.staging_name,

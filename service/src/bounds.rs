@@ -5,7 +5,9 @@
 //!   each read before it is appended) and released once the request is served or the connection
 //!   ends, against the server's [`ConnectionBounds::inflight_body_bytes_max`] and, once the
 //!   connection knows its tenant, that tenant's share
-//!   ([`ConnectionBounds::tenant_inflight_body_bytes_max`]);
+//!   ([`ConnectionBounds::tenant_inflight_body_bytes_max`]), and the share of its peer address
+//!   ([`ConnectionBounds::peer_inflight_body_bytes_max`]), so that a few clients cannot take the
+//!   whole budget from the others;
 //! - the connections one peer address may hold ([`Guard::admit_peer`]);
 //! - the deadlines of a connection ([`Deadlines`]): a request that has started must arrive
 //!   whole within `body_timeout`, and a connection that must authenticate must do so within
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_wire::WireError;
+use gpucache_wire::{InflightScope, WireError};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -35,6 +37,8 @@ use crate::listener::Connection;
 
 /// Default [`ConnectionBounds::inflight_body_bytes_max`]: 1 GiB.
 pub const INFLIGHT_BODY_BYTES_MAX_DEFAULT: u64 = 1 << 30;
+/// Default [`ConnectionBounds::peer_inflight_body_bytes_max`]: a quarter of the default budget.
+pub const PEER_INFLIGHT_BODY_BYTES_MAX_DEFAULT: u64 = 256 << 20;
 /// Default [`ConnectionBounds::body_timeout`].
 pub const BODY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// Default [`ConnectionBounds::hello_timeout`].
@@ -84,6 +88,8 @@ pub struct ConnectionBounds {
     /// The same bound for one tenant's connections, once they said who they are (the store's
     /// `limits.tenant_inflight_bytes_max` in a built service).
     pub tenant_inflight_body_bytes_max: u64,
+    /// The same bound for the connections of one peer IP address.
+    pub peer_inflight_body_bytes_max: u64,
     /// Once a request's first byte arrived, the whole request must arrive within this long,
     /// or the connection is closed.
     pub body_timeout: Duration,
@@ -100,6 +106,7 @@ impl Default for ConnectionBounds {
         Self {
             inflight_body_bytes_max: INFLIGHT_BODY_BYTES_MAX_DEFAULT,
             tenant_inflight_body_bytes_max: ResourceLimits::default().tenant_inflight_bytes_max,
+            peer_inflight_body_bytes_max: PEER_INFLIGHT_BODY_BYTES_MAX_DEFAULT,
             body_timeout: BODY_TIMEOUT_DEFAULT,
             hello_timeout: HELLO_TIMEOUT_DEFAULT,
             connections_per_peer_max: CONNECTIONS_PER_PEER_MAX_DEFAULT,
@@ -141,6 +148,8 @@ pub enum Reason {
     InflightBytes,
     /// A request body would have exceeded its tenant's share of the in-flight budget.
     TenantInflightBytes,
+    /// A request body would have exceeded its peer address's share of the in-flight budget.
+    PeerInflightBytes,
     /// A request bigger than [`UNAUTHENTICATED_REQUEST_BYTES_MAX`] before authentication.
     Oversize,
     /// A request did not arrive whole within `body_timeout`.
@@ -154,11 +163,12 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::ConnectionsMax,
         Self::PerPeer,
         Self::InflightBytes,
         Self::TenantInflightBytes,
+        Self::PeerInflightBytes,
         Self::Oversize,
         Self::BodyTimeout,
         Self::HelloTimeout,
@@ -172,6 +182,7 @@ impl Reason {
             Self::PerPeer => "per_peer",
             Self::InflightBytes => "inflight_bytes",
             Self::TenantInflightBytes => "tenant_inflight_bytes",
+            Self::PeerInflightBytes => "peer_inflight_bytes",
             Self::Oversize => "oversize",
             Self::BodyTimeout => "body_timeout",
             Self::HelloTimeout => "hello_timeout",
@@ -246,6 +257,8 @@ pub struct Guard {
     tenants: Mutex<HashMap<TenantId, u64>>,
     /// Open connections by peer address; an address is here only while it has some.
     peers: Mutex<HashMap<IpAddr, u32>>,
+    /// In-flight body bytes by peer address; an address is here only while it has some.
+    peer_bytes: Mutex<HashMap<IpAddr, u64>>,
     refusals: Refusals,
 }
 
@@ -309,9 +322,15 @@ impl Guard {
         Ok(PeerSlot { guard: Arc::clone(self), ip })
     }
 
-    /// A connection's charge, empty at first.
-    pub fn charge(&self) -> BodyCharge<'_> {
-        BodyCharge { guard: self, server: 0, tenant: None }
+    /// Request-body bytes the connections of `ip` have charged now.
+    pub fn peer_body_bytes_in_flight(&self, ip: IpAddr) -> u64 {
+        locked(&self.peer_bytes).get(&ip.to_canonical()).copied().unwrap_or(0)
+    }
+
+    /// The charge of a connection from `peer` (`None`: a Unix socket peer, which has no share
+    /// of its own), empty at first.
+    pub fn charge(&self, peer: Option<IpAddr>) -> BodyCharge<'_> {
+        BodyCharge { guard: self, server: 0, tenant: None, peer: peer.map(|ip| ip.to_canonical()) }
     }
 
     fn take_server(&self, more: u64) -> Result<(), OverBudget> {
@@ -323,7 +342,12 @@ impl Guard {
             .map(drop)
             .map_err(|in_flight| OverBudget {
                 reason: Reason::InflightBytes,
-                error: WireError::Overloaded { tenant: false, requested: more, in_flight, max },
+                error: WireError::Overloaded {
+                    scope: InflightScope::Server,
+                    requested: more,
+                    in_flight,
+                    max,
+                },
             })
     }
 
@@ -344,8 +368,44 @@ impl Guard {
             }
             None => Err(OverBudget {
                 reason: Reason::TenantInflightBytes,
-                error: WireError::Overloaded { tenant: true, requested: more, in_flight, max },
+                error: WireError::Overloaded {
+                    scope: InflightScope::Tenant,
+                    requested: more,
+                    in_flight,
+                    max,
+                },
             }),
+        }
+    }
+
+    fn take_peer(&self, ip: IpAddr, more: u64) -> Result<(), OverBudget> {
+        let max = self.bounds.peer_inflight_body_bytes_max;
+        let mut peers = locked(&self.peer_bytes);
+        let in_flight = peers.get(&ip).copied().unwrap_or(0);
+        match in_flight.checked_add(more).filter(|total| *total <= max) {
+            Some(total) => {
+                peers.insert(ip, total);
+                Ok(())
+            }
+            None => Err(OverBudget {
+                reason: Reason::PeerInflightBytes,
+                error: WireError::Overloaded {
+                    scope: InflightScope::Peer,
+                    requested: more,
+                    in_flight,
+                    max,
+                },
+            }),
+        }
+    }
+
+    fn give_peer(&self, ip: IpAddr, less: u64) {
+        let mut peers = locked(&self.peer_bytes);
+        if let Some(held) = peers.get_mut(&ip) {
+            *held = held.saturating_sub(less);
+            if *held == 0 {
+                peers.remove(&ip);
+            }
         }
     }
 
@@ -413,13 +473,15 @@ impl Drop for PeerSlot {
     }
 }
 
-/// The request-body bytes one connection has charged: to the server's budget and, once it knows
-/// its tenant, to that tenant's share. Dropping it gives everything back.
+/// The request-body bytes one connection has charged: to the server's budget and its peer
+/// address's share (the same bytes) and, once it knows its tenant, to that tenant's share.
+/// Dropping it gives everything back.
 #[derive(Debug)]
 pub struct BodyCharge<'g> {
     guard: &'g Guard,
     server: u64,
     tenant: Option<(TenantId, u64)>,
+    peer: Option<IpAddr>,
 }
 
 impl BodyCharge<'_> {
@@ -428,16 +490,24 @@ impl BodyCharge<'_> {
         self.server
     }
 
-    /// Makes the charge `total` bytes: growing takes the difference from the server's budget
-    /// and from `tenant`'s share (when given), and is refused, changing nothing, if either
-    /// would pass its limit; shrinking gives the difference back.
+    /// Makes the charge `total` bytes: growing takes the difference from the server's budget,
+    /// the peer's share and `tenant`'s share (when given), and is refused, changing nothing, if
+    /// any would pass its limit; shrinking gives the difference back.
     pub fn set(&mut self, total: u64, tenant: Option<&TenantId>) -> Result<(), OverBudget> {
         if total <= self.server {
             self.shrink(total);
             return Ok(());
         }
         let more = total - self.server;
-        self.guard.take_server(more)?;
+        if let Some(ip) = self.peer {
+            self.guard.take_peer(ip, more)?;
+        }
+        if let Err(e) = self.guard.take_server(more) {
+            if let Some(ip) = self.peer {
+                self.guard.give_peer(ip, more);
+            }
+            return Err(e);
+        }
         if let Some(tenant) = tenant {
             let held = match &self.tenant {
                 Some((t, n)) if t == tenant => *n,
@@ -448,6 +518,9 @@ impl BodyCharge<'_> {
             let tenant_more = total.saturating_sub(held);
             if let Err(e) = self.guard.take_tenant(tenant, tenant_more) {
                 self.guard.give_server(more);
+                if let Some(ip) = self.peer {
+                    self.guard.give_peer(ip, more);
+                }
                 return Err(e);
             }
             self.tenant = Some((tenant.clone(), total));
@@ -463,6 +536,9 @@ impl BodyCharge<'_> {
 
     fn shrink(&mut self, total: u64) {
         self.guard.give_server(self.server - total);
+        if let Some(ip) = self.peer {
+            self.guard.give_peer(ip, self.server - total);
+        }
         self.server = total;
         if let Some((tenant, held)) = &mut self.tenant {
             let less = held.saturating_sub(total);
@@ -638,8 +714,8 @@ mod tests {
     fn charges_return_to_zero_when_released_or_dropped() {
         let g = guard(100, 60);
         let a = tenant("a");
-        let mut one = g.charge();
-        let mut two = g.charge();
+        let mut one = g.charge(None);
+        let mut two = g.charge(None);
         one.set(40, Some(&a)).expect("within both");
         two.set(30, None).expect("within the server's");
         assert_eq!(g.body_bytes_in_flight(), 70);
@@ -660,27 +736,70 @@ mod tests {
     fn a_charge_past_a_limit_is_refused_with_the_numbers_and_changes_nothing() {
         let g = guard(100, 60);
         let (a, b) = (tenant("a"), tenant("b"));
-        let mut one = g.charge();
+        let mut one = g.charge(None);
         one.set(50, Some(&a)).expect("fits");
-        let mut two = g.charge();
+        let mut two = g.charge(None);
         let refused = two.set(20, Some(&a)).expect_err("tenant a is at 50 of 60");
         assert_eq!(refused.reason, Reason::TenantInflightBytes);
         assert_eq!(
             refused.error,
-            WireError::Overloaded { tenant: true, requested: 20, in_flight: 50, max: 60 }
+            WireError::Overloaded {
+                scope: InflightScope::Tenant,
+                requested: 20,
+                in_flight: 50,
+                max: 60
+            }
         );
         assert_eq!((g.body_bytes_in_flight(), two.bytes()), (50, 0));
         two.set(45, Some(&b)).expect("another tenant has its own share");
-        let mut three = g.charge();
+        let mut three = g.charge(None);
         let refused = three.set(6, None).expect_err("the server is at 95 of 100");
         assert_eq!(refused.reason, Reason::InflightBytes);
         assert_eq!(
             refused.error,
-            WireError::Overloaded { tenant: false, requested: 6, in_flight: 95, max: 100 }
+            WireError::Overloaded {
+                scope: InflightScope::Server,
+                requested: 6,
+                in_flight: 95,
+                max: 100
+            }
         );
         assert!(refused.error.closes_connection());
         drop((one, two, three));
         assert_eq!(g.body_bytes_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_peer_address_has_its_own_share() {
+        let g = Guard::new(ConnectionBounds {
+            inflight_body_bytes_max: 100,
+            peer_inflight_body_bytes_max: 40,
+            ..ConnectionBounds::default()
+        });
+        let one: IpAddr = "127.0.0.1".parse().expect("ip");
+        let two: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mut a = g.charge(Some(one));
+        let mut b = g.charge(Some(one));
+        a.set(30, None).expect("fits the share");
+        let refused = b.set(20, None).expect_err("the address is at 30 of 40");
+        assert_eq!(refused.reason, Reason::PeerInflightBytes);
+        assert_eq!(
+            refused.error,
+            WireError::Overloaded {
+                scope: InflightScope::Peer,
+                requested: 20,
+                in_flight: 30,
+                max: 40
+            }
+        );
+        assert_eq!(g.body_bytes_in_flight(), 30, "a refused charge takes nothing");
+        let mut c = g.charge(Some(two));
+        c.set(40, None).expect("another address has its own share");
+        a.set(10, None).expect("shrinks");
+        assert_eq!((g.peer_body_bytes_in_flight(one), g.body_bytes_in_flight()), (10, 50));
+        drop((a, b, c));
+        assert_eq!(g.peer_body_bytes_in_flight(one) + g.peer_body_bytes_in_flight(two), 0);
+        assert!(locked(&g.peer_bytes).is_empty());
     }
 
     #[test]

@@ -124,6 +124,7 @@ impl ValidConfig {
         ConnectionBounds {
             inflight_body_bytes_max: l.inflight_body_bytes_max,
             tenant_inflight_body_bytes_max: self.limits.tenant_inflight_bytes_max,
+            peer_inflight_body_bytes_max: l.peer_inflight_body_bytes_max,
             body_timeout: Duration::from_millis(l.body_timeout_ms),
             hello_timeout: Duration::from_millis(l.hello_timeout_ms),
             connections_per_peer_max: l.connections_per_peer_max,

@@ -420,7 +420,7 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
     let guard = &*shared.config.guard;
     let tenant = &shared.config.tenant.tenant;
     // What the decoder holds, charged before each read is appended to it.
-    let mut charge = guard.charge();
+    let mut charge = guard.charge(peer.map(|a| a.ip()));
     let mut deadlines = Deadlines::new(guard.bounds(), shared.config.auth.is_some());
     let mut decoder = RequestDecoder::new(shared.config.limits);
     let mut buf = vec![0u8; READ_CHUNK_BYTES];

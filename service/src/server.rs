@@ -362,7 +362,7 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared, front: Front)
     let mut session: Option<Session> = None;
     // The body bytes of the frame in progress, charged when its header arrives (before any of
     // its body is buffered) and given back once it is answered or the connection ends.
-    let mut charge = guard.charge();
+    let mut charge = guard.charge(stream.peer_ip());
     let mut deadlines = Deadlines::new(guard.bounds(), true);
     let connection = shared.next_connection.fetch_add(1, Ordering::Relaxed);
     let mut local = Local { connection, ..Local::default() };

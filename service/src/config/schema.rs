@@ -270,6 +270,9 @@ pub struct ListenSection {
     /// are buffered); a request past it is refused and its connection closed.
     #[serde(deserialize_with = "byte_count")]
     pub inflight_body_bytes_max: u64,
+    /// The share of `inflight_body_bytes_max` the connections of one IP address may hold.
+    #[serde(deserialize_with = "byte_count")]
+    pub peer_inflight_body_bytes_max: u64,
     /// Once a request's first byte arrived, the whole request must within this long, in
     /// milliseconds, or the connection is closed.
     pub body_timeout_ms: u64,
@@ -309,6 +312,7 @@ impl Default for ListenSection {
             connections_max: server.connections_max,
             connections_per_peer_max: bounds.connections_per_peer_max,
             inflight_body_bytes_max: bounds.inflight_body_bytes_max,
+            peer_inflight_body_bytes_max: bounds.peer_inflight_body_bytes_max,
             body_timeout_ms: millis(bounds.body_timeout),
             hello_timeout_ms: millis(bounds.hello_timeout),
             idle_timeout_ms: millis(server.idle_timeout),

@@ -153,6 +153,12 @@ impl ServeConfig {
             self.limits.object_bytes_max,
             u64::MAX,
         )?;
+        in_range(
+            "listen.peer_inflight_body_bytes_max",
+            l.peer_inflight_body_bytes_max,
+            self.limits.object_bytes_max,
+            u64::MAX,
+        )?;
         in_range("listen.idle_timeout_ms", l.idle_timeout_ms, 1, TIMEOUT_LIMIT_MS)?;
         in_range("listen.write_timeout_ms", l.write_timeout_ms, 1, TIMEOUT_LIMIT_MS)?;
         // A request that is slower than idleness, or a HELLO allowed longer, would make no sense.

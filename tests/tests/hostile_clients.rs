@@ -1,11 +1,12 @@
 //! The service under hostile clients, in a child process whose memory is measured (its VmRSS):
 //! 100 connections that announce 64 MiB requests (native PUT bodies and RESP bulk strings), send
-//! most of them and stall, plus 300 that send half a frame or command and stall, spread over
-//! loopback addresses 127.0.0.3 to 127.0.0.12. Meanwhile a well-behaved client from 127.0.0.1
-//! keeps storing and reading byte-exact values on both fronts. The server's memory stays under
+//! most of them and stall (from 127.0.0.40 to .43), plus 300 that send half a frame or command
+//! and stall (from 127.0.0.3 to .12). Meanwhile well-behaved clients from 127.0.0.1 keep storing
+//! and reading byte-exact values on both fronts, never refused. The server's memory stays under
 //! its in-flight body budget plus a fixed overhead, the stalled requests are cut at the body
-//! deadline, the HELLO-less ones at the HELLO deadline, and `/metrics` counts each reason. A
-//! second test checks the per-peer limit and the whole-response write deadline.
+//! deadline, the HELLO-less ones at the HELLO deadline, and `/metrics` counts each reason. The
+//! other tests check the per-peer connection limit, the 64 KiB bound before HELLO, the
+//! whole-response write deadline, the idle timeout and a body past the server's budget.
 //!
 //! The child is this test binary itself, run with `GPUCACHE_HOSTILE_CHILD` set: it builds the
 //! service from a TOML configuration exactly as `gpucache serve` does (`ValidConfig::build`),

@@ -27,6 +27,7 @@ use gpucache_storage::host::arena::PayloadArena;
 use gpucache_wire::staging::BlockStaging;
 use prometheus_client::registry::Registry;
 
+use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_mmap_threshold};
 use crate::config::{StoreKind, ValidConfig};
 use crate::dpu::{self, DpuStartError};
 use crate::http::MetricsServer;
@@ -121,6 +122,20 @@ pub struct IoEngineReport {
 }
 
 impl ValidConfig {
+    /// What the client fronts bound connections by: `[listen]`'s budget, per-peer limit and
+    /// deadlines, and the tenant share `limits.tenant_inflight_bytes_max`.
+    pub fn connection_bounds(&self) -> ConnectionBounds {
+        let l = &self.listen;
+        ConnectionBounds {
+            inflight_body_bytes_max: l.inflight_body_bytes_max,
+            tenant_inflight_body_bytes_max: self.limits.tenant_inflight_bytes_max,
+            peer_inflight_body_bytes_max: l.peer_inflight_body_bytes_max,
+            body_timeout: Duration::from_millis(l.body_timeout_ms),
+            hello_timeout: Duration::from_millis(l.hello_timeout_ms),
+            connections_per_peer_max: l.connections_per_peer_max,
+        }
+    }
+
     /// Opens the configured store: a MemoryStore, a FileStore under `store.root`, or the DPU
     /// agent (started first, so that a native backend fails closed before the disk is touched)
     /// in front of that FileStore.
@@ -174,6 +189,10 @@ impl ValidConfig {
     /// documentation).
     pub fn build(self) -> Result<Service, StartError> {
         check_ports(&self)?;
+        // Freed request buffers go back to the kernel, so the in-flight budget bounds memory.
+        if !fix_malloc_mmap_threshold() {
+            tracing::debug!("the allocator's mmap threshold is not adjustable here");
+        }
         let (staging, staging_name) = staging(&self).map_err(StartError::Staging)?;
         let clock = Arc::new(MonotonicClock::default());
         let mut created_root = CreatedRoot::before_open(&self);
@@ -187,6 +206,12 @@ impl ValidConfig {
             StagingGauges::register(&mut registry, Arc::clone(staging));
         }
         register_limits(&mut registry, &self.limits());
+        // One guard for both client fronts: the in-flight body budget and the per-peer limit
+        // are the service's, and its refusals are counted in the service's registry.
+        let refusals = Refusals::default();
+        refusals.register(&mut registry);
+        let guard = Arc::new(Guard::with_refusals(self.connection_bounds(), refusals));
+        GuardGauges::register(&mut registry, Arc::clone(&guard));
         let mut checks = vec![
             Check::store_io(Arc::clone(&store)),
             Check::disk_room(Arc::clone(&store), self.limits.object_bytes_max),
@@ -206,6 +231,9 @@ impl ValidConfig {
         let l = &self.listen;
         let mut server_config = ServerConfig::new(l.native, self.callers().to_vec());
         server_config.connections_max = l.connections_max;
+        server_config.idle_timeout = Duration::from_millis(l.idle_timeout_ms);
+        server_config.write_timeout = Duration::from_millis(l.write_timeout_ms);
+        server_config.guard = Arc::clone(&guard);
         server_config.clock_skew_max = Duration::from_millis(l.clock_skew_max_ms);
         server_config.auth = self.tenant_auth().clone();
         server_config.local = self.local_socket();
@@ -230,6 +258,9 @@ impl ValidConfig {
         let mut resp_config = RespConfig::new(l.resp, resp_caller)
             .map_err(|e| StartError::RespNamespace(e.to_string()))?;
         resp_config.connections_max = l.connections_max;
+        resp_config.idle_timeout = Duration::from_millis(l.idle_timeout_ms);
+        resp_config.write_timeout = Duration::from_millis(l.write_timeout_ms);
+        resp_config.guard = guard;
         // The RESP listener checks the same keys (re-read on change) with AUTH.
         resp_config.auth = self.tenant_auth().get(&resp_tenant).map(|a| Arc::clone(&a.keys));
         resp_config.limits = RespLimits::for_object_bytes_max(self.limits.object_bytes_max);
@@ -446,8 +477,9 @@ impl Service {
         let mut lines = vec![format!(
             "listening native={} local={local} resp={} metrics={} store={} epoch={} root={root} \
              io_engine={engine} object_bytes_max={} retained_bytes_max={} \
-             inflight_requests_max={} connections_max={} resp_tenant={} sealed_tenants={} \
-             staging={}{} io_engine_reason=\"{engine_reason}\"",
+             inflight_requests_max={} connections_max={} connections_per_peer_max={} \
+             inflight_body_bytes_max={} resp_tenant={} sealed_tenants={} staging={}{} \
+             io_engine_reason=\"{engine_reason}\"",
             self.native_addr(),
             self.resp_addr(),
             self.metrics_addr(),
@@ -457,6 +489,8 @@ impl Service {
             l.retained_bytes_max,
             l.inflight_requests_max,
             config.listen.connections_max,
+            config.listen.connections_per_peer_max,
+            config.listen.inflight_body_bytes_max,
             config.resp_caller().tenant,
             config.tenant_auth().len(),
             self.staging_name,

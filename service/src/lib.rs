@@ -6,13 +6,16 @@
 //! - [`server`] and [`listener`]: the GPCW server over any shared `Store`, one thread per
 //!   connection, and the bounded acceptors of every front; [`resp`]: the Redis-protocol front;
 //!   [`auth`]: tenant keys and replay windows; [`create_only`]: the create-only answers the
-//!   fronts share.
+//!   fronts share; [`bounds`]: what keeps the fronts bounded under hostile clients (the
+//!   in-flight request-body budget, connections per peer, body, HELLO and write deadlines, and
+//!   the refusal counts).
 //! - [`metered`] and [`executor_metrics`]: the Prometheus series; [`http`]: metrics, liveness and
 //!   readiness, with the checks in [`ready`]; [`logging`]: log output.
 //! - [`dpu`]: the DPU agent's wiring and offload report; [`units`]: sizes and durations as
 //!   people write them.
 
 pub mod auth;
+pub mod bounds;
 pub mod build;
 pub mod config;
 pub mod create_only;

@@ -1,9 +1,12 @@
 //! The accept side shared by the native and the RESP listeners (ADR 0011): one accept thread,
 //! one thread per connection up to a limit, and a shutdown that stops accepting and joins every
-//! connection thread within a deadline. What a connection does is the caller's.
+//! connection thread within a deadline. What a connection does is the caller's. A connection over
+//! `connections_max`, or from an address at `connections_per_peer_max` ([`Guard::admit_peer`]),
+//! is answered by the caller's refusal and closed by the accept thread, before a connection
+//! thread is spent on it, and counted by reason.
 
 use std::io;
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -11,6 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use crate::bounds::{Front, Guard, Reason};
 
 /// How long a refused connection gets to take its refusal.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -45,6 +50,13 @@ pub(crate) trait Connection: io::Read + io::Write + Send + 'static {
     fn peer_is_loopback(&self) -> bool {
         false
     }
+    /// The peer's IP address, which `connections_per_peer_max` counts by; `None` for a Unix
+    /// socket peer (not limited per peer).
+    fn peer_ip(&self) -> Option<IpAddr> {
+        None
+    }
+    /// Shuts the write side (the client reads the end of the stream).
+    fn shutdown_write(&self) {}
     /// Reads like `read`, and also returns a descriptor that arrived with the bytes.
     fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
         Ok((io::Read::read(self, buf)?, None))
@@ -67,6 +79,12 @@ impl Connection for TcpStream {
     fn peer_is_loopback(&self) -> bool {
         self.peer_addr().is_ok_and(|a| a.ip().is_loopback())
     }
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.peer_addr().ok().map(|a| a.ip().to_canonical())
+    }
+    fn shutdown_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
 }
 
 impl Connection for UnixStream {
@@ -79,6 +97,9 @@ impl Connection for UnixStream {
     fn set_nodelay(&self) {}
     fn peer(&self) -> String {
         "unix socket peer".into()
+    }
+    fn shutdown_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
     }
     fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
         gpucache_storage::host::segment::recv_with_fd(self, buf)
@@ -158,13 +179,15 @@ pub(crate) enum ReadTick {
     Data(usize, Option<OwnedFd>),
     /// Nothing arrived within the read timeout, and the connection is not idle yet.
     Quiet,
-    /// The peer closed, the read failed, or nothing complete arrived for `idle_timeout`.
+    /// Nothing complete arrived for `idle_timeout`: the connection is to be closed.
+    Idle,
+    /// The peer closed, or the read failed.
     Closed,
 }
 
 /// Reads once from a connection whose read timeout is a short tick, so the caller's loop can
 /// check for shutdown between ticks; a connection with no complete request since
-/// `last_request` for longer than `idle_timeout` is reported closed.
+/// `last_request` for longer than `idle_timeout` is reported idle.
 pub(crate) fn read_tick<C: Connection>(
     stream: &mut C,
     buf: &mut [u8],
@@ -182,7 +205,7 @@ pub(crate) fn read_tick<C: Connection>(
         {
             if last_request.elapsed() > idle_timeout {
                 tracing::debug!(peer = %stream.peer(), "closing an idle connection");
-                ReadTick::Closed
+                ReadTick::Idle
             } else {
                 ReadTick::Quiet
             }
@@ -209,13 +232,26 @@ impl std::fmt::Debug for Acceptor {
     }
 }
 
+/// Why the accept loop turned a connection away, with the count it was at and its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TurnedAway {
+    /// The listener holds `open` connections, `max` is `connections_max`.
+    ConnectionsMax { open: u32, max: u32 },
+    /// The peer's address holds `open`, `max` is `connections_per_peer_max`.
+    PerPeer { open: u32, max: u32 },
+}
+
 /// How an accept loop runs.
 pub(crate) struct AcceptorConfig<R, S> {
     /// Thread name prefix ("gpucache-resp" gives "gpucache-resp-accept" and "-conn").
     pub(crate) name: &'static str,
+    /// The front, as refusals are counted.
+    pub(crate) front: Front,
     pub(crate) connections_max: u32,
     pub(crate) shutdown_deadline: Duration,
-    /// Answers a connection over the limit (`open`, `max`) before it is closed.
+    /// Per-peer limits and refusal counts, shared with the other fronts.
+    pub(crate) guard: Arc<Guard>,
+    /// Answers a connection turned away before it is closed.
     pub(crate) refuse: R,
     /// Serves one connection until it ends.
     pub(crate) serve: S,
@@ -229,7 +265,7 @@ impl Acceptor {
     ) -> io::Result<Self>
     where
         L: Listen + Sync,
-        R: Fn(&mut L::Stream, u32, u32) + Send + 'static,
+        R: Fn(&mut L::Stream, TurnedAway) + Send + 'static,
         S: Fn(L::Stream) + Send + Sync + 'static,
     {
         let listener = Arc::new(listener);
@@ -239,7 +275,8 @@ impl Acceptor {
         let accept = {
             let gate = Arc::clone(&gate);
             let connections = Arc::clone(&connections);
-            let AcceptorConfig { name, connections_max, refuse, serve, .. } = config;
+            let AcceptorConfig { name, front, connections_max, refuse, serve, .. } = config;
+            let guard = Arc::clone(&config.guard);
             let serve = Arc::new(serve);
             std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
                 loop {
@@ -248,17 +285,36 @@ impl Acceptor {
                         break;
                     }
                     let Ok(mut stream) = stream else { continue };
+                    let turn_away = |stream: &mut L::Stream, why: TurnedAway| {
+                        let reason = match why {
+                            TurnedAway::ConnectionsMax { .. } => Reason::ConnectionsMax,
+                            TurnedAway::PerPeer { .. } => Reason::PerPeer,
+                        };
+                        guard.count(front, reason);
+                        let _ = Connection::set_write_timeout(stream, Some(REFUSAL_WRITE_TIMEOUT));
+                        refuse(stream, why);
+                    };
                     let open = gate.open.fetch_add(1, Ordering::AcqRel);
                     if open >= connections_max {
                         gate.open.fetch_sub(1, Ordering::AcqRel);
-                        let _ = Connection::set_write_timeout(&stream, Some(REFUSAL_WRITE_TIMEOUT));
-                        refuse(&mut stream, open, connections_max);
+                        let why = TurnedAway::ConnectionsMax { open, max: connections_max };
+                        turn_away(&mut stream, why);
                         continue;
                     }
+                    let peer = match stream.peer_ip().map(|ip| guard.admit_peer(ip)) {
+                        None => None,
+                        Some(Ok(slot)) => Some(slot),
+                        Some(Err((open, max))) => {
+                            gate.open.fetch_sub(1, Ordering::AcqRel);
+                            turn_away(&mut stream, TurnedAway::PerPeer { open, max });
+                            continue;
+                        }
+                    };
                     let (conn_gate, serve) = (Arc::clone(&gate), Arc::clone(&serve));
                     let spawned =
                         std::thread::Builder::new().name(format!("{name}-conn")).spawn(move || {
                             serve(stream);
+                            drop(peer);
                             conn_gate.open.fetch_sub(1, Ordering::AcqRel);
                         });
                     match spawned {

@@ -65,16 +65,19 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::TenantKeys;
 use crate::auth::keys::unhex;
+use crate::bounds::{
+    DeadlineWriter, Deadlines, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX, close_after,
+};
 use crate::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
-use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, read_tick};
+use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, TurnedAway, read_tick};
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::clock::{Clock, UnixClock};
@@ -120,10 +123,6 @@ const REPLY_FLUSH_BYTES: usize = 256 << 10;
 const BUFFER_KEEP_BYTES: usize = 4 << 20;
 /// Most bytes of a command name or key quoted in an error.
 const SHOWN_BYTES_MAX: usize = 64;
-/// How long a closing connection keeps reading (and discarding) after its last reply, so that
-/// unread input does not turn the close into a reset that destroys that reply.
-const CLOSE_DRAIN: Duration = Duration::from_millis(500);
-const CLOSE_DRAIN_BYTES: usize = 4 << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Quoting client bytes
@@ -161,8 +160,12 @@ pub struct RespConfig {
     pub connections_max: u32,
     /// A connection with no complete request for this long is closed.
     pub idle_timeout: Duration,
-    /// A reply the client does not read within this long closes the connection.
+    /// Replies the client does not take whole within this long (one deadline for what is
+    /// written at once, however slowly it is drained) close the connection.
     pub write_timeout: Duration,
+    /// The in-flight request-body budget, the per-peer connection limit, the body and AUTH
+    /// deadlines, and the refusal counts; a built service shares one with the native front.
+    pub guard: Arc<Guard>,
     /// How long shutdown waits for connection threads.
     pub shutdown_deadline: Duration,
     /// The caller every RESP connection acts as.
@@ -193,6 +196,7 @@ impl RespConfig {
             connections_max: 256,
             idle_timeout: Duration::from_secs(300),
             write_timeout: Duration::from_secs(30),
+            guard: Arc::default(),
             shutdown_deadline: Duration::from_secs(10),
             tenant,
             namespace,
@@ -345,6 +349,7 @@ impl RespServer {
         let (connections_max, shutdown_deadline) =
             (config.connections_max, config.shutdown_deadline);
         let tenant = config.tenant.tenant.clone();
+        let guard = Arc::clone(&config.guard);
         let shared = Arc::new(Shared {
             config,
             store,
@@ -360,10 +365,21 @@ impl RespServer {
             gate,
             AcceptorConfig {
                 name: "gpucache-resp",
+                front: Front::Resp,
                 connections_max,
                 shutdown_deadline,
-                refuse: |stream: &mut TcpStream, _open: u32, _max: u32| {
-                    let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+                guard,
+                refuse: |stream: &mut TcpStream, why: TurnedAway| {
+                    let text = match why {
+                        TurnedAway::ConnectionsMax { .. } => {
+                            "-ERR max number of clients reached\r\n".to_owned()
+                        }
+                        TurnedAway::PerPeer { open, max } => format!(
+                            "-ERR max number of clients reached for this address ({open} of \
+                             {max})\r\n"
+                        ),
+                    };
+                    let _ = stream.write_all(text.as_bytes());
                 },
                 serve: move |stream: TcpStream| serve_connection(stream, &shared),
             },
@@ -388,32 +404,6 @@ impl RespServer {
     }
 }
 
-/// Sends what is left, then closes without resetting: the write side is shut and input is read
-/// and dropped for a moment, so the client gets the last reply even if it sent more.
-fn close_gently(mut stream: TcpStream, out: &[u8]) {
-    if stream.write_all(out).is_err() {
-        return;
-    }
-    let _ = stream.shutdown(Shutdown::Write);
-    let deadline = Instant::now() + CLOSE_DRAIN;
-    let mut sink = [0u8; 16 << 10];
-    let mut drained = 0;
-    while Instant::now() < deadline && drained < CLOSE_DRAIN_BYTES {
-        match stream.read(&mut sink) {
-            Ok(0) => return,
-            Ok(n) => drained += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return,
-        }
-    }
-}
-
 /// What a connection does after answering a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Then {
@@ -425,7 +415,13 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(READ_TICK));
-    let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
+    let write_timeout = shared.config.write_timeout;
+    let _ = stream.set_write_timeout(Some(write_timeout));
+    let guard = &*shared.config.guard;
+    let tenant = &shared.config.tenant.tenant;
+    // What the decoder holds, charged before each read is appended to it.
+    let mut charge = guard.charge(peer.map(|a| a.ip()));
+    let mut deadlines = Deadlines::new(guard.bounds(), shared.config.auth.is_some());
     let mut decoder = RequestDecoder::new(shared.config.limits);
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     let mut out: Vec<u8> = Vec::new();
@@ -446,25 +442,55 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
         if shared.gate.stopping() && decoder.is_idle() {
             return;
         }
+        if let Some(reason) = deadlines.passed(Instant::now()) {
+            guard.count(Front::Resp, reason);
+            return;
+        }
         let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
             // RESP clients cannot send descriptors over TCP; nothing to keep.
             ReadTick::Data(n, _) => n,
             ReadTick::Quiet => continue,
+            ReadTick::Idle => {
+                guard.count(Front::Resp, Reason::IdleTimeout);
+                return;
+            }
             ReadTick::Closed => return,
         };
+        let held = u64::try_from(decoder.buffered() + n).unwrap_or(u64::MAX);
+        let refused = if !session.authenticated.get() && held > UNAUTHENTICATED_REQUEST_BYTES_MAX {
+            Some((
+                Reason::Oversize,
+                format!(
+                    "ERR {held} bytes sent before AUTH, more than the \
+                     {UNAUTHENTICATED_REQUEST_BYTES_MAX} allowed"
+                ),
+            ))
+        } else {
+            charge.set(held, Some(tenant)).err().map(|r| (r.reason, format!("BUSY {}", r.error)))
+        };
+        if let Some((reason, text)) = refused {
+            guard.count(Front::Resp, reason);
+            tracing::debug!(?peer, reason = reason.as_str(), "closing a RESP connection: refused");
+            Reply::Error(text).encode(&mut out);
+            close_after(&mut stream, &out, write_timeout);
+            return;
+        }
         decoder.feed(&buf[..n]);
         loop {
             match decoder.next_request() {
                 Ok(Some(args)) => {
                     last_request = Instant::now();
                     let (reply, then) = session.execute(&args);
+                    if session.authenticated.get() {
+                        deadlines.authenticated();
+                    }
                     reply.encode_as(session.version.get(), &mut out);
                     if then == Then::Close {
-                        close_gently(stream, &out);
+                        close_after(&mut stream, &out, write_timeout);
                         return;
                     }
                     if out.len() >= REPLY_FLUSH_BYTES {
-                        if stream.write_all(&out).is_err() {
+                        if !write_out(&mut stream, &out, write_timeout, guard) {
                             return;
                         }
                         out.clear();
@@ -474,13 +500,16 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
                 Err(e) => {
                     tracing::debug!(?peer, error = %e, "closing a RESP connection: bad request");
                     Reply::Error(format!("ERR Protocol error: {e}")).encode(&mut out);
-                    close_gently(stream, &out);
+                    close_after(&mut stream, &out, write_timeout);
                     return;
                 }
             }
         }
+        // What is left buffered is part of the next request (shrinking cannot be refused).
+        let _ = charge.set(u64::try_from(decoder.buffered()).unwrap_or(u64::MAX), Some(tenant));
+        deadlines.in_request(!decoder.is_idle());
         if !out.is_empty() {
-            if stream.write_all(&out).is_err() {
+            if !write_out(&mut stream, &out, write_timeout, guard) {
                 return;
             }
             out.clear();
@@ -489,6 +518,17 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
             }
         }
     }
+}
+
+/// Writes replies within one deadline for all of them; false (the connection is to close) when
+/// the client did not take them in time (counted) or the write failed.
+fn write_out(stream: &mut TcpStream, out: &[u8], write_timeout: Duration, guard: &Guard) -> bool {
+    let mut writer = DeadlineWriter::new(stream, write_timeout);
+    let written = writer.write_all(out).is_ok();
+    if writer.timed_out {
+        guard.count(Front::Resp, Reason::WriteTimeout);
+    }
+    written
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1567,6 +1607,7 @@ mod tests {
     use gpucache_dataplane::limits::ResourceLimits;
     use gpucache_dataplane::testing::fixture;
     use gpucache_storage::MemoryStore;
+    use std::io::Read;
 
     #[test]
     fn plain_keys_map_into_the_tenant_namespace() {
@@ -1620,6 +1661,10 @@ mod tests {
     /// A server over a memory store whose tenant has two keys of the secret `byte` x 32: `k1`,
     /// and `old`, expired long ago; and that secret in hex.
     fn server_with_keys(byte: u8) -> (RespServer, String) {
+        server_with_keys_bounded(byte, Arc::default())
+    }
+
+    fn server_with_keys_bounded(byte: u8, guard: Arc<Guard>) -> (RespServer, String) {
         use crate::auth::{Secret, TenantKey, TenantKeys};
         let store = Arc::new(
             MemoryStore::new(ResourceLimits::default(), Arc::new(MonotonicClock::default()))
@@ -1636,7 +1681,59 @@ mod tests {
         let mut config = RespConfig::new("127.0.0.1:0".parse().expect("addr"), fixture::caller(0))
             .expect("config");
         config.auth = Some(Arc::new(keys));
+        config.guard = guard;
         (RespServer::start(config, store).expect("start"), hex)
+    }
+
+    /// Before AUTH a connection of a tenant with keys may buffer 64 KiB at most, and must
+    /// authenticate within the AUTH deadline; an authenticated one has no such deadline.
+    #[test]
+    fn unauthenticated_connections_are_bounded_in_bytes_and_time() {
+        use crate::bounds::ConnectionBounds;
+        let bounds = ConnectionBounds {
+            hello_timeout: Duration::from_millis(300),
+            ..ConnectionBounds::default()
+        };
+        let guard = Arc::new(Guard::new(bounds));
+        let (server, hex) = server_with_keys_bounded(0x5b, Arc::clone(&guard));
+        let connect = || {
+            let s = TcpStream::connect(server.local_addr()).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            s
+        };
+        let mut big = connect();
+        let mut request = Vec::new();
+        encode_request(&[b"SET".as_slice(), b"k", &vec![b'v'; 100 << 10]], &mut request);
+        // The server may close before it has read everything: a failed write is expected.
+        let _ = big.write_all(&request);
+        let mut reply = String::new();
+        let _ = big.read_to_string(&mut reply);
+        assert!(reply.starts_with("-ERR ") && reply.contains("before AUTH"), "{reply:?}");
+
+        let started = Instant::now();
+        let mut silent = connect();
+        let mut rest = Vec::new();
+        assert_eq!(silent.read_to_end(&mut rest).expect("closed by the server"), 0);
+        assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+
+        let mut authed = connect();
+        authed.write_all(format!("AUTH k1 {hex}\r\n").as_bytes()).expect("auth");
+        let mut ok = [0u8; 5];
+        authed.read_exact(&mut ok).expect("auth answer");
+        assert_eq!(&ok, b"+OK\r\n");
+        // Past the AUTH deadline the authenticated connection still answers.
+        let after = Instant::now() + Duration::from_millis(600);
+        while Instant::now() < after {
+            authed.write_all(b"PING\r\n").expect("ping");
+            let mut pong = [0u8; 7];
+            authed.read_exact(&mut pong).expect("pong");
+            assert_eq!(&pong, b"+PONG\r\n");
+        }
+        let counted = |reason| guard.refusals().get(Front::Resp, reason);
+        assert_eq!((counted(Reason::Oversize), counted(Reason::HelloTimeout)), (1, 1));
+        assert_eq!(guard.body_bytes_in_flight(), 0);
+        drop(authed);
+        server.shutdown();
     }
 
     /// A tenant with keys: nothing but AUTH, HELLO and QUIT before a good AUTH; wrong, unknown and

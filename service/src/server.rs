@@ -32,8 +32,12 @@ use gpucache_dataplane::store::{
 };
 use subtle::ConstantTimeEq;
 
+use crate::bounds::{
+    self, BodyCharge, DeadlineWriter, Deadlines, Front, Guard, Reason,
+    UNAUTHENTICATED_REQUEST_BYTES_MAX,
+};
 use crate::listener::{
-    Acceptor, AcceptorConfig, Connection, Gate, LocalListener, ReadTick, read_tick,
+    Acceptor, AcceptorConfig, Connection, Gate, LocalListener, ReadTick, TurnedAway, read_tick,
 };
 use gpucache_storage::host::segment::Segment;
 
@@ -62,8 +66,12 @@ pub struct ServerConfig {
     pub connections_max: u32,
     /// A connection with no complete request for this long is closed.
     pub idle_timeout: Duration,
-    /// A response the client does not read within this long closes the connection.
+    /// A response the client does not take whole within this long (one deadline for the whole
+    /// response, however slowly it is drained) closes the connection.
     pub write_timeout: Duration,
+    /// The in-flight request-body budget, the per-peer connection limit, the body and HELLO
+    /// deadlines, and the refusal counts; a built service shares one with the RESP front.
+    pub guard: Arc<Guard>,
     /// The tenants that may connect, each with the most rights it can be granted.
     pub tenants: Vec<Caller>,
     /// The name HELLO answers with.
@@ -98,6 +106,7 @@ impl ServerConfig {
             connections_max: 256,
             idle_timeout: Duration::from_secs(300),
             write_timeout: Duration::from_secs(30),
+            guard: Arc::default(),
             tenants,
             name: format!("gpucache/{}", env!("CARGO_PKG_VERSION")),
             shutdown_deadline: Duration::from_secs(10),
@@ -156,6 +165,7 @@ impl Server {
         let gate = Arc::new(Gate::default());
         let (connections_max, shutdown_deadline) =
             (config.connections_max, config.shutdown_deadline);
+        let guard = Arc::clone(&config.guard);
         let shared = Arc::new(Shared {
             config,
             store,
@@ -170,10 +180,14 @@ impl Server {
                 Arc::clone(&gate),
                 AcceptorConfig {
                     name: "gpucache-native",
+                    front: Front::Native,
                     connections_max,
                     shutdown_deadline,
+                    guard: Arc::clone(&guard),
                     refuse: refuse_busy::<TcpStream>,
-                    serve: move |stream: TcpStream| serve_connection(stream, &shared),
+                    serve: move |stream: TcpStream| {
+                        serve_connection(stream, &shared, Front::Native);
+                    },
                 },
             )?
         };
@@ -186,10 +200,12 @@ impl Server {
                     gate,
                     AcceptorConfig {
                         name: "gpucache-local",
+                        front: Front::Local,
                         connections_max,
                         shutdown_deadline,
+                        guard,
                         refuse: refuse_busy::<std::os::unix::net::UnixStream>,
-                        serve: move |stream| serve_connection(stream, &shared),
+                        serve: move |stream| serve_connection(stream, &shared, Front::Local),
                     },
                 )?;
                 tracing::info!(path = %path.display(), "gpucache local listener up");
@@ -222,8 +238,11 @@ impl Server {
     }
 }
 
-/// Answers a connection over the limit. Before HELLO there is no session key: unsealed.
-fn refuse_busy<C: Write>(stream: &mut C, open: u32, max: u32) {
+/// Answers a connection turned away (over `connections_max`, or its address over
+/// `connections_per_peer_max`) with `Busy` and those numbers. Before HELLO there is no session
+/// key: unsealed.
+fn refuse_busy<C: Write>(stream: &mut C, why: TurnedAway) {
+    let (TurnedAway::ConnectionsMax { open, max } | TurnedAway::PerPeer { open, max }) = why;
     let busy = Response::Error(WireError::Busy { connections: open, max });
     if let Ok(bytes) = busy.to_frame_bytes(0) {
         let _ = stream.write_all(&bytes);
@@ -393,14 +412,20 @@ struct Local<'a> {
     segment: Option<Mapped<'a>>,
 }
 
-fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
+fn serve_connection<C: Connection>(mut stream: C, shared: &Shared, front: Front) {
     stream.set_nodelay();
     let _ = stream.set_read_timeout(Some(READ_TICK));
-    let _ = stream.set_write_timeout(Some(shared.config.write_timeout));
+    let write_timeout = shared.config.write_timeout;
+    let _ = stream.set_write_timeout(Some(write_timeout));
+    let guard = &*shared.config.guard;
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     let mut out = Vec::new();
     let mut session: Option<Session> = None;
+    // The body bytes of the frame in progress, charged when its header arrives (before any of
+    // its body is buffered) and given back once it is answered or the connection ends.
+    let mut charge = guard.charge(stream.peer_ip());
+    let mut deadlines = Deadlines::new(guard.bounds(), true);
     let connection = shared.next_connection.fetch_add(1, Ordering::Relaxed);
     let mut local = Local { connection, ..Local::default() };
     // However the connection ends, its open stages are settled (returned or quarantined).
@@ -413,6 +438,16 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
         let seal = session.as_ref().and_then(|s| s.seal.as_ref());
         if shared.gate.stopping() && decoder.is_idle() {
             let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0, seal);
+            return;
+        }
+        if let Some(reason) = deadlines.passed(Instant::now()) {
+            guard.count(front, reason);
+            return;
+        }
+        let tenant = session.as_ref().map(|s| &s.caller.tenant);
+        if let Err((id, refused)) = admit_body(&decoder, &mut charge, tenant) {
+            guard.count(front, refused.reason);
+            close_refused(&mut stream, refused.error, id, seal, write_timeout);
             return;
         }
         // The rest of a body in progress is read straight into the decoder's buffer.
@@ -433,6 +468,10 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
                 n
             }
             ReadTick::Quiet => continue,
+            ReadTick::Idle => {
+                guard.count(front, Reason::IdleTimeout);
+                return;
+            }
             ReadTick::Closed => return,
         };
         let mut input = if direct {
@@ -442,12 +481,29 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
             &buf[..n]
         };
         loop {
-            match decoder.feed(&mut input) {
+            let seal = session.as_ref().and_then(|s| s.seal.as_ref());
+            let tenant = session.as_ref().map(|s| &s.caller.tenant);
+            if let Err((id, refused)) = admit_body(&decoder, &mut charge, tenant) {
+                guard.count(front, refused.reason);
+                close_refused(&mut stream, refused.error, id, seal, write_timeout);
+                return;
+            }
+            // A header is fed alone, so that its body is charged before any of it is buffered.
+            let take = decoder.header_missing().map_or(input.len(), |m| m.min(input.len()));
+            let mut part = &input[..take];
+            let fed = decoder.feed(&mut part);
+            input = &input[take - part.len()..];
+            match fed {
                 Ok(Some(frame)) => {
                     last_request = Instant::now();
                     let request_id = frame.request_id;
                     let served = serve_frame(&frame, &mut session, &mut local, shared);
                     decoder.recycle(frame.body);
+                    // The body is served and its buffer kept for reuse or freed: not in flight.
+                    charge.release();
+                    if session.is_some() {
+                        deadlines.authenticated();
+                    }
                     let closes = served.closes();
                     let seal = session.as_ref().and_then(|s| s.seal.as_ref());
                     let who = session.as_ref().map(|s| &s.caller);
@@ -467,34 +523,81 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared) {
                             })
                             .collect(),
                     };
+                    let mut writer = DeadlineWriter::new(&mut stream, write_timeout);
                     // A one-key GET on an unsealed session goes out from the store's own
                     // bytes when the store lends them; otherwise it is read into the frame.
                     let lent = match (&served, who) {
                         (Served::Get(items), Some(who)) if seal.is_none() && items.len() == 1 => {
-                            send_lent(&mut stream, &*shared.store, who, &items[0], request_id)
+                            send_lent(&mut writer, &*shared.store, who, &items[0], request_id)
                         }
                         _ => None,
                     };
                     let sent = match lent {
                         Some(sent) => sent,
-                        None => send_answer(&mut stream, &mut out, answer, request_id, seal, fetch),
+                        None => send_answer(&mut writer, &mut out, answer, request_id, seal, fetch),
                     };
+                    if writer.timed_out {
+                        guard.count(front, Reason::WriteTimeout);
+                    }
                     if sent.is_err() || closes {
                         return;
                     }
                 }
-                Ok(None) => break,
+                Ok(None) if input.is_empty() => break,
+                Ok(None) => {}
                 Err(fe) => {
+                    charge.release();
                     let seal = session.as_ref().and_then(|s| s.seal.as_ref());
                     let closes = fe.resync_impossible() || fe.error.closes_connection();
                     let id = fe.request_id.unwrap_or(0);
-                    let sent = send(&mut stream, &Response::Error(fe.error), id, seal);
+                    let mut writer = DeadlineWriter::new(&mut stream, write_timeout);
+                    let sent = send(&mut writer, &Response::Error(fe.error), id, seal);
+                    if writer.timed_out {
+                        guard.count(front, Reason::WriteTimeout);
+                    }
                     if closes || sent.is_err() {
                         return;
                     }
                 }
             }
         }
+        deadlines.in_request(!decoder.is_idle());
+    }
+}
+
+/// Charges the body of the frame whose header has arrived, before any of it is buffered: its
+/// whole announced length, against the server's budget and (after HELLO) the tenant's share.
+/// Before HELLO a body over [`UNAUTHENTICATED_REQUEST_BYTES_MAX`] is refused outright. A
+/// refusal comes with the frame's request id.
+fn admit_body(
+    decoder: &FrameDecoder,
+    charge: &mut BodyCharge<'_>,
+    tenant: Option<&TenantId>,
+) -> Result<(), (u64, bounds::OverBudget)> {
+    let Some((request_id, len)) = decoder.body_in_progress() else { return Ok(()) };
+    if charge.bytes() > 0 {
+        return Ok(());
+    }
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    if tenant.is_none() && len > UNAUTHENTICATED_REQUEST_BYTES_MAX {
+        let error = WireError::TooLarge { len, max: UNAUTHENTICATED_REQUEST_BYTES_MAX };
+        return Err((request_id, bounds::OverBudget { reason: Reason::Oversize, error }));
+    }
+    charge.set(len, tenant).map_err(|refused| (request_id, refused))
+}
+
+/// Answers a frame whose body will not be read, then closes (the body cannot be skipped
+/// safely, so the stream cannot go on).
+fn close_refused<C: Connection>(
+    stream: &mut C,
+    error: WireError,
+    request_id: u64,
+    seal: Option<&SealKey>,
+    write_timeout: Duration,
+) {
+    let mut bytes = Vec::new();
+    if Response::Error(error).encode_sealed_frame(request_id, seal, &mut bytes).is_ok() {
+        bounds::close_after(stream, &bytes, write_timeout);
     }
 }
 

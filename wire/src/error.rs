@@ -94,6 +94,52 @@ pub enum WireError {
     /// the server's account of it. Nothing was staged.
     #[error("staging: {reason}: {detail}")]
     Staging { reason: crate::staging::StagingFailure, detail: String },
+    /// A request body of `requested` bytes would take the request bytes in flight past `max`
+    /// (`in_flight` were held when it was refused) in `scope`: the server's budget over every
+    /// connection, the share of the connection's tenant, or that of its peer address. Nothing of
+    /// the body was buffered, and since it cannot be skipped safely the connection closes.
+    #[error(
+        "a request body of {requested} bytes would exceed the {scope} in-flight request bytes limit of {max} ({in_flight} in flight)"
+    )]
+    Overloaded { scope: InflightScope, requested: u64, in_flight: u64, max: u64 },
+}
+
+/// Whose in-flight request bytes an [`WireError::Overloaded`] refusal is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum InflightScope {
+    /// The server's budget, over every connection.
+    Server,
+    /// The share of the connection's tenant.
+    Tenant,
+    /// The share of the connection's peer address.
+    Peer,
+}
+
+impl InflightScope {
+    pub const ALL: [Self; 3] = [Self::Server, Self::Tenant, Self::Peer];
+
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Server => 0,
+            Self::Tenant => 1,
+            Self::Peer => 2,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.code() == code)
+    }
+}
+
+impl std::fmt::Display for InflightScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Server => "server's",
+            Self::Tenant => "tenant's",
+            Self::Peer => "peer address's",
+        })
+    }
 }
 
 /// Which HELLO check failed ([`WireError::AuthFailed`]).
@@ -178,6 +224,7 @@ impl WireError {
                 | Self::HeaderChecksum { .. }
                 | Self::TooLarge { .. }
                 | Self::Busy { .. }
+                | Self::Overloaded { .. }
                 | Self::ShuttingDown
                 | Self::AuthFailed { .. }
                 | Self::Unsealed

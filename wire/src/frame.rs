@@ -499,6 +499,23 @@ impl FrameDecoder {
         matches!(self.state, State::Header) && self.filled == 0
     }
 
+    /// The request id and announced body length of the frame whose verified header has arrived
+    /// and whose body is being received; `None` otherwise. A server charges the length against
+    /// its budgets here, before any body byte is buffered (see [`Self::header_missing`]).
+    pub fn body_in_progress(&self) -> Option<(u64, usize)> {
+        match &self.state {
+            State::Body { request_id, len, .. } => Some((*request_id, *len)),
+            _ => None,
+        }
+    }
+
+    /// How many bytes of the next header are still missing while one is being received
+    /// ([`HEADER_BYTES`] between frames); `None` otherwise. Pushing no more than this stops
+    /// the decoder at the header's end, before it allocates anything for the body.
+    pub fn header_missing(&self) -> Option<usize> {
+        matches!(self.state, State::Header).then(|| HEADER_BYTES - self.filled)
+    }
+
     /// Heap bytes the decoder holds for the frame in progress or waiting (the header array
     /// is not counted).
     pub fn buffer_capacity(&self) -> usize {

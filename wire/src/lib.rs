@@ -36,7 +36,7 @@ mod values;
 
 use std::fmt;
 
-pub use error::{AuthFailure, WireError};
+pub use error::{AuthFailure, InflightScope, WireError};
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameHeader, RECYCLE_BYTES_MAX, SEALED_HEADER_BYTES,
     header_checksum, sole_hit, write_all_vectored,

@@ -127,6 +127,7 @@ whats! {
     STORAGE_EFFECT = "storage effect",
     AGENT_METADATA = "agent metadata",
     DESCRIPTOR = "block descriptor",
+    INFLIGHT_SCOPE = "in-flight scope",
 }
 
 /// The static string equal to `text`, if it is in [`DATAPLANE_TEXT`] or [`WHAT_TEXT`].

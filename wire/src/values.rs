@@ -20,7 +20,7 @@ use gpucache_dataplane::store::{
 };
 
 use super::codec::{Reader, Writer, wide};
-use super::error::AuthFailure;
+use super::error::{AuthFailure, InflightScope};
 use super::text::{self, REMOTE_DETAIL, REMOTE_TEXT};
 use super::{Kind, WireError};
 use crate::staging::StagingFailure;
@@ -945,6 +945,13 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u8(27);
             w.tenant(tenant);
         }
+        WireError::Overloaded { scope, requested, in_flight, max } => {
+            w.u8(28);
+            w.u8(scope.code());
+            w.u64(*requested);
+            w.u64(*in_flight);
+            w.u64(*max);
+        }
     }
 }
 
@@ -995,6 +1002,17 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
             WireError::Staging { reason, detail: r.text(text::TEXT)? }
         }
         27 => WireError::UnknownTenant { tenant: r.tenant()? },
+        28 => {
+            let tag = r.u8(text::INFLIGHT_SCOPE)?;
+            let scope = InflightScope::from_code(tag)
+                .ok_or(WireError::UnknownTag { what: text::INFLIGHT_SCOPE, tag })?;
+            WireError::Overloaded {
+                scope,
+                requested: r.u64(N)?,
+                in_flight: r.u64(N)?,
+                max: r.u64(N)?,
+            }
+        }
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

@@ -22,12 +22,12 @@ use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, Sta
 use gpucache_wire::{
     AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_SOLE_HIT,
     FLAG_TRAILER, Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem,
-    HEADER_BYTES, HelloAuth, HelloSession, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX, PutItem,
-    REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES, SOLE_HIT_TAIL_BYTES,
-    SealAlgorithm, SealKey, ServerLimits, SharedGetItem, SharedPutItem, TEXT_BYTES_MAX, VERSION,
-    WHAT_TEXT, WireError, decode_get_response, decode_put_request, encode_get_response,
-    encode_put_request, get_hit_frame_parts, header_checksum, intern, offset, put_request_parts,
-    sole_hit,
+    HEADER_BYTES, HelloAuth, HelloSession, InflightScope, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX,
+    PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES,
+    SOLE_HIT_TAIL_BYTES, SealAlgorithm, SealKey, ServerLimits, SharedGetItem, SharedPutItem,
+    TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response, decode_put_request,
+    encode_get_response, encode_put_request, get_hit_frame_parts, header_checksum, intern, offset,
+    put_request_parts, sole_hit,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -1294,6 +1294,12 @@ fn sample_responses() -> Vec<Response> {
         Response::Limits(ServerLimits { object_bytes_max: Some(64 << 20) }),
         Response::Limits(ServerLimits { object_bytes_max: None }),
         Response::Error(WireError::UnknownTenant { tenant: t.clone() }),
+        Response::Error(WireError::Overloaded {
+            scope: InflightScope::Peer,
+            requested: 64 << 20,
+            in_flight: 1 << 30,
+            max: 1 << 30,
+        }),
     ]
 }
 
@@ -1979,14 +1985,15 @@ fn bad_names_text_and_tags_are_typed() {
     abort[25] = 2;
     let result = Request::decode_body(Op::Abort, &abort);
     assert_eq!(result, Err(WireError::UnknownTag { what: "retirement", tag: 2 }));
-    let cases: [(Op, &[u8], &str); 9] = [
+    let cases: [(Op, &[u8], &str); 10] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
         (Op::Write, &[1, 14], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[28], "wire error"),
+        (Op::Error, &[29], "wire error"),
         (Op::Error, &[26, 8], "staging failure"),
+        (Op::Error, &[28, 3], "in-flight scope"),
         (Op::Error, &[21, 8], "auth failure"),
         (Op::Hello, &[2, 0, 0, 0, 0, 9], "hello credentials"),
     ];
@@ -2350,6 +2357,7 @@ fn every_wire_error() -> Vec<WireError> {
         WireError::Replayed { request_id: 1 },
         WireError::SharedMemory { detail: "no segment".into() },
         WireError::UnknownTenant { tenant: fixture::tenant(1) },
+        WireError::Overloaded { scope: InflightScope::Tenant, requested: 3, in_flight: 2, max: 4 },
     ]
 }
 
@@ -2405,6 +2413,12 @@ fn which_errors_close_the_connection() {
             WireError::AuthFailed { reason: AuthFailure::KeyExpired },
             WireError::Unsealed,
             WireError::SealMismatch,
+            WireError::Overloaded {
+                scope: InflightScope::Tenant,
+                requested: 3,
+                in_flight: 2,
+                max: 4
+            },
         ]
     );
 }

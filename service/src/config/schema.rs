@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::de::{byte_count, parse_error, socket_addr};
 use super::error::ConfigError;
+use crate::bounds::ConnectionBounds;
 use crate::server::ServerConfig;
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::identity::{IdentityError, TenantId};
@@ -266,8 +267,28 @@ pub struct ListenSection {
     pub metrics: SocketAddr,
     /// Whether addresses other than loopback are allowed.
     pub allow_remote: bool,
-    /// Client connections open at once, over both protocols.
+    /// Client connections open at once, on each client listener.
     pub connections_max: u32,
+    /// Client connections one IP address may hold open at once, over both client listeners.
+    pub connections_per_peer_max: u32,
+    /// Request-body bytes buffered at once over every client connection (charged before they
+    /// are buffered); a request past it is refused and its connection closed.
+    #[serde(deserialize_with = "byte_count")]
+    pub inflight_body_bytes_max: u64,
+    /// The share of `inflight_body_bytes_max` the connections of one IP address may hold.
+    #[serde(deserialize_with = "byte_count")]
+    pub peer_inflight_body_bytes_max: u64,
+    /// Once a request's first byte arrived, the whole request must within this long, in
+    /// milliseconds, or the connection is closed.
+    pub body_timeout_ms: u64,
+    /// A connection that must authenticate (native HELLO, RESP AUTH for a tenant with keys)
+    /// and has not within this long, in milliseconds, is closed.
+    pub hello_timeout_ms: u64,
+    /// A connection with no complete request for this long, in milliseconds, is closed.
+    pub idle_timeout_ms: u64,
+    /// A response the client does not take whole within this long, in milliseconds, closes the
+    /// connection.
+    pub write_timeout_ms: u64,
     /// Whether tenants without a `secret_file` may be served on a native address that is not
     /// loopback (they are trusted on their word).
     pub allow_open_tenants: bool,
@@ -286,6 +307,7 @@ impl Default for ListenSection {
     fn default() -> Self {
         // The native listener's own defaults; the RESP listener is given the same bound.
         let server = ServerConfig::new(NATIVE_ADDR_DEFAULT, Vec::new());
+        let bounds = ConnectionBounds::default();
         Self {
             native: NATIVE_ADDR_DEFAULT,
             resp: RESP_ADDR_DEFAULT,
@@ -293,6 +315,13 @@ impl Default for ListenSection {
             metrics: METRICS_ADDR_DEFAULT,
             allow_remote: false,
             connections_max: server.connections_max,
+            connections_per_peer_max: bounds.connections_per_peer_max,
+            inflight_body_bytes_max: bounds.inflight_body_bytes_max,
+            peer_inflight_body_bytes_max: bounds.peer_inflight_body_bytes_max,
+            body_timeout_ms: millis(bounds.body_timeout),
+            hello_timeout_ms: millis(bounds.hello_timeout),
+            idle_timeout_ms: millis(server.idle_timeout),
+            write_timeout_ms: millis(server.write_timeout),
             allow_open_tenants: false,
             clock_skew_max_ms: millis(server.clock_skew_max),
             local: None,

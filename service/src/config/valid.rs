@@ -29,6 +29,8 @@ pub const QUEUE_DEPTH_MAX: u32 = 4096;
 pub const CONNECTIONS_MAX_LIMIT: u32 = 16_384;
 /// Widest HELLO clock window accepted: one hour.
 pub const CLOCK_SKEW_MAX_LIMIT_MS: u64 = 3_600_000;
+/// Largest `listen.idle_timeout_ms` and `listen.write_timeout_ms`: a day.
+pub const TIMEOUT_LIMIT_MS: u64 = 86_400_000;
 /// Longest Unix socket path: `sun_path` holds 108 bytes with the terminating NUL.
 pub const SOCKET_PATH_BYTES_MAX: usize = 107;
 /// Smallest `nixl.slot_bytes`: one page.
@@ -138,6 +140,30 @@ impl ServeConfig {
             CONNECTIONS_MAX_LIMIT.into(),
         )?;
         in_range("listen.clock_skew_max_ms", l.clock_skew_max_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
+        in_range(
+            "listen.connections_per_peer_max",
+            l.connections_per_peer_max.into(),
+            1,
+            l.connections_max.into(),
+        )?;
+        // One request of the largest value must fit.
+        in_range(
+            "listen.inflight_body_bytes_max",
+            l.inflight_body_bytes_max,
+            self.limits.object_bytes_max,
+            u64::MAX,
+        )?;
+        in_range(
+            "listen.peer_inflight_body_bytes_max",
+            l.peer_inflight_body_bytes_max,
+            self.limits.object_bytes_max,
+            u64::MAX,
+        )?;
+        in_range("listen.idle_timeout_ms", l.idle_timeout_ms, 1, TIMEOUT_LIMIT_MS)?;
+        in_range("listen.write_timeout_ms", l.write_timeout_ms, 1, TIMEOUT_LIMIT_MS)?;
+        // A request that is slower than idleness, or a HELLO allowed longer, would make no sense.
+        in_range("listen.body_timeout_ms", l.body_timeout_ms, 1, l.idle_timeout_ms)?;
+        in_range("listen.hello_timeout_ms", l.hello_timeout_ms, 1, l.idle_timeout_ms)?;
         in_range(
             "listen.shm_mapped_bytes_max",
             l.shm_mapped_bytes_max,

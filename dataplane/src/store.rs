@@ -87,8 +87,7 @@ pub struct BatchPut<'a> {
 }
 
 /// Where [`Store::get_lent`] sends a lent block: given its bytes and committed checksum, it
-/// returns the checksum of the bytes it sent, computed as it sent them, or none when it could
-/// not send them all.
+/// returns the checksum it computed over those bytes, or none when it did not hash them.
 pub type LendTo<'a> = dyn FnMut(&[u8], Checksum) -> Option<Checksum> + 'a;
 
 /// The answers of a batch call: one per item, in the items' order.
@@ -598,13 +597,12 @@ pub trait Store: Send + Sync {
     /// A GET that lends the block instead of copying it: the store pins the committed block
     /// under `key` (at most `capacity` bytes, as `get_into` with a buffer of that size) and
     /// calls `send` with its bytes and committed checksum, holding the pin (not a lock) while
-    /// `send` runs, so `send` should not wait long. `send` hashes the bytes as it sends them
-    /// and returns that checksum (none when it could not send them all); the store checks it,
-    /// or hashes the bytes itself when there is none, and a block whose bytes do not match is
-    /// dropped and answered as `get_into` answers it. So the bytes may be on their way before
-    /// the check ends: the receiver checks them against the committed checksum before it uses
-    /// them, as it does every payload. `Ok(None)`, calling nothing, when the store does not keep
-    /// its blocks in memory it can lend: use `get_into`. This default lends nothing.
+    /// `send` runs, so `send` should not wait long. `send` hashes the bytes (a sender sends
+    /// them only when they match) and returns that checksum, or none when it did not hash
+    /// them; the store checks it, or hashes the bytes itself when there is none, and a block
+    /// whose bytes do not match is dropped and answered as `get_into` answers it. `Ok(None)`,
+    /// calling nothing, when the store does not keep its blocks in memory it can lend: use
+    /// `get_into`. This default lends nothing.
     fn get_lent(
         &self,
         caller: &Caller,

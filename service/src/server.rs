@@ -8,10 +8,13 @@
 //! ("open") is trusted on its word. Frames are answered in order, one at a time: the next frame
 //! is read once the answer before it is written, so a client may send several (pipelining). The
 //! items of a batch frame (LOOKUP, GET, PUT, INVALIDATE, GET_SHARED, PUT_SHARED) go to the store
-//! as one batch call, which answers each item as its single-key call would. A frame-level error
-//! whose boundary is known is answered and the connection continues; one that loses the stream
-//! (bad magic or header, oversize, unknown version) is answered once and the connection closes. Nothing a client
-//! sends can stop the accept loop or another connection.
+//! as one batch call, which answers each item as its single-key call would; PUT items go with
+//! the writer's checksums, which the store compares as it copies (ADR 0022). A one-key GET on an
+//! unsealed session goes out from the store's own memory when the store lends it. A frame-level
+//! error whose boundary is known is answered and the connection continues; one that loses the
+//! stream (bad magic or header, oversize, unknown version) is answered once and the connection
+//! closes. Nothing a client sends can stop the accept loop or another connection; what it can
+//! hold is bounded (`crate::bounds`).
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Write};
@@ -24,11 +27,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::caller::{Caller, Right, Rights};
-use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Get, MissReason, Retirement, Store, StoreError, authorize,
+    BatchAnswers, BatchGet, BatchPut, Get, Retirement, Store, StoreError, authorize,
 };
 use subtle::ConstantTimeEq;
 
@@ -291,16 +294,12 @@ fn send_answer<C: Write>(
     written
 }
 
-/// The pieces a lent block is sent in, each hashed right before it goes out: the client starts
-/// taking the first while the server hashes the next.
-const LENT_PIECE_BYTES: usize = 256 << 10;
-
-/// Answers a one-key GET from the store's own bytes ([`Store::get_lent`]): the frame header,
-/// the lent block and the trailer go out in vectored writes, so the server copies nothing
-/// itself. The block is hashed piece by piece as it is sent and the store checks that checksum
-/// (a damaged block is dropped; the client, which checks every payload against the committed
-/// checksum before it uses it, gets a corrupt miss). None when the store does not lend, or the
-/// item's capacity is over the protocol's limit: the caller reads the block into a frame.
+/// Answers a one-key GET from the store's own bytes ([`Store::get_lent`]): the block is hashed
+/// where it lies and, only when it matches its committed checksum, goes out with the frame's
+/// header and trailer in one vectored write, so the server copies nothing itself. A block that
+/// does not match is never sent: the store drops it and the answer is a corrupt miss. None when
+/// the store does not lend, or the item's capacity is over the protocol's limit: the caller
+/// reads the block into a frame instead.
 fn send_lent<C: Write>(
     stream: &mut C,
     store: &dyn Store,
@@ -313,39 +312,25 @@ fn send_lent<C: Write>(
         .filter(|_| item.capacity <= gpucache_wire::PAYLOAD_BYTES_MAX)?;
     let mut sent = None;
     let got = store.get_lent(who, &item.key, capacity, &mut |bytes, checksum| {
-        let (mut head, mut tail) = (Vec::new(), Vec::new());
-        let mut hashed = ChecksumBuilder::default();
-        let written = get_hit_frame_parts(request_id, bytes.len(), checksum, &mut head, &mut tail)
-            .map_err(io::Error::other)
-            .and_then(|()| {
-                let pieces = bytes.chunks(LENT_PIECE_BYTES).collect::<Vec<_>>();
-                let last = pieces.len().saturating_sub(1);
-                for (i, piece) in pieces.iter().enumerate() {
-                    hashed.update(piece);
-                    let before: &[u8] = if i == 0 { &head } else { &[] };
-                    let after: &[u8] = if i == last { &tail } else { &[] };
-                    let mut parts =
-                        [IoSlice::new(before), IoSlice::new(piece), IoSlice::new(after)];
-                    write_all_vectored(stream, &mut parts)?;
-                }
-                if pieces.is_empty() {
-                    write_all_vectored(stream, &mut [IoSlice::new(&head), IoSlice::new(&tail)])?;
-                }
-                Ok(())
-            });
-        let all_sent = written.is_ok();
-        sent = Some(written);
-        all_sent.then(|| hashed.finish())
+        let hashed = Checksum::of(bytes);
+        if hashed == checksum {
+            let (mut head, mut tail) = (Vec::new(), Vec::new());
+            sent = Some(
+                get_hit_frame_parts(request_id, bytes.len(), checksum, &mut head, &mut tail)
+                    .map_err(io::Error::other)
+                    .and_then(|()| {
+                        let mut parts =
+                            [IoSlice::new(&head), IoSlice::new(bytes), IoSlice::new(&tail)];
+                        write_all_vectored(stream, &mut parts)
+                    }),
+            );
+        }
+        Some(hashed)
     });
     let answer = match got {
         Ok(None) => return None,
-        Ok(Some(Get::Hit { .. } | Get::Miss(MissReason::Corrupt))) if sent.is_some() => {
-            // The frame went out (or failed to); a block found damaged as it went is dropped,
-            // and the client's own check turns what it got into a corrupt miss.
-            return sent;
-        }
         Ok(Some(Get::Hit { .. })) => {
-            return Some(Err(io::Error::other("a lent hit was not sent")));
+            return Some(sent.unwrap_or_else(|| Err(io::Error::other("a lent hit was not sent"))));
         }
         Ok(Some(Get::Miss(reason))) => Ok(Fetched::Miss(reason)),
         Err(e) => Err(e),

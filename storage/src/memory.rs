@@ -522,8 +522,8 @@ impl Store for MemoryStore {
     }
 
     /// Pins the block under the lock, then lends its own bytes without it (no copy on this
-    /// side at all) and checks the checksum the sender computed as it sent them. A block whose
-    /// bytes no longer match is dropped as `get_into` drops it.
+    /// side at all) and checks the checksum the sender computed over them. A block whose bytes
+    /// no longer match is dropped as `get_into` drops it.
     fn get_lent(
         &self,
         caller: &Caller,

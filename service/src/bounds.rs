@@ -17,7 +17,6 @@
 //!   registers as `gpucache_connections_refused_total{front,reason}`.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -32,8 +31,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-
-use crate::listener::Connection;
 
 /// Default [`ConnectionBounds::inflight_body_bytes_max`]: 1 GiB.
 pub const INFLIGHT_BODY_BYTES_MAX_DEFAULT: u64 = 1 << 30;
@@ -52,12 +49,6 @@ pub const UNAUTHENTICATED_REQUEST_BYTES_MAX: u64 = 64 << 10;
 /// Allocations from this size up get pages of their own from the kernel, given back when freed
 /// ([`fix_malloc_mmap_threshold`]).
 pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 1 << 20;
-/// How long a connection closed after a refusal keeps reading and dropping what its client
-/// still sends, so that the refusal is not destroyed by a reset.
-const CLOSE_DRAIN: Duration = Duration::from_millis(500);
-/// Most bytes read and dropped while closing after a refusal.
-const CLOSE_DRAIN_BYTES: usize = 4 << 20;
-
 /// Fixes glibc's mmap threshold at [`MALLOC_MMAP_THRESHOLD_BYTES`], for the whole process.
 ///
 /// Request buffers are large and short-lived. By default glibc raises its threshold each time a
@@ -599,108 +590,6 @@ impl Deadlines {
             return Some(Reason::BodyTimeout);
         }
         None
-    }
-}
-
-/// Writes a whole response within one deadline: every write call (plain or vectored, one or
-/// many) fails with `TimedOut` once `timeout` has passed since the writer was made, however the
-/// client drains it. The connection's own write timeout is expected to be `timeout` already (set
-/// once when the connection opens), so the first writes of a response cost no extra system
-/// call; once more than [`DEADLINE_SLACK`] has passed, the socket timeout is cut to what is left
-/// before each write, and restored when the writer is dropped.
-/// How far past its deadline a response may run before the socket's timeout is cut to what is
-/// left (saving a system call per write for responses that go out quickly).
-const DEADLINE_SLACK: Duration = Duration::from_millis(10);
-
-pub(crate) struct DeadlineWriter<'s, C: Connection> {
-    stream: &'s mut C,
-    timeout: Duration,
-    /// When the whole response must be written by: one deadline over every write call.
-    deadline: Instant,
-    /// Whether the socket's timeout was cut below `timeout` (put back on drop).
-    shortened: bool,
-    /// Whether a write ran out of time.
-    pub(crate) timed_out: bool,
-}
-
-impl<'s, C: Connection> DeadlineWriter<'s, C> {
-    pub(crate) fn new(stream: &'s mut C, timeout: Duration) -> Self {
-        let deadline = Instant::now() + timeout;
-        Self { stream, timeout, deadline, shortened: false, timed_out: false }
-    }
-
-    /// One write call within what is left of the deadline.
-    fn within<T>(&mut self, write: impl FnOnce(&mut C) -> io::Result<T>) -> io::Result<T> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            self.timed_out = true;
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        if left + DEADLINE_SLACK < self.timeout {
-            self.stream.set_write_timeout(Some(left))?;
-            self.shortened = true;
-        }
-        match write(self.stream) {
-            Err(e) if timed_out_kind(e.kind()) => {
-                self.timed_out = true;
-                Err(io::ErrorKind::TimedOut.into())
-            }
-            other => other,
-        }
-    }
-}
-
-impl<C: Connection> Drop for DeadlineWriter<'_, C> {
-    fn drop(&mut self) {
-        if self.shortened {
-            let _ = self.stream.set_write_timeout(Some(self.timeout));
-        }
-    }
-}
-
-fn timed_out_kind(kind: io::ErrorKind) -> bool {
-    matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
-}
-
-/// Every write call, `write_all`'s and vectored ones alike, is bounded by the one deadline.
-impl<C: Connection> Write for DeadlineWriter<'_, C> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.within(|s| s.write(buf))
-    }
-
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        self.within(|s| s.write_vectored(bufs))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.stream.flush()
-    }
-}
-
-/// Sends `out` (within `write_timeout`), then closes without a reset destroying it: the write
-/// side is shut and what the client still sends is read and dropped for a moment (bounded in
-/// time and bytes). For a connection closed after a refusal whose body was not read.
-pub(crate) fn close_after<C: Connection>(stream: &mut C, out: &[u8], write_timeout: Duration) {
-    if DeadlineWriter::new(stream, write_timeout).write_all(out).is_err() {
-        return;
-    }
-    stream.shutdown_write();
-    let deadline = Instant::now() + CLOSE_DRAIN;
-    let mut sink = [0u8; 16 << 10];
-    let mut drained = 0;
-    while Instant::now() < deadline && drained < CLOSE_DRAIN_BYTES {
-        match stream.read(&mut sink) {
-            Ok(0) => return,
-            Ok(n) => drained += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return,
-        }
     }
 }
 

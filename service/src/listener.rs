@@ -3,9 +3,11 @@
 //! connection thread within a deadline. What a connection does is the caller's. A connection over
 //! `connections_max`, or from an address at `connections_per_peer_max` ([`Guard::admit_peer`]),
 //! is answered by the caller's refusal and closed by the accept thread, before a connection
-//! thread is spent on it, and counted by reason.
+//! thread is spent on it, and counted by reason. Both fronts write their answers through
+//! [`DeadlineWriter`] (one deadline per response) and close a refused connection with
+//! [`close_after`].
 
-use std::io;
+use std::io::{self, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -376,6 +378,114 @@ impl Drop for Acceptor {
     fn drop(&mut self) {
         if self.accept.is_some() {
             self.stop();
+        }
+    }
+}
+
+/// How long a connection closed after a refusal keeps reading and dropping what its client
+/// still sends, so that the refusal is not destroyed by a reset.
+const CLOSE_DRAIN: Duration = Duration::from_millis(500);
+/// Most bytes read and dropped while closing after a refusal.
+const CLOSE_DRAIN_BYTES: usize = 4 << 20;
+
+/// How far past its deadline a response may run before the socket's timeout is cut to what is
+/// left (saving a system call per write for responses that go out quickly).
+const DEADLINE_SLACK: Duration = Duration::from_millis(10);
+
+/// Writes a whole response within one deadline: every write call (plain or vectored, one or
+/// many) fails with `TimedOut` once `timeout` has passed since the writer was made, however the
+/// client drains it. The connection's own write timeout is expected to be `timeout` already (set
+/// once when the connection opens), so the first writes of a response cost no extra system
+/// call; once more than [`DEADLINE_SLACK`] has passed, the socket timeout is cut to what is left
+/// before each write, and restored when the writer is dropped.
+pub(crate) struct DeadlineWriter<'s, C: Connection> {
+    stream: &'s mut C,
+    timeout: Duration,
+    /// When the whole response must be written by: one deadline over every write call.
+    deadline: Instant,
+    /// Whether the socket's timeout was cut below `timeout` (put back on drop).
+    shortened: bool,
+    /// Whether a write ran out of time.
+    pub(crate) timed_out: bool,
+}
+
+impl<'s, C: Connection> DeadlineWriter<'s, C> {
+    pub(crate) fn new(stream: &'s mut C, timeout: Duration) -> Self {
+        let deadline = Instant::now() + timeout;
+        Self { stream, timeout, deadline, shortened: false, timed_out: false }
+    }
+
+    /// One write call within what is left of the deadline.
+    fn within<T>(&mut self, write: impl FnOnce(&mut C) -> io::Result<T>) -> io::Result<T> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            self.timed_out = true;
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        if left + DEADLINE_SLACK < self.timeout {
+            self.stream.set_write_timeout(Some(left))?;
+            self.shortened = true;
+        }
+        match write(self.stream) {
+            Err(e) if timed_out_kind(e.kind()) => {
+                self.timed_out = true;
+                Err(io::ErrorKind::TimedOut.into())
+            }
+            other => other,
+        }
+    }
+}
+
+impl<C: Connection> Drop for DeadlineWriter<'_, C> {
+    fn drop(&mut self) {
+        if self.shortened {
+            let _ = self.stream.set_write_timeout(Some(self.timeout));
+        }
+    }
+}
+
+fn timed_out_kind(kind: io::ErrorKind) -> bool {
+    matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// Every write call, `write_all`'s and vectored ones alike, is bounded by the one deadline.
+impl<C: Connection> Write for DeadlineWriter<'_, C> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.within(|s| s.write(buf))
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.within(|s| s.write_vectored(bufs))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// Sends `out` (within `write_timeout`), then closes without a reset destroying it: the write
+/// side is shut and what the client still sends is read and dropped for a moment (bounded in
+/// time and bytes). For a connection closed after a refusal whose body was not read.
+pub(crate) fn close_after<C: Connection>(stream: &mut C, out: &[u8], write_timeout: Duration) {
+    if DeadlineWriter::new(stream, write_timeout).write_all(out).is_err() {
+        return;
+    }
+    stream.shutdown_write();
+    let deadline = Instant::now() + CLOSE_DRAIN;
+    let mut sink = [0u8; 16 << 10];
+    let mut drained = 0;
+    while Instant::now() < deadline && drained < CLOSE_DRAIN_BYTES {
+        match stream.read(&mut sink) {
+            Ok(0) => return,
+            Ok(n) => drained += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
         }
     }
 }

@@ -73,11 +73,11 @@ use std::time::{Duration, Instant};
 
 use crate::auth::TenantKeys;
 use crate::auth::keys::unhex;
-use crate::bounds::{
-    DeadlineWriter, Deadlines, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX, close_after,
-};
+use crate::bounds::{Deadlines, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX};
 use crate::create_only::{DIFFERENT_VALUE_TEXT, Held, compare_held};
-use crate::listener::{Acceptor, AcceptorConfig, Gate, ReadTick, TurnedAway, read_tick};
+use crate::listener::{
+    Acceptor, AcceptorConfig, DeadlineWriter, Gate, ReadTick, TurnedAway, close_after, read_tick,
+};
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::clock::{Clock, UnixClock};

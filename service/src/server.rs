@@ -36,11 +36,11 @@ use gpucache_dataplane::store::{
 use subtle::ConstantTimeEq;
 
 use crate::bounds::{
-    self, BodyCharge, DeadlineWriter, Deadlines, Front, Guard, Reason,
-    UNAUTHENTICATED_REQUEST_BYTES_MAX,
+    self, BodyCharge, Deadlines, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX,
 };
 use crate::listener::{
-    Acceptor, AcceptorConfig, Connection, Gate, LocalListener, ReadTick, TurnedAway, read_tick,
+    Acceptor, AcceptorConfig, Connection, DeadlineWriter, Gate, LocalListener, ReadTick,
+    TurnedAway, read_tick,
 };
 use gpucache_storage::host::segment::Segment;
 
@@ -582,7 +582,7 @@ fn close_refused<C: Connection>(
 ) {
     let mut bytes = Vec::new();
     if Response::Error(error).encode_sealed_frame(request_id, seal, &mut bytes).is_ok() {
-        bounds::close_after(stream, &bytes, write_timeout);
+        crate::listener::close_after(stream, &bytes, write_timeout);
     }
 }
 

@@ -132,7 +132,7 @@ impl ValidConfig {
             peer_inflight_body_bytes_max: l.peer_inflight_body_bytes_max,
             body_timeout: Duration::from_millis(l.body_timeout_ms),
             hello_timeout: Duration::from_millis(l.hello_timeout_ms),
-            connections_per_peer_max: l.connections_per_peer_max,
+            connections_per_peer_max: l.connections_per_peer_max.min(l.connections_max),
         }
     }
 

@@ -140,11 +140,13 @@ impl ServeConfig {
             CONNECTIONS_MAX_LIMIT.into(),
         )?;
         in_range("listen.clock_skew_max_ms", l.clock_skew_max_ms, 1, CLOCK_SKEW_MAX_LIMIT_MS)?;
+        // Above connections_max it is connections_max (the build takes the smaller), so a
+        // configuration that lowers connections_max alone stays valid.
         in_range(
             "listen.connections_per_peer_max",
             l.connections_per_peer_max.into(),
             1,
-            l.connections_max.into(),
+            CONNECTIONS_MAX_LIMIT.into(),
         )?;
         // One request of the largest value must fit.
         in_range(

@@ -256,11 +256,12 @@ fn wait_closed_by_server(stream: &TcpStream, limit: Duration) -> Duration {
     }
 }
 
-/// Whether the server has closed `stream` already (without waiting).
-fn closed_by_server(stream: &TcpStream) -> bool {
+/// Whether the server closes `stream` within `limit` (waiting at most that long for it).
+fn closed_within(stream: &TcpStream, limit: Duration) -> bool {
     let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
-    // SAFETY: polls one descriptor this test owns, without blocking.
-    let ready = unsafe { libc::poll(&raw mut pfd, 1, 0) };
+    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: polls one descriptor this test owns, for at most `limit`.
+    let ready = unsafe { libc::poll(&raw mut pfd, 1, ms) };
     ready > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
@@ -637,13 +638,13 @@ fn per_peer_limits_unauthenticated_oversize_and_write_deadlines() {
     for id in 2..6 {
         slow.write_all(&get(id)).expect("a pipelined GET");
     }
-    // The client drains slowly, 64 KiB every 100 ms: each write of the server makes progress
-    // well within 1.5 s, so only a deadline for the whole response cuts it (the pause paces a
-    // slow client; it waits for nothing).
+    // The client drains slowly, 64 KiB at a time, waiting up to 100 ms for the server's close
+    // between reads: each write of the server makes progress well within 1.5 s, so only a
+    // deadline for the whole response cuts it.
     let start = Instant::now();
     let mut drip = vec![0u8; 64 << 10];
     let took = loop {
-        if closed_by_server(&slow) {
+        if closed_within(&slow, Duration::from_millis(100)) {
             break start.elapsed();
         }
         assert!(start.elapsed() < WAIT, "the slow reader was never cut");
@@ -651,7 +652,6 @@ fn per_peer_limits_unauthenticated_oversize_and_write_deadlines() {
             Ok(0) | Err(_) => break start.elapsed(),
             Ok(_) => {}
         }
-        std::thread::sleep(Duration::from_millis(100));
     };
     assert!(
         took >= Duration::from_millis(1000) && took < Duration::from_secs(10),

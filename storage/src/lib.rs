@@ -11,6 +11,7 @@
 //! catalog instead of keeping their own.
 
 mod catalog;
+pub mod evict;
 pub mod file;
 pub mod host;
 pub mod memory;

@@ -1,0 +1,62 @@
+//! A queue of block ids ordered by a stamp, with removal and re-stamping in O(log n): the list
+//! most policies are made of.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::BlockId;
+
+#[derive(Debug, Default)]
+pub(super) struct Order {
+    by_stamp: BTreeMap<u64, BlockId>,
+    stamp_of: HashMap<BlockId, u64>,
+    next: u64,
+}
+
+impl Order {
+    pub(super) fn len(&self) -> usize {
+        self.stamp_of.len()
+    }
+
+    pub(super) fn contains(&self, id: BlockId) -> bool {
+        self.stamp_of.contains_key(&id)
+    }
+
+    /// Puts `id` at the back (newest end), moving it there if it is already queued.
+    pub(super) fn push_back(&mut self, id: BlockId) {
+        self.remove(id);
+        let stamp = self.next;
+        self.next += 1;
+        self.by_stamp.insert(stamp, id);
+        self.stamp_of.insert(id, stamp);
+    }
+
+    pub(super) fn remove(&mut self, id: BlockId) -> bool {
+        match self.stamp_of.remove(&id) {
+            Some(stamp) => {
+                self.by_stamp.remove(&stamp);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn front(&self) -> Option<BlockId> {
+        self.by_stamp.values().next().copied()
+    }
+
+    pub(super) fn pop_front(&mut self) -> Option<BlockId> {
+        let (_, id) = self.by_stamp.pop_first()?;
+        self.stamp_of.remove(&id);
+        Some(id)
+    }
+
+    /// Ids from the front (oldest) to the back.
+    pub(super) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.by_stamp.values().copied()
+    }
+
+    /// The first id from the front that `eligible` accepts.
+    pub(super) fn first(&self, eligible: &mut dyn FnMut(BlockId) -> bool) -> Option<BlockId> {
+        self.iter().find(|id| eligible(*id))
+    }
+}

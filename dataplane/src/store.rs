@@ -183,6 +183,9 @@ pub enum FullPolicy {
     /// Evict the tenant's (or, for the global quota, anyone's) oldest unpinned committed
     /// blocks first (FileStore).
     EvictOldest,
+    /// Evict the tenant's (or, for the global quota, anyone's) unpinned committed blocks in the
+    /// order of the store's eviction policy (recency, frequency, chain position).
+    Evict,
 }
 
 /// Static facts about a store.

@@ -62,6 +62,7 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
             let _keep = &dir;
             file.corrupt_for_test(key, 17)
         }),
+        evicted: None,
     }
 }
 

@@ -152,7 +152,7 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
         let _lent = &lent;
         store.corrupt_for_test(key, 17)
     };
-    Subject { store: Box::new(nixl), corrupt: Box::new(corrupt) }
+    Subject { store: Box::new(nixl), corrupt: Box::new(corrupt), evicted: None }
 }
 
 gpucache_dataplane::conformance_suite!(make);

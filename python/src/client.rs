@@ -454,6 +454,7 @@ impl Client {
             match info.full_policy {
                 FullPolicy::Refuse => "refuse",
                 FullPolicy::EvictOldest => "evict_oldest",
+                FullPolicy::Evict => "evict",
             },
         )?;
         d.set_item("server", server)?;

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::evict::{BlockFacts, EvictionPolicy, Removal};
 use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::ChainHash;
@@ -110,6 +111,43 @@ pub(crate) struct Catalog<P> {
     next_seq: u64,
     corrupt_dropped: CorruptDrops,
     evictions: u64,
+    /// The order in which committed blocks give way when a quota is full.
+    eviction: Box<dyn EvictionPolicy>,
+    /// Keys of evicted blocks, oldest first, while a test watches (at most
+    /// [`EVICTION_LOG_MAX`]).
+    eviction_log: Option<std::collections::VecDeque<PhysicalKey>>,
+}
+
+/// Most evictions a watched catalog remembers between two looks.
+const EVICTION_LOG_MAX: usize = 4096;
+
+/// A stable 64-bit fingerprint of a block's place in its chain: tenant, shape and one link.
+fn chain_name(key: &PhysicalKey, link: &ChainHash) -> u64 {
+    let mut bytes = Vec::with_capacity(96);
+    bytes.extend_from_slice(key.tenant().as_str().as_bytes());
+    bytes.extend_from_slice(&key.shape_digest().0);
+    bytes.extend_from_slice(&link.0);
+    Checksum::of(&bytes).0
+}
+
+/// What the eviction policy is told of a committed block.
+fn facts<P>(id: RegionId, b: &Entry<P>) -> BlockFacts {
+    let chain = b.key.identity().chain();
+    let name = match chain.last() {
+        Some(link) => chain_name(&b.key, link),
+        None => Checksum::of(&b.key.digest().0).0,
+    };
+    let parent = chain.len().checked_sub(2).map(|i| chain_name(&b.key, &chain[i]));
+    BlockFacts {
+        id: id.0,
+        name,
+        parent,
+        depth: u32::try_from(chain.len()).unwrap_or(u32::MAX),
+        tenant: Checksum::of(b.key.tenant().as_str().as_bytes()).0,
+        len: b.len,
+        seq: b.seq,
+        request: b.request.map(|r| r.0),
+    }
 }
 
 fn drop_from<K: std::hash::Hash + Eq>(index: &mut HashMap<K, Vec<RegionId>>, key: K, id: RegionId) {
@@ -129,6 +167,7 @@ impl<P> Catalog<P> {
         epoch: Epoch,
         first_region: u64,
         epochs: Box<dyn EpochSource>,
+        eviction: Box<dyn EvictionPolicy>,
     ) -> Result<Self, LimitsError> {
         let ledger = Ledger::new(limits.clone())?;
         let regions_max = usize::try_from(limits.registrations_max).unwrap_or(usize::MAX);
@@ -146,6 +185,8 @@ impl<P> Catalog<P> {
             next_seq: 1,
             corrupt_dropped: CorruptDrops::default(),
             evictions: 0,
+            eviction,
+            eviction_log: None,
         })
     }
 
@@ -237,6 +278,7 @@ impl<P> Catalog<P> {
             });
         };
         b.readers += 1;
+        self.eviction.hit(id.0);
         Ok(Ok(ReadPin { region: id, len: b.len, checksum }))
     }
 
@@ -252,7 +294,7 @@ impl<P> Catalog<P> {
             && state == BlockState::Committed
         {
             self.corrupt_dropped.add(CorruptPhase::Get, reason, 1);
-            self.start_evict(id, &mut released);
+            self.start_evict(id, Removal::Dropped, &mut released);
         } else if state == BlockState::Evicting && readers == 0 {
             self.finish_evict(id, &mut released);
         }
@@ -261,7 +303,7 @@ impl<P> Catalog<P> {
 
     // ------------------------------------------------------------------ eviction
 
-    fn unindex_committed(&mut self, id: RegionId) {
+    fn unindex_committed(&mut self, id: RegionId, why: Removal) {
         let Some(b) = self.blocks.get(&id) else { return };
         let (digest, logical, shape) =
             (b.key.digest(), b.key.logical_digest(), b.key.shape_digest());
@@ -274,12 +316,14 @@ impl<P> Catalog<P> {
         if let Some(link) = link {
             drop_from(&mut self.prefix, (shape, link), id);
         }
-        self.age.remove(&seq);
+        if self.age.remove(&seq).is_some() {
+            self.eviction.remove(id.0, why);
+        }
     }
 
     /// COMMITTED -> EVICTING, and -> ABSENT at once when nobody is reading.
-    fn start_evict(&mut self, id: RegionId, released: &mut Vec<P>) {
-        self.unindex_committed(id);
+    fn start_evict(&mut self, id: RegionId, why: Removal, released: &mut Vec<P>) {
+        self.unindex_committed(id, why);
         let Some(b) = self.blocks.get_mut(&id) else { return };
         if b.life.apply(Transition::Evict).is_err() {
             return;
@@ -298,12 +342,19 @@ impl<P> Catalog<P> {
         released.push(b.payload);
     }
 
-    /// The oldest committed block nobody is reading, of `tenant` when given.
-    fn victim(&self, tenant: Option<&gpucache_dataplane::TenantId>) -> Option<RegionId> {
-        self.age.values().copied().find(|id| {
-            let b = &self.blocks[id];
-            b.readers == 0 && tenant.is_none_or(|t| b.key.tenant() == t)
-        })
+    /// The first committed block in the policy's order that nobody is reading, of `tenant`
+    /// when given.
+    fn victim(&mut self, tenant: Option<&gpucache_dataplane::TenantId>) -> Option<RegionId> {
+        let blocks = &self.blocks;
+        self.eviction
+            .victim(&mut |id| {
+                blocks.get(&RegionId(id)).is_some_and(|b| {
+                    b.readers == 0
+                        && b.life.state() == BlockState::Committed
+                        && tenant.is_none_or(|t| b.key.tenant() == t)
+                })
+            })
+            .map(RegionId)
     }
 
     /// Admission for a new block, evicting oldest unpinned committed blocks first when the
@@ -315,16 +366,21 @@ impl<P> Catalog<P> {
                 Ok(()) => return Ok(()),
                 Err(r) => r,
             };
-            let victim = match (&refusal, self.policy) {
-                (Refusal::RetainedBytes { .. }, FullPolicy::EvictOldest) => self.victim(None),
-                (Refusal::TenantRetainedBytes { .. }, FullPolicy::EvictOldest) => {
-                    self.victim(Some(&tenant))
-                }
+            let evicts = self.policy != FullPolicy::Refuse;
+            let victim = match &refusal {
+                Refusal::RetainedBytes { .. } if evicts => self.victim(None),
+                Refusal::TenantRetainedBytes { .. } if evicts => self.victim(Some(&tenant)),
                 _ => None,
             };
             let Some(victim) = victim else { return Err(refusal) };
             self.evictions += 1;
-            self.start_evict(victim, released);
+            if let (Some(log), Some(b)) = (self.eviction_log.as_mut(), self.blocks.get(&victim)) {
+                if log.len() == EVICTION_LOG_MAX {
+                    log.pop_front();
+                }
+                log.push_back(b.key.clone());
+            }
+            self.start_evict(victim, Removal::Evicted, released);
         }
     }
 
@@ -519,6 +575,8 @@ impl<P> Catalog<P> {
             self.prefix.entry((shape, link)).or_default().push(id);
         }
         self.age.insert(seq, id);
+        let facts = facts(id, &self.blocks[&id]);
+        self.eviction.insert(&facts);
         Ok(Committed { checksum })
     }
 
@@ -642,7 +700,7 @@ impl<P> Catalog<P> {
     pub(crate) fn remove_committed(&mut self, id: RegionId) -> Vec<P> {
         let mut released = Vec::new();
         if self.blocks.get(&id).is_some_and(|b| b.life.state() == BlockState::Committed) {
-            self.start_evict(id, &mut released);
+            self.start_evict(id, Removal::Invalidated, &mut released);
         }
         released
     }
@@ -774,6 +832,22 @@ impl<P> Catalog<P> {
         Ok(region)
     }
 
+    /// Tells the eviction policy of every restored block in commit order, oldest first (restore
+    /// admits newest first so that tight limits leave out the oldest).
+    pub(crate) fn replay_order(&mut self) {
+        for id in self.age.values() {
+            if let Some(b) = self.blocks.get(id) {
+                self.eviction.insert(&facts(*id, b));
+            }
+        }
+    }
+
+    /// The keys evicted since the last call, oldest first; the first call starts the log.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn take_evicted(&mut self) -> Vec<PhysicalKey> {
+        self.eviction_log.get_or_insert_default().drain(..).collect()
+    }
+
     /// Damages nothing; finds the committed payload under `key` for fault injection.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn committed_payload_mut(&mut self, key: &PhysicalKey) -> Option<&mut P> {
@@ -804,6 +878,7 @@ mod tests {
             Epoch(1),
             1,
             Box::new(LocalEpochs),
+            crate::evict::PolicyKind::Fifo.build(retained),
         )
         .unwrap()
     }

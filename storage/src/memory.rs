@@ -28,6 +28,7 @@ use gpucache_dataplane::store::{
 };
 
 use crate::catalog::{Catalog, ReadPin};
+use crate::evict::PolicyKind;
 use crate::host::arena::{ArenaBuf, ArenaStats, PayloadArena};
 
 /// Most bytes of freed payload buffers kept for reuse (also capped at a quarter of
@@ -269,6 +270,16 @@ enum Pinned {
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     clock: Arc<dyn Clock>,
+    full_policy: FullPolicy,
+}
+
+/// How a [`MemoryStore`] is built beyond its limits.
+#[derive(Debug, Default)]
+pub struct MemoryOptions {
+    /// Evict by this policy when full; `None` refuses, as the contract's reference store does.
+    pub eviction: Option<PolicyKind>,
+    /// Memory new blocks are carved from while it has room (see [`MemoryStore::with_arena`]).
+    pub arena: Option<Arc<PayloadArena>>,
 }
 
 impl MemoryStore {
@@ -285,9 +296,8 @@ impl MemoryStore {
         clock: Arc<dyn Clock>,
         arena: Arc<PayloadArena>,
     ) -> Result<Self, LimitsError> {
-        let store = Self::with_epochs(limits, clock, Box::new(LocalEpochs))?;
-        store.lock().spare.arena = Some(arena);
-        Ok(store)
+        let options = MemoryOptions { arena: Some(arena), ..MemoryOptions::default() };
+        Self::with_options(limits, clock, Box::new(LocalEpochs), options)
     }
 
     /// What the store's arena holds, when it has one.
@@ -301,13 +311,41 @@ impl MemoryStore {
         clock: Arc<dyn Clock>,
         epochs: Box<dyn EpochSource>,
     ) -> Result<Self, LimitsError> {
+        Self::with_options(limits, clock, epochs, MemoryOptions::default())
+    }
+
+    /// A store that evicts by `policy` when a retained-byte quota is full, instead of refusing:
+    /// a cache tier rather than the contract's reference store.
+    pub fn evicting(
+        limits: ResourceLimits,
+        clock: Arc<dyn Clock>,
+        policy: PolicyKind,
+    ) -> Result<Self, LimitsError> {
+        let options = MemoryOptions { eviction: Some(policy), ..MemoryOptions::default() };
+        Self::with_options(limits, clock, Box::new(LocalEpochs), options)
+    }
+
+    /// A store built as `options` says.
+    pub fn with_options(
+        limits: ResourceLimits,
+        clock: Arc<dyn Clock>,
+        epochs: Box<dyn EpochSource>,
+        options: MemoryOptions,
+    ) -> Result<Self, LimitsError> {
         let spare = SpareBuffers {
             bytes_max: SPARE_BYTES_MAX.min(limits.retained_bytes_max / 4),
+            arena: options.arena,
             ..SpareBuffers::default()
         };
+        let (full_policy, kind) = match options.eviction {
+            None => (FullPolicy::Refuse, PolicyKind::Fifo),
+            Some(PolicyKind::Fifo) => (FullPolicy::EvictOldest, PolicyKind::Fifo),
+            Some(kind) => (FullPolicy::Evict, kind),
+        };
+        let eviction = kind.build(limits.retained_bytes_max);
         let catalog =
-            Catalog::new(limits, FullPolicy::Refuse, MemoryKind::Host, Epoch(1), 1, epochs)?;
-        Ok(Self { inner: Mutex::new(Inner { catalog, spare }), clock })
+            Catalog::new(limits, full_policy, MemoryKind::Host, Epoch(1), 1, epochs, eviction)?;
+        Ok(Self { inner: Mutex::new(Inner { catalog, spare }), clock, full_policy })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -317,6 +355,13 @@ impl MemoryStore {
             Ok(guard) => guard,
             Err(_) => panic!("MemoryStore state is unusable: a thread panicked while changing it"),
         }
+    }
+
+    /// The keys this store evicted since the last call, oldest first. The first call starts
+    /// the record, so a test calls it once before it drives the store.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn take_evicted_for_test(&self) -> Vec<PhysicalKey> {
+        self.lock().catalog.take_evicted()
     }
 
     /// Damages one payload byte (at `at` modulo the length) of the committed block under
@@ -483,7 +528,7 @@ impl Store for MemoryStore {
             name: "memory",
             implementation: Implementation::Real,
             failures_retire: true,
-            full_policy: FullPolicy::Refuse,
+            full_policy: self.full_policy,
         }
     }
 

@@ -1,16 +1,28 @@
-//! FileStore runs the whole conformance suite, unchanged, on each I/O engine.
+//! FileStore runs the whole conformance suite, unchanged, on each I/O engine, and with an
+//! eviction policy other than commit order.
 
 use std::sync::Arc;
 
 use gpucache_dataplane::clock::ManualClock;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::Subject;
+use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStoreConfig};
 
 fn subject(
     engine: EngineChoice,
     direct_io: bool,
+    limits: ResourceLimits,
+    clock: ManualClock,
+) -> Subject {
+    subject_with(engine, direct_io, PolicyKind::Fifo, limits, clock)
+}
+
+fn subject_with(
+    engine: EngineChoice,
+    direct_io: bool,
+    policy: PolicyKind,
     limits: ResourceLimits,
     clock: ManualClock,
 ) -> Subject {
@@ -30,6 +42,7 @@ fn subject(
         if direct_io { gpucache_storage::file::engine::uring::SLOT_BYTES } else { 0 };
     config.durability = Durability::None;
     config.limits = limits;
+    config.policy = policy;
     let store = Arc::new(config.open(Arc::new(clock)).expect("file store opens"));
     assert_eq!(
         store.engine_name(),
@@ -39,8 +52,11 @@ fn subject(
         }
     );
     let hook = Arc::clone(&store);
+    let log = Arc::clone(&store);
+    log.take_evicted_for_test();
     Subject {
         store: Box::new(store),
+        evicted: Some(Box::new(move || log.take_evicted_for_test())),
         // The closure owns the directory: it is removed when the subject goes.
         corrupt: Box::new(move |key| {
             let _keep = &dir;
@@ -69,6 +85,14 @@ mod uring_direct {
     use super::*;
     fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
         subject(EngineChoice::Uring, true, limits, clock)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod psync_lru {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        subject_with(EngineChoice::Psync, false, PolicyKind::Lru, limits, clock)
     }
     gpucache_dataplane::conformance_suite!(make);
 }

@@ -12,7 +12,13 @@ use gpucache_storage::MemoryStore;
 fn subject(store: MemoryStore) -> Subject {
     let store = Arc::new(store);
     let hook = Arc::clone(&store);
-    Subject { store: Box::new(store), corrupt: Box::new(move |key| hook.corrupt_for_test(key, 17)) }
+    let log = Arc::clone(&store);
+    log.take_evicted_for_test();
+    Subject {
+        store: Box::new(store),
+        corrupt: Box::new(move |key| hook.corrupt_for_test(key, 17)),
+        evicted: Some(Box::new(move || log.take_evicted_for_test())),
+    }
 }
 
 fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
@@ -35,3 +41,25 @@ mod in_an_arena {
 
     gpucache_dataplane::conformance_suite!(make);
 }
+
+/// The store as a cache tier: full quotas evict by each policy instead of refusing.
+macro_rules! evicting {
+    ($($module:ident => $policy:expr),* $(,)?) => {$(
+        mod $module {
+            use super::*;
+            use gpucache_storage::evict::PolicyKind;
+
+            fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+                let policy: PolicyKind = $policy;
+                subject(MemoryStore::evicting(limits, Arc::new(clock), policy).expect("valid limits"))
+            }
+
+            gpucache_dataplane::conformance_suite!(make);
+        }
+    )*};
+}
+
+evicting!(
+    evicting_fifo => PolicyKind::Fifo,
+    evicting_lru => PolicyKind::Lru,
+);

@@ -22,7 +22,11 @@ fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
     // Encoding while the suite runs also exercises the stats collector on every store it builds.
     let text = store.metrics().encode(ExpositionFormat::Prometheus);
     assert!(text.contains("gpucache_epoch "), "store gauges missing:\n{text}");
-    Subject { store: Box::new(store), corrupt: Box::new(move |key| hook.corrupt_for_test(key, 17)) }
+    Subject {
+        store: Box::new(store),
+        corrupt: Box::new(move |key| hook.corrupt_for_test(key, 17)),
+        evicted: None,
+    }
 }
 
 gpucache_dataplane::conformance_suite!(make);

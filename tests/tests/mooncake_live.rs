@@ -462,7 +462,7 @@ fn conformance_rules_against_a_live_cluster() {
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
         // No honoured rule damages a block: there is no way to reach one in the cluster.
-        Subject { store: Box::new(store), corrupt: Box::new(|_| false) }
+        Subject { store: Box::new(store), corrupt: Box::new(|_| false), evicted: None }
     };
     let failed: Vec<String> = HONOURED_RULES
         .iter()

@@ -75,6 +75,7 @@ fn served_with(
             let _serving = (&server, &dir);
             corrupt(key)
         }),
+        evicted: None,
     }
 }
 

@@ -282,6 +282,7 @@ pub(super) fn put_full_policy(w: &mut Writer<'_>, p: FullPolicy) {
     w.u8(match p {
         FullPolicy::Refuse => 0,
         FullPolicy::EvictOldest => 1,
+        FullPolicy::Evict => 2,
     });
 }
 
@@ -289,6 +290,7 @@ pub(super) fn get_full_policy(r: &mut Reader<'_>) -> Result<FullPolicy, WireErro
     match r.u8(text::FULL_POLICY)? {
         0 => Ok(FullPolicy::Refuse),
         1 => Ok(FullPolicy::EvictOldest),
+        2 => Ok(FullPolicy::Evict),
         tag => Err(WireError::UnknownTag { what: text::FULL_POLICY, tag }),
     }
 }

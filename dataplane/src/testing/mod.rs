@@ -19,7 +19,7 @@ mod subject;
 
 /// The seeded generator, for tests that name it from here.
 pub use crate::rng;
-pub use subject::{MakeSubject, Subject, cases};
+pub use subject::{EvictionLog, MakeSubject, Subject, cases};
 
 /// Expands to one `#[test]` per conformance rule and per model property, for the store built
 /// by `$make` (an expression of type `fn(ResourceLimits, ManualClock) -> Subject`).

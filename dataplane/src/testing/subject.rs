@@ -12,7 +12,14 @@ pub struct Subject {
     /// Damages the stored payload of the committed block under the key (one bit is enough);
     /// returns whether such a block existed.
     pub corrupt: Box<dyn Fn(&PhysicalKey) -> bool + Send + Sync>,
+    /// The blocks the store evicted since the last call, oldest first. Required of a store
+    /// whose full policy is [`crate::store::FullPolicy::Evict`]: the model cannot rank blocks
+    /// as the store's policy does, so it checks each eviction the store reports instead.
+    pub evicted: Option<EvictionLog>,
 }
+
+/// See [`Subject::evicted`].
+pub type EvictionLog = Box<dyn Fn() -> Vec<PhysicalKey> + Send + Sync>;
 
 impl std::fmt::Debug for Subject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -7,12 +7,17 @@ use super::*;
 /// An event of a generated workload. Indexes pick among the blocks resident at that step.
 #[derive(Debug, Clone)]
 pub(super) enum Event {
-    Insert { name: u64, len: u64 },
+    Insert {
+        name: u64,
+        len: u64,
+    },
     Hit(usize),
     Remove(usize),
     /// Asks for a victim; blocks whose id is divisible by `skip` (when not 0) are not eligible,
     /// and the victim is then evicted.
-    Evict { skip: u64 },
+    Evict {
+        skip: u64,
+    },
 }
 
 pub(super) fn events(names: u64) -> impl Strategy<Value = Vec<Event>> {

@@ -38,6 +38,7 @@ use gpucache_dataplane::store::{
 };
 
 use crate::catalog::{Catalog, Restored};
+use crate::evict::PolicyKind;
 use engine::{EngineChoice, EngineConfig, IoEngine};
 pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
@@ -84,6 +85,8 @@ pub struct FileStoreConfig {
     pub group_commit_deadline_ms: u64,
     /// Most block files kept open for reads (least recently used go first); at least 1.
     pub open_files_max: usize,
+    /// Which committed blocks give way first when a retained-byte quota is full.
+    pub policy: PolicyKind,
 }
 
 impl FileStoreConfig {
@@ -97,6 +100,7 @@ impl FileStoreConfig {
             limits: ResourceLimits::default(),
             group_commit_deadline_ms: 10_000,
             open_files_max: OPEN_FILES_MAX,
+            policy: PolicyKind::Fifo,
         }
     }
 
@@ -267,6 +271,7 @@ pub struct FileStore {
     io_watch: Arc<engine::IoWatch>,
     direct_io: bool,
     durability: Durability,
+    full_policy: FullPolicy,
     catalog: Mutex<Catalog<FilePayload>>,
     clock: Arc<dyn Clock>,
     group: sync::GroupSync,
@@ -276,6 +281,15 @@ pub struct FileStore {
     /// Which `blocks/<xx>` directories are known to exist (created on first use).
     subdirs: [AtomicBool; 256],
     _lock: File,
+}
+
+/// What a store with eviction policy `policy` reports: FIFO is the oldest-first order the
+/// conformance model predicts exactly.
+fn full_policy_of(policy: PolicyKind) -> FullPolicy {
+    match policy {
+        PolicyKind::Fifo => FullPolicy::EvictOldest,
+        _ => FullPolicy::Evict,
+    }
 }
 
 impl FileStore {
@@ -334,11 +348,12 @@ impl FileStore {
 
         let mut catalog = Catalog::new(
             config.limits.clone(),
-            FullPolicy::EvictOldest,
+            full_policy_of(config.policy),
             MemoryKind::Storage,
             Epoch(epoch),
             epoch << REGION_ID_EPOCH_SHIFT,
             Box::new(PersistedEpochs { root: root.clone() }),
+            config.policy.build(config.limits.retained_bytes_max),
         )?;
         for (phase, reason, n) in report.corrupt.iter() {
             catalog.count_corrupt(phase, reason, n);
@@ -377,6 +392,8 @@ impl FileStore {
                 }
             }
         }
+        // Restored newest first for admission; the policy learns them oldest first.
+        catalog.replay_order();
         report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             root = %root.display(), engine = engine.name(), epoch, loaded = report.loaded,
@@ -392,6 +409,7 @@ impl FileStore {
             io_watch,
             direct_io: config.direct_io,
             durability: config.durability,
+            full_policy: full_policy_of(config.policy),
             catalog: Mutex::new(catalog),
             clock,
             group,
@@ -591,6 +609,13 @@ impl FileStore {
                 ))
             }
         }
+    }
+
+    /// The keys this store evicted since the last call, oldest first. The first call starts
+    /// the record, so a test calls it once before it drives the store.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn take_evicted_for_test(&self) -> Vec<PhysicalKey> {
+        self.lock().take_evicted()
     }
 
     /// Damages one payload byte of the committed block under `key` on disk, for corruption
@@ -824,7 +849,7 @@ impl Store for FileStore {
             name: "file",
             implementation: Implementation::Real,
             failures_retire: true,
-            full_policy: FullPolicy::EvictOldest,
+            full_policy: self.full_policy,
         }
     }
 

@@ -11,15 +11,21 @@
 //! that already left (the ghosts of ARC and S3-FIFO) is bounded by [`GHOST_ENTRIES_MAX`] and by
 //! the capacity it was built for.
 
+mod arc;
 mod fifo;
+mod ghost;
+mod lists;
 mod lru;
 mod order;
+mod s3fifo;
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use arc::AdaptiveReplacement;
 pub use fifo::Fifo;
 pub use lru::Lru;
+pub use s3fifo::{FREQ_MAX, S3Fifo};
 
 /// The catalog's name for a committed block: unique while the block is resident, never reused.
 pub type BlockId = u64;
@@ -85,24 +91,34 @@ pub enum PolicyKind {
     Fifo,
     /// Least recently committed or read first.
     Lru,
+    /// Adaptive replacement: recency and frequency lists whose split follows the names of
+    /// recently evicted blocks ([`AdaptiveReplacement`]).
+    Arc,
+    /// A small FIFO that filters one-time blocks ahead of a main FIFO, with a ghost FIFO of
+    /// names ([`S3Fifo`]).
+    S3Fifo,
 }
 
 impl PolicyKind {
-    pub const ALL: &'static [PolicyKind] = &[PolicyKind::Fifo, PolicyKind::Lru];
+    pub const ALL: &'static [PolicyKind] =
+        &[PolicyKind::Fifo, PolicyKind::Lru, PolicyKind::Arc, PolicyKind::S3Fifo];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Fifo => "fifo",
             Self::Lru => "lru",
+            Self::Arc => "arc",
+            Self::S3Fifo => "s3-fifo",
         }
     }
 
     /// A policy for a store that retains at most `capacity_bytes`.
     pub fn build(self, capacity_bytes: u64) -> Box<dyn EvictionPolicy> {
-        let _ = capacity_bytes;
         match self {
             Self::Fifo => Box::new(Fifo::default()),
             Self::Lru => Box::new(Lru::default()),
+            Self::Arc => Box::new(AdaptiveReplacement::new(capacity_bytes)),
+            Self::S3Fifo => Box::new(S3Fifo::new(capacity_bytes)),
         }
     }
 }

@@ -40,10 +40,6 @@ impl Order {
         }
     }
 
-    pub(super) fn front(&self) -> Option<BlockId> {
-        self.by_stamp.values().next().copied()
-    }
-
     pub(super) fn pop_front(&mut self) -> Option<BlockId> {
         let (_, id) = self.by_stamp.pop_first()?;
         self.stamp_of.remove(&id);
@@ -53,6 +49,12 @@ impl Order {
     /// Ids from the front (oldest) to the back.
     pub(super) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.by_stamp.values().copied()
+    }
+
+    /// The first id whose stamp is `stamp` or later, with its stamp: a cursor for scans that
+    /// move ids to the back while they walk.
+    pub(super) fn at_or_after(&self, stamp: u64) -> Option<(u64, BlockId)> {
+        self.by_stamp.range(stamp..).next().map(|(s, id)| (*s, *id))
     }
 
     /// The first id from the front that `eligible` accepts.

@@ -36,6 +36,10 @@ pub(super) trait Reference {
     fn hit(&mut self, id: BlockId);
     fn remove(&mut self, id: BlockId, why: Removal);
     fn victim(&mut self, eligible: &dyn Fn(BlockId) -> bool) -> Option<BlockId>;
+    /// Entries kept for blocks that left.
+    fn ghosts(&self) -> usize {
+        0
+    }
 }
 
 /// Drives `policy` and `model` through `events` and fails at the first different victim.
@@ -81,7 +85,7 @@ pub(super) fn agree(
                 model.remove(id, Removal::Invalidated);
             }
             Event::Evict { skip } => {
-                let ok = |id: BlockId| *skip == 0 || id % skip != 0;
+                let ok = |id: BlockId| *skip == 0 || !id.is_multiple_of(*skip);
                 let got = policy.victim(&mut |id| ok(id));
                 let want = model.victim(&ok);
                 prop_assert_eq!(got, want, "victim at step {}", step);
@@ -96,6 +100,7 @@ pub(super) fn agree(
             _ => {}
         }
         prop_assert_eq!(policy.resident(), resident.len(), "resident count at step {}", step);
+        prop_assert_eq!(policy.ghosts(), model.ghosts(), "ghost count at step {}", step);
     }
     Ok(())
 }
@@ -139,6 +144,180 @@ impl Reference for LruModel {
     }
 }
 
+/// ARC as plain lists, oldest first. Resident entries are (id, name, len), ghosts (name, len).
+struct ArcModel {
+    capacity: u64,
+    ghosts_max: usize,
+    p: u64,
+    t1: Vec<(BlockId, u64, u64)>,
+    t2: Vec<(BlockId, u64, u64)>,
+    b1: Vec<(u64, u64)>,
+    b2: Vec<(u64, u64)>,
+}
+
+impl ArcModel {
+    fn new(capacity: u64, ghosts_max: usize) -> Self {
+        Self { capacity, ghosts_max, p: 0, t1: vec![], t2: vec![], b1: vec![], b2: vec![] }
+    }
+}
+
+fn ghost_bytes(list: &[(u64, u64)]) -> u64 {
+    list.iter().map(|g| g.1).sum()
+}
+
+impl Reference for ArcModel {
+    fn insert(&mut self, b: &BlockFacts) {
+        let (in_b1, in_b2) = (ghost_bytes(&self.b1), ghost_bytes(&self.b2));
+        let weight = b.len.max(1);
+        let entry = (b.id, b.name, b.len);
+        if let Some(i) = self.b1.iter().position(|g| g.0 == b.name) {
+            let ratio = in_b2.checked_div(in_b1).unwrap_or(1).max(1);
+            self.p = (self.p + ratio * weight).min(self.capacity);
+            self.b1.remove(i);
+            self.t2.push(entry);
+        } else if let Some(i) = self.b2.iter().position(|g| g.0 == b.name) {
+            let ratio = in_b1.checked_div(in_b2).unwrap_or(1).max(1);
+            self.p = self.p.saturating_sub(ratio * weight);
+            self.b2.remove(i);
+            self.t2.push(entry);
+        } else {
+            self.t1.push(entry);
+        }
+    }
+    fn hit(&mut self, id: BlockId) {
+        if let Some(i) = self.t1.iter().position(|e| e.0 == id) {
+            let e = self.t1.remove(i);
+            self.t2.push(e);
+        } else if let Some(i) = self.t2.iter().position(|e| e.0 == id) {
+            let e = self.t2.remove(i);
+            self.t2.push(e);
+        }
+    }
+    fn remove(&mut self, id: BlockId, why: Removal) {
+        let (e, seen_again) = if let Some(i) = self.t1.iter().position(|e| e.0 == id) {
+            (self.t1.remove(i), false)
+        } else if let Some(i) = self.t2.iter().position(|e| e.0 == id) {
+            (self.t2.remove(i), true)
+        } else {
+            return;
+        };
+        if why != Removal::Evicted {
+            return;
+        }
+        self.b1.retain(|g| g.0 != e.1);
+        self.b2.retain(|g| g.0 != e.1);
+        if seen_again {
+            self.b2.push((e.1, e.2))
+        } else {
+            self.b1.push((e.1, e.2))
+        }
+        loop {
+            let (n1, n2) = (ghost_bytes(&self.b1), ghost_bytes(&self.b2));
+            if n1 + n2 <= self.capacity && self.b1.len() + self.b2.len() <= self.ghosts_max {
+                break;
+            }
+            if (n1, self.b1.len()) >= (n2, self.b2.len()) {
+                self.b1.remove(0);
+            } else {
+                self.b2.remove(0);
+            }
+        }
+    }
+    fn victim(&mut self, eligible: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
+        let t1_bytes: u64 = self.t1.iter().map(|e| e.2).sum();
+        let (first, second) =
+            if t1_bytes > self.p { (&self.t1, &self.t2) } else { (&self.t2, &self.t1) };
+        first.iter().chain(second.iter()).map(|e| e.0).find(|id| eligible(*id))
+    }
+    fn ghosts(&self) -> usize {
+        self.b1.len() + self.b2.len()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Queued {
+    id: BlockId,
+    name: u64,
+    len: u64,
+    reads: u8,
+}
+
+/// S3-FIFO as plain lists, head first.
+struct S3FifoModel {
+    capacity: u64,
+    ghosts_max: usize,
+    small: Vec<Queued>,
+    main: Vec<Queued>,
+    ghost: Vec<(u64, u64)>,
+}
+
+impl S3FifoModel {
+    fn new(capacity: u64, ghosts_max: usize) -> Self {
+        Self { capacity, ghosts_max, small: vec![], main: vec![], ghost: vec![] }
+    }
+
+    /// Walks the main queue (or the small one) from its head: a read block goes to the main
+    /// queue's tail with one read less (or none), the first unread eligible block is the victim.
+    fn walk(&mut self, main: bool, eligible: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
+        let mut i = 0;
+        loop {
+            let list = if main { &mut self.main } else { &mut self.small };
+            let q = *list.get(i)?;
+            if !eligible(q.id) {
+                i += 1;
+                continue;
+            }
+            if q.reads == 0 {
+                return Some(q.id);
+            }
+            list.remove(i);
+            let reads = if main { q.reads - 1 } else { 0 };
+            self.main.push(Queued { reads, ..q });
+        }
+    }
+}
+
+impl Reference for S3FifoModel {
+    fn insert(&mut self, b: &BlockFacts) {
+        let q = Queued { id: b.id, name: b.name, len: b.len, reads: 0 };
+        if let Some(i) = self.ghost.iter().position(|g| g.0 == b.name) {
+            self.ghost.remove(i);
+            self.main.push(q);
+        } else {
+            self.small.push(q);
+        }
+    }
+    fn hit(&mut self, id: BlockId) {
+        if let Some(q) = self.small.iter_mut().chain(self.main.iter_mut()).find(|q| q.id == id) {
+            q.reads = (q.reads + 1).min(3);
+        }
+    }
+    fn remove(&mut self, id: BlockId, why: Removal) {
+        self.main.retain(|q| q.id != id);
+        let Some(i) = self.small.iter().position(|q| q.id == id) else { return };
+        let q = self.small.remove(i);
+        if why == Removal::Evicted {
+            self.ghost.retain(|g| g.0 != q.name);
+            self.ghost.push((q.name, q.len));
+            let bytes_max = self.capacity - self.capacity / 10;
+            while ghost_bytes(&self.ghost) > bytes_max || self.ghost.len() > self.ghosts_max {
+                self.ghost.remove(0);
+            }
+        }
+    }
+    fn victim(&mut self, eligible: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
+        let small_bytes: u64 = self.small.iter().map(|q| q.len).sum();
+        if small_bytes >= self.capacity / 10 || !self.main.iter().any(|q| eligible(q.id)) {
+            self.walk(false, eligible).or_else(|| self.walk(true, eligible))
+        } else {
+            self.walk(true, eligible).or_else(|| self.walk(false, eligible))
+        }
+    }
+    fn ghosts(&self) -> usize {
+        self.ghost.len()
+    }
+}
+
 proptest! {
     #[test]
     fn fifo_matches_its_model(events in events(40)) {
@@ -148,6 +327,20 @@ proptest! {
     #[test]
     fn lru_matches_its_model(events in events(40)) {
         agree(&mut Lru::default(), &mut LruModel::default(), &events)?;
+    }
+
+    #[test]
+    fn arc_matches_its_model(events in events(16), capacity in 0u64..40, ghosts_max in 1usize..12) {
+        let mut policy = AdaptiveReplacement::new(capacity);
+        policy.ghost_entries_max = ghosts_max;
+        agree(&mut policy, &mut ArcModel::new(capacity, ghosts_max), &events)?;
+    }
+
+    #[test]
+    fn s3fifo_matches_its_model(events in events(16), capacity in 0u64..40, ghosts_max in 1usize..12) {
+        let mut policy = S3Fifo::new(capacity);
+        policy.ghost_entries_max = ghosts_max;
+        agree(&mut policy, &mut S3FifoModel::new(capacity, ghosts_max), &events)?;
     }
 }
 
@@ -160,4 +353,119 @@ fn names_round_trip_and_unknown_names_are_refused() {
     let err = "mru".parse::<PolicyKind>().unwrap_err();
     assert_eq!(err.given, "mru");
     assert!(err.known.contains("lru"), "{err}");
+}
+
+/// A store that holds at most `capacity` bytes and, before each commit, evicts the policy's
+/// victims until the block fits: how the catalog drives a policy.
+struct Store {
+    policy: Box<dyn EvictionPolicy>,
+    capacity: u64,
+    held: std::collections::HashMap<BlockId, u64>,
+    next_id: BlockId,
+}
+
+impl Store {
+    fn new(policy: Box<dyn EvictionPolicy>, capacity: u64) -> Self {
+        Self { policy, capacity, held: Default::default(), next_id: 1 }
+    }
+
+    fn commit(&mut self, name: u64, len: u64) -> BlockId {
+        while self.held.values().sum::<u64>() + len > self.capacity {
+            let id = self.policy.victim(&mut |_| true).expect("a full store has a victim");
+            assert!(self.held.remove(&id).is_some(), "victim {id} is not held");
+            self.policy.remove(id, Removal::Evicted);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let b =
+            BlockFacts { id, name, parent: None, depth: 1, tenant: 0, len, seq: id, request: None };
+        self.policy.insert(&b);
+        self.held.insert(id, len);
+        id
+    }
+
+    fn holds(&self, id: BlockId) -> bool {
+        self.held.contains_key(&id)
+    }
+}
+
+#[test]
+fn arc_keeps_a_block_read_twice_through_a_scan_of_one_time_blocks() {
+    let kept = |kind: PolicyKind| {
+        let mut store = Store::new(kind.build(8), 8);
+        let hot = store.commit(1_000, 1);
+        store.policy.hit(hot);
+        for name in 0..100 {
+            store.commit(name, 1);
+        }
+        store.holds(hot)
+    };
+    assert!(kept(PolicyKind::Arc), "ARC gave up a block read twice to one-time blocks");
+    assert!(!kept(PolicyKind::Lru), "the scan is too short to push the block out of LRU");
+}
+
+#[test]
+fn s3fifo_evicts_a_one_time_block_from_the_small_queue_before_a_block_that_was_hit() {
+    let mut store = Store::new(PolicyKind::S3Fifo.build(10), 10);
+    let ids: Vec<BlockId> = (1..=5).map(|name| store.commit(name, 1)).collect();
+    store.policy.hit(ids[0]);
+    let mut fifo = Fifo::default();
+    for (seq, id) in ids.iter().enumerate() {
+        let b = BlockFacts {
+            id: *id,
+            name: *id,
+            parent: None,
+            depth: 1,
+            tenant: 0,
+            len: 1,
+            seq: seq as u64,
+            request: None,
+        };
+        fifo.insert(&b);
+    }
+    assert_eq!(fifo.victim(&mut |_| true), Some(ids[0]), "plain FIFO takes the oldest");
+    assert_eq!(store.policy.victim(&mut |_| true), Some(ids[1]));
+    store.policy.remove(ids[1], Removal::Evicted);
+    assert_eq!(store.policy.ghosts(), 1);
+    // The block that was hit went to the main queue; the small queue still goes first.
+    assert_eq!(store.policy.victim(&mut |_| true), Some(ids[2]));
+    // The evicted name comes back into the main queue, so the small queue still goes first.
+    let again = store.commit(2, 1);
+    assert_eq!(store.policy.ghosts(), 0);
+    assert_eq!(store.policy.victim(&mut |_| true), Some(ids[2]));
+    assert!(store.holds(again));
+}
+
+#[test]
+fn ghosts_stay_within_the_capacity_and_the_entry_bound_after_many_evictions() {
+    // (policy, most ghosts, block length): with one-byte blocks the byte bound is an entry
+    // bound; with a huge capacity only the entry bound applies, whatever the lengths.
+    let one = |_: u64| 1;
+    let mixed = |name: u64| name % 4 + 1;
+    type Run<'a> = (Box<dyn EvictionPolicy>, usize, &'a dyn Fn(u64) -> u64);
+    let mut arc = AdaptiveReplacement::new(1 << 30);
+    arc.ghost_entries_max = 16;
+    let mut s3fifo = S3Fifo::new(1 << 30);
+    s3fifo.ghost_entries_max = 16;
+    let runs: [Run<'_>; 4] = [
+        (Box::new(AdaptiveReplacement::new(64)), 64, &one),
+        (Box::new(S3Fifo::new(64)), 64 - 6, &one),
+        (Box::new(arc), 16, &mixed),
+        (Box::new(s3fifo), 16, &mixed),
+    ];
+    for (policy, bound, len) in runs {
+        let kind = policy.kind();
+        let mut store = Store::new(policy, 64);
+        let mut most = 0;
+        for name in 0..5_000u64 {
+            let id = store.commit(name, len(name));
+            if name % 3 == 0 {
+                store.policy.hit(id);
+            }
+            let ghosts = store.policy.ghosts();
+            assert!(ghosts <= bound, "{kind}: {ghosts} ghosts, bound {bound}");
+            most = most.max(ghosts);
+        }
+        assert_eq!(most, bound, "{kind}: the ghosts never filled up to their bound");
+    }
 }

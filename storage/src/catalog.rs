@@ -143,6 +143,7 @@ fn facts<P>(id: RegionId, b: &Entry<P>) -> BlockFacts {
         name,
         parent,
         depth: u32::try_from(chain.len()).unwrap_or(u32::MAX),
+        partial: b.key.identity().valid_tokens() < b.key.identity().block_tokens(),
         tenant: Checksum::of(b.key.tenant().as_str().as_bytes()).0,
         len: b.len,
         seq: b.seq,

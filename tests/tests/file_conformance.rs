@@ -89,10 +89,10 @@ mod uring_direct {
     gpucache_dataplane::conformance_suite!(make);
 }
 
-mod psync_lru {
+mod psync_prefix {
     use super::*;
     fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
-        subject_with(EngineChoice::Psync, false, PolicyKind::Lru, limits, clock)
+        subject_with(EngineChoice::Psync, false, PolicyKind::Prefix, limits, clock)
     }
     gpucache_dataplane::conformance_suite!(make);
 }

@@ -62,4 +62,7 @@ macro_rules! evicting {
 evicting!(
     evicting_fifo => PolicyKind::Fifo,
     evicting_lru => PolicyKind::Lru,
+    evicting_arc => PolicyKind::Arc,
+    evicting_s3fifo => PolicyKind::S3Fifo,
+    evicting_prefix => PolicyKind::Prefix,
 );

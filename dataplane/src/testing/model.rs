@@ -524,14 +524,20 @@ impl World {
 
     /// The next block a policy-driven store evicted, when the model holds it as committed (and
     /// it is tenant `t`'s, for a tenant quota); `None` otherwise, so that the admission the
-    /// model predicts then differs from the store's answer.
+    /// model predicts then differs from the store's answer (or the victim is left over).
     fn given_up(&mut self, t: Option<usize>) -> Option<(usize, usize)> {
         self.take_victims();
-        let key = self.victims.pop_front()?;
+        let key = self.victims.front()?;
         let found = (0..self.keys.len())
             .flat_map(|bt| (0..self.keys[bt].len()).map(move |k| (bt, k)))
-            .find(|&(bt, k)| self.keys[bt][k] == key)?;
-        (self.committed.contains_key(&found) && t.is_none_or(|t| found.0 == t)).then_some(found)
+            .find(|&(bt, k)| self.keys[bt][k] == *key)?;
+        // A victim that does not fit this admission stays queued: it may belong to a later
+        // item of the same batch, and one that fits none is reported after the step.
+        if !self.committed.contains_key(&found) || t.is_some_and(|t| found.0 != t) {
+            return None;
+        }
+        self.victims.pop_front();
+        Some(found)
     }
 
     fn take_victims(&mut self) {

@@ -56,6 +56,11 @@ impl AdaptiveReplacement {
         }
     }
 
+    /// Moves a resident block to the end of its list that leaves first.
+    pub(super) fn send_first(&mut self, id: BlockId) {
+        self.lists.send_first(id);
+    }
+
     /// The current target for T1's bytes.
     pub fn target(&self) -> u64 {
         self.p

@@ -73,6 +73,13 @@ impl<X: Copy> TwoQueues<X> {
         self.blocks.insert(id, r);
     }
 
+    /// Moves a resident `id` to the front of its queue: the next to leave from it.
+    pub(super) fn send_first(&mut self, id: BlockId) {
+        if let Some(r) = self.blocks.get(&id) {
+            self.queues[usize::from(r.second)].push_front(id);
+        }
+    }
+
     /// Replaces what is kept for `id` with `f` of it and puts it at the back of the queue
     /// that names; nothing when `id` is not resident.
     pub(super) fn requeue(&mut self, id: BlockId, f: impl FnOnce(Resident<X>) -> Resident<X>) {

@@ -17,6 +17,7 @@ mod ghost;
 mod lists;
 mod lru;
 mod order;
+mod prefix;
 mod s3fifo;
 
 use std::fmt;
@@ -25,6 +26,7 @@ use std::str::FromStr;
 pub use arc::AdaptiveReplacement;
 pub use fifo::Fifo;
 pub use lru::Lru;
+pub use prefix::PrefixAware;
 pub use s3fifo::{FREQ_MAX, S3Fifo};
 
 /// The catalog's name for a committed block: unique while the block is resident, never reused.
@@ -46,6 +48,9 @@ pub struct BlockFacts {
     pub parent: Option<u64>,
     /// How many chain links the block's key carries (1 for the first block of a prompt).
     pub depth: u32,
+    /// The block holds fewer tokens than its capacity: the end of a prompt, which only the
+    /// same prompt again can hit (a longer one has a different block there).
+    pub partial: bool,
     /// A fingerprint of the owning tenant.
     pub tenant: u64,
     pub len: u64,
@@ -97,11 +102,19 @@ pub enum PolicyKind {
     /// A small FIFO that filters one-time blocks ahead of a main FIFO, with a ghost FIFO of
     /// names ([`S3Fifo`]).
     S3Fifo,
+    /// Ours, for KV blocks: adaptive replacement that also ranks by what a prefix cache knows
+    /// (partial blocks and blocks whose parent left go first; [`PrefixAware`]).
+    Prefix,
 }
 
 impl PolicyKind {
-    pub const ALL: &'static [PolicyKind] =
-        &[PolicyKind::Fifo, PolicyKind::Lru, PolicyKind::Arc, PolicyKind::S3Fifo];
+    pub const ALL: &'static [PolicyKind] = &[
+        PolicyKind::Fifo,
+        PolicyKind::Lru,
+        PolicyKind::Arc,
+        PolicyKind::S3Fifo,
+        PolicyKind::Prefix,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -109,6 +122,7 @@ impl PolicyKind {
             Self::Lru => "lru",
             Self::Arc => "arc",
             Self::S3Fifo => "s3-fifo",
+            Self::Prefix => "prefix",
         }
     }
 
@@ -119,6 +133,7 @@ impl PolicyKind {
             Self::Lru => Box::new(Lru::default()),
             Self::Arc => Box::new(AdaptiveReplacement::new(capacity_bytes)),
             Self::S3Fifo => Box::new(S3Fifo::new(capacity_bytes)),
+            Self::Prefix => Box::new(PrefixAware::new(capacity_bytes)),
         }
     }
 }

@@ -5,12 +5,29 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::BlockId;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Order {
     by_stamp: BTreeMap<u64, BlockId>,
     stamp_of: HashMap<BlockId, u64>,
+    /// Stamps grow from the middle of the range towards the back and shrink from it towards
+    /// the front; `next` is the next back stamp, `front_next` the next front one.
     next: u64,
+    front_next: u64,
 }
+
+impl Default for Order {
+    fn default() -> Self {
+        Self {
+            by_stamp: BTreeMap::new(),
+            stamp_of: HashMap::new(),
+            next: FIRST_BACK_STAMP,
+            front_next: FIRST_BACK_STAMP - 1,
+        }
+    }
+}
+
+/// Half the stamp range lies on each side: 2^63 pushes either way never run out.
+const FIRST_BACK_STAMP: u64 = 1 << 63;
 
 impl Order {
     pub(super) fn len(&self) -> usize {
@@ -26,6 +43,15 @@ impl Order {
         self.remove(id);
         let stamp = self.next;
         self.next += 1;
+        self.by_stamp.insert(stamp, id);
+        self.stamp_of.insert(id, stamp);
+    }
+
+    /// Puts `id` at the front (the end that leaves first), moving it there if it is queued.
+    pub(super) fn push_front(&mut self, id: BlockId) {
+        self.remove(id);
+        let stamp = self.front_next;
+        self.front_next -= 1;
         self.by_stamp.insert(stamp, id);
         self.stamp_of.insert(id, stamp);
     }

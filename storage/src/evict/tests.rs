@@ -62,6 +62,7 @@ pub(super) fn agree(
                     name: *name,
                     parent: None,
                     depth: 1,
+                    partial: false,
                     tenant: 0,
                     len: *len,
                     seq: next_id,
@@ -336,6 +337,16 @@ proptest! {
         agree(&mut policy, &mut ArcModel::new(capacity, ghosts_max), &events)?;
     }
 
+    /// Without chains or partial blocks, the prefix policy is ARC exactly.
+    #[test]
+    fn prefix_without_chains_or_partial_blocks_is_arc(
+        events in events(16), capacity in 0u64..40, ghosts_max in 1usize..12,
+    ) {
+        let mut policy = PrefixAware::new(capacity);
+        policy.arc.ghost_entries_max = ghosts_max;
+        agree(&mut policy, &mut ArcModel::new(capacity, ghosts_max), &events)?;
+    }
+
     #[test]
     fn s3fifo_matches_its_model(events in events(16), capacity in 0u64..40, ghosts_max in 1usize..12) {
         let mut policy = S3Fifo::new(capacity);
@@ -370,6 +381,16 @@ impl Store {
     }
 
     fn commit(&mut self, name: u64, len: u64) -> BlockId {
+        self.commit_in_chain(name, len, None, false)
+    }
+
+    fn commit_in_chain(
+        &mut self,
+        name: u64,
+        len: u64,
+        parent: Option<u64>,
+        partial: bool,
+    ) -> BlockId {
         while self.held.values().sum::<u64>() + len > self.capacity {
             let id = self.policy.victim(&mut |_| true).expect("a full store has a victim");
             assert!(self.held.remove(&id).is_some(), "victim {id} is not held");
@@ -377,8 +398,17 @@ impl Store {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let b =
-            BlockFacts { id, name, parent: None, depth: 1, tenant: 0, len, seq: id, request: None };
+        let b = BlockFacts {
+            id,
+            name,
+            parent,
+            depth: 1,
+            partial,
+            tenant: 0,
+            len,
+            seq: id,
+            request: None,
+        };
         self.policy.insert(&b);
         self.held.insert(id, len);
         id
@@ -416,6 +446,7 @@ fn s3fifo_evicts_a_one_time_block_from_the_small_queue_before_a_block_that_was_h
             name: *id,
             parent: None,
             depth: 1,
+            partial: false,
             tenant: 0,
             len: 1,
             seq: seq as u64,
@@ -468,4 +499,46 @@ fn ghosts_stay_within_the_capacity_and_the_entry_bound_after_many_evictions() {
         }
         assert_eq!(most, bound, "{kind}: the ghosts never filled up to their bound");
     }
+}
+
+#[test]
+fn prefix_gives_up_a_partial_block_before_older_full_ones() {
+    let first_out = |kind: PolicyKind| {
+        let mut store = Store::new(kind.build(3), 3);
+        let older = store.commit(1, 1);
+        let partial = store.commit_in_chain(2, 1, None, true);
+        store.commit(3, 1);
+        store.commit(4, 1);
+        (store.holds(older), store.holds(partial))
+    };
+    assert_eq!(first_out(PolicyKind::Prefix), (true, false), "the partial block went first");
+    assert_eq!(first_out(PolicyKind::Arc), (false, true), "ARC takes the oldest");
+}
+
+#[test]
+fn prefix_gives_up_a_block_whose_parent_left_before_older_blocks() {
+    let first_out = |kind: PolicyKind| {
+        let mut store = Store::new(kind.build(3), 3);
+        let older = store.commit(10, 1);
+        let parent = store.commit(20, 1);
+        let child = store.commit_in_chain(21, 1, Some(20), false);
+        store.policy.remove(parent, Removal::Invalidated);
+        store.held.remove(&parent);
+        store.commit(30, 1);
+        store.commit(40, 1);
+        (store.holds(older), store.holds(child))
+    };
+    assert_eq!(first_out(PolicyKind::Prefix), (true, false), "the orphan went first");
+    assert_eq!(first_out(PolicyKind::Arc), (false, true), "ARC takes the oldest");
+}
+
+#[test]
+fn prefix_puts_a_block_committed_without_its_parent_first_in_line() {
+    let mut store = Store::new(PolicyKind::Prefix.build(3), 3);
+    let older = store.commit(1, 1);
+    let stray = store.commit_in_chain(2, 1, Some(99), false);
+    let child = store.commit_in_chain(3, 1, Some(1), false);
+    store.commit(4, 1);
+    assert!(!store.holds(stray), "a block whose parent is absent went first");
+    assert!(store.holds(older) && store.holds(child));
 }

@@ -607,3 +607,45 @@ fn the_readme_states_the_embedded_default() {
     assert_eq!(d.callers().len(), 1);
     assert_eq!(d.callers()[0].rights, Rights::READ_WRITE);
 }
+
+#[test]
+fn eviction_defaults_by_kind_and_takes_any_policy_by_name() {
+    use gpucache_service::config::Eviction;
+    use gpucache_storage::evict::PolicyKind;
+    let memory = ValidConfig::from_toml_str("[store]\nkind = \"memory\"\n").unwrap();
+    assert_eq!(memory.store.eviction(), Eviction::Refuse);
+    let file = ValidConfig::from_toml_str("[store]\nkind = \"file\"\n").unwrap();
+    assert_eq!(file.store.eviction(), Eviction::Policy(PolicyKind::Fifo));
+    assert_eq!(file.file_store_config().policy, PolicyKind::Fifo);
+    for kind in PolicyKind::ALL {
+        for store in ["memory", "file"] {
+            let text = format!("[store]\nkind = \"{store}\"\neviction = \"{}\"\n", kind.name());
+            let c = ValidConfig::from_toml_str(&text).unwrap();
+            assert_eq!(c.store.eviction(), Eviction::Policy(*kind), "{text}");
+            assert_eq!(c.file_store_config().policy, *kind);
+        }
+    }
+    let e = refused_at("[store]\nkind = \"file\"\neviction = \"refuse\"\n", "store.eviction");
+    assert!(e.to_string().contains("always evicts"), "{e}");
+    let e = refused("[store]\neviction = \"mru\"\n");
+    assert_eq!(e.key(), Some("store.eviction"), "{e}");
+    assert!(e.to_string().contains("prefix") && e.to_string().contains("refuse"), "{e}");
+}
+
+#[test]
+fn an_evicting_memory_store_reports_its_policy_and_makes_room() {
+    use gpucache_dataplane::identity::KvDtype;
+    use gpucache_dataplane::store::{FullPolicy, Put};
+    use gpucache_dataplane::testing::fixture::{caller, key, payload};
+    let text = "[store]\nkind = \"memory\"\neviction = \"lru\"\n[limits]\nretained_bytes_max = \"2MiB\"\ntenant_retained_bytes_max = \"2MiB\"\nobject_bytes_max = \"1MiB\"\n";
+    let config = ValidConfig::from_toml_str(text).unwrap();
+    let opened = config.open_store(Arc::new(MonotonicClock::default())).unwrap();
+    let store = opened.store;
+    assert_eq!(store.info().full_policy, FullPolicy::Evict);
+    for link in 0..3u8 {
+        let put =
+            store.put(&caller(0), &key(0, &[link], KvDtype::F16, 16), &payload(1, 1 << 20), None);
+        assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
+    }
+    assert_eq!(store.stats().evictions, 1, "the third block made room instead of being refused");
+}

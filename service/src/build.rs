@@ -19,16 +19,18 @@ use std::time::Duration;
 
 use gpucache_dataplane::clock::{Clock, MonotonicClock};
 use gpucache_dataplane::limits::LimitsError;
+use gpucache_dataplane::registry::LocalEpochs;
 use gpucache_dataplane::store::Store;
 use gpucache_dpu::{DpuStore, DpuStoreConfig};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::file::FileStoreError;
 use gpucache_storage::host::arena::PayloadArena;
+use gpucache_storage::memory::MemoryOptions;
 use gpucache_wire::staging::BlockStaging;
 use prometheus_client::registry::Registry;
 
 use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_mmap_threshold};
-use crate::config::{StoreKind, ValidConfig};
+use crate::config::{Eviction, StoreKind, ValidConfig};
 use crate::dpu::{self, DpuStartError};
 use crate::http::MetricsServer;
 use crate::metered::{MeteredStore, Metrics, StagingGauges, register_limits};
@@ -149,16 +151,23 @@ impl ValidConfig {
         match self.store.kind {
             StoreKind::Memory => {
                 let limits = self.limits();
-                let store = if self.store.preallocate {
+                let arena = if self.store.preallocate {
                     let bytes = limits.retained_bytes_max;
                     let arena = PayloadArena::new(bytes)
                         .map_err(|source| StoreOpenError::Preallocate { bytes, source })?;
                     tracing::info!(bytes, "memory store: payload arena mapped and faulted in");
-                    MemoryStore::with_arena(limits, clock, arena)
+                    Some(arena)
                 } else {
-                    MemoryStore::new(limits, clock)
-                }
-                .map_err(|source| StoreOpenError::Memory { source })?;
+                    None
+                };
+                let eviction = match self.store.eviction() {
+                    Eviction::Refuse => None,
+                    Eviction::Policy(policy) => Some(policy),
+                };
+                let options = MemoryOptions { eviction, arena };
+                let store =
+                    MemoryStore::with_options(limits, clock, Box::new(LocalEpochs), options)
+                        .map_err(|source| StoreOpenError::Memory { source })?;
                 Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None })
             }
             StoreKind::File => {

@@ -18,8 +18,8 @@ mod valid;
 pub use error::ConfigError;
 pub use schema::{
     DPU_QUEUE_DEPTH_DEFAULT, DPU_SLAB_SLOTS_DEFAULT, DPU_SLOT_BYTES_DEFAULT, DPU_STATE_DIR_DEFAULT,
-    DpuBackendName, DpuReactorConfig, DpuSection, DurabilityName, EngineName, LOCAL_SOCKET_NAME,
-    LimitsSection, ListenSection, METRICS_ADDR_DEFAULT, NATIVE_ADDR_DEFAULT,
+    DpuBackendName, DpuReactorConfig, DpuSection, DurabilityName, EngineName, Eviction,
+    LOCAL_SOCKET_NAME, LimitsSection, ListenSection, METRICS_ADDR_DEFAULT, NATIVE_ADDR_DEFAULT,
     NIXL_POOL_BYTES_DEFAULT, NIXL_SLOT_BYTES_DEFAULT, NixlSection, PinName, RESP_ADDR_DEFAULT,
     RightName, STORE_ROOT_DEFAULT, ServeConfig, StoreKind, StoreSection, TENANT_DEFAULT,
     TenantConfig,

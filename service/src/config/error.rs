@@ -30,6 +30,11 @@ pub enum ConfigError {
     NotLoopback { key: &'static str, addr: SocketAddr },
     #[error("{key}: {addr} is already used by {other}")]
     AddressReused { key: &'static str, other: &'static str, addr: SocketAddr },
+    #[error(
+        "store.eviction: \"refuse\" is for kind = \"memory\"; a {kind} store always evicts \
+         (choose a policy, or leave the key out for \"fifo\")"
+    )]
+    FileStoreRefuses { kind: &'static str },
     #[error("tenants: at least one tenant is required")]
     NoTenants,
     #[error("tenants: {configured} tenants configured, limits.tenants_max is {max}")]
@@ -102,6 +107,7 @@ impl ConfigError {
             Self::NoTenants | Self::TooManyTenants { .. } => Some("tenants"),
             Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::LocalSocket { .. } => Some("listen.local"),
+            Self::FileStoreRefuses { .. } => Some("store.eviction"),
             Self::NixlAgentName { .. } => Some("nixl.agent"),
             Self::NixlPoolNotWhole { .. } => Some("nixl.pool_bytes"),
         }

@@ -19,6 +19,7 @@ use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::identity::{IdentityError, TenantId};
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dpu::{DpuStoreConfig, SlabConfig};
+use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::{EngineChoice, EngineConfig};
 use gpucache_storage::file::{Durability, FileStoreConfig};
 use gpucache_wire::SealAlgorithm;
@@ -143,7 +144,7 @@ impl From<DurabilityName> for Durability {
 }
 
 /// `[store]`. The keys after `kind` apply to the file store only, but `preallocate`, which
-/// applies to the memory store only.
+/// applies to the memory store only, and `eviction`, which applies to both.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
@@ -157,6 +158,29 @@ pub struct StoreSection {
     /// `kind = "memory"`: map and fault in `limits.retained_bytes_max` of memory at start, so
     /// that no PUT faults a page in (or waits for the kernel to zero one).
     pub preallocate: bool,
+    /// What a full store does: `"refuse"` (memory only) or the eviction policy it gives
+    /// blocks up by. Unset: `"refuse"` for memory, `"fifo"` for file and dpu.
+    #[serde(deserialize_with = "super::de::eviction")]
+    pub eviction: Option<Eviction>,
+}
+
+/// `store.eviction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// Refuse new blocks while full (the memory store's default).
+    Refuse,
+    /// Give committed blocks up in this policy's order.
+    Policy(PolicyKind),
+}
+
+impl StoreSection {
+    /// What the configured store does when full, defaults applied.
+    pub fn eviction(&self) -> Eviction {
+        self.eviction.unwrap_or(match self.kind {
+            StoreKind::Memory => Eviction::Refuse,
+            StoreKind::File | StoreKind::Dpu => Eviction::Policy(PolicyKind::Fifo),
+        })
+    }
 }
 
 impl Default for StoreSection {
@@ -171,6 +195,7 @@ impl Default for StoreSection {
             queue_depth: file.engine_config.queue_depth,
             group_commit_deadline_ms: file.group_commit_deadline_ms,
             preallocate: false,
+            eviction: None,
         }
     }
 }
@@ -571,6 +596,9 @@ impl ServeConfig {
         config.durability = s.durability.into();
         config.limits = self.limits();
         config.group_commit_deadline_ms = s.group_commit_deadline_ms;
+        if let Eviction::Policy(policy) = s.eviction() {
+            config.policy = policy;
+        }
         config
     }
 

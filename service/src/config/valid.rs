@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{ConfigError, join};
-use super::schema::{DpuBackendName, DpuSection, NixlSection, ServeConfig, StoreKind};
+use super::schema::{DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind};
 use crate::auth::{TenantAuth, TenantKeys};
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::identity::TenantId;
@@ -130,6 +130,10 @@ impl ServeConfig {
             ConfigError::Limits { key: join("limits", name), source }
         })?;
         let s = &self.store;
+        if s.eviction == Some(Eviction::Refuse) && s.kind != StoreKind::Memory {
+            let kind = if s.kind == StoreKind::Dpu { "dpu" } else { "file" };
+            return Err(ConfigError::FileStoreRefuses { kind });
+        }
         in_range("store.queue_depth", s.queue_depth.into(), 1, QUEUE_DEPTH_MAX.into())?;
         in_range("store.group_commit_deadline_ms", s.group_commit_deadline_ms, 1, u64::MAX)?;
         let l = &self.listen;

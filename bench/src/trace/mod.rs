@@ -88,6 +88,10 @@ pub struct TraceBenchArgs {
     /// serve; --store, --policy and --capacity do not apply to the replay).
     #[arg(long, conflicts_with_all = ["store", "dir"])]
     addr: Option<SocketAddr>,
+    /// The tenant the replay acts as and keys its blocks under (with --addr: one the server
+    /// serves, with read and write rights).
+    #[arg(long, default_value = replay::TENANT)]
+    tenant: String,
     /// Write everything measured as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -251,7 +255,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     }
     let policies = parse_policies(&args.policy)?;
     let load_start = loadavg();
-    let tenant = TenantId::parse(replay::TENANT).map_err(|e| format!("bench tenant: {e}"))?;
+    let tenant = TenantId::parse(&args.tenant).map_err(|e| format!("--tenant: {e}"))?;
     let caller = Caller::new(tenant, Rights::READ_WRITE);
     let block =
         usize::try_from(args.block_size).map_err(|_| "--block-size too large".to_owned())?;

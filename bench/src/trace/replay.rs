@@ -20,7 +20,8 @@ use super::load::Trace;
 use crate::file::solo_identity;
 use crate::fixtures::digest;
 
-pub(super) const TENANT: &str = "trace-tenant";
+/// The tenant of the in-process stores, and of a server run unless `--tenant` says otherwise.
+pub(super) const TENANT: &str = "default";
 /// Failed calls after which a replay stops (a dead server would otherwise fail every call).
 pub(super) const ERRORS_MAX: u64 = 1000;
 /// Mixed into every id to seed its block's content.
@@ -90,11 +91,11 @@ impl Replay {
     }
 }
 
-/// The key of the block whose chain is `links`, in `namespace` (a run against a shared server
-/// uses a fresh one, so that earlier runs' blocks are not found).
-pub(super) fn key(namespace: &str, links: &[Digest32]) -> PhysicalKey {
+/// The key of `tenant`'s block whose chain is `links`, in `namespace` (a run against a shared
+/// server uses a fresh one, so that earlier runs' blocks are not found).
+pub(super) fn key(tenant: &str, namespace: &str, links: &[Digest32]) -> PhysicalKey {
     // 512-token blocks, as the traces' ids stand for; a namespace of its own per run.
-    let id = solo_identity(TENANT)
+    let id = solo_identity(tenant)
         .trust_domain("bench-trace")
         .model_revision(&format!("trace/{namespace}"))
         .chain(links.to_vec())
@@ -131,7 +132,8 @@ pub fn replay(
     let mut expect = vec![0u8; block];
     for (n, ids) in trace.ids.iter().enumerate() {
         let links: Vec<Digest32> = ids.iter().map(|&id| digest(id)).collect();
-        let keys: Vec<PhysicalKey> = (0..ids.len()).map(|i| key(namespace, &links[..=i])).collect();
+        let keys: Vec<PhysicalKey> =
+            (0..ids.len()).map(|i| key(caller.tenant.as_str(), namespace, &links[..=i])).collect();
         for ((store, out), (get_time, all_time)) in stores.iter().zip(&mut outs).zip(&mut times) {
             if out.aborted {
                 continue;

@@ -75,7 +75,7 @@ pub(super) fn row_json(r: &Row) -> serde_json::Value {
     })
 }
 
-const PANEL_W: f64 = 560.0;
+const PANEL_W: f64 = 760.0;
 const PANEL_H: f64 = 280.0;
 const MARGIN: f64 = 55.0;
 const LEGEND_W: f64 = 110.0;

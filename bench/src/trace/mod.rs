@@ -375,8 +375,12 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 }
             };
             eprintln!(
-                "bench: {label} ({blocks} blocks): {} policies in lockstep, {:.1} s",
-                policies.len(),
+                "bench: {label} ({blocks} blocks): {} in lockstep, {:.1} s",
+                if policies.len() == 1 {
+                    "1 policy".to_owned()
+                } else {
+                    format!("{} policies", policies.len())
+                },
                 start.elapsed().as_secs_f64()
             );
             for (&policy, r) in policies.iter().zip(replays) {

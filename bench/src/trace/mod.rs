@@ -17,6 +17,7 @@ mod load;
 mod offline;
 mod replay;
 mod report;
+mod row;
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
@@ -42,6 +43,7 @@ use serde_json::json;
 pub use load::Trace;
 pub use offline::{Outcome, belady, lru};
 pub use replay::{Replay, replay};
+pub use row::Row;
 
 use crate::service::{git_commit, loadavg, machine, utc_now, write_file};
 
@@ -197,21 +199,6 @@ pub fn limits_for(block: u64, blocks: u64, unique: usize) -> ResourceLimits {
         registrations_max: u32::try_from(registrations).unwrap_or(u32::MAX),
         ..d
     }
-}
-
-/// One row of the report.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub trace: String,
-    pub capacity: String,
-    pub capacity_blocks: Option<u64>,
-    /// The policy name, `server` for a replay against `--addr`, None for an offline-only row.
-    pub policy: Option<String>,
-    pub replay: Option<Replay>,
-    pub belady: Option<Outcome>,
-    pub lru_offline: Option<Outcome>,
-    /// Hit ratio over the best replay among [`BEST_OF`] at the same point.
-    pub vs_best: Option<f64>,
 }
 
 /// Exit status: 0 when every replay was clean, 1 when some replay saw a mismatch, corrupt

@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 
 use serde_json::json;
 
-use super::Row;
+use super::offline::Outcome;
+use super::replay::Replay;
+use super::row::Row;
 use crate::service::report::{
     baseline, colour, escape, gridlines, legend_entry, nice_ceiling, svg_open,
 };
@@ -44,12 +46,12 @@ pub(super) fn table(rows: &[Row]) -> String {
             r.trace,
             capacity,
             r.policy.as_deref().unwrap_or("(offline)"),
-            cell(rep.map(super::Replay::ratio), 4),
-            cell(r.belady.map(super::Outcome::ratio), 4),
-            cell(r.lru_offline.map(super::Outcome::ratio), 4),
+            cell(rep.map(Replay::ratio), 4),
+            cell(r.belady.map(Outcome::ratio), 4),
+            cell(r.lru_offline.map(Outcome::ratio), 4),
             cell(r.vs_best, 3),
-            cell(rep.map(super::Replay::get_gbps), 2),
-            cell(rep.map(super::Replay::requests_per_second), 0),
+            cell(rep.map(Replay::get_gbps), 2),
+            cell(rep.map(Replay::requests_per_second), 0),
             cell(rep.map(|r| r.seconds), 1),
         );
     }
@@ -57,7 +59,7 @@ pub(super) fn table(rows: &[Row]) -> String {
 }
 
 pub(super) fn row_json(r: &Row) -> serde_json::Value {
-    let outcome = |o: Option<super::Outcome>| {
+    let outcome = |o: Option<Outcome>| {
         o.map(|o| json!({ "hits": o.hits, "refs": o.refs, "hit_ratio": o.ratio() }))
     };
     json!({
@@ -65,12 +67,12 @@ pub(super) fn row_json(r: &Row) -> serde_json::Value {
         "capacity": r.capacity,
         "capacity_blocks": r.capacity_blocks,
         "policy": r.policy,
-        "hit_ratio": r.replay.as_ref().map(super::Replay::ratio),
+        "hit_ratio": r.replay.as_ref().map(Replay::ratio),
         "belady": outcome(r.belady),
         "lru_offline": outcome(r.lru_offline),
         "vs_best": r.vs_best,
-        "get_gbps": r.replay.as_ref().map(super::Replay::get_gbps),
-        "requests_per_second": r.replay.as_ref().map(super::Replay::requests_per_second),
+        "get_gbps": r.replay.as_ref().map(Replay::get_gbps),
+        "requests_per_second": r.replay.as_ref().map(Replay::requests_per_second),
         "replay": r.replay,
     })
 }
@@ -106,11 +108,11 @@ pub(super) fn svg(rows: &[Row], capacities: &[String], title: &str) -> String {
     let value = |trace: &str, name: &str, cap: &str| -> Option<f64> {
         let at = rows.iter().filter(|r| r.trace == trace && r.capacity == cap);
         match name {
-            "belady" => at.filter_map(|r| r.belady).map(super::Outcome::ratio).next(),
-            "lru-offline" => at.filter_map(|r| r.lru_offline).map(super::Outcome::ratio).next(),
+            "belady" => at.filter_map(|r| r.belady).map(Outcome::ratio).next(),
+            "lru-offline" => at.filter_map(|r| r.lru_offline).map(Outcome::ratio).next(),
             _ => at
                 .filter(|r| r.policy.as_deref() == Some(name))
-                .filter_map(|r| r.replay.as_ref().map(super::Replay::ratio))
+                .filter_map(|r| r.replay.as_ref().map(Replay::ratio))
                 .next(),
         }
     };

@@ -36,7 +36,8 @@ use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::MonotonicClock;
 use gpucache_dataplane::identity::{
-    CacheIdentity, KvDtype, PositionEncoding, QuantFormat, RopeParams, RopeScaling, Shard, TenantId,
+    CacheIdentity, CacheIdentityBuilder, KvDtype, PositionEncoding, QuantFormat, RopeParams,
+    RopeScaling, Shard, TenantId,
 };
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
@@ -1377,10 +1378,11 @@ fn batch_details(rows: &[BatchRow]) -> String {
 // ---------------------------------------------------------------------------------------------
 // Keys, payloads and the machine
 
-/// A realistic key whose one-link chain comes from `seed` (distinct seeds, distinct keys).
-pub fn bench_key(seed: u64) -> PhysicalKey {
-    let id = CacheIdentity::builder()
-        .tenant(TENANT)
+/// An 8B-class model on one unsharded GPU, bf16 KV, paged layout, Llama-3 RoPE scaling and
+/// 16-token blocks, under `tenant`: every field but the chain, which the caller adds.
+pub fn solo_identity(tenant: &str) -> CacheIdentityBuilder {
+    CacheIdentity::builder()
+        .tenant(tenant)
         .trust_domain("bench")
         .model_revision("meta-llama/Llama-3.1-8B-Instruct@0e9e39f2")
         .model_config(digest(u64::MAX))
@@ -1391,10 +1393,13 @@ pub fn bench_key(seed: u64) -> PhysicalKey {
         .shard(Shard::SOLO)
         .position(PositionEncoding::Rope)
         .rope(RopeParams::new(500_000.0, RopeScaling::Llama3, 8.0, 8192).ok())
-        .chain(vec![digest(seed)])
         .block_tokens(16)
         .valid_tokens(16)
-        .build();
+}
+
+/// A realistic key whose one-link chain comes from `seed` (distinct seeds, distinct keys).
+pub fn bench_key(seed: u64) -> PhysicalKey {
+    let id = solo_identity(TENANT).chain(vec![digest(seed)]).build();
     match id {
         Ok(id) => PhysicalKey::new(id),
         Err(e) => panic!("the bench identity is invalid: {e}"),

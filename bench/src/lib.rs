@@ -6,6 +6,8 @@
 //! - [`nixl`]: NIXL transfers beside our TCP path and memcpy.
 //! - [`python`]: the `gpucache` Python package's batch calls beside the Rust client and
 //!   Mooncake Store's Python client.
+//! - [`trace`]: prefix-reuse request traces replayed through a store per eviction policy,
+//!   beside Belady's bound and an offline LRU.
 //! - [`fixtures`]: what the criterion benches in `benches/` share (production-looking keys,
 //!   deterministic payloads, the timed-put loop).
 //!
@@ -18,3 +20,4 @@ pub mod fixtures;
 pub mod nixl;
 pub mod python;
 pub mod service;
+pub mod trace;

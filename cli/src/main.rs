@@ -4,7 +4,8 @@
 //! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
 //! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
 //! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), the
-//! Python package beside the Rust client and Mooncake (`bench python`), and talks to a running service (`put`, `get`, `stat`).
+//! Python package beside the Rust client and Mooncake (`bench python`), eviction policies on
+//! prefix-reuse traces (`bench trace`), and talks to a running service (`put`, `get`, `stat`).
 
 mod client_cmd;
 mod fsck;
@@ -121,6 +122,9 @@ enum BenchCommand {
     /// The Python package's batch calls beside the Rust client and Mooncake Store's Python
     /// client, 128 x 64 KiB and 16 x 1 MiB, over TCP and the same-host path.
     Python(gpucache_bench::python::PythonBenchArgs),
+    /// Prefix-reuse traces replayed through a store per eviction policy and capacity, beside
+    /// Belady's bound and an offline LRU: hit ratios, verified GET GB/s and requests/s.
+    Trace(gpucache_bench::trace::TraceBenchArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -186,5 +190,6 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Nixl(args)) => gpucache_bench::nixl::run(&args),
         Command::Bench(BenchCommand::NixlPeer(args)) => gpucache_bench::nixl::peer(&args),
         Command::Bench(BenchCommand::Python(args)) => gpucache_bench::python::run(&args),
+        Command::Bench(BenchCommand::Trace(args)) => gpucache_bench::trace::run(&args),
     }
 }

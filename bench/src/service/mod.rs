@@ -35,7 +35,7 @@ pub(crate) mod peers;
 pub(crate) mod process;
 mod raw;
 mod redis;
-mod report;
+pub(crate) mod report;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

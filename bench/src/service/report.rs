@@ -346,7 +346,7 @@ pub(super) fn aims_table(aims: &[Aim]) -> String {
 
 /// Fill colour per peer, by its place among the rows that ran (ours first): distinct for the
 /// first [`COLOURS`] rows.
-fn colour(i: usize) -> &'static str {
+pub(crate) fn colour(i: usize) -> &'static str {
     COLOURS[i % COLOURS.len()]
 }
 
@@ -355,7 +355,7 @@ const COLOURS: [&str; 14] = [
     "#17becf", "#bcbd22", "#393b79", "#ad494a", "#637939", "#843c39",
 ];
 
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -391,30 +391,11 @@ pub(super) fn svg(runs: &[PeerRun], sizes: &[u64], clients: &[usize], title: &st
     let rows = panel_rows.len().max(1) as f64;
     let height = 40.0 + legend_h + rows * (PANEL_H + 2.0 * MARGIN);
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
-         viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"11\">"
-    );
-    let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
-    let _ = writeln!(
-        s,
-        "<text x=\"{:.0}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>",
-        width / 2.0,
-        escape(title)
-    );
+    svg_open(&mut s, width, height, title);
     for (n, (i, p)) in peers.iter().enumerate() {
         let x = MARGIN + (n % per_line) as f64 * LEGEND_W;
         let y = 36.0 + (n / per_line) as f64 * LEGEND_H;
-        let _ = writeln!(
-            s,
-            "<rect class=\"legend\" x=\"{x:.0}\" y=\"{y:.0}\" width=\"12\" height=\"12\" \
-             fill=\"{}\"/><text x=\"{:.0}\" y=\"{:.0}\">{}</text>",
-            colour(*i),
-            x + 16.0,
-            y + 10.0,
-            escape(&p.name)
-        );
+        legend_entry(&mut s, x, y, colour(*i), &p.name);
     }
     for (row, &(table, c)) in panel_rows.iter().enumerate() {
         let in_table: Vec<&(usize, &PeerRun)> =
@@ -437,20 +418,7 @@ pub(super) fn svg(runs: &[PeerRun], sizes: &[u64], clients: &[usize], title: &st
                 op.name(),
                 if c == 1 { "" } else { "s" }
             );
-            // Axes and gridlines at quarters of the top.
-            for q in 0..=4 {
-                let v = top * f64::from(q) / 4.0;
-                let y = y0 + PANEL_H - PANEL_H * f64::from(q) / 4.0;
-                let _ = writeln!(
-                    s,
-                    "<line x1=\"{x0:.0}\" y1=\"{y:.1}\" x2=\"{:.0}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
-                     <text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-                    x0 + PANEL_W,
-                    x0 - 4.0,
-                    y + 4.0,
-                    tick(v)
-                );
-            }
+            gridlines(&mut s, (x0, y0), (PANEL_W, PANEL_H), top);
             let group_w = PANEL_W / sizes.len().max(1) as f64;
             let bar_w = (group_w * 0.8) / in_table.len().max(1) as f64;
             for (g, &size) in sizes.iter().enumerate() {
@@ -483,17 +451,70 @@ pub(super) fn svg(runs: &[PeerRun], sizes: &[u64], clients: &[usize], title: &st
                     );
                 }
             }
-            let _ = writeln!(
-                s,
-                "<line x1=\"{x0:.0}\" y1=\"{:.1}\" x2=\"{:.0}\" y2=\"{:.1}\" stroke=\"black\"/>",
-                y0 + PANEL_H,
-                x0 + PANEL_W,
-                y0 + PANEL_H
-            );
+            baseline(&mut s, (x0, y0), (PANEL_W, PANEL_H));
         }
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// The start of a chart: the `<svg>` element, a white background and the title, centred.
+pub(crate) fn svg_open(s: &mut String, width: f64, height: f64, title: &str) {
+    let _ = writeln!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
+         viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\" font-size=\"11\">"
+    );
+    let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.0}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>",
+        width / 2.0,
+        escape(title)
+    );
+}
+
+/// One legend entry at (`x`, `y`): a swatch of `fill` and `name`.
+pub(crate) fn legend_entry(s: &mut String, x: f64, y: f64, fill: &str, name: &str) {
+    let _ = writeln!(
+        s,
+        "<rect class=\"legend\" x=\"{x:.0}\" y=\"{y:.0}\" width=\"12\" height=\"12\" \
+         fill=\"{fill}\"/><text x=\"{:.0}\" y=\"{:.0}\">{}</text>",
+        x + 16.0,
+        y + 10.0,
+        escape(name)
+    );
+}
+
+/// Gridlines with their values at quarters of `top`, over the panel whose top left corner is
+/// `origin` and whose size is `size`.
+pub(crate) fn gridlines(s: &mut String, origin: (f64, f64), size: (f64, f64), top: f64) {
+    let ((x0, y0), (w, h)) = (origin, size);
+    for q in 0..=4 {
+        let v = top * f64::from(q) / 4.0;
+        let y = y0 + h - h * f64::from(q) / 4.0;
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x0:.0}\" y1=\"{y:.1}\" x2=\"{:.0}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{:.0}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            x0 + w,
+            x0 - 4.0,
+            y + 4.0,
+            tick(v)
+        );
+    }
+}
+
+/// The x axis: a black line along the bottom of the panel.
+pub(crate) fn baseline(s: &mut String, origin: (f64, f64), size: (f64, f64)) {
+    let ((x0, y0), (w, h)) = (origin, size);
+    let _ = writeln!(
+        s,
+        "<line x1=\"{x0:.0}\" y1=\"{:.1}\" x2=\"{:.0}\" y2=\"{:.1}\" stroke=\"black\"/>",
+        y0 + h,
+        x0 + w,
+        y0 + h
+    );
 }
 
 /// An axis label: as few decimals as the quarter-steps of a [`nice_ceiling`] top need.
@@ -504,7 +525,7 @@ fn tick(v: f64) -> String {
 }
 
 /// A round number at or above `x` for the top of an axis (1, 2, 2.5 or 5 times a power of ten).
-fn nice_ceiling(x: f64) -> f64 {
+pub(crate) fn nice_ceiling(x: f64) -> f64 {
     if !(x.is_finite() && x > 0.0) {
         return 1.0;
     }

@@ -1,0 +1,529 @@
+//! `gpucache bench trace`: prefix-reuse request traces replayed through a real store, measuring
+//! the hit ratio each eviction policy gives at a capacity, beside two offline references computed
+//! over the same reference sequence: Belady's bound and plain LRU.
+//!
+//! Each (trace, capacity, policy) point opens a fresh store (a `MemoryStore` evicting by the
+//! policy, or a FileStore with it) whose `retained_bytes_max` holds exactly the capacity's blocks
+//! and whose other limits never bind; the policies of one capacity replay the trace in lockstep
+//! as [`replay`] describes (each request's keys made once, then walked through every store). Against a
+//! running service (`--addr`) the server's own store and policy serve, so the bench replays each
+//! trace once and reports what it measured; the offline references are then shown per
+//! `--capacity` on their own rows.
+//!
+//! A capacity is a fraction of the trace's distinct blocks (`5%`) or a size (`64MiB`, divided
+//! by the block size). The hit ratio is the verified prefix hits over all block references.
+
+mod load;
+mod offline;
+mod replay;
+mod report;
+mod row;
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, ValueEnum};
+use gpucache_client::{ClientConfig, TcpStore};
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::clock::MonotonicClock;
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::limits::ResourceLimits;
+use gpucache_dataplane::store::Store;
+use gpucache_service::units::{human_bytes, parse_size, size_label};
+use gpucache_storage::MemoryStore;
+use gpucache_storage::evict::PolicyKind;
+use gpucache_storage::file::{Durability, FileStoreConfig};
+use serde_json::json;
+
+pub use load::Trace;
+pub use offline::{Outcome, belady, lru};
+pub use replay::{Replay, replay};
+pub use row::Row;
+
+use crate::service::{git_commit, loadavg, machine, utc_now, write_file};
+
+/// Largest block size accepted.
+pub const BLOCK_BYTES_MAX: u64 = 64 << 20;
+/// Most capacities one run takes (`--capacity` and `--svg-capacities` together).
+pub const CAPACITIES_MAX: usize = 64;
+/// The policies whose best replay is the reference of the table's "vs best" column.
+pub const BEST_OF: [&str; 3] = ["lru", "arc", "s3-fifo"];
+/// How often the progress line is redrawn.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreArg {
+    /// A MemoryStore that evicts by the policy.
+    Memory,
+    /// A FileStore (buffered, no flushes) with the policy, in a fresh directory under --dir.
+    File,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceBenchArgs {
+    /// A trace file (JSON lines with `hash_ids`); repeat for several.
+    #[arg(long = "trace", required = true)]
+    traces: Vec<PathBuf>,
+    /// Bytes per block (K, M are binary).
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    block_size: u64,
+    /// Capacities, comma-separated: fractions of the trace's distinct blocks (5%) or sizes
+    /// (64MiB, divided by the block size).
+    #[arg(long, default_value = "5%,10%")]
+    capacity: String,
+    /// Eviction policies, comma-separated, or `all` (every policy the store knows).
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// The in-process store to replay through.
+    #[arg(long, value_enum, default_value = "memory")]
+    store: StoreArg,
+    /// Where `--store file` makes its scratch directory (removed afterwards). Default: the
+    /// system temporary directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Replay through a running `gpucache serve` at HOST:PORT instead (its store and policy
+    /// serve; --store, --policy and --capacity do not apply to the replay).
+    #[arg(long, conflicts_with_all = ["store", "dir"])]
+    addr: Option<SocketAddr>,
+    /// The tenant the replay acts as and keys its blocks under (with --addr: one the server
+    /// serves, with read and write rights).
+    #[arg(long, default_value = replay::TENANT)]
+    tenant: String,
+    /// Write everything measured as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write hit ratio against capacity, one chart per trace, here (runs every policy at every
+    /// --svg-capacities point too).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// The capacities the chart plots.
+    #[arg(long, default_value = "1%,2%,5%,10%,20%,40%")]
+    svg_capacities: String,
+    /// Replay only the first N requests of each trace.
+    #[arg(long)]
+    limit_requests: Option<usize>,
+}
+
+/// A capacity as given.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Capacity {
+    /// A fraction (0, 1] of the trace's distinct blocks.
+    Fraction(f64),
+    Bytes(u64),
+}
+
+impl Capacity {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| format!("{t:?} is not a percentage"))?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(format!("{t:?}: a percentage must be in (0, 100]"));
+            }
+            return Ok(Self::Fraction(v / 100.0));
+        }
+        let bytes = parse_size(t).map_err(|e| format!("{t:?}: not a percentage or size: {e}"))?;
+        if bytes == 0 {
+            return Err(format!("{t:?}: a capacity must be above zero"));
+        }
+        Ok(Self::Bytes(bytes))
+    }
+
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        let list: Vec<Self> = text
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(Self::parse)
+            .collect::<Result<_, _>>()?;
+        if list.is_empty() {
+            return Err(format!("{text:?} names no capacity"));
+        }
+        Ok(list)
+    }
+
+    /// Blocks this capacity holds for a trace of `unique` distinct blocks (at least one).
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    pub fn blocks(self, unique: usize, block: u64) -> u64 {
+        let n = match self {
+            Self::Fraction(f) => (f * unique as f64).round() as u64,
+            Self::Bytes(b) => b / block.max(1),
+        };
+        n.max(1)
+    }
+
+    pub fn label(self) -> String {
+        match self {
+            Self::Fraction(f) => {
+                let text = format!("{:.3}", f * 100.0);
+                let text = text.trim_end_matches('0').trim_end_matches('.');
+                format!("{text}%")
+            }
+            Self::Bytes(b) => size_label(b),
+        }
+    }
+}
+
+/// `all`, or policy names, comma-separated.
+pub fn parse_policies(text: &str) -> Result<Vec<PolicyKind>, String> {
+    if text.trim() == "all" {
+        return Ok(PolicyKind::ALL.to_vec());
+    }
+    let mut out = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let p: PolicyKind = name.parse().map_err(|e| format!("--policy: {e}"))?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("--policy {text:?} names no policy"));
+    }
+    Ok(out)
+}
+
+/// Limits under which only `retained_bytes_max` (`blocks` blocks of `block` bytes) binds.
+pub fn limits_for(block: u64, blocks: u64, unique: usize) -> ResourceLimits {
+    let d = ResourceLimits::default();
+    let retained = block.saturating_mul(blocks);
+    let registrations = u64::try_from(unique).unwrap_or(u64::MAX).saturating_add(1024);
+    ResourceLimits {
+        object_bytes_max: block,
+        tenant_inflight_bytes_max: d.tenant_inflight_bytes_max.max(block),
+        retained_bytes_max: retained,
+        tenant_retained_bytes_max: retained,
+        registrations_max: u32::try_from(registrations).unwrap_or(u32::MAX),
+        ..d
+    }
+}
+
+/// Exit status: 0 when every replay was clean, 1 when some replay saw a mismatch, corrupt
+/// block, error or refused PUT (the report names it), 2 on a usage or setup error.
+pub fn run(args: &TraceBenchArgs) -> ExitCode {
+    match run_inner(args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("gpucache bench trace: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
+    if args.block_size == 0 || args.block_size > BLOCK_BYTES_MAX {
+        return Err(format!(
+            "--block-size {} must be 1 byte to {}",
+            args.block_size,
+            human_bytes(BLOCK_BYTES_MAX)
+        ));
+    }
+    if args.limit_requests == Some(0) {
+        return Err("--limit-requests must be at least 1".to_owned());
+    }
+    let mut capacities =
+        Capacity::parse_list(&args.capacity).map_err(|e| format!("--capacity: {e}"))?;
+    let svg_capacities = if args.svg.is_some() {
+        Capacity::parse_list(&args.svg_capacities).map_err(|e| format!("--svg-capacities: {e}"))?
+    } else {
+        Vec::new()
+    };
+    for c in &svg_capacities {
+        if !capacities.contains(c) {
+            capacities.push(*c);
+        }
+    }
+    if capacities.len() > CAPACITIES_MAX {
+        return Err(format!("at most {CAPACITIES_MAX} capacities per run"));
+    }
+    let policies = parse_policies(&args.policy)?;
+    let load_start = loadavg();
+    let tenant = TenantId::parse(&args.tenant).map_err(|e| format!("--tenant: {e}"))?;
+    let caller = Caller::new(tenant, Rights::READ_WRITE);
+    let block =
+        usize::try_from(args.block_size).map_err(|_| "--block-size too large".to_owned())?;
+    let scratch = match args.store {
+        StoreArg::File if args.addr.is_none() => {
+            let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+            std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+            let dir = tempfile::Builder::new()
+                .prefix("gpucache-bench-trace-")
+                .tempdir_in(&base)
+                .map_err(|e| format!("cannot make a directory in {}: {e}", base.display()))?;
+            eprintln!("bench: working in {}", dir.path().display());
+            Some(dir)
+        }
+        _ => None,
+    };
+    // A fresh namespace per run, so that a shared server's blocks from earlier runs never hit.
+    let nonce = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let mut rows = Vec::new();
+    let mut clean = true;
+    for path in &args.traces {
+        let trace = Trace::read(path, args.limit_requests)?;
+        let unique = trace.unique_blocks();
+        eprintln!(
+            "bench: {}: {} requests, {} block references, {} distinct blocks",
+            trace.name,
+            trace.requests.len(),
+            trace.refs(),
+            unique
+        );
+        let points: Vec<(Capacity, u64)> =
+            capacities.iter().map(|&c| (c, c.blocks(unique, args.block_size))).collect();
+        if let Some(addr) = args.addr {
+            let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
+            let namespace = format!("{}-{nonce}", trace.name);
+            let start = Instant::now();
+            let r = replay_with_progress(&[&client], &caller, &trace, &namespace, block, "server")
+                .pop()
+                .ok_or_else(|| "no replay".to_owned())?;
+            eprintln!(
+                "bench: {} server: hit ratio {:.4} in {:.1} s",
+                trace.name,
+                r.ratio(),
+                start.elapsed().as_secs_f64()
+            );
+            clean &= r.clean();
+            rows.push(Row {
+                trace: trace.name.clone(),
+                capacity: "server's".into(),
+                capacity_blocks: None,
+                policy: Some("server".into()),
+                replay: Some(r),
+                belady: None,
+                lru_offline: None,
+                vs_best: None,
+            });
+        }
+        for &(cap, blocks) in &points {
+            let bel = belady(&trace, blocks);
+            let lru_off = lru(&trace, blocks);
+            let base = Row {
+                trace: trace.name.clone(),
+                capacity: cap.label(),
+                capacity_blocks: Some(blocks),
+                policy: None,
+                replay: None,
+                belady: Some(bel),
+                lru_offline: Some(lru_off),
+                vs_best: None,
+            };
+            if args.addr.is_some() {
+                rows.push(base);
+                continue;
+            }
+            let first = rows.len();
+            let limits = limits_for(args.block_size, blocks, unique);
+            let label = format!("{} {}", trace.name, cap.label());
+            let start = Instant::now();
+            let replays = match (&scratch, args.store) {
+                (Some(dir), StoreArg::File) => {
+                    let mut stores = Vec::new();
+                    for &policy in &policies {
+                        let d =
+                            dir.path().join(format!("{}-{}-{}", trace.name, blocks, policy.name()));
+                        let mut config = FileStoreConfig::new(&d);
+                        config.durability = Durability::None;
+                        config.limits = limits.clone();
+                        config.policy = policy;
+                        let store = config
+                            .open(Arc::new(MonotonicClock::default()))
+                            .map_err(|e| format!("open FileStore in {}: {e}", d.display()))?;
+                        stores.push((store, d));
+                    }
+                    let dyns: Vec<&dyn Store> =
+                        stores.iter().map(|(s, _)| s as &dyn Store).collect();
+                    let r = replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
+                    for (store, d) in stores {
+                        drop(store);
+                        let _ = std::fs::remove_dir_all(&d);
+                    }
+                    r
+                }
+                _ => {
+                    let stores = policies
+                        .iter()
+                        .map(|&p| {
+                            MemoryStore::evicting(
+                                limits.clone(),
+                                Arc::new(MonotonicClock::default()),
+                                p,
+                            )
+                            .map_err(|e| format!("MemoryStore limits: {e}"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let dyns: Vec<&dyn Store> = stores.iter().map(|s| s as &dyn Store).collect();
+                    replay_with_progress(&dyns, &caller, &trace, "local", block, &label)
+                }
+            };
+            eprintln!(
+                "bench: {label} ({blocks} blocks): {} in lockstep, {:.1} s",
+                if policies.len() == 1 {
+                    "1 policy".to_owned()
+                } else {
+                    format!("{} policies", policies.len())
+                },
+                start.elapsed().as_secs_f64()
+            );
+            for (&policy, r) in policies.iter().zip(replays) {
+                eprintln!(
+                    "bench: {label} {}: hit ratio {:.4}, {:.1} s in the store",
+                    policy.name(),
+                    r.ratio(),
+                    r.seconds
+                );
+                clean &= r.clean();
+                rows.push(Row {
+                    policy: Some(policy.name().to_owned()),
+                    replay: Some(r),
+                    ..base.clone()
+                });
+            }
+            let best = rows[first..]
+                .iter()
+                .filter(|r| r.policy.as_deref().is_some_and(|p| BEST_OF.contains(&p)))
+                .filter_map(|r| r.replay.as_ref().map(Replay::ratio))
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+            for row in &mut rows[first..] {
+                row.vs_best = match (best, &row.replay) {
+                    (Some(b), Some(r)) if b > 0.0 => Some(r.ratio() / b),
+                    _ => None,
+                };
+            }
+        }
+    }
+
+    let command: Vec<String> = std::env::args().collect();
+    let commit = git_commit();
+    let date = utc_now();
+    let machine = machine(&load_start);
+    let mut out = String::new();
+    let _ = writeln!(out, "# gpucache bench trace");
+    let _ = writeln!(out, "command: {}", command.join(" "));
+    let _ = writeln!(
+        out,
+        "ended: {date}; commit: {commit}; load average {load_start} at the start, {} at the end",
+        loadavg()
+    );
+    let _ = writeln!(
+        out,
+        "store: {}; block {}; capacity = blocks retained (a share of the trace's distinct \
+         blocks, or bytes / block); hit ratio = verified prefix hits / block references; \
+         vs best = hit ratio / best of {} at the point; GET GB/s = verified bytes / time in \
+         GET calls; req/s and seconds = the store's own time (its calls and the checks of \
+         its hits; keys are made once per request for all policies)",
+        match (args.addr, args.store) {
+            (Some(a), _) => format!("gpucache serve at {a} (its own policy and capacity)"),
+            (None, StoreArg::Memory) => "MemoryStore (evicting)".into(),
+            (None, StoreArg::File) => "FileStore (buffered, durability none)".into(),
+        },
+        size_label(args.block_size),
+        BEST_OF.join("/")
+    );
+    out.push('\n');
+    out.push_str(&report::table(&rows));
+    for r in &rows {
+        if let Some(rep) = r.replay.as_ref().filter(|rep| !rep.clean()) {
+            let _ = writeln!(
+                out,
+                "{} {} {}: mismatches {}, corrupt {}, errors {}, PUTs not stored {}{}: {}",
+                r.trace,
+                r.capacity,
+                r.policy.as_deref().unwrap_or("-"),
+                rep.mismatches,
+                rep.corrupt_misses,
+                rep.errors,
+                rep.puts_not_stored,
+                if rep.aborted { " (stopped early)" } else { "" },
+                rep.first_error.as_deref().unwrap_or("")
+            );
+        }
+    }
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{}", out.trim_end());
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "command": command,
+            "date": date,
+            "git_commit": commit,
+            "machine": machine,
+            "params": {
+                "block_size": args.block_size,
+                "store": match (args.addr, args.store) {
+                    (Some(a), _) => format!("tcp:{a}"),
+                    (None, StoreArg::Memory) => "memory".into(),
+                    (None, StoreArg::File) => "file".into(),
+                },
+                "capacities": capacities.iter().map(|c| c.label()).collect::<Vec<_>>(),
+                "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
+                "limit_requests": args.limit_requests,
+                "best_of": BEST_OF,
+            },
+            "rows": rows.iter().map(report::row_json).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
+        write_file(path, &text)?;
+        eprintln!("bench: JSON written to {}", path.display());
+    }
+    if let Some(path) = &args.svg {
+        let labels: Vec<String> = svg_capacities.iter().map(|c| c.label()).collect();
+        let title = format!(
+            "gpucache bench trace — {date}, block {}, load average {} to {}",
+            size_label(args.block_size),
+            load_start.split_whitespace().next().unwrap_or("?"),
+            loadavg().split_whitespace().next().unwrap_or("?")
+        );
+        write_file(path, &report::svg(&rows, &labels, &title))?;
+        eprintln!("bench: SVG written to {}", path.display());
+    }
+    drop(scratch);
+    Ok(clean)
+}
+
+/// [`replay`] with a progress line on stderr when it is a terminal, redrawn at most every
+/// [`PROGRESS_EVERY`].
+fn replay_with_progress(
+    stores: &[&dyn Store],
+    caller: &Caller,
+    trace: &Trace,
+    namespace: &str,
+    block: usize,
+    label: &str,
+) -> Vec<Replay> {
+    let total = trace.requests.len();
+    let tty = std::io::stderr().is_terminal();
+    let mut last = Instant::now();
+    let mut drawn = false;
+    let mut progress = |done: usize| {
+        if !tty || (last.elapsed() < PROGRESS_EVERY && done < total) {
+            return;
+        }
+        last = Instant::now();
+        drawn = true;
+        let width = 30;
+        let filled = done.saturating_mul(width) / total.max(1);
+        let mut err = std::io::stderr().lock();
+        let _ = write!(
+            err,
+            "\r{label}: [{}{}] {done}/{total}",
+            "#".repeat(filled),
+            ".".repeat(width - filled.min(width))
+        );
+        let _ = err.flush();
+    };
+    let r = replay(stores, caller, trace, namespace, block, &mut progress);
+    if drawn {
+        eprint!("\r\x1b[2K");
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests;

@@ -22,6 +22,25 @@ const LINE_BYTES_MAX: usize = 1 << 20;
 #[derive(Debug, Deserialize)]
 struct Line {
     hash_ids: Vec<u64>,
+    /// The prompt's tokens; when it is short of the blocks' capacity, the last block is partial.
+    #[serde(default)]
+    input_length: Option<u64>,
+}
+
+/// Tokens per block the traces' ids stand for.
+pub(super) const BLOCK_TOKENS: u32 = 512;
+
+/// The tokens of a request's last block: fewer than [`BLOCK_TOKENS`] when the prompt ends
+/// inside it.
+fn last_block_tokens(blocks: usize, input_length: Option<u64>) -> u32 {
+    let full = u64::from(BLOCK_TOKENS);
+    let before = (blocks as u64).saturating_sub(1) * full;
+    match input_length {
+        Some(n) if n > before && n < before + full => {
+            u32::try_from(n - before).unwrap_or(BLOCK_TOKENS)
+        }
+        _ => BLOCK_TOKENS,
+    }
 }
 
 /// A trace: every request's blocks (dense numbers) and the ids behind them.
@@ -33,6 +52,8 @@ pub struct Trace {
     /// Per request, the trace's own ids of its blocks, in order: the chain of block `i` is
     /// `ids[..=i]`.
     pub ids: Vec<Vec<u64>>,
+    /// Per request, the tokens its last block holds ([`BLOCK_TOKENS`] when it is full).
+    pub last_tokens: Vec<u32>,
     unique: usize,
 }
 
@@ -40,8 +61,13 @@ impl Trace {
     /// A trace from each request's ids, numbering the chains.
     pub fn from_ids(name: &str, requests: impl IntoIterator<Item = Vec<u64>>) -> Self {
         let mut numbers: HashMap<(u32, u64), u32> = HashMap::new();
-        let mut out =
-            Trace { name: name.to_owned(), requests: Vec::new(), ids: Vec::new(), unique: 0 };
+        let mut out = Trace {
+            name: name.to_owned(),
+            requests: Vec::new(),
+            ids: Vec::new(),
+            last_tokens: Vec::new(),
+            unique: 0,
+        };
         for ids in requests {
             let mut parent = u32::MAX; // no parent: the first block of a chain
             let blocks = ids
@@ -54,6 +80,7 @@ impl Trace {
                 .collect();
             out.requests.push(blocks);
             out.ids.push(ids);
+            out.last_tokens.push(BLOCK_TOKENS);
         }
         out.unique = numbers.len();
         out
@@ -64,6 +91,7 @@ impl Trace {
         let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut reader = BufReader::new(file);
         let mut requests = Vec::new();
+        let mut last_tokens = Vec::new();
         let mut refs = 0u64;
         let mut line = String::new();
         let mut number = 0usize;
@@ -100,6 +128,7 @@ impl Trace {
             if refs > REFS_MAX {
                 return Err(format!("{}: more than {REFS_MAX} block references", path.display()));
             }
+            last_tokens.push(last_block_tokens(parsed.hash_ids.len(), parsed.input_length));
             requests.push(parsed.hash_ids);
         }
         if requests.is_empty() {
@@ -109,7 +138,9 @@ impl Trace {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
-        Ok(Self::from_ids(&name, requests))
+        let mut trace = Self::from_ids(&name, requests);
+        trace.last_tokens = last_tokens;
+        Ok(trace)
     }
 
     /// Distinct blocks (chains).
@@ -133,6 +164,23 @@ mod tests {
         assert_eq!(t.requests, vec![vec![0, 1], vec![0, 2], vec![3]]);
         assert_eq!(t.unique_blocks(), 4);
         assert_eq!(t.refs(), 5);
+    }
+
+    #[test]
+    fn a_prompt_that_ends_inside_its_last_block_makes_that_block_partial() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("t.jsonl");
+        let lines = [
+            "{\"input_length\": 6758, \"hash_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]}",
+            "{\"input_length\": 1024, \"hash_ids\": [1, 2]}",
+            "{\"hash_ids\": [1, 2]}",
+            "{\"input_length\": 5000, \"hash_ids\": [1, 2]}",
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap_or_else(|e| panic!("{e}"));
+        let t = Trace::read(&path, None).unwrap_or_else(|e| panic!("{e}"));
+        // 6758 - 13 * 512 = 102 tokens; a whole last block, no length, or a length that does
+        // not end in the last block all leave it full.
+        assert_eq!(t.last_tokens, vec![102, 512, 512, 512]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, MissReason, Put, Store};
 use serde::Serialize;
 
-use super::load::Trace;
+use super::load::{BLOCK_TOKENS, Trace};
 use crate::file::solo_identity;
 use crate::fixtures::digest;
 
@@ -93,14 +93,14 @@ impl Replay {
 
 /// The key of `tenant`'s block whose chain is `links`, in `namespace` (a run against a shared
 /// server uses a fresh one, so that earlier runs' blocks are not found).
-pub(super) fn key(tenant: &str, namespace: &str, links: &[Digest32]) -> PhysicalKey {
+pub(super) fn key(tenant: &str, namespace: &str, links: &[Digest32], tokens: u32) -> PhysicalKey {
     // 512-token blocks, as the traces' ids stand for; a namespace of its own per run.
     let id = solo_identity(tenant)
         .trust_domain("bench-trace")
         .model_revision(&format!("trace/{namespace}"))
         .chain(links.to_vec())
-        .block_tokens(512)
-        .valid_tokens(512)
+        .block_tokens(BLOCK_TOKENS)
+        .valid_tokens(tokens)
         .build();
     match id {
         Ok(id) => PhysicalKey::new(id),
@@ -132,8 +132,12 @@ pub fn replay(
     let mut expect = vec![0u8; block];
     for (n, ids) in trace.ids.iter().enumerate() {
         let links: Vec<Digest32> = ids.iter().map(|&id| digest(id)).collect();
-        let keys: Vec<PhysicalKey> =
-            (0..ids.len()).map(|i| key(caller.tenant.as_str(), namespace, &links[..=i])).collect();
+        let keys: Vec<PhysicalKey> = (0..ids.len())
+            .map(|i| {
+                let tokens = if i + 1 == ids.len() { trace.last_tokens[n] } else { BLOCK_TOKENS };
+                key(caller.tenant.as_str(), namespace, &links[..=i], tokens)
+            })
+            .collect();
         for ((store, out), (get_time, all_time)) in stores.iter().zip(&mut outs).zip(&mut times) {
             if out.aborted {
                 continue;

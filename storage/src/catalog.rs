@@ -113,7 +113,7 @@ pub(crate) struct Catalog<P> {
     evictions: u64,
     /// The order in which committed blocks give way when a quota is full.
     eviction: Box<dyn EvictionPolicy>,
-    /// Keys of evicted blocks, oldest first, while a test watches (at most
+    /// Keys of evicted blocks, oldest first, once someone asked for them (at most
     /// [`EVICTION_LOG_MAX`]).
     eviction_log: Option<std::collections::VecDeque<PhysicalKey>>,
 }
@@ -217,6 +217,13 @@ impl<P> Catalog<P> {
     pub(crate) fn find_exact(&self, key: &PhysicalKey) -> Option<RegionId> {
         let id = *self.exact.get(&key.digest())?;
         (self.blocks.get(&id)?.key == *key).then_some(id)
+    }
+
+    /// The checksum of the committed block under exactly `key`, when there is one: which
+    /// version of a key is there now (a key may be written again after it left).
+    pub(crate) fn committed_checksum(&self, key: &PhysicalKey) -> Option<Checksum> {
+        let b = &self.blocks[&self.find_exact(key)?];
+        (b.life.state() == BlockState::Committed).then_some(b.checksum).flatten()
     }
 
     fn miss_reason(&self, key: &PhysicalKey) -> MissReason {
@@ -844,7 +851,6 @@ impl<P> Catalog<P> {
     }
 
     /// The keys evicted since the last call, oldest first; the first call starts the log.
-    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn take_evicted(&mut self) -> Vec<PhysicalKey> {
         self.eviction_log.get_or_insert_default().drain(..).collect()
     }

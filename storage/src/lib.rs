@@ -4,6 +4,7 @@
 //! - [`memory`]: [`MemoryStore`], the in-process reference store.
 //! - [`file`](mod@file): the FileStore, one durable file per block through io_uring or
 //!   pread/pwrite, its engines, and `fsck`.
+//! - [`tiered`]: [`tiered::TieredStore`], a memory tier over the FileStore.
 //! - [`host`]: host memory: huge-page backed pools for registered memory ([`host::pool`]) and
 //!   sealed memfd segments for the same-host path ([`host::segment`]).
 //!
@@ -15,5 +16,6 @@ pub mod evict;
 pub mod file;
 pub mod host;
 pub mod memory;
+pub mod tiered;
 
 pub use memory::MemoryStore;

@@ -357,10 +357,9 @@ impl MemoryStore {
         }
     }
 
-    /// The keys this store evicted since the last call, oldest first. The first call starts
-    /// the record, so a test calls it once before it drives the store.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn take_evicted_for_test(&self) -> Vec<PhysicalKey> {
+    /// The keys this store evicted to make room since the last call, oldest first (at most
+    /// the last 4,096). The first call starts the record: a store nobody asks keeps none.
+    pub fn take_evicted(&self) -> Vec<PhysicalKey> {
         self.lock().catalog.take_evicted()
     }
 

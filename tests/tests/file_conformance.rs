@@ -53,10 +53,10 @@ fn subject_with(
     );
     let hook = Arc::clone(&store);
     let log = Arc::clone(&store);
-    log.take_evicted_for_test();
+    log.take_evicted();
     Subject {
         store: Box::new(store),
-        evicted: Some(Box::new(move || log.take_evicted_for_test())),
+        evicted: Some(Box::new(move || log.take_evicted())),
         // The closure owns the directory: it is removed when the subject goes.
         corrupt: Box::new(move |key| {
             let _keep = &dir;

@@ -13,11 +13,11 @@ fn subject(store: MemoryStore) -> Subject {
     let store = Arc::new(store);
     let hook = Arc::clone(&store);
     let log = Arc::clone(&store);
-    log.take_evicted_for_test();
+    log.take_evicted();
     Subject {
         store: Box::new(store),
         corrupt: Box::new(move |key| hook.corrupt_for_test(key, 17)),
-        evicted: Some(Box::new(move || log.take_evicted_for_test())),
+        evicted: Some(Box::new(move || log.take_evicted())),
     }
 }
 

@@ -611,10 +611,15 @@ impl FileStore {
         }
     }
 
-    /// The keys this store evicted since the last call, oldest first. The first call starts
-    /// the record, so a test calls it once before it drives the store.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn take_evicted_for_test(&self) -> Vec<PhysicalKey> {
+    /// The checksum of the committed block under `key`, without reading it: which version of
+    /// the key the store holds now.
+    pub fn committed_checksum(&self, key: &PhysicalKey) -> Option<Checksum> {
+        self.lock().committed_checksum(key)
+    }
+
+    /// The keys this store evicted to make room since the last call, oldest first (at most
+    /// the last 4,096). The first call starts the record: a store nobody asks keeps none.
+    pub fn take_evicted(&self) -> Vec<PhysicalKey> {
         self.lock().take_evicted()
     }
 

@@ -209,7 +209,7 @@ impl TieredStore {
     }
 
     /// What the file tier answered for a GET the memory tier could not serve.
-    fn from_file(&self, key: &PhysicalKey, got: &Get, dst: &[u8]) {
+    fn note_file_answer(&self, key: &PhysicalKey, got: &Get, dst: &[u8]) {
         match got {
             Get::Hit { len, checksum } => {
                 bump(&self.counters.file_hits);
@@ -282,7 +282,7 @@ impl Store for TieredStore {
             return Ok(hit);
         }
         let got = self.file.get_into(caller, key, dst)?;
-        self.from_file(key, &got, dst);
+        self.note_file_answer(key, &got, dst);
         Ok(got)
     }
 
@@ -332,7 +332,7 @@ impl Store for TieredStore {
             let got = self.file.get_batch(caller, &mut lower);
             for ((i, item), a) in rest.iter().zip(&lower).zip(got) {
                 if let Ok(g) = &a {
-                    self.from_file(item.key, g, item.dst);
+                    self.note_file_answer(item.key, g, item.dst);
                 }
                 answers[*i] = Some(a);
             }

@@ -48,8 +48,9 @@ enum Command {
     },
     /// Run the service: the configured store behind its listeners, until SIGINT or SIGTERM.
     ///
-    /// Without --config it uses the embedded default: a FileStore under ./gpucache-data and
-    /// these listeners, each set in [listen] (the start line on stderr says where each one is):
+    /// Without --config it uses the embedded default: a tiered store, memory (a quarter of RAM,
+    /// at most 4 GiB) over a FileStore under ./gpucache-data, both evicting by the prefix
+    /// policy, and these listeners, each set in [listen] (the start line on stderr says where each one is):
     ///
     ///   native   127.0.0.1:7470   GPCW, the native protocol of `gpucache put/get/stat` and the
     ///                             client library (listen.native)

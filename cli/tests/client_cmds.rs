@@ -279,12 +279,13 @@ fn help_names_listeners_arguments_and_only_the_options_that_apply() {
         format!("resp     {}", d.listen.resp),
         format!("metrics  {}", d.listen.metrics),
         format!("a FileStore under {}", d.store.root.display()),
+        "a tiered store".to_owned(),
     ];
     let words = ["GPCW", "Unix socket", "shared memory", "RESP", "/metrics", "/livez", "/readyz"];
     for shown in defaults.iter().map(String::as_str).chain(words).chain(["/healthz"]) {
         assert!(serve.contains(shown), "serve --help does not say {shown:?}:\n{serve}");
     }
-    assert_eq!(d.store.kind, StoreKind::File, "serve --help calls the default a FileStore");
+    assert_eq!(d.store.kind, StoreKind::Tiered, "serve --help calls the default a tiered store");
 
     let subcommands: &[&[&str]] = &[
         &["key"],

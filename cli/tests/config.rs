@@ -37,7 +37,7 @@ fn default_validates_and_is_what_an_empty_file_means() {
     let d = ServeConfig::default().validate().expect("the embedded default is valid");
     assert_eq!(ServeConfig::parse("").expect("empty file"), *d);
     assert_eq!(ValidConfig::from_toml_str("").expect("empty file").config(), d.config());
-    assert_eq!(d.store.kind, StoreKind::File);
+    assert_eq!(d.store.kind, StoreKind::Tiered);
     assert_eq!(d.store.root.to_str(), Some("./gpucache-data"));
     assert_eq!(d.listen.native, "127.0.0.1:7470".parse::<SocketAddr>().unwrap());
     assert_eq!(d.listen.resp, "127.0.0.1:7471".parse::<SocketAddr>().unwrap());
@@ -293,7 +293,7 @@ fn open_store_builds_either_kind() {
 
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
-        "[store]\nroot = \"{}\"\nengine = \"psync\"\ndurability = \"none\"\n",
+        "[store]\nkind = \"file\"\nroot = \"{}\"\nengine = \"psync\"\ndurability = \"none\"\n",
         dir.path().join("data").display()
     );
     let file = ValidConfig::from_toml_str(&text).unwrap();
@@ -451,7 +451,9 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
 
 /// Keys whose documented default is a sentence rather than a value (unset, required, derived
 /// from other keys): the tables say what happens, and the embedded default leaves them unset.
-const DOCUMENTED_WITHOUT_A_VALUE: [&str; 9] = [
+const DOCUMENTED_WITHOUT_A_VALUE: [&str; 11] = [
+    "store.tiers",
+    "store.eviction",
     "listen.resp_tenant",
     "listen.local",
     "tenants.name",
@@ -648,4 +650,70 @@ fn an_evicting_memory_store_reports_its_policy_and_makes_room() {
         assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
     }
     assert_eq!(store.stats().evictions, 1, "the third block made room instead of being refused");
+}
+
+#[test]
+fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
+    use gpucache_service::config::{Eviction, memory_tier_default_bytes};
+    use gpucache_storage::evict::PolicyKind;
+    let d = ValidConfig::from_toml_str("").unwrap();
+    let m = d.store.memory_tier();
+    assert_eq!(m.capacity_bytes, memory_tier_default_bytes());
+    assert!(m.capacity_bytes <= 4 << 30 && m.capacity_bytes > 0);
+    assert_eq!((m.policy, m.promote), (PolicyKind::Prefix, true));
+    assert_eq!(d.file_store_config().policy, PolicyKind::Prefix);
+    let text = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\neviction = \"lru\"\npromote = false\n[[store.tiers]]\nkind = \"file\"\ncapacity = \"1GiB\"\neviction = \"arc\"\n";
+    let c = ValidConfig::from_toml_str(text).unwrap();
+    let m = c.store.memory_tier();
+    assert_eq!((m.capacity_bytes, m.policy, m.promote), (64 << 20, PolicyKind::Lru, false));
+    assert_eq!(c.store.eviction(), Eviction::Policy(PolicyKind::Arc));
+    let f = c.file_store_config();
+    assert_eq!((f.policy, f.limits.retained_bytes_max), (PolicyKind::Arc, 1 << 30));
+    for (bad, says) in [
+        ("[store]\nkind = \"file\"\n[[store.tiers]]\nkind = \"memory\"\n", "kind = \"tiered\""),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"file\"\n[[store.tiers]]\nkind = \"memory\"\n",
+            "memory tier, then a file tier",
+        ),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\neviction = \"refuse\"\n",
+            "not a policy",
+        ),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = 0\n",
+            "holds no block",
+        ),
+    ] {
+        let e = refused_at(bad, "store.tiers");
+        assert!(e.to_string().contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn the_default_tiered_store_serves_hits_from_memory_and_reloads_its_file_tier() {
+    use gpucache_dataplane::identity::KvDtype;
+    use gpucache_dataplane::store::{Get, Put};
+    use gpucache_dataplane::testing::fixture::{caller, key, payload};
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[store]\nkind = \"tiered\"\nroot = \"{}\"\ndurability = \"none\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = \"1MiB\"\n",
+        dir.path().join("data").display()
+    );
+    let config = ValidConfig::from_toml_str(&text).unwrap();
+    let clock = Arc::new(MonotonicClock::default());
+    let k = key(0, &[1], KvDtype::F16, 16);
+    let bytes = payload(3, 4096);
+    let mut dst = vec![0u8; 4096];
+    {
+        let opened = config.open_store(clock.clone()).unwrap();
+        assert_eq!(opened.store.info().name, "tiered");
+        assert!(matches!(opened.store.put(&caller(0), &k, &bytes, None), Ok(Put::Committed(_))));
+        let got = opened.store.get_into(&caller(0), &k, &mut dst).unwrap();
+        assert!(matches!(got, Get::Hit { len: 4096, .. }) && dst == bytes);
+    }
+    // A restart finds the block in the file tier (memory starts empty) and promotes it.
+    let opened = config.open_store(clock).unwrap();
+    dst.fill(0);
+    let got = opened.store.get_into(&caller(0), &k, &mut dst).unwrap();
+    assert!(matches!(got, Get::Hit { len: 4096, .. }) && dst == bytes, "{got:?}");
 }

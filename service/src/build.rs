@@ -26,6 +26,7 @@ use gpucache_storage::MemoryStore;
 use gpucache_storage::file::FileStoreError;
 use gpucache_storage::host::arena::PayloadArena;
 use gpucache_storage::memory::MemoryOptions;
+use gpucache_storage::tiered::{TieredError, TieredStore};
 use gpucache_wire::staging::BlockStaging;
 use prometheus_client::registry::Registry;
 
@@ -169,6 +170,27 @@ impl ValidConfig {
                     MemoryStore::with_options(limits, clock, Box::new(LocalEpochs), options)
                         .map_err(|source| StoreOpenError::Memory { source })?;
                 Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None })
+            }
+            StoreKind::Tiered => {
+                let memory = self.store.memory_tier();
+                let store = TieredStore::open(self.file_store_config(), memory, clock).map_err(
+                    |e| match e {
+                        TieredError::File(source) => {
+                            StoreOpenError::FileStore { root: self.store.root.clone(), source }
+                        }
+                        TieredError::Memory(source) => StoreOpenError::Memory { source },
+                    },
+                )?;
+                tracing::info!(
+                    memory_bytes = memory.capacity_bytes,
+                    memory_policy = %memory.policy,
+                    "tiered store opened"
+                );
+                let io_engine = Some(IoEngineReport {
+                    engine: store.file().engine_name(),
+                    reason: store.file().engine_reason().to_owned(),
+                });
+                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine })
             }
             StoreKind::File => {
                 let store = open_file(clock)?;

@@ -134,3 +134,10 @@ pub(super) fn eviction<'de, D: Deserializer<'de>>(
         .map(|p| Some(Eviction::Policy(p)))
         .map_err(|e| de::Error::custom(format!("{e}, or \"refuse\"")))
 }
+
+/// A byte count that may be left out.
+pub(super) fn optional_byte_count<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u64>, D::Error> {
+    byte_count(d).map(Some)
+}

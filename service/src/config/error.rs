@@ -35,6 +35,8 @@ pub enum ConfigError {
          (choose a policy, or leave the key out for \"fifo\")"
     )]
     FileStoreRefuses { kind: &'static str },
+    #[error("store.tiers: {why}")]
+    Tiers { why: String },
     #[error("tenants: at least one tenant is required")]
     NoTenants,
     #[error("tenants: {configured} tenants configured, limits.tenants_max is {max}")]
@@ -108,6 +110,7 @@ impl ConfigError {
             Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::LocalSocket { .. } => Some("listen.local"),
             Self::FileStoreRefuses { .. } => Some("store.eviction"),
+            Self::Tiers { .. } => Some("store.tiers"),
             Self::NixlAgentName { .. } => Some("nixl.agent"),
             Self::NixlPoolNotWhole { .. } => Some("nixl.pool_bytes"),
         }

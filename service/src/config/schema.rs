@@ -22,6 +22,7 @@ use gpucache_dpu::{DpuStoreConfig, SlabConfig};
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::{EngineChoice, EngineConfig};
 use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::tiered::MemoryTier;
 use gpucache_wire::SealAlgorithm;
 use gpucache_wire::staging::StagingLimits;
 
@@ -103,6 +104,49 @@ pub enum StoreKind {
     /// The DPU agent (`[dpu]`) in-process, its reactors running every call against a file
     /// store under `root` (the `[store]` file keys apply to it).
     Dpu,
+    /// A memory tier over a file store under `root` (`[[store.tiers]]`; the `[store]` file keys
+    /// apply to the file tier).
+    Tiered,
+}
+
+/// One `[[store.tiers]]` section of a tiered store, the memory tier first.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSection {
+    pub kind: TierKind,
+    /// Bytes the tier holds at most. Memory: a quarter of the machine's RAM, at most 4 GiB;
+    /// file: `limits.retained_bytes_max`.
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub capacity: Option<u64>,
+    /// The tier's eviction policy (default `"prefix"`); `"refuse"` is not a tier's choice.
+    #[serde(default, deserialize_with = "super::de::eviction")]
+    pub eviction: Option<Eviction>,
+    /// Memory only: copy a block up when a GET finds it in the file tier (default true).
+    #[serde(default)]
+    pub promote: Option<bool>,
+}
+
+/// What a tier keeps its blocks in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierKind {
+    Memory,
+    File,
+}
+
+/// The memory tier's capacity when none is given: a quarter of the machine's memory, at most
+/// this.
+pub const MEMORY_TIER_BYTES_MAX: u64 = 4 << 30;
+
+/// A quarter of `MemTotal` in /proc/meminfo, at most [`MEMORY_TIER_BYTES_MAX`]; 1 GiB when the
+/// machine does not say.
+pub fn memory_tier_default_bytes() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    total.map_or(1 << 30, |t| (t / 4).min(MEMORY_TIER_BYTES_MAX))
 }
 
 /// `store.engine`: the FileStore's I/O engine.
@@ -162,6 +206,9 @@ pub struct StoreSection {
     /// blocks up by. Unset: `"refuse"` for memory, `"fifo"` for file and dpu.
     #[serde(deserialize_with = "super::de::eviction")]
     pub eviction: Option<Eviction>,
+    /// `kind = "tiered"`: the tiers, memory first then file; none means a memory tier of
+    /// [`memory_tier_default_bytes`] over the file tier, both on `"prefix"`.
+    pub tiers: Vec<TierSection>,
 }
 
 /// `store.eviction`.
@@ -175,11 +222,43 @@ pub enum Eviction {
 
 impl StoreSection {
     /// What the configured store does when full, defaults applied.
+    /// For a tiered store this is the file tier's policy: its `[[store.tiers]]` section's,
+    /// else `store.eviction`, else `"prefix"`.
     pub fn eviction(&self) -> Eviction {
-        self.eviction.unwrap_or(match self.kind {
-            StoreKind::Memory => Eviction::Refuse,
-            StoreKind::File | StoreKind::Dpu => Eviction::Policy(PolicyKind::Fifo),
-        })
+        let tier = self.tier(TierKind::File).and_then(|t| t.eviction);
+        match self.kind {
+            StoreKind::Memory => self.eviction.unwrap_or(Eviction::Refuse),
+            StoreKind::File | StoreKind::Dpu => {
+                self.eviction.unwrap_or(Eviction::Policy(PolicyKind::Fifo))
+            }
+            StoreKind::Tiered => {
+                tier.or(self.eviction).unwrap_or(Eviction::Policy(PolicyKind::Prefix))
+            }
+        }
+    }
+
+    /// The section of the tier of `kind`, when the configuration has one.
+    pub fn tier(&self, kind: TierKind) -> Option<&TierSection> {
+        self.tiers.iter().find(|t| t.kind == kind)
+    }
+
+    fn tier_policy(&self, kind: TierKind) -> PolicyKind {
+        match self.tier(kind).and_then(|t| t.eviction) {
+            Some(Eviction::Policy(p)) => p,
+            _ => PolicyKind::Prefix,
+        }
+    }
+
+    /// The memory tier of a tiered store, defaults applied.
+    pub fn memory_tier(&self) -> MemoryTier {
+        let section = self.tier(TierKind::Memory);
+        MemoryTier {
+            capacity_bytes: section
+                .and_then(|t| t.capacity)
+                .unwrap_or_else(memory_tier_default_bytes),
+            policy: self.tier_policy(TierKind::Memory),
+            promote: section.and_then(|t| t.promote).unwrap_or(true),
+        }
     }
 }
 
@@ -187,7 +266,7 @@ impl Default for StoreSection {
     fn default() -> Self {
         let file = FileStoreConfig::new(STORE_ROOT_DEFAULT);
         Self {
-            kind: StoreKind::File,
+            kind: StoreKind::Tiered,
             root: file.root,
             engine: EngineName::Auto,
             direct_io: file.direct_io,
@@ -196,6 +275,7 @@ impl Default for StoreSection {
             group_commit_deadline_ms: file.group_commit_deadline_ms,
             preallocate: false,
             eviction: None,
+            tiers: Vec::new(),
         }
     }
 }
@@ -595,6 +675,13 @@ impl ServeConfig {
         config.direct_io = s.direct_io;
         config.durability = s.durability.into();
         config.limits = self.limits();
+        if s.kind == StoreKind::Tiered
+            && let Some(capacity) = s.tier(TierKind::File).and_then(|t| t.capacity)
+        {
+            let l = &mut config.limits;
+            l.retained_bytes_max = capacity;
+            l.tenant_retained_bytes_max = l.tenant_retained_bytes_max.min(capacity);
+        }
         config.group_commit_deadline_ms = s.group_commit_deadline_ms;
         if let Eviction::Policy(policy) = s.eviction() {
             config.policy = policy;
@@ -609,7 +696,9 @@ impl ServeConfig {
             Some(p) if p.as_os_str().is_empty() => None,
             Some(p) => Some(p.clone()),
             None => match self.store.kind {
-                StoreKind::File | StoreKind::Dpu => Some(self.store.root.join(LOCAL_SOCKET_NAME)),
+                StoreKind::File | StoreKind::Dpu | StoreKind::Tiered => {
+                    Some(self.store.root.join(LOCAL_SOCKET_NAME))
+                }
                 StoreKind::Memory => None,
             },
         }

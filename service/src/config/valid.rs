@@ -13,7 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{ConfigError, join};
-use super::schema::{DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind};
+use super::schema::{
+    DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind, StoreSection,
+    TierKind,
+};
 use crate::auth::{TenantAuth, TenantKeys};
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::identity::TenantId;
@@ -131,9 +134,14 @@ impl ServeConfig {
         })?;
         let s = &self.store;
         if s.eviction == Some(Eviction::Refuse) && s.kind != StoreKind::Memory {
-            let kind = if s.kind == StoreKind::Dpu { "dpu" } else { "file" };
+            let kind = match s.kind {
+                StoreKind::Dpu => "dpu",
+                StoreKind::Tiered => "tiered",
+                _ => "file",
+            };
             return Err(ConfigError::FileStoreRefuses { kind });
         }
+        check_tiers(s)?;
         in_range("store.queue_depth", s.queue_depth.into(), 1, QUEUE_DEPTH_MAX.into())?;
         in_range("store.group_commit_deadline_ms", s.group_commit_deadline_ms, 1, u64::MAX)?;
         let l = &self.listen;
@@ -233,8 +241,9 @@ fn check_local(c: &ServeConfig) -> Result<(), ConfigError> {
         return Err(refuse("names no file".into()));
     }
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let store_creates = matches!(c.store.kind, StoreKind::File | StoreKind::Dpu)
-        && parent.components().eq(c.store.root.components());
+    let store_creates =
+        matches!(c.store.kind, StoreKind::File | StoreKind::Dpu | StoreKind::Tiered)
+            && parent.components().eq(c.store.root.components());
     if !store_creates && !parent.is_dir() {
         return Err(refuse(format!(
             "its directory {} does not exist (only store.root of a file store is created \
@@ -405,4 +414,37 @@ fn resp_tenant(c: &ServeConfig) -> Result<usize, ConfigError> {
         },
         None => ConfigError::NoTenants,
     })
+}
+
+/// `[[store.tiers]]`: only with `kind = "tiered"`, a memory tier and then a file tier (each at
+/// most once, in that order), each with a policy rather than `"refuse"` and room for a block.
+fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
+    let refuse = |why: String| Err(ConfigError::Tiers { why });
+    if s.kind != StoreKind::Tiered {
+        if !s.tiers.is_empty() {
+            return refuse("tiers are for kind = \"tiered\"".into());
+        }
+        return Ok(());
+    }
+    let kinds: Vec<TierKind> = s.tiers.iter().map(|t| t.kind).collect();
+    if !matches!(kinds.as_slice(), [] | [TierKind::Memory] | [TierKind::Memory, TierKind::File]) {
+        return refuse(format!(
+            "{kinds:?}: a tiered store takes a memory tier, then a file tier (either may be left \
+             out for its defaults)"
+        ));
+    }
+    for (i, t) in s.tiers.iter().enumerate() {
+        if t.eviction == Some(Eviction::Refuse) {
+            return refuse(format!(
+                "tiers[{i}].eviction: a tier evicts; \"refuse\" is not a policy"
+            ));
+        }
+        if t.capacity == Some(0) {
+            return refuse(format!("tiers[{i}].capacity: 0 bytes holds no block"));
+        }
+        if t.kind == TierKind::File && t.promote.is_some() {
+            return refuse(format!("tiers[{i}].promote: only the memory tier promotes"));
+        }
+    }
+    Ok(())
 }

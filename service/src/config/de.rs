@@ -121,20 +121,6 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} does not fit in 64 bits"))
 }
 
-/// `store.eviction`: `"refuse"` or an eviction policy's name.
-pub(super) fn eviction<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<super::schema::Eviction>, D::Error> {
-    use super::schema::Eviction;
-    let name = String::deserialize(d)?;
-    if name == "refuse" {
-        return Ok(Some(Eviction::Refuse));
-    }
-    name.parse()
-        .map(|p| Some(Eviction::Policy(p)))
-        .map_err(|e| de::Error::custom(format!("{e}, or \"refuse\"")))
-}
-
 /// A byte count that may be left out.
 pub(super) fn optional_byte_count<'de, D: Deserializer<'de>>(
     d: D,

@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use super::de::{byte_count, parse_error, socket_addr};
 use super::error::ConfigError;
@@ -119,7 +119,7 @@ pub struct TierSection {
     #[serde(default, deserialize_with = "super::de::optional_byte_count")]
     pub capacity: Option<u64>,
     /// The tier's eviction policy (default `"prefix"`); `"refuse"` is not a tier's choice.
-    #[serde(default, deserialize_with = "super::de::eviction")]
+    #[serde(default, deserialize_with = "eviction")]
     pub eviction: Option<Eviction>,
     /// Memory only: copy a block up when a GET finds it in the file tier (default true).
     #[serde(default)]
@@ -204,11 +204,22 @@ pub struct StoreSection {
     pub preallocate: bool,
     /// What a full store does: `"refuse"` (memory only) or the eviction policy it gives
     /// blocks up by. Unset: `"refuse"` for memory, `"fifo"` for file and dpu.
-    #[serde(deserialize_with = "super::de::eviction")]
+    #[serde(deserialize_with = "eviction")]
     pub eviction: Option<Eviction>,
     /// `kind = "tiered"`: the tiers, memory first then file; none means a memory tier of
     /// [`memory_tier_default_bytes`] over the file tier, both on `"prefix"`.
     pub tiers: Vec<TierSection>,
+}
+
+/// `store.eviction`: `"refuse"` or an eviction policy's name.
+fn eviction<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Eviction>, D::Error> {
+    let name = String::deserialize(d)?;
+    if name == "refuse" {
+        return Ok(Some(Eviction::Refuse));
+    }
+    name.parse()
+        .map(|p| Some(Eviction::Policy(p)))
+        .map_err(|e| serde::de::Error::custom(format!("{e}, or \"refuse\"")))
 }
 
 /// `store.eviction`.

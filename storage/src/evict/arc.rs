@@ -24,7 +24,7 @@
 
 use super::ghost::Ghosts;
 use super::lists::{Resident, TwoQueues};
-use super::{BlockFacts, BlockId, EvictionPolicy, GHOST_ENTRIES_MAX, PolicyKind, Removal};
+use super::policy::{BlockFacts, BlockId, EvictionPolicy, GHOST_ENTRIES_MAX, PolicyKind, Removal};
 
 /// The T1 queue of [`TwoQueues`]; T2 is the other.
 const T1: bool = false;

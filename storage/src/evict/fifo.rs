@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{BlockFacts, BlockId, EvictionPolicy, PolicyKind, Removal};
+use super::policy::{BlockFacts, BlockId, EvictionPolicy, PolicyKind, Removal};
 
 /// Oldest commit first. Blocks restored at open keep their commit sequence, so the order
 /// survives a restart.

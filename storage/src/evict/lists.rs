@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::BlockId;
 use super::order::Order;
+use super::policy::BlockId;
 
 /// What a two-queue policy keeps per resident block.
 #[derive(Debug, Clone, Copy)]

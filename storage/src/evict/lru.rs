@@ -1,7 +1,7 @@
 //! Recency: the block committed or read longest ago leaves first.
 
 use super::order::Order;
-use super::{BlockFacts, BlockId, EvictionPolicy, PolicyKind, Removal};
+use super::policy::{BlockFacts, BlockId, EvictionPolicy, PolicyKind, Removal};
 
 #[derive(Debug, Default)]
 pub struct Lru {

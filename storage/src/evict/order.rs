@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::BlockId;
+use super::policy::BlockId;
 
 #[derive(Debug)]
 pub(super) struct Order {

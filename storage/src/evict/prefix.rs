@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use super::arc::AdaptiveReplacement;
-use super::{BlockFacts, BlockId, EvictionPolicy, PolicyKind, Removal};
+use super::policy::{BlockFacts, BlockId, EvictionPolicy, PolicyKind, Removal};
 
 #[derive(Debug)]
 pub struct PrefixAware {

@@ -32,7 +32,7 @@
 
 use super::ghost::Ghosts;
 use super::lists::{Resident, TwoQueues};
-use super::{BlockFacts, BlockId, EvictionPolicy, GHOST_ENTRIES_MAX, PolicyKind, Removal};
+use super::policy::{BlockFacts, BlockId, EvictionPolicy, GHOST_ENTRIES_MAX, PolicyKind, Removal};
 
 /// The most reads a resident block counts.
 pub const FREQ_MAX: u8 = 3;

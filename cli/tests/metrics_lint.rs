@@ -141,6 +141,27 @@ fn a_file_store_scrape_passes_promtool_and_every_series_is_documented() {
 }
 
 #[test]
+fn a_tiered_store_scrape_counts_each_tier_and_passes_promtool() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let serve = Serve::start(&config(dir.path(), "tiered"));
+    let scrape = scrape_after_traffic(&serve);
+    // Each PUT was written through and copied up, so each GET was a memory hit; the absent key
+    // missed both tiers.
+    for line in [
+        r#"gpucache_tier_hits_total{tier="memory"} 4"#,
+        r#"gpucache_tier_hits_total{tier="file"} 0"#,
+        "gpucache_tier_misses_total 1",
+        "gpucache_tier_written_up_total 4",
+        r#"gpucache_tier_blocks{tier="memory"} 4"#,
+        r#"gpucache_tier_blocks{tier="file"} 4"#,
+    ] {
+        assert!(scrape.lines().any(|l| l == line), "no {line:?} in the scrape:\n{scrape}");
+    }
+    check_scrape(&scrape);
+    serve.stop();
+}
+
+#[test]
 fn a_dpu_store_scrape_passes_promtool_and_every_series_is_documented() {
     let dir = tempfile::tempdir().expect("temp dir");
     let serve = Serve::start(&config(dir.path(), "dpu"));

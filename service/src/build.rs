@@ -38,6 +38,7 @@ use crate::metered::{MeteredStore, Metrics, StagingGauges, register_limits};
 use crate::ready::{Check, Probe};
 use crate::resp::{RespConfig, RespLimits, RespServer};
 use crate::server::{Server, ServerConfig};
+use crate::tier_metrics::TierSeries;
 
 /// Mode of the local socket after binding: the service's user and group may connect.
 pub const LOCAL_SOCKET_MODE: u32 = 0o660;
@@ -107,6 +108,8 @@ pub struct OpenedStore {
     pub dpu: Option<Arc<DpuStore>>,
     /// The file I/O engine a FileStore runs on, and why (none for other kinds).
     pub io_engine: Option<IoEngineReport>,
+    /// The same store by its type when it is a tiered one.
+    pub tiered: Option<Arc<TieredStore>>,
 }
 
 impl std::fmt::Debug for OpenedStore {
@@ -169,7 +172,7 @@ impl ValidConfig {
                 let store =
                     MemoryStore::with_options(limits, clock, Box::new(LocalEpochs), options)
                         .map_err(|source| StoreOpenError::Memory { source })?;
-                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None })
+                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None, tiered: None })
             }
             StoreKind::Tiered => {
                 let memory = self.store.memory_tier();
@@ -190,7 +193,9 @@ impl ValidConfig {
                     engine: store.file().engine_name(),
                     reason: store.file().engine_reason().to_owned(),
                 });
-                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine })
+                let store = Arc::new(store);
+                let tiered = Some(Arc::clone(&store));
+                Ok(OpenedStore { store, dpu: None, io_engine, tiered })
             }
             StoreKind::File => {
                 let store = open_file(clock)?;
@@ -198,7 +203,7 @@ impl ValidConfig {
                     engine: store.engine_name(),
                     reason: store.engine_reason().to_owned(),
                 });
-                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine })
+                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine, tiered: None })
             }
             StoreKind::Dpu => {
                 let agent = dpu::start_agent(&self.dpu)?;
@@ -210,6 +215,7 @@ impl ValidConfig {
                     store: Arc::clone(&store) as Arc<dyn Store>,
                     dpu: Some(store),
                     io_engine: None,
+                    tiered: None,
                 })
             }
         }
@@ -227,7 +233,7 @@ impl ValidConfig {
         let (staging, staging_name) = staging(&self).map_err(StartError::Staging)?;
         let clock = Arc::new(MonotonicClock::default());
         let mut created_root = CreatedRoot::before_open(&self);
-        let OpenedStore { store, dpu, io_engine } = self.open_store(clock)?;
+        let OpenedStore { store, dpu, io_engine, tiered } = self.open_store(clock)?;
 
         let mut registry = match &dpu {
             Some(d) => dpu::offload_registry(d.agent()),
@@ -237,6 +243,11 @@ impl ValidConfig {
             StagingGauges::register(&mut registry, Arc::clone(staging));
         }
         register_limits(&mut registry, &self.limits());
+        if let Some(tiered) = tiered {
+            let memory = self.store.memory_tier().capacity_bytes;
+            let file = self.file_store_config().limits.retained_bytes_max;
+            TierSeries::register(&mut registry, tiered, memory, file);
+        }
         // One guard for both client fronts: the in-flight body budget and the per-peer limit
         // are the service's, and its refusals are counted in the service's registry.
         let refusals = Refusals::default();

@@ -29,6 +29,7 @@ pub mod ready;
 pub mod resp;
 pub mod serve;
 pub mod server;
+pub mod tier_metrics;
 pub mod units;
 
 pub use auth::TenantAuth;

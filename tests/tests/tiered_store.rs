@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -21,7 +22,6 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
 use gpucache_dataplane::testing::fixture::{caller, key, payload};
-use gpucache_dataplane::testing::process::kill_process;
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStoreConfig};
@@ -29,6 +29,8 @@ use gpucache_storage::tiered::{MemoryTier, TieredStore};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
+/// [`KIB`] as a buffer length.
+const KIB_LEN: usize = 1 << 10;
 
 fn limits(retained: u64, tenant: u64) -> ResourceLimits {
     ResourceLimits {
@@ -93,7 +95,7 @@ proptest! {
         let store = open(dir.path(), limits(16 * KIB, 16 * KIB), 5 * KIB, Durability::None);
         store.take_evicted_for_test();
         let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
-        let mut dst = vec![0u8; 8 * KIB as usize];
+        let mut dst = vec![0u8; 8 * KIB_LEN];
         for (step, op) in ops.iter().enumerate() {
             match *op {
                 Op::Put { key: k, len, seed } => {
@@ -113,7 +115,7 @@ proptest! {
                     let got = store.get_into(&caller(0), &block_key(k), &mut dst).expect("get");
                     match (got, model.get(&k)) {
                         (Get::Hit { len, .. }, Some(want)) => {
-                            prop_assert_eq!(&dst[..len as usize], &want[..], "step {}: wrong bytes", step);
+                            prop_assert_eq!(&dst[..usize::try_from(len).expect("len")], &want[..], "step {}: wrong bytes", step);
                         }
                         (Get::Miss(_), None) => {}
                         (got, want) => prop_assert!(false, "step {}: got {:?}, model holds {:?}", step, got, want.map(Vec::len)),
@@ -143,14 +145,14 @@ fn a_block_being_read_from_memory_is_never_evicted_there() {
     let dir = shm_dir();
     // Memory has room for two 4 KiB blocks; the file tier for many.
     let store = open(dir.path(), limits(1 << 20, 1 << 20), 8 * KIB, Durability::None);
-    let held = payload(1, 4 * KIB as usize);
+    let held = payload(1, 4 * KIB_LEN);
     store.put(&caller(0), &block_key(0), &held, None).expect("put");
     let mut during = Vec::new();
     let lent = store
         .get_lent(&caller(0), &block_key(0), held.len(), &mut |bytes, _| {
             // While the memory tier lends the block, more blocks arrive and evict there.
             for k in 1..6u8 {
-                let data = payload(u64::from(k), 4 * KIB as usize);
+                let data = payload(u64::from(k), 4 * KIB_LEN);
                 let put = store.put(&caller(0), &block_key(k), &data, None).expect("put");
                 assert!(matches!(put, Put::Committed(_)), "{put:?}");
             }
@@ -162,11 +164,11 @@ fn a_block_being_read_from_memory_is_never_evicted_there() {
     assert_eq!(during, held, "the lent bytes changed while they were read");
     assert!(store.memory().stats().evictions >= 3, "the puts made the memory tier evict");
     // Everything is still readable from one tier or the other.
-    let mut dst = vec![0u8; 4 * KIB as usize];
+    let mut dst = vec![0u8; 4 * KIB_LEN];
     for k in 0..6u8 {
         let got = store.get_into(&caller(0), &block_key(k), &mut dst).expect("get");
         assert!(matches!(got, Get::Hit { .. }), "block {k}: {got:?}");
-        assert_eq!(dst, payload(if k == 0 { 1 } else { u64::from(k) }, 4 * KIB as usize));
+        assert_eq!(dst, payload(if k == 0 { 1 } else { u64::from(k) }, 4 * KIB_LEN));
     }
 }
 
@@ -177,22 +179,20 @@ fn one_tenants_quota_never_takes_another_tenants_blocks_from_either_tier() {
     let store = open(dir.path(), limits(1 << 20, 16 * KIB), 12 * KIB, Durability::None);
     let b_keys: Vec<PhysicalKey> = (0..3u8).map(|k| key(1, &[k], KvDtype::F16, 16)).collect();
     for (i, k) in b_keys.iter().enumerate() {
-        let put =
-            store.put(&caller(1), k, &payload(i as u64, 4 * KIB as usize), None).expect("put");
+        let put = store.put(&caller(1), k, &payload(i as u64, 4 * KIB_LEN), None).expect("put");
         assert!(matches!(put, Put::Committed(_)), "{put:?}");
     }
     // Tenant 0 writes three times its quota: its own oldest blocks make the room.
     for k in 0..12u8 {
-        let put = store
-            .put(&caller(0), &block_key(k), &payload(50, 4 * KIB as usize), None)
-            .expect("put");
+        let put =
+            store.put(&caller(0), &block_key(k), &payload(50, 4 * KIB_LEN), None).expect("put");
         assert!(matches!(put, Put::Committed(_)), "{put:?}");
     }
-    let mut dst = vec![0u8; 4 * KIB as usize];
+    let mut dst = vec![0u8; 4 * KIB_LEN];
     for (i, k) in b_keys.iter().enumerate() {
         let got = store.get_into(&caller(1), k, &mut dst).expect("get");
         assert!(matches!(got, Get::Hit { .. }), "tenant 1 lost block {i}: {got:?}");
-        assert_eq!(dst, payload(i as u64, 4 * KIB as usize));
+        assert_eq!(dst, payload(i as u64, 4 * KIB_LEN));
     }
     let file = store.file().stats();
     assert_eq!(file.evictions, 8, "tenant 0's twelve blocks fit four at a time");
@@ -217,7 +217,8 @@ fn crash_key(i: u32) -> PhysicalKey {
 }
 
 fn crash_payload(seed: u64, i: u32) -> Vec<u8> {
-    let len = 1024 + (SplitMix64::new(seed ^ u64::from(i)).next_u64() % (48 * KIB)) as usize;
+    let extra = SplitMix64::new(seed ^ u64::from(i)).next_u64() % (48 * KIB);
+    let len = 1024 + usize::try_from(extra).expect("small");
     payload(seed.wrapping_mul(31) ^ u64::from(i), len)
 }
 
@@ -234,13 +235,13 @@ fn child_entry() {
     let store = crash_store(Path::new(dir));
     let mut out = std::io::stdout().lock();
     let mut rng = SplitMix64::new(seed);
-    let mut dst = vec![0u8; 64 * KIB as usize];
+    let mut dst = vec![0u8; 64 * KIB_LEN];
     writeln!(out).expect("stdout");
     for i in 0..CHILD_PUTS_MAX {
         let put = store.put(&caller(0), &crash_key(i), &crash_payload(seed, i), None);
         assert!(matches!(put, Ok(Put::Committed(_))), "crash child: put {i} answered {put:?}");
         // Reads of older blocks promote them, so memory keeps turning over.
-        let old = (rng.next_u64() % u64::from(i + 1)) as u32;
+        let old = u32::try_from(rng.next_u64() % u64::from(i + 1)).expect("below i");
         let _ = store.get_into(&caller(0), &crash_key(old), &mut dst);
         if writeln!(out, "ACK {i}").and_then(|()| out.flush()).is_err() {
             return;
@@ -257,7 +258,7 @@ fn kill_9_while_writing_through_both_tiers_loses_nothing_acknowledged() {
     for round in 0..ROUNDS {
         let dir = tempfile::tempdir().expect("temp dir");
         let seed = 0x7E57_0000 + round;
-        let kill_after = 20 + (SplitMix64::new(seed).next_u64() % 200) as u32;
+        let kill_after = 20 + u32::try_from(SplitMix64::new(seed).next_u64() % 200).expect("small");
         let mut child = Command::new(&exe)
             .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, format!("{}:{seed}", dir.path().display()))
@@ -271,10 +272,10 @@ fn kill_9_while_writing_through_both_tiers_loses_nothing_acknowledged() {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(i) = line.strip_prefix("ACK ") {
-                    if tx.send(i.trim().parse::<u32>().expect("ack index")).is_err() {
-                        break;
-                    }
+                if let Some(i) = line.strip_prefix("ACK ")
+                    && tx.send(i.trim().parse::<u32>().expect("ack index")).is_err()
+                {
+                    break;
                 }
             }
         });
@@ -288,8 +289,9 @@ fn kill_9_while_writing_through_both_tiers_loses_nothing_acknowledged() {
                 }
             }
         }
-        // SIGKILL and reaped: the child died of the signal (kill_process checks).
-        kill_process(i32::try_from(child.id()).expect("pid"));
+        child.kill().expect("SIGKILL the child");
+        let status = child.wait().expect("reap the child");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: {status:?}");
         // Acks read after the kill point are acknowledged too.
         while let Ok(i) = rx.try_recv() {
             acked = Some(i);
@@ -297,13 +299,17 @@ fn kill_9_while_writing_through_both_tiers_loses_nothing_acknowledged() {
         let acked = acked.expect("some acks");
 
         let store = crash_store(dir.path());
-        let mut dst = vec![0u8; 64 * KIB as usize];
+        let mut dst = vec![0u8; 64 * KIB_LEN];
         for i in 0..=acked {
             let got = store.get_into(&caller(0), &crash_key(i), &mut dst).expect("get");
             let want = crash_payload(seed, i);
             match got {
                 Get::Hit { len, .. } => {
-                    assert_eq!(&dst[..len as usize], &want[..], "round {round}: block {i} torn")
+                    assert_eq!(
+                        &dst[..usize::try_from(len).expect("len")],
+                        &want[..],
+                        "round {round}: block {i} torn"
+                    )
                 }
                 miss => panic!("round {round}: acknowledged block {i} of {acked} lost: {miss:?}"),
             }
@@ -312,7 +318,10 @@ fn kill_9_while_writing_through_both_tiers_loses_nothing_acknowledged() {
         let next = acked + 1;
         match store.get_into(&caller(0), &crash_key(next), &mut dst).expect("get") {
             Get::Hit { len, .. } => {
-                assert_eq!(&dst[..len as usize], &crash_payload(seed, next)[..])
+                assert_eq!(
+                    &dst[..usize::try_from(len).expect("len")],
+                    &crash_payload(seed, next)[..]
+                )
             }
             Get::Miss(_) => {}
         }

@@ -18,6 +18,7 @@ mod offline;
 mod replay;
 mod report;
 mod row;
+mod tiers;
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
@@ -90,6 +91,10 @@ pub struct TraceBenchArgs {
     /// serve; --store, --policy and --capacity do not apply to the replay).
     #[arg(long, conflicts_with_all = ["store", "dir"])]
     addr: Option<SocketAddr>,
+    /// With --addr: the server's HTTP metrics listener (HOST:PORT), scraped before and after
+    /// each replay for the hits each tier of a tiered store served.
+    #[arg(long, requires = "addr")]
+    metrics: Option<SocketAddr>,
     /// The tenant the replay acts as and keys its blocks under (with --addr: one the server
     /// serves, with read and write rights).
     #[arg(long, default_value = replay::TENANT)]
@@ -278,10 +283,22 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
         if let Some(addr) = args.addr {
             let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
             let namespace = format!("{}-{nonce}", trace.name);
+            let before = args.metrics.map(tiers::scrape).transpose()?;
             let start = Instant::now();
             let r = replay_with_progress(&[&client], &caller, &trace, &namespace, block, "server")
                 .pop()
                 .ok_or_else(|| "no replay".to_owned())?;
+            let tier_hits = match (before, args.metrics) {
+                (Some(before), Some(addr)) => Some(tiers::scrape(addr)?.since(&before, r.refs)),
+                _ => None,
+            };
+            if let Some(t) = &tier_hits {
+                eprintln!(
+                    "bench: {} server tiers: memory {:.4}, file {:.4} of {} references \
+                     ({} promotions)",
+                    trace.name, t.memory_ratio, t.file_ratio, r.refs, t.promotions
+                );
+            }
             eprintln!(
                 "bench: {} server: hit ratio {:.4} in {:.1} s",
                 trace.name,
@@ -298,6 +315,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 belady: None,
                 lru_offline: None,
                 vs_best: None,
+                tiers: tier_hits,
             });
         }
         for &(cap, blocks) in &points {
@@ -312,6 +330,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 belady: Some(bel),
                 lru_offline: Some(lru_off),
                 vs_best: None,
+                tiers: None,
             };
             if args.addr.is_some() {
                 rows.push(base);

@@ -16,4 +16,6 @@ pub struct Row {
     pub lru_offline: Option<Outcome>,
     /// Hit ratio over the best replay among [`BEST_OF`](super::BEST_OF) at the same point.
     pub vs_best: Option<f64>,
+    /// With --addr and --metrics against a tiered store: what each tier served.
+    pub tiers: Option<super::tiers::TierHits>,
 }

@@ -239,6 +239,7 @@ fn the_table_and_chart_show_every_series() {
                 belady: Some(belady(&t, blocks)),
                 lru_offline: Some(lru(&t, blocks)),
                 vs_best: Some(1.0),
+                tiers: None,
             });
         }
     }

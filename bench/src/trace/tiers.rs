@@ -1,0 +1,104 @@
+//! What each tier of a served tiered store answered during a replay, from the server's own
+//! `/metrics` before and after it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Deadline for connecting to, writing to and reading from the metrics listener.
+const SCRAPE_DEADLINE: Duration = Duration::from_secs(10);
+/// Largest scrape read.
+const SCRAPE_BYTES_MAX: u64 = 16 << 20;
+
+/// The tier counters of one scrape.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct TierCounts {
+    pub memory_hits: u64,
+    pub file_hits: u64,
+    pub promotions: u64,
+}
+
+/// What the tiers served between two scrapes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TierHits {
+    pub memory_hits: u64,
+    pub file_hits: u64,
+    pub promotions: u64,
+    /// Memory hits over the replay's block references.
+    pub memory_ratio: f64,
+    /// File hits over the replay's block references.
+    pub file_ratio: f64,
+}
+
+impl TierCounts {
+    /// What happened since `before`, as shares of `refs` block references.
+    pub(super) fn since(&self, before: &Self, refs: u64) -> TierHits {
+        let memory_hits = self.memory_hits.saturating_sub(before.memory_hits);
+        let file_hits = self.file_hits.saturating_sub(before.file_hits);
+        let share = |n: u64| if refs == 0 { 0.0 } else { n as f64 / refs as f64 };
+        TierHits {
+            memory_hits,
+            file_hits,
+            promotions: self.promotions.saturating_sub(before.promotions),
+            memory_ratio: share(memory_hits),
+            file_ratio: share(file_hits),
+        }
+    }
+}
+
+/// Reads the tier counters out of a Prometheus text scrape; a scrape without them is not a
+/// tiered store's.
+pub(super) fn parse(text: &str) -> Result<TierCounts, String> {
+    let value = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| format!("the scrape has no {series}: is the server's store tiered?"))
+    };
+    Ok(TierCounts {
+        memory_hits: value(r#"gpucache_tier_hits_total{tier="memory"}"#)?,
+        file_hits: value(r#"gpucache_tier_hits_total{tier="file"}"#)?,
+        promotions: value("gpucache_tier_promotions_total")?,
+    })
+}
+
+/// Scrapes `/metrics` at `addr`.
+pub(super) fn scrape(addr: SocketAddr) -> Result<TierCounts, String> {
+    let fail = |e: std::io::Error| format!("scrape http://{addr}/metrics: {e}");
+    let mut s = TcpStream::connect_timeout(&addr, SCRAPE_DEADLINE).map_err(fail)?;
+    s.set_read_timeout(Some(SCRAPE_DEADLINE)).map_err(fail)?;
+    s.set_write_timeout(Some(SCRAPE_DEADLINE)).map_err(fail)?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+        .map_err(fail)?;
+    let mut reply = String::new();
+    s.take(SCRAPE_BYTES_MAX).read_to_string(&mut reply).map_err(fail)?;
+    let (head, body) = reply.split_once("\r\n\r\n").ok_or("the metrics reply is not HTTP")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("scrape http://{addr}/metrics: {}", head.lines().next().unwrap_or("")));
+    }
+    parse(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tier_counters_are_read_and_differenced() {
+        let scrape = |m: u64, f: u64, p: u64| {
+            format!(
+                "# TYPE gpucache_tier_hits counter\ngpucache_tier_hits_total{{tier=\"memory\"}} {m}\n\
+                 gpucache_tier_hits_total{{tier=\"file\"}} {f}\ngpucache_tier_promotions_total {p}\n"
+            )
+        };
+        let before = parse(&scrape(5, 1, 0)).unwrap_or_else(|e| panic!("{e}"));
+        let after = parse(&scrape(45, 21, 7)).unwrap_or_else(|e| panic!("{e}"));
+        let d = after.since(&before, 100);
+        assert_eq!((d.memory_hits, d.file_hits, d.promotions), (40, 20, 7));
+        assert!((d.memory_ratio - 0.4).abs() < 1e-12 && (d.file_ratio - 0.2).abs() < 1e-12);
+        let e = parse("gpucache_ops_total 3\n").unwrap_err();
+        assert!(e.contains("tiered"), "{e}");
+    }
+}

@@ -74,6 +74,7 @@ pub(super) fn row_json(r: &Row) -> serde_json::Value {
         "get_gbps": r.replay.as_ref().map(Replay::get_gbps),
         "requests_per_second": r.replay.as_ref().map(Replay::requests_per_second),
         "replay": r.replay,
+        "tiers": r.tiers,
     })
 }
 

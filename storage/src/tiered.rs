@@ -54,6 +54,16 @@ pub struct MemoryTier {
     pub promote: bool,
 }
 
+/// Which tier served a hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    File,
+}
+
+/// One answer of [`TieredStore::get_batch_with_tiers`].
+pub type TieredGet = (Result<Get, StoreError>, Option<Tier>);
+
 /// Why a tiered store could not open.
 #[derive(Debug, thiserror::Error)]
 pub enum TieredError {
@@ -225,6 +235,80 @@ impl TieredStore {
         }
     }
 
+    /// [`Store::get_into`], and which tier served a hit (memory first, then the file tier).
+    pub fn get_with_tier(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<(Get, Option<Tier>), StoreError> {
+        if let Ok(hit @ Get::Hit { .. }) = self.memory.get_into(caller, key, dst) {
+            bump(&self.counters.memory_hits);
+            return Ok((hit, Some(Tier::Memory)));
+        }
+        let got = self.file.get_into(caller, key, dst)?;
+        self.note_file_answer(key, &got, dst);
+        let tier = matches!(got, Get::Hit { .. }).then_some(Tier::File);
+        Ok((got, tier))
+    }
+
+    /// [`Store::get_batch`], and which tier served each hit.
+    pub fn get_batch_with_tiers(
+        &self,
+        caller: &Caller,
+        items: &mut [BatchGet<'_>],
+    ) -> Vec<TieredGet> {
+        let first = self.memory.get_batch(caller, items);
+        let mut answers: Vec<Option<TieredGet>> = Vec::with_capacity(items.len());
+        let mut rest: Vec<usize> = Vec::new();
+        for (i, a) in first.into_iter().enumerate() {
+            match a {
+                Ok(hit @ Get::Hit { .. }) => {
+                    bump(&self.counters.memory_hits);
+                    answers.push(Some((Ok(hit), Some(Tier::Memory))));
+                }
+                _ => {
+                    answers.push(None);
+                    rest.push(i);
+                }
+            }
+        }
+        if !rest.is_empty() {
+            let mut lower: Vec<BatchGet<'_>> = Vec::with_capacity(rest.len());
+            let mut left = rest.iter().peekable();
+            for (i, item) in items.iter_mut().enumerate() {
+                if left.peek() == Some(&&i) {
+                    left.next();
+                    lower.push(BatchGet { key: item.key, dst: &mut *item.dst });
+                }
+            }
+            let got = self.file.get_batch(caller, &mut lower);
+            for ((i, item), a) in rest.iter().zip(&lower).zip(got) {
+                let tier = match &a {
+                    Ok(g) => {
+                        self.note_file_answer(item.key, g, item.dst);
+                        matches!(g, Get::Hit { .. }).then_some(Tier::File)
+                    }
+                    Err(_) => None,
+                };
+                answers[*i] = Some((a, tier));
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    let e = StoreError::Backend {
+                        operation: "get",
+                        detail: "the tiered store left this item of the batch unanswered".into(),
+                        retirement: Retirement::Retired,
+                    };
+                    (Err(e), None)
+                })
+            })
+            .collect()
+    }
+
     /// The file-tier evictions since the last call, oldest first; the first call starts the
     /// record, so a test calls it once before it drives the store.
     pub fn take_evicted_for_test(&self) -> Vec<PhysicalKey> {
@@ -277,13 +361,7 @@ impl Store for TieredStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        if let Ok(hit @ Get::Hit { .. }) = self.memory.get_into(caller, key, dst) {
-            bump(&self.counters.memory_hits);
-            return Ok(hit);
-        }
-        let got = self.file.get_into(caller, key, dst)?;
-        self.note_file_answer(key, &got, dst);
-        Ok(got)
+        self.get_with_tier(caller, key, dst).map(|(got, _)| got)
     }
 
     fn get_lent(
@@ -305,50 +383,7 @@ impl Store for TieredStore {
     }
 
     fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
-        let first = self.memory.get_batch(caller, items);
-        let mut answers: Vec<Option<Result<Get, StoreError>>> = Vec::with_capacity(items.len());
-        let mut rest: Vec<usize> = Vec::new();
-        for (i, a) in first.into_iter().enumerate() {
-            match a {
-                Ok(hit @ Get::Hit { .. }) => {
-                    bump(&self.counters.memory_hits);
-                    answers.push(Some(Ok(hit)));
-                }
-                _ => {
-                    answers.push(None);
-                    rest.push(i);
-                }
-            }
-        }
-        if !rest.is_empty() {
-            let mut lower: Vec<BatchGet<'_>> = Vec::with_capacity(rest.len());
-            let mut left = rest.iter().peekable();
-            for (i, item) in items.iter_mut().enumerate() {
-                if left.peek() == Some(&&i) {
-                    left.next();
-                    lower.push(BatchGet { key: item.key, dst: &mut *item.dst });
-                }
-            }
-            let got = self.file.get_batch(caller, &mut lower);
-            for ((i, item), a) in rest.iter().zip(&lower).zip(got) {
-                if let Ok(g) = &a {
-                    self.note_file_answer(item.key, g, item.dst);
-                }
-                answers[*i] = Some(a);
-            }
-        }
-        answers
-            .into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| {
-                    Err(StoreError::Backend {
-                        operation: "get",
-                        detail: "the tiered store left this item of the batch unanswered".into(),
-                        retirement: Retirement::Retired,
-                    })
-                })
-            })
-            .collect()
+        self.get_batch_with_tiers(caller, items).into_iter().map(|(a, _)| a).collect()
     }
 
     fn reserve(

@@ -141,6 +141,39 @@ proptest! {
 }
 
 #[test]
+fn each_hit_says_which_tier_served_it_and_a_file_hit_is_promoted() {
+    use gpucache_dataplane::store::BatchGet;
+    use gpucache_storage::tiered::Tier;
+    let dir = shm_dir();
+    // Memory holds one 4 KiB block.
+    let store = open(dir.path(), limits(1 << 20, 1 << 20), 4 * KIB, Durability::None);
+    let (a, b) = (payload(1, 4 * KIB_LEN), payload(2, 4 * KIB_LEN));
+    store.put(&caller(0), &block_key(0), &a, None).expect("put");
+    store.put(&caller(0), &block_key(1), &b, None).expect("put");
+    let mut dst = vec![0u8; 4 * KIB_LEN];
+    // Block 1 was copied up last; block 0's copy made room for it.
+    let (got, tier) = store.get_with_tier(&caller(0), &block_key(1), &mut dst).expect("get");
+    assert!(matches!(got, Get::Hit { .. }) && tier == Some(Tier::Memory) && dst == b);
+    let (got, tier) = store.get_with_tier(&caller(0), &block_key(0), &mut dst).expect("get");
+    assert!(matches!(got, Get::Hit { .. }) && tier == Some(Tier::File) && dst == a);
+    // The file hit was promoted: block 0 is in memory now, and block 1 went back to file only.
+    let (mut d0, mut d1, mut d2) = (vec![0u8; 4 * KIB_LEN], vec![0u8; 4 * KIB_LEN], vec![0u8; 16]);
+    let (k0, k1, k2) = (block_key(0), block_key(1), block_key(2));
+    let mut items = [
+        BatchGet { key: &k0, dst: &mut d0 },
+        BatchGet { key: &k1, dst: &mut d1 },
+        BatchGet { key: &k2, dst: &mut d2 },
+    ];
+    let answers = store.get_batch_with_tiers(&caller(0), &mut items);
+    let tiers: Vec<Option<Tier>> = answers.iter().map(|(_, t)| *t).collect();
+    assert_eq!(tiers, vec![Some(Tier::Memory), Some(Tier::File), None]);
+    assert!(matches!(answers[2].0, Ok(Get::Miss(_))), "{:?}", answers[2].0);
+    assert_eq!((d0, d1), (a, b));
+    let c = store.counters();
+    assert_eq!((c.memory_hits, c.file_hits, c.misses, c.promotions), (2, 2, 1, 2));
+}
+
+#[test]
 fn a_block_being_read_from_memory_is_never_evicted_there() {
     let dir = shm_dir();
     // Memory has room for two 4 KiB blocks; the file tier for many.

@@ -56,7 +56,7 @@ fn a_valid_config_builds_a_service_that_serves_reports_itself_and_stops() {
     assert_eq!(field(line, "local"), socket.display().to_string());
     assert_eq!(field(line, "root"), root.display().to_string());
     for (name, want) in [
-        ("store", "file"),
+        ("store", "tiered"),
         ("io_engine", "psync"),
         ("io_engine_reason", "\"configured\""),
         ("resp_tenant", "tenant-a"),
@@ -79,7 +79,7 @@ fn a_valid_config_builds_a_service_that_serves_reports_itself_and_stops() {
     assert_eq!(buf, data);
     let ready = http_get(service.metrics_addr(), "/readyz");
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
-    assert!(ready.contains("ready store=file"), "{ready}");
+    assert!(ready.contains("ready store=tiered"), "{ready}");
     let metrics = http_get(service.metrics_addr(), "/metrics");
     assert!(metrics.contains("gpucache_limit_retained_bytes"), "limits are registered");
 

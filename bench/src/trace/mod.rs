@@ -39,6 +39,7 @@ use gpucache_service::units::{human_bytes, parse_size, size_label};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::tiered::{MemoryTier, TieredStore};
 use serde_json::json;
 
 pub use load::Trace;
@@ -63,6 +64,9 @@ pub enum StoreArg {
     Memory,
     /// A FileStore (buffered, no flushes) with the policy, in a fresh directory under --dir.
     File,
+    /// A TieredStore: a memory tier of --memory-capacity over such a FileStore of --capacity,
+    /// both on the policy (writes go through; file hits are promoted).
+    Tiered,
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +87,10 @@ pub struct TraceBenchArgs {
     /// The in-process store to replay through.
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreArg,
+    /// With `--store tiered`: the memory tier's capacity, as a share of the distinct blocks
+    /// (5%) or a size; the file tier gets each --capacity point.
+    #[arg(long, default_value = "5%")]
+    memory_capacity: String,
     /// Where `--store file` makes its scratch directory (removed afterwards). Default: the
     /// system temporary directory.
     #[arg(long)]
@@ -252,7 +260,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     let block =
         usize::try_from(args.block_size).map_err(|_| "--block-size too large".to_owned())?;
     let scratch = match args.store {
-        StoreArg::File if args.addr.is_none() => {
+        StoreArg::File | StoreArg::Tiered if args.addr.is_none() => {
             let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
             std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
             let dir = tempfile::Builder::new()
@@ -337,6 +345,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 continue;
             }
             let first = rows.len();
+            let mut tier_rows: Vec<tiers::TierHits> = Vec::new();
             let limits = limits_for(args.block_size, blocks, unique);
             let label = format!("{} {}", trace.name, cap.label());
             let start = Instant::now();
@@ -359,6 +368,44 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                         stores.iter().map(|(s, _)| s as &dyn Store).collect();
                     let r = replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
                     for (store, d) in stores {
+                        drop(store);
+                        let _ = std::fs::remove_dir_all(&d);
+                    }
+                    r
+                }
+                (Some(dir), StoreArg::Tiered) => {
+                    let memory = Capacity::parse(&args.memory_capacity)
+                        .map_err(|e| format!("--memory-capacity {e}"))?
+                        .blocks(unique, args.block_size)
+                        .saturating_mul(args.block_size);
+                    let mut stores = Vec::new();
+                    for &policy in &policies {
+                        let d =
+                            dir.path().join(format!("{}-{}-{}", trace.name, blocks, policy.name()));
+                        let mut config = FileStoreConfig::new(&d);
+                        config.durability = Durability::None;
+                        config.limits = limits.clone();
+                        config.policy = policy;
+                        let tier = MemoryTier { capacity_bytes: memory, policy, promote: true };
+                        let store =
+                            TieredStore::open(config, tier, Arc::new(MonotonicClock::default()))
+                                .map_err(|e| {
+                                    format!("open a tiered store in {}: {e}", d.display())
+                                })?;
+                        stores.push((store, d));
+                    }
+                    let dyns: Vec<&dyn Store> =
+                        stores.iter().map(|(s, _)| s as &dyn Store).collect();
+                    let r = replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
+                    for ((store, d), replay) in stores.into_iter().zip(&r) {
+                        let c = store.counters();
+                        let before = tiers::TierCounts::default();
+                        let now = tiers::TierCounts {
+                            memory_hits: c.memory_hits,
+                            file_hits: c.file_hits,
+                            promotions: c.promotions,
+                        };
+                        tier_rows.push(now.since(&before, replay.refs));
                         drop(store);
                         let _ = std::fs::remove_dir_all(&d);
                     }
@@ -389,17 +436,28 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 },
                 start.elapsed().as_secs_f64()
             );
-            for (&policy, r) in policies.iter().zip(replays) {
+            for (i, (&policy, r)) in policies.iter().zip(replays).enumerate() {
                 eprintln!(
                     "bench: {label} {}: hit ratio {:.4}, {:.1} s in the store",
                     policy.name(),
                     r.ratio(),
                     r.seconds
                 );
+                let tiers = tier_rows.get(i).copied();
+                if let Some(t) = &tiers {
+                    eprintln!(
+                        "bench: {label} {}: memory served {:.4}, file {:.4} ({} promotions)",
+                        policy.name(),
+                        t.memory_ratio,
+                        t.file_ratio,
+                        t.promotions
+                    );
+                }
                 clean &= r.clean();
                 rows.push(Row {
                     policy: Some(policy.name().to_owned()),
                     replay: Some(r),
+                    tiers,
                     ..base.clone()
                 });
             }
@@ -440,6 +498,10 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
             (Some(a), _) => format!("gpucache serve at {a} (its own policy and capacity)"),
             (None, StoreArg::Memory) => "MemoryStore (evicting)".into(),
             (None, StoreArg::File) => "FileStore (buffered, durability none)".into(),
+            (None, StoreArg::Tiered) => format!(
+                "TieredStore: memory {} over a FileStore (buffered, durability none) of the capacity",
+                args.memory_capacity
+            ),
         },
         size_label(args.block_size),
         BEST_OF.join("/")
@@ -479,6 +541,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                     (Some(a), _) => format!("tcp:{a}"),
                     (None, StoreArg::Memory) => "memory".into(),
                     (None, StoreArg::File) => "file".into(),
+                    (None, StoreArg::Tiered) => format!("tiered:{}", args.memory_capacity),
                 },
                 "capacities": capacities.iter().map(|c| c.label()).collect::<Vec<_>>(),
                 "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),

@@ -259,3 +259,31 @@ fn the_table_and_chart_show_every_series() {
         "{svg}"
     );
 }
+
+#[test]
+fn a_tiered_store_gives_the_file_tiers_hits_and_says_which_tier_served_them() {
+    use gpucache_storage::file::{Durability, FileStoreConfig};
+    use gpucache_storage::tiered::{MemoryTier, TieredStore};
+    // The handmade trace of the first test, room for every block in the file tier and for one
+    // block in memory: the same 6 hits of 13, split between the tiers.
+    let t = Trace::from_ids(
+        "hand",
+        [vec![1, 2, 3], vec![1, 2, 4], vec![1, 5], vec![1, 2, 3, 6], vec![7]],
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut file = FileStoreConfig::new(dir.path());
+    file.durability = Durability::None;
+    file.limits = limits_for(BLOCK, 7, t.unique_blocks());
+    file.policy = policy("lru");
+    let memory = MemoryTier { capacity_bytes: BLOCK, policy: policy("lru"), promote: true };
+    let store = TieredStore::open(file, memory, Arc::new(MonotonicClock::default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&store, &t);
+    assert_eq!((r.hits, r.refs), (6, 13));
+    assert!(r.clean(), "{r:?}");
+    let c = store.counters();
+    assert_eq!(c.memory_hits + c.file_hits, 6, "{c:?}");
+    // With room for one block, memory holds the last block written or read: request 2's first
+    // hit (block [1]) was written by request 1 three blocks earlier, so it came from the file.
+    assert!(c.file_hits >= 1 && c.promotions == c.file_hits, "{c:?}");
+}

@@ -214,6 +214,23 @@ pub fn limits_for(block: u64, blocks: u64, unique: usize) -> ResourceLimits {
     }
 }
 
+/// A buffered FileStore's configuration (no flushes) for one policy's replay, in a directory of
+/// its own under `dir`.
+fn scratch_file_store(
+    dir: &tempfile::TempDir,
+    trace: &str,
+    blocks: u64,
+    limits: &ResourceLimits,
+    policy: PolicyKind,
+) -> (PathBuf, FileStoreConfig) {
+    let d = dir.path().join(format!("{trace}-{blocks}-{}", policy.name()));
+    let mut config = FileStoreConfig::new(&d);
+    config.durability = Durability::None;
+    config.limits = limits.clone();
+    config.policy = policy;
+    (d, config)
+}
+
 /// Exit status: 0 when every replay was clean, 1 when some replay saw a mismatch, corrupt
 /// block, error or refused PUT (the report names it), 2 on a usage or setup error.
 pub fn run(args: &TraceBenchArgs) -> ExitCode {
@@ -353,12 +370,8 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 (Some(dir), StoreArg::File) => {
                     let mut stores = Vec::new();
                     for &policy in &policies {
-                        let d =
-                            dir.path().join(format!("{}-{}-{}", trace.name, blocks, policy.name()));
-                        let mut config = FileStoreConfig::new(&d);
-                        config.durability = Durability::None;
-                        config.limits = limits.clone();
-                        config.policy = policy;
+                        let (d, config) =
+                            scratch_file_store(dir, &trace.name, blocks, &limits, policy);
                         let store = config
                             .open(Arc::new(MonotonicClock::default()))
                             .map_err(|e| format!("open FileStore in {}: {e}", d.display()))?;
@@ -380,12 +393,8 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                         .saturating_mul(args.block_size);
                     let mut stores = Vec::new();
                     for &policy in &policies {
-                        let d =
-                            dir.path().join(format!("{}-{}-{}", trace.name, blocks, policy.name()));
-                        let mut config = FileStoreConfig::new(&d);
-                        config.durability = Durability::None;
-                        config.limits = limits.clone();
-                        config.policy = policy;
+                        let (d, config) =
+                            scratch_file_store(dir, &trace.name, blocks, &limits, policy);
                         let tier = MemoryTier { capacity_bytes: memory, policy, promote: true };
                         let store =
                             TieredStore::open(config, tier, Arc::new(MonotonicClock::default()))

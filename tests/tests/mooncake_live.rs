@@ -39,7 +39,7 @@ const PAGE_BYTES: usize = 1 << 20;
 /// Most pages written while looking for -200 (several times the segment).
 const FILL_PAGES_MAX: usize = 256;
 
-/// Pause between two connection attempts to a Mooncake server that is not listening yet.
+/// Longest wait on a Mooncake server process between two attempts to connect to it.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 fn venv_path() -> PathBuf {
@@ -88,22 +88,47 @@ impl Server {
     }
 
     /// Connects until the server listens, failing once [`LISTEN_MS`] pass or the process exits.
-    /// The only waiting in this file, and a paced retry because nothing marks the moment: the
-    /// master starts listening about 1 ms after its last start-up log line, and the metadata
-    /// server logs nothing at WARNING (seen with the pinned wheel).
+    /// Nothing marks the moment it starts listening (the master listens about 1 ms after its
+    /// last start-up log line, and the metadata server logs nothing at WARNING, seen with the
+    /// pinned wheel), so between attempts this waits on the process itself: a poll of its pidfd
+    /// returns as soon as it exits, or after [`POLL_INTERVAL`] for the next attempt.
     fn wait_listening(&mut self, port: u16) {
         let deadline = Instant::now() + Duration::from_millis(LISTEN_MS);
+        let exited = ExitWatch::open(self.child.id());
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "{} not listening on {port} within {LISTEN_MS} ms", self.name);
+            exited.wait(left.min(POLL_INTERVAL));
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("{} exited with {status} before listening on {port}", self.name);
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} not listening on {port} within {LISTEN_MS} ms",
-                self.name
-            );
-            std::thread::sleep(POLL_INTERVAL);
         }
+    }
+}
+
+/// A pidfd of a child: readable once the child exits.
+struct ExitWatch(std::os::fd::OwnedFd);
+
+impl ExitWatch {
+    fn open(pid: u32) -> Self {
+        let pid = libc::pid_t::try_from(pid).expect("pid");
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let fd = i32::try_from(fd)
+            .ok()
+            .filter(|fd| *fd >= 0)
+            .unwrap_or_else(|| panic!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+        Self(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    }
+
+    /// Returns when the child has exited or `within` has passed, whichever is first.
+    fn wait(&self, within: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = libc::c_int::try_from(within.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        let _ = unsafe { libc::poll(&mut p, 1, ms) };
     }
 }
 

@@ -27,11 +27,10 @@ use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::Clock;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
-use gpucache_dataplane::registry::{Epoch, LocalEpochs, RegionId};
+use gpucache_dataplane::registry::LocalEpochs;
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, LendTo,
-    Lookup, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreCondition, StoreError,
-    StoreInfo, StoreStats,
+    BatchAnswers, BatchGet, BatchPut, Get, Implementation, Invalidate, LendTo, Lookup, Put,
+    Reserve, Retirement, Store, StoreError, StoreInfo, StoreLayer,
 };
 
 use crate::evict::PolicyKind;
@@ -235,6 +234,21 @@ impl TieredStore {
         }
     }
 
+    /// Whether `answer`, the memory tier's for `key`, is a hit on the version the file tier
+    /// holds now. A copy the file tier no longer backs (it gave the block up and the copy has
+    /// not been dropped yet, or the key was written again) is dropped here and never served.
+    fn memory_hit_stands(&self, key: &PhysicalKey, answer: &Result<Get, StoreError>) -> bool {
+        let Ok(Get::Hit { checksum, .. }) = answer else { return false };
+        if self.file.committed_checksum(key) == Some(*checksum) {
+            return true;
+        }
+        let _order = self.stripe(key);
+        if let Ok(Invalidate::Removed) = self.memory.invalidate(&owner(key), key) {
+            bump(&self.counters.dropped_with_file);
+        }
+        false
+    }
+
     /// [`Store::get_into`], and which tier served a hit (memory first, then the file tier).
     pub fn get_with_tier(
         &self,
@@ -242,9 +256,10 @@ impl TieredStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<(Get, Option<Tier>), StoreError> {
-        if let Ok(hit @ Get::Hit { .. }) = self.memory.get_into(caller, key, dst) {
+        let answer = self.memory.get_into(caller, key, dst);
+        if self.memory_hit_stands(key, &answer) {
             bump(&self.counters.memory_hits);
-            return Ok((hit, Some(Tier::Memory)));
+            return answer.map(|hit| (hit, Some(Tier::Memory)));
         }
         let got = self.file.get_into(caller, key, dst)?;
         self.note_file_answer(key, &got, dst);
@@ -261,11 +276,11 @@ impl TieredStore {
         let first = self.memory.get_batch(caller, items);
         let mut answers: Vec<Option<TieredGet>> = Vec::with_capacity(items.len());
         let mut rest: Vec<usize> = Vec::new();
-        for (i, a) in first.into_iter().enumerate() {
+        for (i, (a, item)) in first.into_iter().zip(items.iter()).enumerate() {
             match a {
-                Ok(hit @ Get::Hit { .. }) => {
+                hit if self.memory_hit_stands(item.key, &hit) => {
                     bump(&self.counters.memory_hits);
-                    answers.push(Some((Ok(hit), Some(Tier::Memory))));
+                    answers.push(Some((hit, Some(Tier::Memory))));
                 }
                 _ => {
                     answers.push(None);
@@ -331,13 +346,21 @@ fn memory_limits(file: &ResourceLimits, capacity: u64) -> ResourceLimits {
         tenant_retained_bytes_max: file.tenant_retained_bytes_max.min(capacity),
         object_bytes_max: file.object_bytes_max.min(capacity),
         tenant_inflight_bytes_max: file.tenant_inflight_bytes_max.min(capacity),
-        // The file tier admits; memory holds copies and must not run out of regions first.
-        registrations_max: u32::MAX,
+        // Memory holds copies of the file tier's blocks, so never more of them.
+        registrations_max: file.registrations_max,
         ..file.clone()
     }
 }
 
-impl Store for TieredStore {
+/// A layer over the file tier: every call not written here is the file tier's own (epochs,
+/// lookups, reservations, fences, leases, usage).
+impl StoreLayer for TieredStore {
+    type Inner = FileStore;
+
+    fn inner(&self) -> &FileStore {
+        &self.file
+    }
+
     fn info(&self) -> StoreInfo {
         StoreInfo {
             name: "tiered",
@@ -345,14 +368,6 @@ impl Store for TieredStore {
             failures_retire: true,
             full_policy: self.file.info().full_policy,
         }
-    }
-
-    fn epoch(&self) -> Epoch {
-        self.file.epoch()
-    }
-
-    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        self.file.lookup(caller, key)
     }
 
     fn get_into(
@@ -371,8 +386,13 @@ impl Store for TieredStore {
         capacity: usize,
         send: &mut LendTo<'_>,
     ) -> Result<Option<Get>, StoreError> {
-        // Only a memory hit is lent; anything else is answered by `get_into`, which asks the
-        // file tier (a lent read that found its bytes damaged sent nothing).
+        // Only a memory hit is lent, and only of a block the file tier holds; anything else is
+        // answered by `get_into`, which asks the file tier (a lent read that found its bytes
+        // damaged sent nothing). The version is checked before the bytes go out: a key written
+        // again between that check and the send is the one case served from the older copy.
+        if self.file.committed_checksum(key).is_none() {
+            return Ok(None);
+        }
         match self.memory.get_lent(caller, key, capacity, send) {
             Ok(Some(hit @ Get::Hit { .. })) => {
                 bump(&self.counters.memory_hits);
@@ -396,30 +416,6 @@ impl Store for TieredStore {
         let answer = self.file.reserve(caller, key, len, request);
         self.follow_file_evictions();
         answer
-    }
-
-    fn write(
-        &self,
-        caller: &Caller,
-        reservation: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        self.file.write(caller, reservation, offset, src)
-    }
-
-    fn commit(&self, caller: &Caller, reservation: &Reservation) -> Result<Committed, StoreError> {
-        // A block written piece by piece reaches memory when it is first read.
-        self.file.commit(caller, reservation)
-    }
-
-    fn abort(
-        &self,
-        caller: &Caller,
-        reservation: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        self.file.abort(caller, reservation, outcome)
     }
 
     fn put(
@@ -456,36 +452,16 @@ impl Store for TieredStore {
         answers
     }
 
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        self.file.lookup_batch(caller, keys)
+    }
+
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         let _order = self.stripe(key);
         let answer = self.file.invalidate(caller, key)?;
         // Whatever the file tier answered, memory keeps no copy the file tier does not hold.
         let _ = self.memory.invalidate(&owner(key), key);
         Ok(answer)
-    }
-
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.file.expire_leases()
-    }
-
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.file.attest_drained(caller, region)
-    }
-
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        self.file.bump_epoch()
-    }
-
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.file.reclaim_fenced(epoch)
-    }
-
-    fn stats(&self) -> StoreStats {
-        self.file.stats()
-    }
-
-    fn condition(&self) -> StoreCondition {
-        self.file.condition()
     }
 }
 

@@ -138,15 +138,19 @@ pub enum TierKind {
 /// this.
 pub const MEMORY_TIER_BYTES_MAX: u64 = 4 << 30;
 
-/// A quarter of `MemTotal` in /proc/meminfo, at most [`MEMORY_TIER_BYTES_MAX`]; 1 GiB when the
-/// machine does not say.
+/// The memory tier's capacity when none is given and the machine does not say how much memory
+/// it has.
+pub const MEMORY_TIER_BYTES_UNKNOWN_RAM: u64 = 1 << 30;
+
+/// A quarter of `MemTotal` in /proc/meminfo, at most [`MEMORY_TIER_BYTES_MAX`];
+/// [`MEMORY_TIER_BYTES_UNKNOWN_RAM`] when the machine does not say.
 pub fn memory_tier_default_bytes() -> u64 {
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         kib.checked_mul(1024)
     });
-    total.map_or(1 << 30, |t| (t / 4).min(MEMORY_TIER_BYTES_MAX))
+    total.map_or(MEMORY_TIER_BYTES_UNKNOWN_RAM, |t| (t / 4).min(MEMORY_TIER_BYTES_MAX))
 }
 
 /// `store.engine`: the FileStore's I/O engine.

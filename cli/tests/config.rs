@@ -451,8 +451,11 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
 
 /// Keys whose documented default is a sentence rather than a value (unset, required, derived
 /// from other keys): the tables say what happens, and the embedded default leaves them unset.
-const DOCUMENTED_WITHOUT_A_VALUE: [&str; 11] = [
+const DOCUMENTED_WITHOUT_A_VALUE: [&str; 13] = [
     "store.tiers",
+    // Keys of `[[store.tiers]]` sections, whose defaults a test above reads from the config.
+    "store.tiers.write",
+    "store.tiers.memory",
     "store.eviction",
     "listen.resp_tenant",
     "listen.local",
@@ -656,16 +659,19 @@ fn an_evicting_memory_store_reports_its_policy_and_makes_room() {
 fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
     use gpucache_service::config::{Eviction, memory_tier_default_bytes};
     use gpucache_storage::evict::PolicyKind;
+    use gpucache_storage::tiered::{TierMemory, WriteMode};
     let d = ValidConfig::from_toml_str("").unwrap();
     let m = d.store.memory_tier();
     assert_eq!(m.capacity_bytes, memory_tier_default_bytes());
     assert!(m.capacity_bytes <= 4 << 30 && m.capacity_bytes > 0);
     assert_eq!((m.policy, m.promote), (PolicyKind::Prefix, true));
+    assert_eq!((m.write, m.backing), (WriteMode::Through, TierMemory::Mapped));
     assert_eq!(d.file_store_config().policy, PolicyKind::Prefix);
-    let text = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\neviction = \"lru\"\npromote = false\n[[store.tiers]]\nkind = \"file\"\ncapacity = \"1GiB\"\neviction = \"arc\"\n";
+    let text = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\neviction = \"lru\"\npromote = false\nwrite = \"back\"\nmemory = \"heap\"\n[[store.tiers]]\nkind = \"file\"\ncapacity = \"1GiB\"\neviction = \"arc\"\n";
     let c = ValidConfig::from_toml_str(text).unwrap();
     let m = c.store.memory_tier();
     assert_eq!((m.capacity_bytes, m.policy, m.promote), (64 << 20, PolicyKind::Lru, false));
+    assert_eq!((m.write, m.backing), (WriteMode::Back, TierMemory::Heap));
     assert_eq!(c.store.eviction(), Eviction::Policy(PolicyKind::Arc));
     let f = c.file_store_config();
     assert_eq!((f.policy, f.limits.retained_bytes_max), (PolicyKind::Arc, 1 << 30));
@@ -683,10 +689,18 @@ fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
             "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = 0\n",
             "holds no block",
         ),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\n[[store.tiers]]\nkind = \"file\"\nwrite = \"back\"\n",
+            "tiers[1].write: a key of the memory tier only",
+        ),
     ] {
         let e = refused_at(bad, "store.tiers");
         assert!(e.to_string().contains(says), "{bad}: {e}");
     }
+    let bad =
+        "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\nwrite = \"behind\"\n";
+    let e = refused_at(bad, "store.tiers[0].write");
+    assert!(e.to_string().contains("expected \"through\" or \"back\""), "{e}");
 }
 
 #[test]

@@ -262,3 +262,75 @@ fn nixl_enabled_without_the_feature_fails_closed() {
         assert!(err.contains("--nixl: NIXL unavailable: built without the nixl feature"), "{err}");
     }
 }
+
+/// Writing back, a PUT is acknowledged with no file written: SIGTERM writes the blocks down
+/// (the restart finds them), kill -9 loses them (the restart misses them, cleanly).
+#[test]
+fn a_write_back_tier_writes_down_at_sigterm_and_kill_9_loses_only_unwritten_blocks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("data");
+    let config = dir.path().join("gpucache.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nkind = \"tiered\"\nroot = \"{}\"\nengine = \"psync\"\n\
+             [[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\nwrite = \"back\"\n\n\
+             [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nname = \"tenant-a\"\nrights = [\"read\", \"write\"]\n",
+            root.display()
+        ),
+    )
+    .expect("write config");
+    let caller = Caller::new(TenantId::parse("tenant-a").expect("tenant"), Rights::READ_WRITE);
+    let block = |i: u8| (key(0, &[9, i], KvDtype::Bf16, 16), payload(u64::from(i), 100_000));
+    let block_files = || walk(&root.join("blocks"));
+    let mut buf = vec![0u8; 100_000];
+
+    let first = Serve::start(&config);
+    let client = TcpStore::new(ClientConfig::new(first.native(), caller.clone()));
+    for i in 0..3 {
+        let (k, v) = block(i);
+        assert!(matches!(client.put(&caller, &k, &v, None).expect("put"), Put::Committed(_)));
+    }
+    assert_eq!(block_files(), 0, "writing back, an acknowledged PUT wrote no block file");
+    let metrics = http_get(first.metrics(), "/metrics");
+    assert!(metrics.lines().any(|l| l == "gpucache_committed_blocks 3"), "{metrics}");
+    first.stop();
+    assert_eq!(block_files(), 3, "the stop wrote every block down");
+
+    let second = Serve::start(&config);
+    let client = TcpStore::new(ClientConfig::new(second.native(), caller.clone()));
+    for i in 0..3 {
+        let (k, v) = block(i);
+        assert!(matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Hit { .. }));
+        assert_eq!(buf, v, "block {i} changed across the restart");
+    }
+    let (k, v) = block(3);
+    assert!(matches!(client.put(&caller, &k, &v, None).expect("put"), Put::Committed(_)));
+    second.kill_9();
+
+    let third = Serve::start(&config);
+    let client = TcpStore::new(ClientConfig::new(third.native(), caller.clone()));
+    assert!(
+        matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Miss(_)),
+        "a block never written down is a miss after kill -9"
+    );
+    for i in 0..3 {
+        let (k, _) = block(i);
+        assert!(matches!(client.get_into(&caller, &k, &mut buf).expect("get"), Get::Hit { .. }));
+    }
+    third.stop();
+}
+
+/// Regular files under `dir`, at any depth.
+fn walk(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => walk(&e.path()),
+            Ok(t) if t.is_file() => 1,
+            _ => 0,
+        })
+        .sum()
+}

@@ -26,7 +26,7 @@ use gpucache_storage::MemoryStore;
 use gpucache_storage::file::FileStoreError;
 use gpucache_storage::host::arena::PayloadArena;
 use gpucache_storage::memory::MemoryOptions;
-use gpucache_storage::tiered::{TieredError, TieredStore};
+use gpucache_storage::tiered::{TieredError, TieredStore, WriteMode};
 use gpucache_wire::staging::BlockStaging;
 use prometheus_client::registry::Registry;
 
@@ -54,6 +54,9 @@ pub enum StoreOpenError {
     /// `store.preallocate`: the kernel refused the mapping.
     #[error("store.preallocate: cannot map {bytes} bytes for the memory store: {source}")]
     Preallocate { bytes: u64, source: std::io::Error },
+    /// `[[store.tiers]] memory`: the kernel refused the memory tier's mapping.
+    #[error("store.tiers: cannot map {bytes} bytes for the memory tier: {source}")]
+    TierMapping { bytes: u64, source: std::io::Error },
     /// The DPU agent did not start (before the file store behind it is opened).
     #[error(transparent)]
     Dpu(#[from] DpuStartError),
@@ -66,6 +69,7 @@ impl StoreOpenError {
             Self::FileStore { .. } => "store.root",
             Self::Memory { .. } => "limits",
             Self::Preallocate { .. } => "store.preallocate",
+            Self::TierMapping { .. } => "store.tiers",
             Self::Dpu(e) => e.key(),
         }
     }
@@ -168,7 +172,7 @@ impl ValidConfig {
                     Eviction::Refuse => None,
                     Eviction::Policy(policy) => Some(policy),
                 };
-                let options = MemoryOptions { eviction, arena };
+                let options = MemoryOptions { eviction, arena, hand_down: false };
                 let store =
                     MemoryStore::with_options(limits, clock, Box::new(LocalEpochs), options)
                         .map_err(|source| StoreOpenError::Memory { source })?;
@@ -182,11 +186,15 @@ impl ValidConfig {
                             StoreOpenError::FileStore { root: self.store.root.clone(), source }
                         }
                         TieredError::Memory(source) => StoreOpenError::Memory { source },
+                        TieredError::Map { bytes, source } => {
+                            StoreOpenError::TierMapping { bytes, source }
+                        }
                     },
                 )?;
                 tracing::info!(
                     memory_bytes = memory.capacity_bytes,
                     memory_policy = %memory.policy,
+                    write = %memory.write,
                     "tiered store opened"
                 );
                 let io_engine = Some(IoEngineReport {
@@ -243,10 +251,10 @@ impl ValidConfig {
             StagingGauges::register(&mut registry, Arc::clone(staging));
         }
         register_limits(&mut registry, &self.limits());
-        if let Some(tiered) = tiered {
+        if let Some(tiered) = &tiered {
             let memory = self.store.memory_tier().capacity_bytes;
             let file = self.file_store_config().limits.retained_bytes_max;
-            TierSeries::register(&mut registry, tiered, memory, file);
+            TierSeries::register(&mut registry, Arc::clone(tiered), memory, file);
         }
         // One guard for both client fronts: the in-flight body budget and the per-peer limit
         // are the service's, and its refusals are counted in the service's registry.
@@ -318,6 +326,7 @@ impl ValidConfig {
             http,
             store: shared,
             dpu,
+            tiered,
             io_engine,
             staging_name,
         })
@@ -463,6 +472,8 @@ pub struct Service {
     /// The metered store, as the listeners hold it.
     store: Arc<dyn Store>,
     dpu: Option<Arc<DpuStore>>,
+    /// The tiered store, when it is one: written down at the stop when it writes back.
+    tiered: Option<Arc<TieredStore>>,
     io_engine: Option<IoEngineReport>,
     staging_name: String,
 }
@@ -569,13 +580,17 @@ impl Service {
     }
 
     /// Stops the service: the native listener first (connections finish the request in hand),
-    /// then the RESP listener, then the HTTP endpoint, then the store (the DPU agent's reactors
-    /// are joined when its last holder goes). Answers how many connection threads did not stop
-    /// in time.
+    /// then the RESP listener, then the HTTP endpoint, then the store (a tiered store that
+    /// writes back writes its memory-only blocks down; the DPU agent's reactors are joined when
+    /// its last holder goes). Answers how many connection threads did not stop in time.
     pub fn stop(self) -> usize {
-        let Self { server, resp, http, store, dpu, .. } = self;
+        let Self { server, resp, http, store, dpu, tiered, .. } = self;
         let left = server.shutdown() + resp.shutdown();
         let http_left = http.shutdown();
+        if let Some(t) = tiered.filter(|t| t.write_mode() == WriteMode::Back) {
+            let written = t.flush();
+            tracing::info!(written, "write-back: blocks held only in memory written down");
+        }
         drop(store);
         drop(dpu);
         left + http_left

@@ -85,10 +85,30 @@ impl Collector for TierSeries {
             e,
             (
                 "gpucache_tier_demotions",
-                "Blocks the memory tier's policy gave up; each stays in the file tier, which \
-                 holds every block (writes go through), so none needs writing down",
+                "Blocks the memory tier's policy gave up to the file tier: written down then \
+                 when PUTs write back, already there when they write through",
             ),
-            &[(&[], memory.evictions)],
+            &[(&[], c.demotions)],
+            counter,
+        )?;
+        family(
+            e,
+            (
+                "gpucache_tier_written_back",
+                "Write-back: blocks whose file was written after their PUT was acknowledged \
+                 (at a demotion, a flush, or because memory could not take them)",
+            ),
+            &[(&[], c.written_back)],
+            counter,
+        )?;
+        family(
+            e,
+            (
+                "gpucache_tier_write_back_lost",
+                "Write-back: acknowledged blocks lost before their file was written (the write \
+                 failed, or the only copy was found damaged)",
+            ),
+            &[(&[], c.write_back_lost)],
             counter,
         )?;
         family(

@@ -116,6 +116,22 @@ pub(crate) struct Catalog<P> {
     /// Keys of evicted blocks, oldest first, once someone asked for them (at most
     /// [`EVICTION_LOG_MAX`]).
     eviction_log: Option<std::collections::VecDeque<PhysicalKey>>,
+    /// Evicted blocks with a handle on their payloads, for a store whose evictions go down to
+    /// a lower tier: how to take the handle, and the blocks not taken yet (at most
+    /// [`EVICTION_LOG_MAX`]; the oldest goes first, counted in `handed_down_dropped`).
+    handed_down: Option<HandDown<P>>,
+    handed_down_dropped: u64,
+}
+
+/// How to take a handle on a payload, and the evicted blocks not collected yet.
+type HandDown<P> = (fn(&P) -> P, std::collections::VecDeque<HandedDown<P>>);
+
+/// An evicted block for the tier below: its key, checksum and payload.
+#[derive(Debug)]
+pub(crate) struct HandedDown<P> {
+    pub(crate) key: PhysicalKey,
+    pub(crate) checksum: Checksum,
+    pub(crate) payload: P,
 }
 
 /// Most evictions a watched catalog remembers between two looks.
@@ -188,6 +204,8 @@ impl<P> Catalog<P> {
             evictions: 0,
             eviction,
             eviction_log: None,
+            handed_down: None,
+            handed_down_dropped: 0,
         })
     }
 
@@ -201,6 +219,11 @@ impl<P> Catalog<P> {
 
     pub(crate) fn entry_mut(&mut self, id: RegionId) -> Option<&mut Entry<P>> {
         self.blocks.get_mut(&id)
+    }
+
+    /// Every block the catalog holds, in no order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry<P>> {
+        self.blocks.values()
     }
 
     pub(crate) fn stats(&self) -> StoreStats {
@@ -388,8 +411,38 @@ impl<P> Catalog<P> {
                 }
                 log.push_back(b.key.clone());
             }
+            self.hand_down(victim);
             self.start_evict(victim, Removal::Evicted, released);
         }
+    }
+
+    /// Keeps a handle on the payload of `victim`, about to be evicted, when evictions are
+    /// handed down.
+    fn hand_down(&mut self, victim: RegionId) {
+        let Some((take, queue)) = self.handed_down.as_mut() else { return };
+        let Some(b) = self.blocks.get(&victim) else { return };
+        let Some(checksum) = b.checksum else { return };
+        if queue.len() == EVICTION_LOG_MAX {
+            queue.pop_front();
+            self.handed_down_dropped += 1;
+        }
+        queue.push_back(HandedDown { key: b.key.clone(), checksum, payload: take(&b.payload) });
+    }
+
+    /// From now on, keeps each evicted block's payload (a handle `take` makes) until
+    /// [`Self::take_handed_down`] collects it.
+    pub(crate) fn hand_down_evictions(&mut self, take: fn(&P) -> P) {
+        self.handed_down.get_or_insert_with(|| (take, std::collections::VecDeque::new()));
+    }
+
+    /// The evicted blocks since the last call, oldest first.
+    pub(crate) fn take_handed_down(&mut self) -> Vec<HandedDown<P>> {
+        self.handed_down.as_mut().map(|(_, q)| q.drain(..).collect()).unwrap_or_default()
+    }
+
+    /// Evicted blocks whose payloads were let go before anyone collected them.
+    pub(crate) fn handed_down_dropped(&self) -> u64 {
+        self.handed_down_dropped
     }
 
     // ------------------------------------------------------------------ writes

@@ -280,6 +280,25 @@ pub struct MemoryOptions {
     pub eviction: Option<PolicyKind>,
     /// Memory new blocks are carved from while it has room (see [`MemoryStore::with_arena`]).
     pub arena: Option<Arc<PayloadArena>>,
+    /// Keep every evicted block's bytes until [`MemoryStore::take_handed_down`] collects them,
+    /// for a tier below that takes them.
+    pub hand_down: bool,
+}
+
+/// A block this store evicted, with its bytes, for the tier below.
+#[derive(Debug)]
+pub struct EvictedBlock {
+    pub key: PhysicalKey,
+    pub checksum: Checksum,
+    payload: Payload,
+}
+
+impl EvictedBlock {
+    /// The block's payload (never checked since its commit: the tier below checks it when
+    /// it reads it).
+    pub fn bytes(&self) -> &[u8] {
+        &self.payload
+    }
 }
 
 impl MemoryStore {
@@ -343,8 +362,11 @@ impl MemoryStore {
             Some(kind) => (FullPolicy::Evict, kind),
         };
         let eviction = kind.build(limits.retained_bytes_max);
-        let catalog =
+        let mut catalog =
             Catalog::new(limits, full_policy, MemoryKind::Host, Epoch(1), 1, epochs, eviction)?;
+        if options.hand_down {
+            catalog.hand_down_evictions(Arc::clone);
+        }
         Ok(Self { inner: Mutex::new(Inner { catalog, spare }), clock, full_policy })
     }
 
@@ -361,6 +383,26 @@ impl MemoryStore {
     /// the last 4,096). The first call starts the record: a store nobody asks keeps none.
     pub fn take_evicted(&self) -> Vec<PhysicalKey> {
         self.lock().catalog.take_evicted()
+    }
+
+    /// The blocks evicted since the last call, with their bytes, oldest first, when the store
+    /// was built to hand them down ([`MemoryOptions::hand_down`]).
+    pub fn take_handed_down(&self) -> Vec<EvictedBlock> {
+        let handed = self.lock().catalog.take_handed_down();
+        handed
+            .into_iter()
+            .map(|h| EvictedBlock { key: h.key, checksum: h.checksum, payload: h.payload })
+            .collect()
+    }
+
+    /// Evicted blocks whose bytes were let go uncollected (more than 4,096 waited).
+    pub fn handed_down_dropped(&self) -> u64 {
+        self.lock().catalog.handed_down_dropped()
+    }
+
+    /// The checksum of the committed block under `key`, without reading it.
+    pub fn committed_checksum(&self, key: &PhysicalKey) -> Option<Checksum> {
+        self.lock().catalog.committed_checksum(key)
     }
 
     /// Damages one payload byte (at `at` modulo the length) of the committed block under

@@ -1,27 +1,37 @@
 //! A DRAM tier over the FileStore: one store whose hot blocks are served from memory.
 //!
-//! The file tier is the store of record. Every answer that the contract defines (admission,
-//! reservations, request ids, epochs, quarantine, usage, evictions) comes from it, so the
-//! tiered store passes the conformance suite exactly as a FileStore does, and a restart reloads
-//! what the file tier held. A PUT is written through: the file tier commits it (durably, as
-//! `durability` says) before the memory tier takes a copy, so an acknowledged block is never
-//! only in memory.
+//! The file tier keeps the books. Every answer the contract defines (admission, reservations,
+//! request ids, epochs, quarantine, usage, evictions) comes from it, so the tiered store passes
+//! the conformance suite exactly as a FileStore does, and a restart reloads what the file tier
+//! wrote. How a PUT reaches the file tier is the [`WriteMode`]:
 //!
-//! The memory tier is a [`MemoryStore`] that evicts by its own policy within its own capacity.
-//! A GET tries it first and falls back to the file tier; a block found only in the file tier
-//! is promoted (copied up) when `promote` is on. Evicting a block from memory drops a copy:
-//! the file tier still holds it, so nothing needs writing down. A block the file tier gives up
-//! (evicted or invalidated) leaves the memory tier too, under the same lock stripe as any copy
-//! up, so memory never serves a block the file tier no longer has for longer than the call
-//! that removed it.
+//! - **Through** (the default): the file tier commits the block (durably, as `durability` says)
+//!   before the memory tier takes a copy, so an acknowledged block is never only in memory.
+//!   Evicting a block from memory drops a copy the file tier still holds.
+//! - **Back**: the file tier admits and records the block without writing it
+//!   ([`FileStore::commit_deferred`]), the memory tier takes the bytes, and the PUT is
+//!   acknowledged. The block's file is written when the memory tier evicts it (a demotion:
+//!   the evicted bytes go down instead of being dropped) or when the store flushes (on drop).
+//!   A block the memory tier cannot take is written at once. A crash loses the blocks not
+//!   written yet (clean misses after the restart, never torn ones: a block file is written
+//!   under a temporary name and renamed whole).
+//!
+//! The memory tier is a [`MemoryStore`] that evicts by its own policy within its own capacity,
+//! carving blocks out of one mapping advised for transparent huge pages. A GET tries it first
+//! and falls back to the file tier; a block found only in the file tier is promoted (copied up)
+//! when `promote` is on. A block the file tier gives up (evicted or invalidated) leaves the
+//! memory tier too, under the same lock stripe as any copy up, so memory never serves a block
+//! the file tier no longer has for longer than the call that removed it.
 //!
 //! Integrity is each tier's own: a copy in memory is checked against its checksum on every
-//! read like any MemoryStore block, and a damaged copy is dropped and the file tier asked.
+//! read like any MemoryStore block, and a damaged copy is dropped and the file tier asked (a
+//! block not written yet is then gone, and counted among the store's corrupt drops).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use gpucache_dataplane::BlockState;
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::Clock;
@@ -29,12 +39,14 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::LocalEpochs;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Get, Implementation, Invalidate, LendTo, Lookup, Put,
-    Reserve, Retirement, Store, StoreError, StoreInfo, StoreLayer,
+    BatchAnswers, BatchGet, BatchPut, CorruptPhase, CorruptReason, Get, Implementation, Invalidate,
+    LendTo, Lookup, MissReason, Put, Reserve, Retirement, Store, StoreError, StoreInfo, StoreLayer,
+    put_damaged,
 };
 
 use crate::evict::PolicyKind;
 use crate::file::{FileStore, FileStoreConfig, FileStoreError};
+use crate::host::arena::PayloadArena;
 use crate::memory::{MemoryOptions, MemoryStore};
 
 /// Lock stripes that order copies up against removals of the same key.
@@ -42,6 +54,62 @@ const STRIPES: usize = 64;
 
 /// Most file-tier evictions a watched store remembers for a test between two looks.
 const TEST_LOG_MAX: usize = 4096;
+
+/// How a PUT reaches the file tier (see the module documentation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Written to the file tier before the PUT is acknowledged.
+    #[default]
+    Through,
+    /// Written to the file tier when the memory tier evicts the block, or at a flush.
+    Back,
+}
+
+impl WriteMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Through => "through",
+            Self::Back => "back",
+        }
+    }
+}
+
+impl std::fmt::Display for WriteMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A write mode name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown write mode {0:?}: expected \"through\" or \"back\"")]
+pub struct UnknownWriteMode(pub String);
+
+impl std::str::FromStr for WriteMode {
+    type Err = UnknownWriteMode;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "through" => Ok(Self::Through),
+            "back" => Ok(Self::Back),
+            other => Err(UnknownWriteMode(other.to_owned())),
+        }
+    }
+}
+
+/// How the memory tier's blocks are backed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TierMemory {
+    /// One mapping of the tier's capacity, advised for transparent huge pages, whose pages
+    /// fault in as blocks first land on them (blocks of a size it has no piece for go to the
+    /// heap).
+    #[default]
+    Mapped,
+    /// As `Mapped`, with every page made resident when the store opens: no fault on the write
+    /// path, at the cost of the whole capacity at start.
+    Preallocated,
+    /// The heap only.
+    Heap,
+}
 
 /// The memory tier of a [`TieredStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +119,21 @@ pub struct MemoryTier {
     pub policy: PolicyKind,
     /// Copy a block up when a GET finds it only in the file tier.
     pub promote: bool,
+    pub write: WriteMode,
+    pub backing: TierMemory,
+}
+
+impl MemoryTier {
+    /// A write-through tier of `capacity_bytes` on a mapping, promoting file-tier hits.
+    pub fn new(capacity_bytes: u64, policy: PolicyKind) -> Self {
+        Self {
+            capacity_bytes,
+            policy,
+            promote: true,
+            write: WriteMode::Through,
+            backing: TierMemory::Mapped,
+        }
+    }
 }
 
 /// Which tier served a hit.
@@ -70,6 +153,8 @@ pub enum TieredError {
     File(#[from] FileStoreError),
     #[error("memory tier: {0}")]
     Memory(#[from] LimitsError),
+    #[error("memory tier: mapping {bytes} bytes: {source}")]
+    Map { bytes: u64, source: std::io::Error },
 }
 
 /// What each tier did, since the store opened.
@@ -87,6 +172,15 @@ pub struct TierCounters {
     pub written_up: u64,
     /// Copies dropped from memory because the file tier gave the block up.
     pub dropped_with_file: u64,
+    /// Blocks the memory tier's policy gave up that the file tier keeps (written down then,
+    /// under write-back, or already there).
+    pub demotions: u64,
+    /// Blocks whose file was written after their PUT was acknowledged (write-back: at a
+    /// demotion, a flush, or when memory could not take them).
+    pub written_back: u64,
+    /// Acknowledged blocks lost before they were written (write-back: the write failed, or
+    /// the memory copy was found damaged or let go).
+    pub write_back_lost: u64,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +191,8 @@ struct Counters {
     promotions: AtomicU64,
     written_up: AtomicU64,
     dropped_with_file: AtomicU64,
+    written_back: AtomicU64,
+    write_back_lost: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -109,6 +205,7 @@ pub struct TieredStore {
     memory: MemoryStore,
     file: FileStore,
     promote: bool,
+    write: WriteMode,
     stripes: Vec<Mutex<()>>,
     counters: Counters,
     /// File-tier evictions, kept for a test when it asks for them.
@@ -129,7 +226,19 @@ impl TieredStore {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, TieredError> {
         let limits = memory_limits(&file.limits, memory.capacity_bytes);
-        let options = MemoryOptions { eviction: Some(memory.policy), arena: None };
+        let bytes = memory.capacity_bytes;
+        let arena = match memory.backing {
+            TierMemory::Heap => None,
+            TierMemory::Mapped => Some(PayloadArena::on_first_use(bytes)),
+            TierMemory::Preallocated => Some(PayloadArena::new(bytes)),
+        }
+        .transpose()
+        .map_err(|source| TieredError::Map { bytes, source })?;
+        let options = MemoryOptions {
+            eviction: Some(memory.policy),
+            arena,
+            hand_down: memory.write == WriteMode::Back,
+        };
         let memory_store =
             MemoryStore::with_options(limits, Arc::clone(&clock), Box::new(LocalEpochs), options)?;
         let file_store = file.open(clock)?;
@@ -138,6 +247,7 @@ impl TieredStore {
             memory: memory_store,
             file: file_store,
             promote: memory.promote,
+            write: memory.write,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             counters: Counters::default(),
             test_log: Mutex::new(None),
@@ -164,7 +274,14 @@ impl TieredStore {
             promotions: get(&c.promotions),
             written_up: get(&c.written_up),
             dropped_with_file: get(&c.dropped_with_file),
+            demotions: self.memory.stats().evictions,
+            written_back: get(&c.written_back),
+            write_back_lost: get(&c.write_back_lost),
         }
+    }
+
+    pub fn write_mode(&self) -> WriteMode {
+        self.write
     }
 
     fn stripe(&self, key: &PhysicalKey) -> MutexGuard<'_, ()> {
@@ -215,6 +332,155 @@ impl TieredStore {
         if self.copy_up(key, bytes, checksum) {
             bump(&self.counters.written_up);
         }
+        self.demote_evicted();
+    }
+
+    /// Write-back: writes down every block the memory tier evicted since the last call, whose
+    /// file the file tier still waits for. Called after each call that may have made the
+    /// memory tier evict, holding no stripe (it takes each block's own).
+    fn demote_evicted(&self) {
+        if self.write != WriteMode::Back {
+            return;
+        }
+        for block in self.memory.take_handed_down() {
+            let _order = self.stripe(&block.key);
+            match self.file.write_deferred(&block.key, block.checksum, block.bytes()) {
+                Ok(true) => bump(&self.counters.written_back),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "write-back of an evicted block failed; the block is dropped");
+                    if self.file.forget_deferred(&block.key, block.checksum, None) {
+                        bump(&self.counters.write_back_lost);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Write-back: a PUT whose block the file tier records and the memory tier holds (or the
+    /// file tier writes at once, when memory cannot take it).
+    fn put_back(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+        expected: Option<Checksum>,
+    ) -> Result<Put, StoreError> {
+        let answer = {
+            let _order = self.stripe(key);
+            let answer = self.file.commit_deferred(caller, key, src, request, expected);
+            if let Ok(Put::Committed(checksum)) = answer {
+                match self.memory.put(&owner(key), key, src, None) {
+                    Ok(Put::Committed(held)) if held == checksum => {
+                        bump(&self.counters.written_up);
+                    }
+                    // Full of blocks being read, or holding an older version not dropped yet:
+                    // the block is written now, as under write-through.
+                    _ => match self.file.write_deferred(key, checksum, src) {
+                        Ok(written) => {
+                            if written {
+                                bump(&self.counters.written_back);
+                            }
+                        }
+                        Err(e) => {
+                            self.file.forget_deferred(key, checksum, None);
+                            drop(_order);
+                            self.follow_file_evictions();
+                            return Err(e);
+                        }
+                    },
+                }
+            }
+            answer
+        };
+        self.follow_file_evictions();
+        self.demote_evicted();
+        answer
+    }
+
+    /// Write-back: a memory copy found damaged was the only one of a block not written yet.
+    /// The block leaves the file tier's books, counted as a corrupt drop.
+    /// Whether it was (the answer is then a corrupt miss, as the file tier's own would be).
+    fn lost_damaged(&self, key: &PhysicalKey) -> bool {
+        if self.write != WriteMode::Back {
+            return false;
+        }
+        let _order = self.stripe(key);
+        let lost = self.file.committed_checksum(key).is_some_and(|checksum| {
+            self.file.is_deferred(key)
+                && self.memory.committed_checksum(key).is_none()
+                && self.file.forget_deferred(
+                    key,
+                    checksum,
+                    Some((CorruptPhase::Get, CorruptReason::Checksum)),
+                )
+        });
+        if lost {
+            bump(&self.counters.write_back_lost);
+            bump(&self.counters.misses);
+        }
+        lost
+    }
+
+    /// Write-back: writes every block not written yet from its memory copy; returns how many
+    /// were written. Meant for when no other call runs (the store's drop calls it): a block a
+    /// concurrent PUT is committing may be left unwritten.
+    pub fn flush(&self) -> usize {
+        if self.write != WriteMode::Back {
+            return 0;
+        }
+        self.demote_evicted();
+        let mut written = 0;
+        let mut buf = Vec::new();
+        for (key, checksum, len) in self.file.deferred_blocks() {
+            let _order = self.stripe(&key);
+            let Ok(len) = usize::try_from(len) else { continue };
+            buf.resize(len, 0);
+            let held = self.memory.get_into(&owner(&key), &key, &mut buf);
+            if !matches!(held, Ok(Get::Hit { checksum: c, .. }) if c == checksum) {
+                continue;
+            }
+            match self.file.write_deferred(&key, checksum, &buf) {
+                Ok(true) => {
+                    written += 1;
+                    bump(&self.counters.written_back);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "write-back flush of a block failed"),
+            }
+        }
+        written
+    }
+
+    /// [`Store::lookup_batch`], and which tier holds each block found (for a prefix hit, the
+    /// block it names). Lookups are not reads: no policy hears of them.
+    pub fn lookup_with_tiers(
+        &self,
+        caller: &Caller,
+        keys: &[&PhysicalKey],
+    ) -> Vec<(Result<Lookup, StoreError>, Option<Tier>)> {
+        let answers = self.file.lookup_batch(caller, keys);
+        answers
+            .into_iter()
+            .zip(keys)
+            .map(|(answer, key)| {
+                let found = match &answer {
+                    Ok(Lookup::Hit { .. }) => Some(*key),
+                    Ok(Lookup::PrefixHit { key, .. }) => Some(&**key),
+                    _ => None,
+                };
+                let tier = found.map(|k| {
+                    let file = self.file.committed_checksum(k);
+                    if file.is_some() && self.memory.committed_checksum(k) == file {
+                        Tier::Memory
+                    } else {
+                        Tier::File
+                    }
+                });
+                (answer, tier)
+            })
+            .collect()
     }
 
     /// What the file tier answered for a GET the memory tier could not serve.
@@ -229,6 +495,7 @@ impl TieredStore {
                 {
                     bump(&self.counters.promotions);
                 }
+                self.demote_evicted();
             }
             Get::Miss(_) => bump(&self.counters.misses),
         }
@@ -262,6 +529,9 @@ impl TieredStore {
             return answer.map(|hit| (hit, Some(Tier::Memory)));
         }
         let got = self.file.get_into(caller, key, dst)?;
+        if was_damaged(&answer, &got) && self.lost_damaged(key) {
+            return Ok((Get::Miss(MissReason::Corrupt), None));
+        }
         self.note_file_answer(key, &got, dst);
         let tier = matches!(got, Get::Hit { .. }).then_some(Tier::File);
         Ok((got, tier))
@@ -275,38 +545,59 @@ impl TieredStore {
     ) -> Vec<TieredGet> {
         let first = self.memory.get_batch(caller, items);
         let mut answers: Vec<Option<TieredGet>> = Vec::with_capacity(items.len());
-        let mut rest: Vec<usize> = Vec::new();
+        let mut rest: Vec<(usize, Result<Get, StoreError>)> = Vec::new();
         for (i, (a, item)) in first.into_iter().zip(items.iter()).enumerate() {
             match a {
                 hit if self.memory_hit_stands(item.key, &hit) => {
                     bump(&self.counters.memory_hits);
                     answers.push(Some((hit, Some(Tier::Memory))));
                 }
-                _ => {
+                other => {
                     answers.push(None);
-                    rest.push(i);
+                    rest.push((i, other));
                 }
             }
         }
-        if !rest.is_empty() {
+        let damaged = |u: &Result<Get, StoreError>| matches!(u, Ok(Get::Miss(MissReason::Corrupt)));
+        if self.write == WriteMode::Back && rest.iter().any(|(_, u)| damaged(u)) {
+            // A damaged copy may have been a block's only one, and dropping it changes what
+            // the file tier answers for the items after it (the same key, or another form of
+            // its logical key): those items are asked one at a time, in order.
+            for (i, upper) in &rest {
+                let item = &mut items[*i];
+                let answer = match self.file.get_into(caller, item.key, item.dst) {
+                    Ok(g) if was_damaged(upper, &g) && self.lost_damaged(item.key) => {
+                        (Ok(Get::Miss(MissReason::Corrupt)), None)
+                    }
+                    Ok(g) => {
+                        self.note_file_answer(item.key, &g, item.dst);
+                        let tier = matches!(g, Get::Hit { .. }).then_some(Tier::File);
+                        (Ok(g), tier)
+                    }
+                    Err(e) => (Err(e), None),
+                };
+                answers[*i] = Some(answer);
+            }
+        } else if !rest.is_empty() {
             let mut lower: Vec<BatchGet<'_>> = Vec::with_capacity(rest.len());
-            let mut left = rest.iter().peekable();
+            let mut left = rest.iter().map(|(i, _)| *i).peekable();
             for (i, item) in items.iter_mut().enumerate() {
-                if left.peek() == Some(&&i) {
+                if left.peek() == Some(&i) {
                     left.next();
                     lower.push(BatchGet { key: item.key, dst: &mut *item.dst });
                 }
             }
             let got = self.file.get_batch(caller, &mut lower);
-            for ((i, item), a) in rest.iter().zip(&lower).zip(got) {
-                let tier = match &a {
+            for (((i, _), item), a) in rest.iter().zip(&lower).zip(got) {
+                let answer = match &a {
                     Ok(g) => {
                         self.note_file_answer(item.key, g, item.dst);
-                        matches!(g, Get::Hit { .. }).then_some(Tier::File)
+                        let tier = matches!(g, Get::Hit { .. }).then_some(Tier::File);
+                        (a, tier)
                     }
-                    Err(_) => None,
+                    Err(_) => (a, None),
                 };
-                answers[*i] = Some((a, tier));
+                answers[*i] = Some(answer);
             }
         }
         answers
@@ -337,6 +628,13 @@ impl TieredStore {
         let in_memory = self.memory.corrupt_for_test(key, at);
         self.file.corrupt_for_test(key, at as u64) || in_memory
     }
+}
+
+/// Whether the memory tier found its copy damaged (`upper`) where the file tier holds no bytes
+/// of the block yet (`lower`): under write-back, that copy was the only one.
+fn was_damaged(upper: &Result<Get, StoreError>, lower: &Get) -> bool {
+    matches!(upper, Ok(Get::Miss(MissReason::Corrupt)))
+        && matches!(lower, Get::Miss(MissReason::NotReadable(BlockState::Writing)))
 }
 
 /// The memory tier's limits: the file tier's, with `capacity` of room.
@@ -398,6 +696,9 @@ impl StoreLayer for TieredStore {
                 bump(&self.counters.memory_hits);
                 Ok(Some(hit))
             }
+            Ok(Some(miss @ Get::Miss(MissReason::Corrupt))) if self.lost_damaged(key) => {
+                Ok(Some(miss))
+            }
             _ => Ok(None),
         }
     }
@@ -425,6 +726,9 @@ impl StoreLayer for TieredStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
+        if self.write == WriteMode::Back {
+            return self.put_back(caller, key, src, request, None);
+        }
         let answer = self.file.put(caller, key, src, request);
         self.follow_file_evictions();
         if let Ok(Put::Committed(checksum)) = answer {
@@ -434,6 +738,12 @@ impl StoreLayer for TieredStore {
     }
 
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        if self.write == WriteMode::Back {
+            return items
+                .iter()
+                .map(|i| self.put_back(caller, i.key, i.src, i.request, None))
+                .collect();
+        }
         let answers = self.file.put_batch(caller, items);
         self.follow_file_evictions();
         self.write_up_committed(items, &answers);
@@ -446,6 +756,18 @@ impl StoreLayer for TieredStore {
         items: &[BatchPut<'_>],
         expected: &[Checksum],
     ) -> BatchAnswers<Put> {
+        if self.write == WriteMode::Back {
+            return items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match expected.get(i) {
+                    Some(&sum) => {
+                        self.put_back(caller, item.key, item.src, item.request, Some(sum))
+                    }
+                    None => Err(put_damaged(Checksum::of(item.src), None)),
+                })
+                .collect();
+        }
         let answers = self.file.put_batch_checked(caller, items, expected);
         self.follow_file_evictions();
         self.write_up_committed(items, &answers);
@@ -471,6 +793,16 @@ impl TieredStore {
             if let Ok(Put::Committed(checksum)) = answer {
                 self.write_up(item.key, item.src, *checksum);
             }
+        }
+    }
+}
+
+/// Write-back: blocks not written yet are written as the store closes.
+impl Drop for TieredStore {
+    fn drop(&mut self) {
+        let written = self.flush();
+        if written > 0 {
+            tracing::info!(written, "tiered store closed: blocks held only in memory written down");
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The tiered store beyond the conformance suite: against a model, no committed block is ever
 //! lost to the memory tier's evictions while the file tier holds it; a block being read is never
 //! evicted from memory; one tenant's quota never takes another tenant's blocks from either tier;
-//! and kill -9 of a process writing through both tiers loses nothing it acknowledged, and serves
-//! no torn block after the restart.
+//! kill -9 of a process writing through both tiers loses nothing it acknowledged, and serves no
+//! torn block after the restart; writing back, every block memory evicts is written down, kill
+//! -9 loses no block flushed or demoted, and a damaged only copy is a miss.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -25,7 +26,7 @@ use gpucache_dataplane::testing::fixture::{caller, key, payload};
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStoreConfig};
-use gpucache_storage::tiered::{MemoryTier, TieredStore};
+use gpucache_storage::tiered::{MemoryTier, TieredStore, WriteMode};
 use proptest::prelude::*;
 
 const KIB: u64 = 1 << 10;
@@ -47,14 +48,23 @@ fn open(
     memory_bytes: u64,
     durability: Durability,
 ) -> TieredStore {
+    open_writing(root, limits, memory_bytes, durability, WriteMode::Through)
+}
+
+fn open_writing(
+    root: &Path,
+    limits: ResourceLimits,
+    memory_bytes: u64,
+    durability: Durability,
+    write: WriteMode,
+) -> TieredStore {
     let mut file = FileStoreConfig::new(root);
     file.engine = EngineChoice::Psync;
     file.engine_config.staging_bytes = 0;
     file.durability = durability;
     file.policy = PolicyKind::Prefix;
     file.limits = limits;
-    let memory =
-        MemoryTier { capacity_bytes: memory_bytes, policy: PolicyKind::Prefix, promote: true };
+    let memory = MemoryTier { write, ..MemoryTier::new(memory_bytes, PolicyKind::Prefix) };
     TieredStore::open(file, memory, Arc::new(ManualClock::default())).expect("tiered store opens")
 }
 
@@ -91,8 +101,22 @@ proptest! {
     /// it is invalidated or the file tier reports evicting it; never a hit after that.
     #[test]
     fn memory_evictions_never_lose_a_block_the_file_tier_holds(ops in ops()) {
+        against_the_model(&ops, WriteMode::Through)?;
+    }
+
+    /// As above when PUTs write back: every block the memory tier evicts is written down to
+    /// the file tier, which loses none of them while it has room.
+    #[test]
+    fn demotions_never_lose_a_block_the_file_tier_has_room_for(ops in ops()) {
+        against_the_model(&ops, WriteMode::Back)?;
+    }
+}
+
+fn against_the_model(ops: &[Op], write: WriteMode) -> Result<(), TestCaseError> {
+    {
         let dir = shm_dir();
-        let store = open(dir.path(), limits(16 * KIB, 16 * KIB), 5 * KIB, Durability::None);
+        let store =
+            open_writing(dir.path(), limits(16 * KIB, 16 * KIB), 5 * KIB, Durability::None, write);
         store.take_evicted_for_test();
         let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
         let mut dst = vec![0u8; 8 * KIB_LEN];
@@ -104,10 +128,16 @@ proptest! {
                     match got {
                         Put::Committed(c) => {
                             prop_assert_eq!(c, Checksum::of(&data));
-                            prop_assert!(!model.contains_key(&k), "step {}: create-only put committed twice", step);
+                            prop_assert!(
+                                !model.contains_key(&k),
+                                "step {}: create-only put committed twice",
+                                step
+                            );
                             model.insert(k, data);
                         }
-                        Put::AlreadyCommitted => prop_assert!(model.contains_key(&k), "step {}", step),
+                        Put::AlreadyCommitted => {
+                            prop_assert!(model.contains_key(&k), "step {}", step)
+                        }
                         other => prop_assert!(false, "step {}: put answered {:?}", step, other),
                     }
                 }
@@ -115,20 +145,41 @@ proptest! {
                     let got = store.get_into(&caller(0), &block_key(k), &mut dst).expect("get");
                     match (got, model.get(&k)) {
                         (Get::Hit { len, .. }, Some(want)) => {
-                            prop_assert_eq!(&dst[..usize::try_from(len).expect("len")], &want[..], "step {}: wrong bytes", step);
+                            prop_assert_eq!(
+                                &dst[..usize::try_from(len).expect("len")],
+                                &want[..],
+                                "step {}: wrong bytes",
+                                step
+                            );
                         }
                         (Get::Miss(_), None) => {}
-                        (got, want) => prop_assert!(false, "step {}: got {:?}, model holds {:?}", step, got, want.map(Vec::len)),
+                        (got, want) => prop_assert!(
+                            false,
+                            "step {}: got {:?}, model holds {:?}",
+                            step,
+                            got,
+                            want.map(Vec::len)
+                        ),
                     }
                 }
                 Op::Invalidate { key: k } => {
                     let got = store.invalidate(&caller(0), &block_key(k)).expect("invalidate");
-                    prop_assert_eq!(got == Invalidate::Removed, model.remove(&k).is_some(), "step {}", step);
+                    prop_assert_eq!(
+                        got == Invalidate::Removed,
+                        model.remove(&k).is_some(),
+                        "step {}",
+                        step
+                    );
                 }
             }
             for gone in store.take_evicted_for_test() {
                 let k = (0..24u8).find(|k| block_key(*k) == gone).expect("a key of this test");
-                prop_assert!(model.remove(&k).is_some(), "step {}: evicted {} it did not hold", step, k);
+                prop_assert!(
+                    model.remove(&k).is_some(),
+                    "step {}: evicted {} it did not hold",
+                    step,
+                    k
+                );
             }
         }
         let c = store.counters();
@@ -137,7 +188,20 @@ proptest! {
         // Hits split between the tiers; every GET was counted once.
         let gets = ops.iter().filter(|o| matches!(o, Op::Get { .. })).count() as u64;
         prop_assert_eq!(c.memory_hits + c.file_hits + c.misses, gets);
+        if write == WriteMode::Back {
+            // Nothing was lost on the way down, and every block not in memory has its file.
+            prop_assert_eq!(c.write_back_lost, 0);
+            for k in model.keys() {
+                let in_memory = store.memory().committed_checksum(&block_key(*k)).is_some();
+                prop_assert!(
+                    in_memory || !store.file().is_deferred(&block_key(*k)),
+                    "block {} is nowhere",
+                    k
+                );
+            }
+        }
     }
+    Ok(())
 }
 
 #[test]
@@ -236,13 +300,15 @@ fn one_tenants_quota_never_takes_another_tenants_blocks_from_either_tier() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// kill -9 while writing through both tiers
+// kill -9 while writing through both tiers, or writing back
 
-/// Set in the child: `<dir>:<seed>`.
+/// Set in the child: `<dir>:<seed>:<write mode>`.
 const CHILD_ENV: &str = "GPUCACHE_TIERED_CRASH_CHILD";
 const CHILD_PUTS_MAX: u32 = 100_000;
 const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 const ROUNDS: u64 = 8;
+/// Writing back, the child flushes after this many PUTs.
+const FLUSH_EVERY: u32 = 16;
 
 fn crash_key(i: u32) -> PhysicalKey {
     let b = i.to_le_bytes();
@@ -255,17 +321,20 @@ fn crash_payload(seed: u64, i: u32) -> Vec<u8> {
     payload(seed.wrapping_mul(31) ^ u64::from(i), len)
 }
 
-fn crash_store(root: &Path) -> TieredStore {
-    // Memory holds a few blocks and evicts on nearly every PUT; the file tier holds them all.
-    open(root, limits(1 << 30, 1 << 30), 128 * KIB, Durability::PerBlock)
+fn crash_store(root: &Path, write: WriteMode) -> TieredStore {
+    // Memory holds a few blocks and evicts (demoting, when writing back) on nearly every PUT;
+    // the file tier holds them all.
+    open_writing(root, limits(1 << 30, 1 << 30), 128 * KIB, Durability::PerBlock, write)
 }
 
 #[test]
 fn child_entry() {
     let Ok(spec) = std::env::var(CHILD_ENV) else { return };
-    let (dir, seed) = spec.rsplit_once(':').expect("dir:seed");
-    let seed: u64 = seed.parse().expect("seed");
-    let store = crash_store(Path::new(dir));
+    let mut parts = spec.rsplitn(3, ':');
+    let write: WriteMode = parts.next().expect("mode").parse().expect("write mode");
+    let seed: u64 = parts.next().expect("seed").parse().expect("seed");
+    let dir = parts.next().expect("dir");
+    let store = crash_store(Path::new(dir), write);
     let mut out = std::io::stdout().lock();
     let mut rng = SplitMix64::new(seed);
     let mut dst = vec![0u8; 64 * KIB_LEN];
@@ -276,9 +345,93 @@ fn child_entry() {
         // Reads of older blocks promote them, so memory keeps turning over.
         let old = u32::try_from(rng.next_u64() % u64::from(i + 1)).expect("below i");
         let _ = store.get_into(&caller(0), &crash_key(old), &mut dst);
-        if writeln!(out, "ACK {i}").and_then(|()| out.flush()).is_err() {
+        let mut said = writeln!(out, "ACK {i}");
+        if write == WriteMode::Back && i % FLUSH_EVERY == FLUSH_EVERY - 1 {
+            store.flush();
+            said = said.and_then(|()| writeln!(out, "FLUSHED {i}"));
+        }
+        if said.and_then(|()| out.flush()).is_err() {
             return;
         }
+    }
+}
+
+/// What the parent heard from a child before it killed it.
+#[derive(Debug, Default, Clone, Copy)]
+struct Heard {
+    acked: Option<u32>,
+    flushed: Option<u32>,
+}
+
+impl Heard {
+    fn take(&mut self, line: (bool, u32)) {
+        match line {
+            (false, i) => self.acked = Some(i),
+            (true, i) => self.flushed = Some(i),
+        }
+    }
+}
+
+/// Runs a crash child writing with `write`, kills it with SIGKILL a few hundred PUTs in, and
+/// returns what it had said by then.
+fn crash_round(exe: &Path, dir: &Path, seed: u64, write: WriteMode) -> Heard {
+    let kill_after = 20 + u32::try_from(SplitMix64::new(seed).next_u64() % 200).expect("small");
+    let mut child = Command::new(exe)
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{}:{seed}:{write}", dir.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn crash child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let said = match (line.strip_prefix("ACK "), line.strip_prefix("FLUSHED ")) {
+                (Some(i), _) => (false, i),
+                (_, Some(i)) => (true, i),
+                _ => continue,
+            };
+            if tx.send((said.0, said.1.trim().parse::<u32>().expect("index"))).is_err() {
+                break;
+            }
+        }
+    });
+    let mut heard = Heard::default();
+    while heard.acked.is_none_or(|a| a < kill_after) {
+        match rx.recv_timeout(CHILD_DEADLINE) {
+            Ok(line) => heard.take(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("seed {seed}: crash child silent for {CHILD_DEADLINE:?}: {e}");
+            }
+        }
+    }
+    child.kill().expect("SIGKILL the child");
+    let status = child.wait().expect("reap the child");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "seed {seed}: {status:?}");
+    // Lines read after the kill point were said before it too.
+    while let Ok(line) = rx.try_recv() {
+        heard.take(line);
+    }
+    heard
+}
+
+/// Reads block `i` after a restart: `Some(true)` whole, `None` a miss; a torn block panics.
+fn read_back(store: &TieredStore, seed: u64, i: u32, dst: &mut [u8]) -> bool {
+    match store.get_into(&caller(0), &crash_key(i), dst).expect("get") {
+        Get::Hit { len, .. } => {
+            let want = crash_payload(seed, i);
+            assert_eq!(
+                &dst[..usize::try_from(len).expect("len")],
+                &want[..],
+                "seed {seed}: block {i} torn"
+            );
+            true
+        }
+        Get::Miss(_) => false,
     }
 }
 
@@ -291,78 +444,157 @@ fn kill_9_while_writing_through_both_tiers_loses_nothing_acknowledged() {
     for round in 0..ROUNDS {
         let dir = tempfile::tempdir().expect("temp dir");
         let seed = 0x7E57_0000 + round;
-        let kill_after = 20 + u32::try_from(SplitMix64::new(seed).next_u64() % 200).expect("small");
-        let mut child = Command::new(&exe)
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, format!("{}:{seed}", dir.path().display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn crash child");
-        let stdout = child.stdout.take().expect("child stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(i) = line.strip_prefix("ACK ")
-                    && tx.send(i.trim().parse::<u32>().expect("ack index")).is_err()
-                {
-                    break;
-                }
-            }
-        });
-        let mut acked = None;
-        while acked.is_none_or(|a| a < kill_after) {
-            match rx.recv_timeout(CHILD_DEADLINE) {
-                Ok(i) => acked = Some(i),
-                Err(e) => {
-                    let _ = child.kill();
-                    panic!("round {round}: crash child silent for {CHILD_DEADLINE:?}: {e}");
-                }
-            }
-        }
-        child.kill().expect("SIGKILL the child");
-        let status = child.wait().expect("reap the child");
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: {status:?}");
-        // Acks read after the kill point are acknowledged too.
-        while let Ok(i) = rx.try_recv() {
-            acked = Some(i);
-        }
-        let acked = acked.expect("some acks");
-
-        let store = crash_store(dir.path());
+        let heard = crash_round(&exe, dir.path(), seed, WriteMode::Through);
+        let acked = heard.acked.expect("some acks");
+        let store = crash_store(dir.path(), WriteMode::Through);
         let mut dst = vec![0u8; 64 * KIB_LEN];
         for i in 0..=acked {
-            let got = store.get_into(&caller(0), &crash_key(i), &mut dst).expect("get");
-            let want = crash_payload(seed, i);
-            match got {
-                Get::Hit { len, .. } => {
-                    assert_eq!(
-                        &dst[..usize::try_from(len).expect("len")],
-                        &want[..],
-                        "round {round}: block {i} torn"
-                    )
-                }
-                miss => panic!("round {round}: acknowledged block {i} of {acked} lost: {miss:?}"),
-            }
+            assert!(
+                read_back(&store, seed, i, &mut dst),
+                "round {round}: acknowledged block {i} of {acked} lost"
+            );
         }
         // The one PUT in flight at the kill is either whole or absent; nothing past it exists.
-        let next = acked + 1;
-        match store.get_into(&caller(0), &crash_key(next), &mut dst).expect("get") {
-            Get::Hit { len, .. } => {
-                assert_eq!(
-                    &dst[..usize::try_from(len).expect("len")],
-                    &crash_payload(seed, next)[..]
-                )
-            }
-            Get::Miss(_) => {}
-        }
-        let beyond = store.get_into(&caller(0), &crash_key(next + 1), &mut dst).expect("get");
-        assert!(matches!(beyond, Get::Miss(_)), "round {round}: a block never written: {beyond:?}");
+        read_back(&store, seed, acked + 1, &mut dst);
+        assert!(
+            !read_back(&store, seed, acked + 2, &mut dst),
+            "round {round}: a block never written"
+        );
         assert!(
             store.counters().file_hits > u64::from(acked),
             "round {round}: after a restart memory starts empty, so the file tier served them"
         );
     }
+}
+
+/// Writing back, a PUT is acknowledged once memory holds it; its block is durable once it has
+/// been demoted or flushed. kill -9 at any point of that loses no flushed block, serves no
+/// torn one, and keeps the blocks demoted since the last flush.
+#[test]
+fn kill_9_while_writing_back_loses_nothing_flushed_and_keeps_what_was_demoted() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let mut kept_past_flush = 0;
+    for round in 0..ROUNDS {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let seed = 0xB4C0_0000 + round;
+        let heard = crash_round(&exe, dir.path(), seed, WriteMode::Back);
+        let (acked, flushed) = (heard.acked.expect("some acks"), heard.flushed);
+        let store = crash_store(dir.path(), WriteMode::Back);
+        let mut dst = vec![0u8; 64 * KIB_LEN];
+        if let Some(f) = flushed {
+            for i in 0..=f {
+                assert!(
+                    read_back(&store, seed, i, &mut dst),
+                    "round {round}: flushed block {i} (of {f}) lost"
+                );
+            }
+        }
+        let after = flushed.map_or(0, |f| f + 1);
+        for i in after..=acked + 1 {
+            kept_past_flush += u32::from(read_back(&store, seed, i, &mut dst));
+        }
+        assert!(
+            !read_back(&store, seed, acked + 2, &mut dst),
+            "round {round}: a block never written"
+        );
+        assert_eq!(store.file().deferred_blocks(), vec![], "a restart knows only written blocks");
+    }
+    // Memory holds about five of these blocks: most blocks written after a flush were demoted
+    // (written down) before the kill.
+    assert!(kept_past_flush > 0, "no block demoted after a flush survived a kill");
+}
+
+#[test]
+fn writing_back_a_block_waits_in_memory_until_it_is_evicted_or_flushed() {
+    use gpucache_storage::tiered::Tier;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (k0, k1, k2) = (block_key(0), block_key(1), block_key(2));
+    let (a, b, c) = (payload(1, 4 * KIB_LEN), payload(2, 4 * KIB_LEN), payload(3, 4 * KIB_LEN));
+    let lim = limits(1 << 20, 1 << 20);
+    {
+        // Memory holds two 4 KiB blocks.
+        let store =
+            open_writing(dir.path(), lim.clone(), 8 * KIB, Durability::PerBlock, WriteMode::Back);
+        for (k, v) in [(&k0, &a), (&k1, &b)] {
+            assert!(matches!(store.put(&caller(0), k, v, None), Ok(Put::Committed(_))));
+        }
+        // Committed in the file tier's books, with no file yet.
+        assert!(store.file().is_deferred(&k0) && store.file().is_deferred(&k1));
+        assert!(store.file().block_location(&k0).is_none());
+        let tiers: Vec<_> = store
+            .lookup_with_tiers(&caller(0), &[&k0, &k1, &k2])
+            .into_iter()
+            .map(|(l, t)| (l.expect("lookup"), t))
+            .collect();
+        assert!(
+            matches!(
+                tiers[0],
+                (gpucache_dataplane::store::Lookup::Hit { len: 4096 }, Some(Tier::Memory))
+            ),
+            "{tiers:?}"
+        );
+        assert!(
+            matches!(tiers[2], (gpucache_dataplane::store::Lookup::Miss(_), None)),
+            "{tiers:?}"
+        );
+        // A third block evicts the oldest from memory, which writes it down.
+        assert!(matches!(store.put(&caller(0), &k2, &c, None), Ok(Put::Committed(_))));
+        let down: Vec<bool> = [&k0, &k1, &k2].iter().map(|k| store.file().is_deferred(k)).collect();
+        assert_eq!(down.iter().filter(|d| !**d).count(), 1, "one block was demoted: {down:?}");
+        let counters = store.counters();
+        assert_eq!(
+            (counters.written_back, counters.demotions, counters.write_back_lost),
+            (1, 1, 0)
+        );
+        let demoted = [&k0, &k1, &k2]
+            .into_iter()
+            .zip(&down)
+            .find(|(_, d)| !**d)
+            .map(|(k, _)| k)
+            .expect("one");
+        let tiers = store.lookup_with_tiers(&caller(0), &[demoted]);
+        assert_eq!(tiers[0].1, Some(Tier::File), "a demoted block is in the file tier only");
+        // Closing the store writes the other two down.
+    }
+    let store = open_writing(dir.path(), lim, 8 * KIB, Durability::PerBlock, WriteMode::Back);
+    let mut dst = vec![0u8; 4 * KIB_LEN];
+    for (k, v) in [(&k0, &a), (&k1, &b), (&k2, &c)] {
+        let got = store.get_into(&caller(0), k, &mut dst).expect("get");
+        assert!(matches!(got, Get::Hit { .. }) && dst == *v, "{got:?}");
+    }
+}
+
+#[test]
+fn a_damaged_only_copy_is_a_corrupt_miss_and_leaves_the_books() {
+    use gpucache_dataplane::store::{Lookup, MissReason};
+    let dir = shm_dir();
+    let store = open_writing(
+        dir.path(),
+        limits(1 << 20, 1 << 20),
+        64 * KIB,
+        Durability::None,
+        WriteMode::Back,
+    );
+    let k = block_key(0);
+    store.put(&caller(0), &k, &payload(1, 4 * KIB_LEN), None).expect("put");
+    assert!(store.corrupt_for_test(&k, 99), "the memory copy is there to damage");
+    let mut dst = vec![0u8; 4 * KIB_LEN];
+    let got = store.get_into(&caller(0), &k, &mut dst).expect("get");
+    assert_eq!(got, Get::Miss(MissReason::Corrupt));
+    assert!(dst.iter().all(|b| *b == 0), "no damaged byte reached the caller");
+    assert!(
+        matches!(store.lookup(&caller(0), &k).expect("lookup"), Lookup::Miss(_)),
+        "the books let it go"
+    );
+    let stats = store.stats();
+    assert_eq!((stats.committed_blocks, stats.corrupt_dropped.total()), (0, 1));
+    assert_eq!(store.counters().write_back_lost, 1);
+    // The key can be written again.
+    assert!(matches!(
+        store.put(&caller(0), &k, &payload(2, 4 * KIB_LEN), None),
+        Ok(Put::Committed(_))
+    ));
 }

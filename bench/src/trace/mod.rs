@@ -395,7 +395,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                     for &policy in &policies {
                         let (d, config) =
                             scratch_file_store(dir, &trace.name, blocks, &limits, policy);
-                        let tier = MemoryTier { capacity_bytes: memory, policy, promote: true };
+                        let tier = MemoryTier::new(memory, policy);
                         let store =
                             TieredStore::open(config, tier, Arc::new(MonotonicClock::default()))
                                 .map_err(|e| {

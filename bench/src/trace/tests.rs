@@ -275,7 +275,7 @@ fn a_tiered_store_gives_the_file_tiers_hits_and_says_which_tier_served_them() {
     file.durability = Durability::None;
     file.limits = limits_for(BLOCK, 7, t.unique_blocks());
     file.policy = policy("lru");
-    let memory = MemoryTier { capacity_bytes: BLOCK, policy: policy("lru"), promote: true };
+    let memory = MemoryTier::new(BLOCK, policy("lru"));
     let store = TieredStore::open(file, memory, Arc::new(MonotonicClock::default()))
         .unwrap_or_else(|e| panic!("{e}"));
     let r = run(&store, &t);

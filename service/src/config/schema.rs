@@ -22,7 +22,7 @@ use gpucache_dpu::{DpuStoreConfig, SlabConfig};
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::{EngineChoice, EngineConfig};
 use gpucache_storage::file::{Durability, FileStoreConfig};
-use gpucache_storage::tiered::MemoryTier;
+use gpucache_storage::tiered::{MemoryTier, TierMemory, WriteMode};
 use gpucache_wire::SealAlgorithm;
 use gpucache_wire::staging::StagingLimits;
 
@@ -124,6 +124,37 @@ pub struct TierSection {
     /// Memory only: copy a block up when a GET finds it in the file tier (default true).
     #[serde(default)]
     pub promote: Option<bool>,
+    /// Memory only: how a PUT reaches the file tier, `"through"` (default) or `"back"`.
+    #[serde(default, deserialize_with = "write_mode")]
+    pub write: Option<WriteMode>,
+    /// Memory only: what holds the blocks, `"mapped"` (default), `"preallocated"` or `"heap"`.
+    #[serde(default)]
+    pub memory: Option<TierMemoryName>,
+}
+
+/// `[[store.tiers]] memory`: what backs the memory tier's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierMemoryName {
+    Mapped,
+    Preallocated,
+    Heap,
+}
+
+impl From<TierMemoryName> for TierMemory {
+    fn from(m: TierMemoryName) -> Self {
+        match m {
+            TierMemoryName::Mapped => TierMemory::Mapped,
+            TierMemoryName::Preallocated => TierMemory::Preallocated,
+            TierMemoryName::Heap => TierMemory::Heap,
+        }
+    }
+}
+
+/// `[[store.tiers]] write`: a write mode's name.
+fn write_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<WriteMode>, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// What a tier keeps its blocks in.
@@ -273,6 +304,8 @@ impl StoreSection {
                 .unwrap_or_else(memory_tier_default_bytes),
             policy: self.tier_policy(TierKind::Memory),
             promote: section.and_then(|t| t.promote).unwrap_or(true),
+            write: section.and_then(|t| t.write).unwrap_or_default(),
+            backing: section.and_then(|t| t.memory).map(TierMemory::from).unwrap_or_default(),
         }
     }
 }

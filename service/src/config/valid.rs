@@ -442,8 +442,15 @@ fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
         if t.capacity == Some(0) {
             return refuse(format!("tiers[{i}].capacity: 0 bytes holds no block"));
         }
-        if t.kind == TierKind::File && t.promote.is_some() {
-            return refuse(format!("tiers[{i}].promote: only the memory tier promotes"));
+        if t.kind == TierKind::File {
+            let memory_only = [
+                ("promote", t.promote.is_some()),
+                ("write", t.write.is_some()),
+                ("memory", t.memory.is_some()),
+            ];
+            if let Some((key, _)) = memory_only.iter().find(|(_, set)| *set) {
+                return refuse(format!("tiers[{i}].{key}: a key of the memory tier only"));
+            }
         }
     }
     Ok(())

@@ -6,6 +6,7 @@
 //! happens outside it. Layout and file format: [`layout`] and ADR 0008. Durability policies:
 //! [`Durability`] and ADR 0009.
 
+mod deferred;
 pub mod engine;
 mod fsck;
 pub mod layout;
@@ -164,6 +165,10 @@ enum FilePayload {
     /// payload's offset in it. `removing` while an invalidation is unlinking the file (the
     /// block stays readable until the removal is durable).
     Stored { region: RegionId, path: PathBuf, header_len: u64, removing: bool },
+    /// Committed with its bytes held by the tier above, not written yet (see [`deferred`]):
+    /// the epoch its file header will carry, and whether a write of it is under way. Never on
+    /// disk, so a restart does not find it.
+    Deferred { epoch: u64, writing: bool },
 }
 
 /// Persists the epoch in the store record before it takes effect, so that a restart never
@@ -826,15 +831,30 @@ impl FileStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Put, StoreError> {
-        let r = match self.reserve(caller, key, src.len() as u64, request)?.into_reservation() {
+        let r = match self.start_put(caller, key, src.len() as u64, request)? {
             Ok(r) => r,
             Err(answer) => return Ok(answer),
         };
-        // Record the whole payload as written without staging a copy: the file is written
-        // straight from the caller's buffer.
+        self.commit_payload(r.region, key, src, expected).map(|c| Put::Committed(c.checksum))
+    }
+
+    /// The first half of a PUT of `len` bytes: admission and a reservation whose whole payload
+    /// counts as written and whose commit has started (the bytes come from the caller's buffer,
+    /// never staged), or the answer when there is nothing to write.
+    fn start_put(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
+    ) -> Result<Result<Reservation, Put>, StoreError> {
+        let r = match self.reserve(caller, key, len, request)?.into_reservation() {
+            Ok(r) => r,
+            Err(answer) => return Ok(Err(answer)),
+        };
         let recorded = {
             let mut catalog = self.lock();
-            match catalog.write_into(caller, &r, 0, src.len() as u64) {
+            match catalog.write_into(caller, &r, 0, len) {
                 Ok(_) => catalog.start_commit(caller, &r).map(|_| ()),
                 Err(e) => Err(e),
             }
@@ -844,7 +864,7 @@ impl FileStore {
             let _ = self.abort(caller, r, e.retirement());
             return Err(e);
         }
-        self.commit_payload(r.region, key, src, expected).map(|c| Put::Committed(c.checksum))
+        Ok(Ok(r))
     }
 }
 
@@ -966,7 +986,7 @@ impl Store for FileStore {
             let b = catalog.start_commit(caller, r)?;
             let staged = match &mut b.payload {
                 FilePayload::Staged(buf) => std::mem::take(buf),
-                FilePayload::Stored { .. } => Vec::new(),
+                FilePayload::Stored { .. } | FilePayload::Deferred { .. } => Vec::new(),
             };
             (b.key.clone(), staged)
         };
@@ -1029,7 +1049,14 @@ impl Store for FileStore {
                     *removing = true;
                     (id, path.clone())
                 }
-                // Another invalidation is removing it right now.
+                // No file to remove: the block leaves the catalog now.
+                Some(FilePayload::Deferred { writing: false, .. }) => {
+                    let released = catalog.remove_committed(id);
+                    drop(catalog);
+                    self.dispose(released);
+                    return Ok(Invalidate::Removed);
+                }
+                // Another invalidation is removing it, or its deferred write is under way.
                 _ => return Ok(Invalidate::Busy),
             }
         };

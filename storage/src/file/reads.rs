@@ -95,6 +95,11 @@ impl FileStore {
             Some(FilePayload::Stored { path, header_len, .. }) => {
                 Ok(Ok(PinnedRead { pin, path: path.clone(), header_len: *header_len }))
             }
+            // Committed, but its bytes are with the tier above and not written yet.
+            Some(FilePayload::Deferred { .. }) => {
+                released.extend(catalog.unpin_read(pin.region, None));
+                Ok(Err(Get::Miss(MissReason::NotReadable(BlockState::Writing))))
+            }
             _ => {
                 released.extend(catalog.unpin_read(pin.region, None));
                 Ok(Err(Get::Miss(MissReason::NotReadable(BlockState::Evicting))))

@@ -71,6 +71,9 @@ impl FileStore {
         let first = answers.len();
         // (answer slot, block, its file) of every block this window removes.
         let mut marked: Vec<(usize, RegionId, PathBuf)> = Vec::new();
+        // Payloads of blocks that left the catalog (deferred ones at once, stored ones once
+        // their files are gone).
+        let mut released = Vec::new();
         {
             let mut seen: HashSet<KeyDigest> = HashSet::new();
             let mut catalog = self.lock();
@@ -87,7 +90,13 @@ impl FileStore {
                             marked.push((answers.len(), id, path.clone()));
                             Ok(Invalidate::Removed)
                         }
-                        // Another invalidation is removing it right now.
+                        // No file to remove: the block leaves the catalog now.
+                        Some(FilePayload::Deferred { writing: false, .. }) => {
+                            released.extend(catalog.remove_committed(id));
+                            Ok(Invalidate::Removed)
+                        }
+                        // Another invalidation is removing it, or its deferred write is under
+                        // way.
                         _ => Ok(Invalidate::Busy),
                     },
                 };
@@ -95,6 +104,7 @@ impl FileStore {
             }
         }
         if marked.is_empty() {
+            self.dispose(released);
             return;
         }
         // Every unlink first, then one durability step per directory (or one flush).
@@ -120,7 +130,6 @@ impl FileStore {
                 unlinked.and_then(|()| synced.get(dir).cloned().unwrap_or(Ok(())))
             })
             .collect();
-        let mut released = Vec::new();
         {
             let mut catalog = self.lock();
             for ((_, id, _), removed) in marked.iter().zip(&removed) {

@@ -69,6 +69,18 @@ impl PayloadArena {
     /// Maps and populates `bytes` (rounded up to whole pages). Fails only when the kernel
     /// refuses the mapping.
     pub fn new(bytes: u64) -> io::Result<Arc<Self>> {
+        Self::map(bytes, true)
+    }
+
+    /// Maps `bytes` (rounded up to whole pages) without making them resident: each page
+    /// faults in when a block is first written there (one fault per huge page where
+    /// transparent huge pages are enabled). For a large tier that should not cost its whole
+    /// size at start.
+    pub fn on_first_use(bytes: u64) -> io::Result<Arc<Self>> {
+        Self::map(bytes, false)
+    }
+
+    fn map(bytes: u64, populate: bool) -> io::Result<Arc<Self>> {
         let len = usize::try_from(bytes)
             .ok()
             .and_then(|b| b.checked_next_multiple_of(ARENA_PAGE_BYTES))
@@ -76,7 +88,12 @@ impl PayloadArena {
             .ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("an arena of {bytes} bytes"))
             })?;
-        let mut map = memmap2::MmapOptions::new().len(len).populate().map_anon()?;
+        let mut options = memmap2::MmapOptions::new();
+        options.len(len);
+        if populate {
+            options.populate();
+        }
+        let mut map = options.map_anon()?;
         // Best effort: fewer TLB misses where transparent huge pages are enabled.
         let _ = map.advise(memmap2::Advice::HugePage);
         let base = NonNull::new(map.as_mut_ptr())

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The tiered store against a single FileStore of the same capacity, both behind `gpucache serve`
+# The tiered store against a single FileStore of the same capacity, all behind `gpucache serve`
 # on loopback: a trace replay (`gpucache bench trace --addr`) through each, with 64 KiB blocks.
-# The tiered server holds MEMORY_SHARE of the trace's distinct blocks in memory over FILE_SHARE
-# in its file tier; the FileStore server holds FILE_SHARE. Both evict by `prefix`, with no
-# flushes (durability "none"). Every hit is verified byte for byte by the bench; the tiered
-# server's own metrics say which tier served it.
+# The tiered servers hold MEMORY_SHARE of the trace's distinct blocks in memory over FILE_SHARE
+# in their file tier, one writing through ("tiered") and one writing back ("back"); the
+# FileStore server holds FILE_SHARE. All evict by `prefix`, with no flushes (durability
+# "none"). Every hit is verified byte for byte by the bench; the tiered servers' own metrics
+# say which tier served it.
 #
 # Usage: scripts/bench-tiers.sh [TRACE]   (default: ../shared/traces/mooncake_synthetic_trace.jsonl)
 #   MEMORY_SHARE=5 FILE_SHARE=20   percentages of the trace's distinct blocks
@@ -42,9 +43,9 @@ file_bytes=$((unique * file_share / 100 * block))
 
 rm -rf "$dir" && mkdir -p "$dir" "$out"
 free_kib="$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')"
-need_kib=$((file_bytes * 2 / 1024 + 262144))
+need_kib=$((file_bytes * 3 / 1024 + 262144))
 if [ "$free_kib" -lt "$need_kib" ]; then
-    echo "bench-tiers: $dir has $((free_kib / 1024)) MiB free; the two stores need $((need_kib / 1024)) MiB" >&2
+    echo "bench-tiers: $dir has $((free_kib / 1024)) MiB free; the three stores need $((need_kib / 1024)) MiB" >&2
     exit 2
 fi
 
@@ -66,17 +67,24 @@ metrics = "127.0.0.1:$((port + 2))"
 local = ""
 EOF
 }
-write_config tiered 17470 "kind = \"tiered\"
+tiers() {
+    cat <<EOF
+kind = "tiered"
 [[store.tiers]]
-kind = \"memory\"
+kind = "memory"
 capacity = $memory_bytes
-eviction = \"prefix\"
+eviction = "prefix"
+write = "$1"
 [[store.tiers]]
-kind = \"file\"
+kind = "file"
 capacity = $file_bytes
-eviction = \"prefix\""
+eviction = "prefix"
+EOF
+}
+write_config tiered 17470 "$(tiers through)"
 write_config file 17480 "kind = \"file\"
 eviction = \"prefix\""
+write_config back 17490 "$(tiers back)"
 
 pids=()
 stop() {
@@ -105,10 +113,14 @@ serve() {
 
 serve tiered
 serve file
-for name in tiered file; do
-    port=17470
+serve back
+for name in tiered file back; do
     metrics=()
-    if [ "$name" = file ]; then port=17480; else metrics=(--metrics 127.0.0.1:17472); fi
+    case "$name" in
+        tiered) port=17470 metrics=(--metrics 127.0.0.1:17472) ;;
+        file) port=17480 ;;
+        back) port=17490 metrics=(--metrics 127.0.0.1:17492) ;;
+    esac
     echo "bench-tiers: replaying $trace through the $name server (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     "$bin" bench trace --addr "127.0.0.1:$port" "${metrics[@]}" --trace "$trace" \
         --block-size 64K --capacity "${file_share}%" --json "$out/$name.json"

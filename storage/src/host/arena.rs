@@ -1,9 +1,11 @@
-//! A pre-faulted arena for block payloads.
+//! An arena for block payloads, pre-faulted or faulted on first use.
 //!
-//! [`PayloadArena`] maps one anonymous region and makes every page of it resident when it is
-//! made (`MAP_POPULATE`, with transparent huge pages asked for), so a block written into it
-//! takes no page fault and no kernel zeroing on the write path: those costs are paid once, at
-//! start. It hands out [`ArenaBuf`]s, page-rounded pieces that go back to the arena when they
+//! [`PayloadArena`] maps one anonymous region with transparent huge pages asked for.
+//! [`PayloadArena::new`] makes every page of it resident when it is made (`MAP_POPULATE`), so a
+//! block written into it takes no page fault and no kernel zeroing on the write path: those
+//! costs are paid once, at start. [`PayloadArena::on_first_use`] leaves the pages to fault in as
+//! blocks first land on them, for a large tier that should not cost its size at start. It hands
+//! out [`ArenaBuf`]s, page-rounded pieces that go back to the arena when they
 //! are dropped. Freed pieces are kept by size and reused for blocks of the same rounded size
 //! (KV blocks of one model are all one size); a block for which no piece of its size is free
 //! and the untouched rest of the region is too small gets `None`, and its store falls back to
@@ -220,6 +222,33 @@ mod tests {
         drop((b, c, again));
         let stats = arena.stats();
         assert_eq!((stats.lent_bytes, stats.free_bytes), (0, 10 * 4096));
+    }
+
+    /// Reads a field of this process's `/proc/self/status` in KiB (resident memory).
+    fn status_kib(field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    #[test]
+    fn an_arena_faulted_on_first_use_costs_nothing_resident_until_written() {
+        const BYTES: u64 = 256 << 20;
+        let before = status_kib("RssAnon:");
+        let arena = PayloadArena::on_first_use(BYTES).expect("arena");
+        let mapped = status_kib("RssAnon:");
+        let mut piece = arena.take(1 << 20).expect("a piece");
+        piece.fill(7);
+        assert!(piece.iter().all(|&b| b == 7));
+        assert_eq!(arena.stats().bytes, BYTES);
+        // Another test thread may allocate meanwhile: only a gross difference is asserted.
+        if let (Some(before), Some(mapped)) = (before, mapped) {
+            assert!(
+                mapped.saturating_sub(before) < (BYTES >> 10) / 2,
+                "mapping 256 MiB made {} KiB resident",
+                mapped - before
+            );
+        }
     }
 
     #[test]

@@ -48,8 +48,8 @@ use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
-    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
-    StoreError, StoreInfo, StoreStats, put_batch_verified,
+    Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
+    Store, StoreError, StoreInfo, StoreStats, put_batch_verified,
 };
 
 use gpucache_storage::host::segment::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
@@ -1533,6 +1533,7 @@ fn retryable(request: &Request) -> bool {
             | Request::Epoch
             | Request::Stats
             | Request::Lookup { .. }
+            | Request::Locate { .. }
             | Request::Get { .. }
             | Request::GetShared { .. }
             | Request::NixlAttach { .. }
@@ -1670,6 +1671,21 @@ impl Store for TcpStore {
             |keys| Request::Lookup { keys },
             |response| match response {
                 Response::Lookup(items) => Ok(items),
+                other => Err(Box::new(other)),
+            },
+        )
+    }
+
+    /// LOCATE frames of at most [`BATCH_ITEMS_MAX`] keys, pipelined on one connection.
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        self.keyed_batch(
+            caller,
+            keys,
+            Right::Read,
+            "locate",
+            |keys| Request::Locate { keys },
+            |response| match response {
+                Response::Locate(items) => Ok(items),
                 other => Err(Box::new(other)),
             },
         )

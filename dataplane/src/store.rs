@@ -62,6 +62,32 @@ pub enum Lookup {
     Miss(MissReason),
 }
 
+/// Which tier of a store made of tiers holds a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Host memory over the tier below.
+    Memory,
+    /// Block files.
+    File,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::File => "file",
+        }
+    }
+}
+
+/// Answer to [`Store::locate`]: the lookup, and the tier that holds the block it found (the
+/// block a prefix hit names). `None` for a miss, and for a store of one tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    pub lookup: Lookup,
+    pub tier: Option<Tier>,
+}
+
 /// Answer to [`Store::get_into`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Get {
@@ -621,6 +647,17 @@ pub trait Store: Send + Sync {
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         keys.iter().map(|key| self.invalidate(caller, key)).collect()
     }
+
+    /// [`Store::lookup_batch`], with the tier that holds each block found. A lookup, not a
+    /// read: no eviction policy hears of it. This default, for a store of one tier, names none.
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        untiered(self.lookup_batch(caller, keys))
+    }
+}
+
+/// Lookups of a store of one tier, as [`Store::locate`] answers them.
+pub fn untiered(lookups: BatchAnswers<Lookup>) -> BatchAnswers<Located> {
+    lookups.into_iter().map(|a| a.map(|lookup| Located { lookup, tier: None })).collect()
 }
 
 /// The shape every PUT shares: reserve `len` bytes under `key` (an answer other than a
@@ -896,6 +933,10 @@ pub trait StoreLayer: Send + Sync + Sized {
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         keys.iter().map(|key| StoreLayer::invalidate(self, caller, key)).collect()
     }
+    /// Names no tier by default: a layer's lookups are its own unless it says where they are.
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        untiered(StoreLayer::lookup_batch(self, caller, keys))
+    }
 }
 
 /// Every layer is a store: each call is the layer's (its override, or the inner store's).
@@ -1007,6 +1048,9 @@ impl<L: StoreLayer> Store for L {
     }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         StoreLayer::invalidate_batch(self, caller, keys)
+    }
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        StoreLayer::locate(self, caller, keys)
     }
 }
 
@@ -1121,5 +1165,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         (**self).invalidate_batch(caller, keys)
+    }
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        (**self).locate(caller, keys)
     }
 }

@@ -14,7 +14,8 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{
-    BatchGet, BatchPut, FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Store, StoreError,
+    BatchGet, BatchPut, FullPolicy, Get, Implementation, Invalidate, Located, Lookup, Put, Store,
+    StoreError, Tier,
 };
 use gpucache_storage::host::segment::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN, SharedBuf};
 use gpucache_wire::namespace::IdentityTemplate;
@@ -501,6 +502,30 @@ impl Client {
     fn batch_exists(&self, py: Python<'_>, keys: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<bool>> {
         let keys = self.keys(&keys)?;
         self.lookups(py, &keys)
+    }
+
+    /// Per key, which tier of the server's store holds its block: "memory" or "file" for a
+    /// tiered store, "single" for a store of one tier, None when the exact key holds none.
+    /// A lookup, not a read: no eviction policy hears of it.
+    fn batch_tier(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Option<&'static str>>> {
+        self.check_open()?;
+        let keys = self.keys(&keys)?;
+        let refs: Vec<&PhysicalKey> = keys.iter().map(|k| &**k).collect();
+        let answers = py.detach(|| self.store.locate(&self.caller, &refs));
+        answers
+            .into_iter()
+            .map(|a| match a {
+                Ok(Located { lookup: Lookup::Hit { .. }, tier }) => {
+                    Ok(Some(tier.map_or("single", Tier::name)))
+                }
+                Ok(_) => Ok(None),
+                Err(e) => Err(from_store(&e)),
+            })
+            .collect()
     }
 
     /// How many leading keys hold a block (the length of the cached prefix).

@@ -405,3 +405,32 @@ def test_threads_share_one_client(server, unique):
     assert not any(t.is_alive() for t in threads), "a client thread did not finish in 60 s"
     assert errors == []
     assert c.batch_exists(list(blocks)) == [True] * len(blocks)
+
+
+def test_batch_tier_names_the_tier_that_holds_each_block(client, unique, tmp_path):
+    # A store of one tier holds a block without tiers.
+    client.put(unique, b"v" * 100)
+    assert client.batch_tier([unique, unique + "-absent"]) == ["single", None]
+    # A tiered server whose memory holds two 4 KiB blocks, writing through: the third PUT
+    # pushes the first block's copy out of memory; the file tier keeps every block.
+    config = tmp_path / "tiered.toml"
+    config.write_text(
+        f'[store]\nkind = "tiered"\nroot = "{tmp_path / "store"}"\n'
+        '[[store.tiers]]\nkind = "memory"\ncapacity = 8192\n\n'
+        '[listen]\nnative = "127.0.0.1:0"\nresp = "127.0.0.1:0"\nmetrics = "127.0.0.1:0"\n'
+        'local = ""\n\n[[tenants]]\nname = "default"\nrights = ["read", "write"]\n'
+    )
+    proc, fields = launch(server_binary(), config, tmp_path)
+    try:
+        tiered = gpucache.Client(fields["native"], tenant="default", local=False)
+        names = [f"{unique}-{i}" for i in range(3)]
+        for i, name in enumerate(names):
+            assert tiered.put(name, bytes([i]) * 4096) is True
+        assert tiered.batch_tier(names + [unique + "-absent"]) == ["file", "memory", "memory", None]
+        # A lookup is not a read: asking again changes nothing; a GET promotes the first.
+        assert tiered.batch_tier(names) == ["file", "memory", "memory"]
+        assert tiered.get(names[0]) == bytes([0]) * 4096
+        assert tiered.batch_tier(names)[0] == "memory"
+        tiered.close()
+    finally:
+        stop(proc)

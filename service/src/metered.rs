@@ -28,8 +28,8 @@ use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, LendTo,
-    Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store, StoreError,
-    StoreStats,
+    Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
+    StoreError, StoreStats,
 };
 
 /// Upper bounds of the latency buckets, in seconds: 1-2.5-5 steps from 10 µs to 10 s.
@@ -693,7 +693,7 @@ impl Metrics {
         self.refusals.get_or_create(&ReasonLabels { reason: refusal_reason(refusal) }).inc();
     }
 
-    fn record_lookup(&self, result: &Result<Lookup, StoreError>, started: Instant) {
+    fn record_lookup(&self, result: Result<&Lookup, &StoreError>, started: Instant) {
         match result {
             Ok(Lookup::Hit { .. }) => self.record(Op::Lookup, Outcome::Hit, started),
             Ok(Lookup::PrefixHit { .. }) => self.record(Op::Lookup, Outcome::PrefixHit, started),
@@ -811,7 +811,7 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         let started = Instant::now();
         let result = self.inner.lookup(caller, key);
-        self.metrics.record_lookup(&result, started);
+        self.metrics.record_lookup(result.as_ref(), started);
         result
     }
 
@@ -974,7 +974,17 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
         let started = Instant::now();
         let answers = self.inner.lookup_batch(caller, keys);
-        answers.iter().for_each(|a| self.metrics.record_lookup(a, started));
+        answers.iter().for_each(|a| self.metrics.record_lookup(a.as_ref(), started));
+        answers
+    }
+
+    /// Counted as lookups.
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        let started = Instant::now();
+        let answers = self.inner.locate(caller, keys);
+        for a in &answers {
+            self.metrics.record_lookup(a.as_ref().map(|l| &l.lookup), started);
+        }
         answers
     }
 

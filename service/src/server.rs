@@ -749,6 +749,9 @@ fn answer<'a>(
         Request::Limits => {
             Response::Limits(ServerLimits { object_bytes_max: shared.config.object_bytes_max })
         }
+        Request::Locate { keys } => {
+            Response::Locate(store.locate(who, &keys.iter().collect::<Vec<_>>()))
+        }
         Request::Lookup { keys } => {
             Response::Lookup(store.lookup_batch(who, &keys.iter().collect::<Vec<_>>()))
         }

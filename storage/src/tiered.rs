@@ -38,10 +38,12 @@ use gpucache_dataplane::clock::Clock;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::LocalEpochs;
+/// Which tier served a hit, or holds a block.
+pub use gpucache_dataplane::store::Tier;
 use gpucache_dataplane::store::{
     BatchAnswers, BatchGet, BatchPut, CorruptPhase, CorruptReason, Get, Implementation, Invalidate,
-    LendTo, Lookup, MissReason, Put, Reserve, Retirement, Store, StoreError, StoreInfo, StoreLayer,
-    put_damaged,
+    LendTo, Located, Lookup, MissReason, Put, Reserve, Retirement, Store, StoreError, StoreInfo,
+    StoreLayer, put_damaged,
 };
 
 use crate::evict::PolicyKind;
@@ -134,13 +136,6 @@ impl MemoryTier {
             backing: TierMemory::Mapped,
         }
     }
-}
-
-/// Which tier served a hit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
-    Memory,
-    File,
 }
 
 /// One answer of [`TieredStore::get_batch_with_tiers`].
@@ -276,7 +271,9 @@ impl TieredStore {
             dropped_with_file: get(&c.dropped_with_file),
             demotions: self.memory.stats().evictions,
             written_back: get(&c.written_back),
-            write_back_lost: get(&c.write_back_lost),
+            // Evicted blocks whose bytes the memory tier let go before they were collected
+            // (more than 4,096 waiting) were lost too.
+            write_back_lost: get(&c.write_back_lost) + self.memory.handed_down_dropped(),
         }
     }
 
@@ -459,26 +456,28 @@ impl TieredStore {
         &self,
         caller: &Caller,
         keys: &[&PhysicalKey],
-    ) -> Vec<(Result<Lookup, StoreError>, Option<Tier>)> {
+    ) -> BatchAnswers<Located> {
         let answers = self.file.lookup_batch(caller, keys);
         answers
             .into_iter()
             .zip(keys)
             .map(|(answer, key)| {
-                let found = match &answer {
-                    Ok(Lookup::Hit { .. }) => Some(*key),
-                    Ok(Lookup::PrefixHit { key, .. }) => Some(&**key),
-                    _ => None,
-                };
-                let tier = found.map(|k| {
-                    let file = self.file.committed_checksum(k);
-                    if file.is_some() && self.memory.committed_checksum(k) == file {
-                        Tier::Memory
-                    } else {
-                        Tier::File
-                    }
-                });
-                (answer, tier)
+                answer.map(|lookup| {
+                    let found = match &lookup {
+                        Lookup::Hit { .. } => Some(*key),
+                        Lookup::PrefixHit { key, .. } => Some(&**key),
+                        Lookup::Miss(_) => None,
+                    };
+                    let tier = found.map(|k| {
+                        let file = self.file.committed_checksum(k);
+                        if file.is_some() && self.memory.committed_checksum(k) == file {
+                            Tier::Memory
+                        } else {
+                            Tier::File
+                        }
+                    });
+                    Located { lookup, tier }
+                })
             })
             .collect()
     }
@@ -776,6 +775,10 @@ impl StoreLayer for TieredStore {
 
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
         self.file.lookup_batch(caller, keys)
+    }
+
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        self.lookup_with_tiers(caller, keys)
     }
 
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {

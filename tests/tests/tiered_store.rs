@@ -525,9 +525,10 @@ fn writing_back_a_block_waits_in_memory_until_it_is_evicted_or_flushed() {
         assert!(store.file().is_deferred(&k0) && store.file().is_deferred(&k1));
         assert!(store.file().block_location(&k0).is_none());
         let tiers: Vec<_> = store
-            .lookup_with_tiers(&caller(0), &[&k0, &k1, &k2])
+            .locate(&caller(0), &[&k0, &k1, &k2])
             .into_iter()
-            .map(|(l, t)| (l.expect("lookup"), t))
+            .map(|l| l.expect("lookup"))
+            .map(|l| (l.lookup, l.tier))
             .collect();
         assert!(
             matches!(
@@ -555,8 +556,12 @@ fn writing_back_a_block_waits_in_memory_until_it_is_evicted_or_flushed() {
             .find(|(_, d)| !**d)
             .map(|(k, _)| k)
             .expect("one");
-        let tiers = store.lookup_with_tiers(&caller(0), &[demoted]);
-        assert_eq!(tiers[0].1, Some(Tier::File), "a demoted block is in the file tier only");
+        let tiers = store.locate(&caller(0), &[demoted]);
+        assert_eq!(
+            tiers[0].as_ref().expect("lookup").tier,
+            Some(Tier::File),
+            "a demoted block is in the file tier only"
+        );
         // Closing the store writes the other two down.
     }
     let store = open_writing(dir.path(), lim, 8 * KIB, Durability::PerBlock, WriteMode::Back);

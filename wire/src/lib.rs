@@ -186,13 +186,15 @@ pub enum Op {
     StageStats,
     /// The server's limits a client can check before it sends (the largest value).
     Limits,
+    /// Batch lookup with the tier that holds each block found.
+    Locate,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 27] = [
+    pub const ALL: [Op; 28] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -219,6 +221,7 @@ impl Op {
         Self::Release,
         Self::StageStats,
         Self::Limits,
+        Self::Locate,
         Self::Error,
     ];
 
@@ -250,6 +253,7 @@ impl Op {
             Self::Release => 24,
             Self::StageStats => 25,
             Self::Limits => 26,
+            Self::Locate => 27,
             Self::Error => 255,
         }
     }
@@ -291,6 +295,7 @@ impl Op {
             Self::Release => "RELEASE",
             Self::StageStats => "STAGE_STATS",
             Self::Limits => "LIMITS",
+            Self::Locate => "LOCATE",
             Self::Error => "ERROR",
         }
     }

@@ -7,18 +7,18 @@ use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
-    Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, StoreError,
-    StoreInfo, StoreStats,
+    Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
+    StoreError, StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer, wide};
 use super::frame::{Frame, FrameHeader, finish_frame, trailer_start, write_frame};
 use super::values::{
-    get_abort, get_full_policy, get_implementation, get_invalidate, get_lookup, get_miss, get_put,
-    get_reclaimed, get_request_id, get_reservation, get_reserve, get_result, get_retirement,
-    get_stats, get_wire_error, put_abort, put_full_policy, put_implementation, put_invalidate,
-    put_lookup, put_miss, put_put, put_reclaimed, put_request_id, put_reservation, put_reserve,
-    put_result, put_retirement, put_stats, put_wire_error,
+    get_abort, get_full_policy, get_implementation, get_invalidate, get_located, get_lookup,
+    get_miss, get_put, get_reclaimed, get_request_id, get_reservation, get_reserve, get_result,
+    get_retirement, get_stats, get_wire_error, put_abort, put_full_policy, put_implementation,
+    put_invalidate, put_located, put_lookup, put_miss, put_put, put_reclaimed, put_request_id,
+    put_reservation, put_reserve, put_result, put_retirement, put_stats, put_wire_error,
 };
 use gpucache_dataplane::caller::Rights;
 
@@ -225,6 +225,10 @@ pub enum Request {
     },
     StageStats,
     Limits,
+    /// Batch lookup: [`gpucache_dataplane::store::Store::locate`] of the keys.
+    Locate {
+        keys: Vec<PhysicalKey>,
+    },
 }
 
 /// What a server answers, with the op of the request (or [`Op::Error`]).
@@ -267,6 +271,7 @@ pub enum Response {
     Release(Vec<bool>),
     Limits(ServerLimits),
     StageStats(StagingStats),
+    Locate(Vec<Result<Located, StoreError>>),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -321,6 +326,7 @@ impl Request {
             Self::Release { .. } => Op::Release,
             Self::StageStats => Op::StageStats,
             Self::Limits => Op::Limits,
+            Self::Locate { .. } => Op::Locate,
         }
     }
 
@@ -362,7 +368,7 @@ impl Request {
             | Self::BumpEpoch
             | Self::StageStats
             | Self::Limits => {}
-            Self::Lookup { keys } | Self::Invalidate { keys } => {
+            Self::Lookup { keys } | Self::Invalidate { keys } | Self::Locate { keys } => {
                 w.count(keys.len());
                 for key in keys {
                     w.key(key);
@@ -506,6 +512,7 @@ impl Request {
                 Self::Release { stages }
             }
             Op::Lookup => Self::Lookup { keys: read_keys(r)? },
+            Op::Locate => Self::Locate { keys: read_keys(r)? },
             Op::Invalidate => Self::Invalidate { keys: read_keys(r)? },
             Op::Get => {
                 let n = r.count()?;
@@ -1102,6 +1109,7 @@ impl Response {
             Self::Release(_) => Op::Release,
             Self::StageStats(_) => Op::StageStats,
             Self::Limits(_) => Op::Limits,
+            Self::Locate(_) => Op::Locate,
             Self::Error(_) => Op::Error,
         }
     }
@@ -1142,6 +1150,7 @@ impl Response {
             Self::Epoch(epoch) => w.u64(epoch.0),
             Self::Stats(stats) => put_stats(w, stats),
             Self::Lookup(items) => write_batch(w, items, put_lookup),
+            Self::Locate(items) => write_batch(w, items, put_located),
             Self::Get(items) => {
                 // Payloads first, then the trailer that describes them (FLAG_TRAILER).
                 let mut trailer = Vec::new();
@@ -1250,6 +1259,7 @@ impl Response {
             Op::Epoch => Self::Epoch(Epoch(r.u64(N)?)),
             Op::Stats => Self::Stats(get_stats(r)?),
             Op::Lookup => Self::Lookup(read_batch(r, get_lookup)?),
+            Op::Locate => Self::Locate(read_batch(r, get_located)?),
             Op::Get => Self::Get(
                 read_get_answers(r.take_rest())?
                     .into_iter()

@@ -104,6 +104,7 @@ whats! {
     BLOCK_STATE = "block state",
     MISS_REASON = "miss reason",
     LOOKUP = "lookup answer",
+    TIER = "tier",
     FETCHED = "get answer",
     PUT = "put answer",
     RESERVE = "reserve answer",

@@ -15,8 +15,8 @@ use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
     Abort, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Implementation, Invalidate,
-    Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, StorageEffect,
-    StoreError, StoreStats,
+    Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, StorageEffect,
+    StoreError, StoreStats, Tier,
 };
 
 use super::codec::{Reader, Writer, wide};
@@ -156,6 +156,31 @@ pub(super) fn get_lookup(r: &mut Reader<'_>, index: usize) -> Result<Lookup, Wir
         2 => Ok(Lookup::Miss(get_miss(r)?)),
         tag => Err(WireError::UnknownTag { what: text::LOOKUP, tag }),
     }
+}
+
+/// A [`Located`]: its lookup, then the tier (0 none, 1 memory, 2 file).
+pub(super) fn put_located(w: &mut Writer<'_>, l: &Located) -> Encoded {
+    put_lookup(w, &l.lookup)?;
+    w.u8(match l.tier {
+        None => 0,
+        Some(Tier::Memory) => 1,
+        Some(Tier::File) => 2,
+    });
+    Ok(())
+}
+
+pub(super) fn get_located(r: &mut Reader<'_>, index: usize) -> Result<Located, WireError> {
+    let lookup = get_lookup(r, index)?;
+    let tier = match r.u8(text::TIER)? {
+        0 => None,
+        1 => Some(Tier::Memory),
+        2 => Some(Tier::File),
+        tag => return Err(WireError::UnknownTag { what: text::TIER, tag }),
+    };
+    if tier.is_some() && matches!(lookup, Lookup::Miss(_)) {
+        return Err(WireError::Malformed { what: text::TIER });
+    }
+    Ok(Located { lookup, tier })
 }
 
 pub(super) fn put_reservation(w: &mut Writer<'_>, res: &Reservation) {

@@ -14,8 +14,8 @@ use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
 use gpucache_dataplane::store::{
     Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
-    Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
-    Retirement, StorageEffect, StoreError, StoreStats,
+    Implementation, Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
+    Retirement, StorageEffect, StoreError, StoreStats, Tier,
 };
 use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
@@ -413,6 +413,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(()).prop_map(|()| Request::Epoch),
         Just(()).prop_map(|()| Request::Stats),
         vec(key(), 0..8).prop_map(|keys| Request::Lookup { keys }),
+        vec(key(), 0..8).prop_map(|keys| Request::Locate { keys }),
         vec((key(), 0u64..=PAYLOAD_BYTES_MAX / 8), 0..8).prop_map(|items| Request::Get {
             items: items.into_iter().map(|(key, capacity)| GetItem { key, capacity }).collect()
         }),
@@ -474,6 +475,43 @@ fn lookup() -> impl Strategy<Value = Lookup> {
         (key(), any::<u64>()).prop_map(|(key, len)| Lookup::PrefixHit { key: Box::new(key), len }),
         miss().prop_map(Lookup::Miss),
     ]
+}
+
+/// A found block names its tier or none; a miss never names one.
+fn located() -> impl Strategy<Value = Located> {
+    let tier = prop_oneof![Just(None), Just(Some(Tier::Memory)), Just(Some(Tier::File))];
+    (lookup(), tier).prop_map(|(lookup, tier)| {
+        let tier = tier.filter(|_| !matches!(lookup, Lookup::Miss(_)));
+        Located { lookup, tier }
+    })
+}
+
+#[test]
+fn a_located_miss_that_names_a_tier_is_malformed() {
+    let good = Response::Locate(vec![Ok(Located {
+        lookup: Lookup::Hit { len: 9 },
+        tier: Some(Tier::File),
+    })]);
+    let mut body = body_of_response(&good);
+    assert_eq!(Response::decode_body(Op::Locate, &body), Ok(good));
+    // The same item as a miss (tag 2, reason absent) that names the memory tier.
+    let miss = Response::Locate(vec![Ok(Located {
+        lookup: Lookup::Miss(MissReason::Absent),
+        tier: None,
+    })]);
+    body = body_of_response(&miss);
+    let last = body.len() - 1;
+    assert_eq!(body[last], 0, "the tier is the item's last byte");
+    body[last] = 1;
+    assert_eq!(
+        Response::decode_body(Op::Locate, &body),
+        Err(WireError::Malformed { what: "tier" })
+    );
+    body[last] = 9;
+    assert_eq!(
+        Response::decode_body(Op::Locate, &body),
+        Err(WireError::UnknownTag { what: "tier", tag: 9 })
+    );
 }
 
 fn fetched() -> impl Strategy<Value = Fetched> {
@@ -567,6 +605,7 @@ fn response() -> impl Strategy<Value = Response> {
         any::<u64>().prop_map(|e| Response::Epoch(Epoch(e))),
         stats().prop_map(Response::Stats),
         vec(result(lookup()), 0..8).prop_map(Response::Lookup),
+        vec(result(located()), 0..8).prop_map(Response::Locate),
         vec(result(fetched()), 0..8).prop_map(Response::Get),
         vec(result(put_outcome()), 0..8).prop_map(Response::Put),
         vec(result(invalidate), 0..8).prop_map(Response::Invalidate),
@@ -1128,6 +1167,7 @@ fn sample_requests() -> Vec<Request> {
     let k1 = sample_key(0, &[1]);
     let k2 = sample_key(1, &[1, 2, 3]);
     vec![
+        Request::Locate { keys: vec![k1.clone(), k2.clone()] },
         Request::Hello {
             tenant: fixture::tenant(0),
             client_name: "vllm-worker-3".into(),
@@ -1217,6 +1257,15 @@ fn sample_responses() -> Vec<Response> {
         }),
         Response::Epoch(Epoch(4)),
         Response::Stats(StoreStats { committed_blocks: 3, ..StoreStats::default() }),
+        Response::Locate(vec![
+            Ok(Located { lookup: Lookup::Hit { len: 10 }, tier: Some(Tier::Memory) }),
+            Ok(Located {
+                lookup: Lookup::PrefixHit { key: Box::new(sample_key(0, &[1])), len: 3 },
+                tier: Some(Tier::File),
+            }),
+            Ok(Located { lookup: Lookup::Hit { len: 4 }, tier: None }),
+            Ok(Located { lookup: Lookup::Miss(MissReason::Absent), tier: None }),
+        ]),
         Response::Lookup(vec![
             Ok(Lookup::Hit { len: 10 }),
             Ok(Lookup::PrefixHit { key: Box::new(sample_key(0, &[1])), len: 3 }),
@@ -1589,7 +1638,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 27), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 28), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;
@@ -1810,6 +1859,12 @@ fn feed_hands_out_frames_one_at_a_time() {
 fn body_of(req: &Request) -> Vec<u8> {
     let mut body = Vec::new();
     req.encode_body(&mut body).unwrap_or_else(|e| panic!("{e}"));
+    body
+}
+
+fn body_of_response(resp: &Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    resp.encode_body(&mut body).unwrap_or_else(|e| panic!("{e}"));
     body
 }
 

@@ -189,6 +189,10 @@ impl ValidConfig {
                         TieredError::Map { bytes, source } => {
                             StoreOpenError::TierMapping { bytes, source }
                         }
+                        TieredError::HugePages { bytes, source } => StoreOpenError::TierMapping {
+                            bytes,
+                            source: std::io::Error::other(source),
+                        },
                     },
                 )?;
                 tracing::info!(

@@ -106,9 +106,11 @@ pub enum TierMemory {
     /// heap).
     #[default]
     Mapped,
-    /// As `Mapped`, with every page made resident when the store opens: no fault on the write
-    /// path, at the cost of the whole capacity at start.
-    Preallocated,
+    /// A huge-page pool of the tier's capacity: reserved 1 GiB or 2 MiB hugetlb pages where
+    /// the machine has them, else transparent huge pages, else plain pages, every page made
+    /// resident when the store opens (no fault on the write path; the whole capacity is held
+    /// from the start).
+    HugePages,
     /// The heap only.
     Heap,
 }
@@ -150,6 +152,8 @@ pub enum TieredError {
     Memory(#[from] LimitsError),
     #[error("memory tier: mapping {bytes} bytes: {source}")]
     Map { bytes: u64, source: std::io::Error },
+    #[error("memory tier: a huge-page pool of {bytes} bytes: {source}")]
+    HugePages { bytes: u64, source: crate::host::pool::PoolMemoryError },
 }
 
 /// What each tier did, since the store opened.
@@ -224,11 +228,18 @@ impl TieredStore {
         let bytes = memory.capacity_bytes;
         let arena = match memory.backing {
             TierMemory::Heap => None,
-            TierMemory::Mapped => Some(PayloadArena::on_first_use(bytes)),
-            TierMemory::Preallocated => Some(PayloadArena::new(bytes)),
+            TierMemory::Mapped => Some(
+                PayloadArena::on_first_use(bytes)
+                    .map_err(|source| TieredError::Map { bytes, source })?,
+            ),
+            TierMemory::HugePages => Some(
+                PayloadArena::on_huge_pages(bytes)
+                    .map_err(|source| TieredError::HugePages { bytes, source })?,
+            ),
+        };
+        if let Some(tier) = arena.as_ref().and_then(|a| a.page_tier()) {
+            tracing::info!(bytes, pages = %tier, "memory tier on a huge-page pool");
         }
-        .transpose()
-        .map_err(|source| TieredError::Map { bytes, source })?;
         let options = MemoryOptions {
             eviction: Some(memory.policy),
             arena,

@@ -603,3 +603,26 @@ fn a_damaged_only_copy_is_a_corrupt_miss_and_leaves_the_books() {
         Ok(Put::Committed(_))
     ));
 }
+
+#[test]
+fn a_memory_tier_on_huge_pages_holds_its_blocks_in_the_pool() {
+    use gpucache_storage::tiered::TierMemory;
+    let dir = shm_dir();
+    let mut file = FileStoreConfig::new(dir.path());
+    file.engine = EngineChoice::Psync;
+    file.durability = Durability::None;
+    file.limits = limits(1 << 20, 1 << 20);
+    let memory = MemoryTier {
+        backing: TierMemory::HugePages,
+        ..MemoryTier::new(256 * KIB, PolicyKind::Prefix)
+    };
+    let store = TieredStore::open(file, memory, Arc::new(ManualClock::default())).expect("opens");
+    let data = payload(4, 8 * KIB_LEN);
+    store.put(&caller(0), &block_key(0), &data, None).expect("put");
+    let arena = store.memory().arena_stats().expect("the memory tier has an arena");
+    assert_eq!(arena.lent_bytes, 8 * KIB, "the block's copy is in the pool");
+    let mut dst = vec![0u8; 8 * KIB_LEN];
+    let (got, tier) = store.get_with_tier(&caller(0), &block_key(0), &mut dst).expect("get");
+    assert!(matches!(got, Get::Hit { .. }) && dst == data, "{got:?}");
+    assert_eq!(tier, Some(gpucache_storage::tiered::Tier::Memory));
+}

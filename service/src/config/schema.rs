@@ -127,7 +127,7 @@ pub struct TierSection {
     /// Memory only: how a PUT reaches the file tier, `"through"` (default) or `"back"`.
     #[serde(default, deserialize_with = "write_mode")]
     pub write: Option<WriteMode>,
-    /// Memory only: what holds the blocks, `"mapped"` (default), `"preallocated"` or `"heap"`.
+    /// Memory only: what holds the blocks, `"mapped"` (default), `"huge-pages"` or `"heap"`.
     #[serde(default)]
     pub memory: Option<TierMemoryName>,
 }
@@ -137,7 +137,7 @@ pub struct TierSection {
 #[serde(rename_all = "kebab-case")]
 pub enum TierMemoryName {
     Mapped,
-    Preallocated,
+    HugePages,
     Heap,
 }
 
@@ -145,7 +145,7 @@ impl From<TierMemoryName> for TierMemory {
     fn from(m: TierMemoryName) -> Self {
         match m {
             TierMemoryName::Mapped => TierMemory::Mapped,
-            TierMemoryName::Preallocated => TierMemory::Preallocated,
+            TierMemoryName::HugePages => TierMemory::HugePages,
             TierMemoryName::Heap => TierMemory::Heap,
         }
     }

@@ -19,6 +19,8 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::pool::{HugePagePolicy, HugePagePool, Lock, PoolMemoryError, Tier as PageTier};
+
 /// Pieces are whole pages.
 pub const ARENA_PAGE_BYTES: usize = 4096;
 
@@ -46,10 +48,18 @@ struct Pieces {
     misses: u64,
 }
 
-/// One populated anonymous mapping carved into page-rounded pieces.
+/// What holds an arena's region (kept only so that the mapping lives as long as the arena).
+enum Region {
+    #[expect(dead_code, reason = "held for its drop, which unmaps the region")]
+    Mapped(memmap2::MmapMut),
+    /// One slot of a huge-page pool, the whole region.
+    Pool(HugePagePool),
+}
+
+/// One anonymous mapping carved into page-rounded pieces.
 pub struct PayloadArena {
     /// Keeps the mapping alive; never read through after `base` was taken from it.
-    _map: memmap2::MmapMut,
+    region: Region,
     base: NonNull<u8>,
     len: usize,
     pieces: Mutex<Pieces>,
@@ -63,7 +73,10 @@ unsafe impl Sync for PayloadArena {}
 
 impl std::fmt::Debug for PayloadArena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PayloadArena").field("stats", &self.stats()).finish()
+        f.debug_struct("PayloadArena")
+            .field("pages", &self.page_tier())
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -80,6 +93,35 @@ impl PayloadArena {
     /// size at start.
     pub fn on_first_use(bytes: u64) -> io::Result<Arc<Self>> {
         Self::map(bytes, false)
+    }
+
+    /// `bytes` on a [`HugePagePool`] of one slot: the best page tier the machine offers
+    /// (reserved 1 GiB or 2 MiB hugetlb pages, else transparent huge pages, else plain pages),
+    /// every page resident from the start, locked when the process may lock that much.
+    pub fn on_huge_pages(bytes: u64) -> Result<Arc<Self>, PoolMemoryError> {
+        let slot_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        let policy = HugePagePolicy::default().lock(Lock::Off);
+        let mut pool = HugePagePool::new(1, slot_bytes, policy)?;
+        let slot = pool.slot_mut(0).ok_or(PoolMemoryError::BadSize {
+            slot_count: 1,
+            slot_bytes,
+            bytes_max: super::pool::POOL_BYTES_MAX,
+        })?;
+        let len = slot.len() / ARENA_PAGE_BYTES * ARENA_PAGE_BYTES;
+        let base = NonNull::new(slot.as_mut_ptr()).ok_or(PoolMemoryError::BadSize {
+            slot_count: 1,
+            slot_bytes,
+            bytes_max: super::pool::POOL_BYTES_MAX,
+        })?;
+        Ok(Arc::new(Self { region: Region::Pool(pool), base, len, pieces: Mutex::default() }))
+    }
+
+    /// The pages under the region, when it is on a huge-page pool.
+    pub fn page_tier(&self) -> Option<PageTier> {
+        match &self.region {
+            Region::Pool(pool) => Some(pool.backing().tier),
+            Region::Mapped(_) => None,
+        }
     }
 
     fn map(bytes: u64, populate: bool) -> io::Result<Arc<Self>> {
@@ -100,7 +142,7 @@ impl PayloadArena {
         let _ = map.advise(memmap2::Advice::HugePage);
         let base = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| io::Error::other("the kernel mapped the arena at address 0"))?;
-        Ok(Arc::new(Self { _map: map, base, len, pieces: Mutex::default() }))
+        Ok(Arc::new(Self { region: Region::Mapped(map), base, len, pieces: Mutex::default() }))
     }
 
     fn lock(&self) -> MutexGuard<'_, Pieces> {
@@ -249,6 +291,19 @@ mod tests {
                 mapped - before
             );
         }
+    }
+
+    #[test]
+    fn an_arena_on_a_huge_page_pool_says_its_pages_and_hands_out_pieces() {
+        let arena = PayloadArena::on_huge_pages(4 << 20).expect("some page tier is always there");
+        let tier = arena.page_tier().expect("on a pool");
+        assert!(arena.stats().bytes >= 4 << 20, "{:?} on {tier}", arena.stats());
+        let mut a = arena.take(1 << 20).expect("a piece");
+        let mut b = arena.take(1 << 20).expect("another");
+        a.fill(1);
+        b.fill(2);
+        assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2), "pieces overlap");
+        assert_eq!(PayloadArena::new(4096).expect("mapped").page_tier(), None);
     }
 
     #[test]

@@ -39,7 +39,7 @@ use gpucache_service::units::{human_bytes, parse_size, size_label};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::{Durability, FileStoreConfig};
-use gpucache_storage::tiered::{MemoryTier, TieredStore};
+use gpucache_storage::tiered::{MemoryTier, TieredStore, WriteMode};
 use serde_json::json;
 
 pub use load::Trace;
@@ -58,6 +58,10 @@ pub const BEST_OF: [&str; 3] = ["lru", "arc", "s3-fifo"];
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
+fn parse_write_mode(s: &str) -> Result<WriteMode, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreArg {
     /// A MemoryStore that evicts by the policy.
@@ -65,7 +69,8 @@ pub enum StoreArg {
     /// A FileStore (buffered, no flushes) with the policy, in a fresh directory under --dir.
     File,
     /// A TieredStore: a memory tier of --memory-capacity over such a FileStore of --capacity,
-    /// both on the policy (writes go through; file hits are promoted).
+    /// both on the policy (writes go through, or back with --write back; file hits are
+    /// promoted).
     Tiered,
 }
 
@@ -91,6 +96,9 @@ pub struct TraceBenchArgs {
     /// (5%) or a size; the file tier gets each --capacity point.
     #[arg(long, default_value = "5%")]
     memory_capacity: String,
+    /// With `--store tiered`: how PUTs reach the file tier, `through` or `back`.
+    #[arg(long, default_value = "through", value_parser = parse_write_mode)]
+    write: WriteMode,
     /// Where `--store file` makes its scratch directory (removed afterwards). Default: the
     /// system temporary directory.
     #[arg(long)]
@@ -395,7 +403,8 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                     for &policy in &policies {
                         let (d, config) =
                             scratch_file_store(dir, &trace.name, blocks, &limits, policy);
-                        let tier = MemoryTier::new(memory, policy);
+                        let tier =
+                            MemoryTier { write: args.write, ..MemoryTier::new(memory, policy) };
                         let store =
                             TieredStore::open(config, tier, Arc::new(MonotonicClock::default()))
                                 .map_err(|e| {
@@ -508,8 +517,9 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
             (None, StoreArg::Memory) => "MemoryStore (evicting)".into(),
             (None, StoreArg::File) => "FileStore (buffered, durability none)".into(),
             (None, StoreArg::Tiered) => format!(
-                "TieredStore: memory {} over a FileStore (buffered, durability none) of the capacity",
-                args.memory_capacity
+                "TieredStore: memory {} over a FileStore (buffered, durability none) of the \
+                 capacity, writing {}",
+                args.memory_capacity, args.write
             ),
         },
         size_label(args.block_size),
@@ -550,7 +560,9 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                     (Some(a), _) => format!("tcp:{a}"),
                     (None, StoreArg::Memory) => "memory".into(),
                     (None, StoreArg::File) => "file".into(),
-                    (None, StoreArg::Tiered) => format!("tiered:{}", args.memory_capacity),
+                    (None, StoreArg::Tiered) => {
+                        format!("tiered:{}:{}", args.memory_capacity, args.write)
+                    }
                 },
                 "capacities": capacities.iter().map(|c| c.label()).collect::<Vec<_>>(),
                 "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),

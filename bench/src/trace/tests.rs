@@ -263,27 +263,33 @@ fn the_table_and_chart_show_every_series() {
 #[test]
 fn a_tiered_store_gives_the_file_tiers_hits_and_says_which_tier_served_them() {
     use gpucache_storage::file::{Durability, FileStoreConfig};
-    use gpucache_storage::tiered::{MemoryTier, TieredStore};
+    use gpucache_storage::tiered::{MemoryTier, TieredStore, WriteMode};
     // The handmade trace of the first test, room for every block in the file tier and for one
     // block in memory: the same 6 hits of 13, split between the tiers.
     let t = Trace::from_ids(
         "hand",
         [vec![1, 2, 3], vec![1, 2, 4], vec![1, 5], vec![1, 2, 3, 6], vec![7]],
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let mut file = FileStoreConfig::new(dir.path());
-    file.durability = Durability::None;
-    file.limits = limits_for(BLOCK, 7, t.unique_blocks());
-    file.policy = policy("lru");
-    let memory = MemoryTier::new(BLOCK, policy("lru"));
-    let store = TieredStore::open(file, memory, Arc::new(MonotonicClock::default()))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let r = run(&store, &t);
-    assert_eq!((r.hits, r.refs), (6, 13));
-    assert!(r.clean(), "{r:?}");
-    let c = store.counters();
-    assert_eq!(c.memory_hits + c.file_hits, 6, "{c:?}");
-    // With room for one block, memory holds the last block written or read: request 2's first
-    // hit (block [1]) was written by request 1 three blocks earlier, so it came from the file.
-    assert!(c.file_hits >= 1 && c.promotions == c.file_hits, "{c:?}");
+    for write in [WriteMode::Through, WriteMode::Back] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut file = FileStoreConfig::new(dir.path());
+        file.durability = Durability::None;
+        file.limits = limits_for(BLOCK, 7, t.unique_blocks());
+        file.policy = policy("lru");
+        let memory = MemoryTier { write, ..MemoryTier::new(BLOCK, policy("lru")) };
+        let store = TieredStore::open(file, memory, Arc::new(MonotonicClock::default()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r = run(&store, &t);
+        assert_eq!((r.hits, r.refs), (6, 13), "{write}");
+        assert!(r.clean(), "{write}: {r:?}");
+        let c = store.counters();
+        assert_eq!(c.memory_hits + c.file_hits, 6, "{write}: {c:?}");
+        // With room for one block, memory holds the last block written or read: request 2's
+        // first hit (block [1]) was written by request 1 three blocks earlier, so it came from
+        // the file.
+        assert!(c.file_hits >= 1 && c.promotions == c.file_hits, "{write}: {c:?}");
+        // Writing back, every block memory gave up had to be written down to be hit later.
+        assert_eq!(c.written_back > 0, write == WriteMode::Back, "{write}: {c:?}");
+        assert_eq!(c.write_back_lost, 0, "{write}: {c:?}");
+    }
 }

@@ -6,8 +6,9 @@
 //! quarantine and epoch fences ([`registry`]), callers ([`caller`]), the [`store::Store`]
 //! trait, and the engine-facing asynchronous path: the executor with its bounded queues and
 //! workers, health monitor and owner agreement ([`executor`]), and the scheduler-side admission
-//! ([`admission`]). [`rng`] is the seeded generator that simulations, fault schedules and
-//! tests draw from.
+//! ([`admission`]). [`shard`] holds a shard's single-flight fills under an epoch fence and
+//! the control plane around it. [`rng`] is the seeded generator that simulations, fault
+//! schedules and tests draw from.
 //! With the `testing` feature it also exports the conformance suite every backend runs
 //! ([`testing`]). It depends on no backend, transport or device library.
 
@@ -22,6 +23,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod registry;
 pub mod rng;
+pub mod shard;
 pub mod store;
 
 #[cfg(feature = "testing")]

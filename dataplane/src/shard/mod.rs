@@ -9,10 +9,12 @@
 //!
 //! [`ControlPlane`] wraps one directory with the membership it belongs to: rebalancing,
 //! rolling upgrades and fault-domain isolation. None of them moves payload bytes; a shard that
-//! moves starts empty, and its keys are misses until they are filled again.
+//! moves starts empty, and its keys are misses until they are filled again. [`Placement`] says
+//! which member owns a key, by rendezvous hashing, with no directory at all.
 
 mod control;
 mod directory;
+mod placement;
 #[cfg(test)]
 mod tests;
 
@@ -21,3 +23,4 @@ pub use directory::{
     FILL_LEASE_MS_DEFAULT, FILLS_MAX_DEFAULT, FillLease, FillNotice, FillOutcome, FillRefusal,
     FillStart, FillTicket, SETTLED_MAX, ShardDirectory, ShardId, ShardStats,
 };
+pub use placement::Placement;

@@ -291,3 +291,72 @@ fn an_upgrade_drains_then_fences_and_a_rollback_lets_fills_complete() {
     assert_eq!(p.directory().stats().in_flight, 0);
     assert_eq!(p.finish_upgrade(), Err(ControlError::NotDraining));
 }
+
+fn spread_key(i: u64) -> KeyDigest {
+    // Real digests are BLAKE3 output; these stand in with bytes as well mixed.
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&crate::rng::SplitMix64::new(i).next_u64().to_le_bytes());
+    KeyDigest(d)
+}
+
+const KEYS: u64 = 20_000;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A join moves only the keys the new member now wins, about 1/(N+1) of them; a leave
+    /// moves only the leaver's keys, each to its second choice; every member's share is near
+    /// 1/N.
+    #[test]
+    fn rendezvous_moves_only_what_it_must(n in 2u64..40, joiner in 1000u64..2000, leaver in 0usize..40) {
+        let before = Placement::new((0..n).map(NodeId));
+        let after = Placement::new((0..n).map(NodeId).chain([NodeId(joiner)]));
+        let mut moved = 0u64;
+        let mut share = vec![0u64; usize::try_from(n).expect("small")];
+        for i in 0..KEYS {
+            let k = spread_key(i);
+            let (was, now) = (before.owner(&k).expect("members"), after.owner(&k).expect("members"));
+            share[usize::try_from(was.0).expect("small")] += 1;
+            if was != now {
+                prop_assert_eq!(now, NodeId(joiner), "a key moved between old members");
+                moved += 1;
+            }
+        }
+        let expected = KEYS as f64 / (n + 1) as f64;
+        prop_assert!((moved as f64 - expected).abs() < 0.15 * expected + 60.0, "moved {} of {}, expected about {}", moved, KEYS, expected);
+        let fair = KEYS as f64 / n as f64;
+        for s in &share {
+            prop_assert!((*s as f64 - fair).abs() < 0.2 * fair + 60.0, "a share of {} against {}", s, fair);
+        }
+        // A leave: only the leaver's keys move, each to its second choice.
+        let gone = NodeId(u64::try_from(leaver).expect("small") % n);
+        let without = Placement::new((0..n).map(NodeId).filter(|m| *m != gone));
+        for i in 0..KEYS / 4 {
+            let k = spread_key(i);
+            let choices = before.choices(&k, 2);
+            let now = without.owner(&k).expect("members");
+            if choices[0] == gone {
+                prop_assert_eq!(now, choices[1]);
+            } else {
+                prop_assert_eq!(now, choices[0]);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_splits_by_owner_keeping_item_order_and_no_member_owns_nothing() {
+    let p = Placement::new([NodeId(3), NodeId(1), NodeId(2), NodeId(1)]);
+    assert_eq!(p.nodes(), &[NodeId(1), NodeId(2), NodeId(3)]);
+    let keys: Vec<KeyDigest> = (0..64).map(spread_key).collect();
+    let parts = p.split(&keys);
+    let mut seen: Vec<usize> = parts.iter().flat_map(|(_, items)| items.clone()).collect();
+    for (node, items) in &parts {
+        assert!(items.windows(2).all(|w| w[0] < w[1]), "item order kept");
+        assert!(items.iter().all(|i| p.owner(&keys[*i]) == Some(*node)));
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..64).collect::<Vec<_>>(), "every item in exactly one part");
+    assert_eq!(Placement::default().owner(&keys[0]), None);
+    assert_eq!(p.choices(&keys[0], 5).len(), 3);
+}

@@ -377,34 +377,40 @@ impl TieredStore {
     ) -> Result<Put, StoreError> {
         let answer = {
             let _order = self.stripe(key);
-            let answer = self.file.commit_deferred(caller, key, src, request, expected);
-            if let Ok(Put::Committed(checksum)) = answer {
-                match self.memory.put(&owner(key), key, src, None) {
-                    Ok(Put::Committed(held)) if held == checksum => {
-                        bump(&self.counters.written_up);
-                    }
-                    // Full of blocks being read, or holding an older version not dropped yet:
-                    // the block is written now, as under write-through.
-                    _ => match self.file.write_deferred(key, checksum, src) {
-                        Ok(written) => {
-                            if written {
-                                bump(&self.counters.written_back);
-                            }
-                        }
-                        Err(e) => {
-                            self.file.forget_deferred(key, checksum, None);
-                            drop(_order);
-                            self.follow_file_evictions();
-                            return Err(e);
-                        }
-                    },
+            match self.file.commit_deferred(caller, key, src, request, expected) {
+                Ok(Put::Committed(checksum)) => {
+                    self.hold(key, src, checksum).map(|()| Put::Committed(checksum))
                 }
+                other => other,
             }
-            answer
         };
         self.follow_file_evictions();
         self.demote_evicted();
         answer
+    }
+
+    /// Write-back, holding `key`'s stripe: memory takes the bytes of the block the file tier
+    /// just recorded. Memory full of blocks being read, or holding an older version not dropped
+    /// yet, leaves the block to be written now, as under write-through; a block whose write
+    /// fails leaves the books, and the PUT fails with the write's error.
+    fn hold(&self, key: &PhysicalKey, src: &[u8], checksum: Checksum) -> Result<(), StoreError> {
+        if matches!(self.memory.put(&owner(key), key, src, None), Ok(Put::Committed(c)) if c == checksum)
+        {
+            bump(&self.counters.written_up);
+            return Ok(());
+        }
+        match self.file.write_deferred(key, checksum, src) {
+            Ok(written) => {
+                if written {
+                    bump(&self.counters.written_back);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.file.forget_deferred(key, checksum, None);
+                Err(e)
+            }
+        }
     }
 
     /// Write-back: a memory copy found damaged was the only one of a block not written yet.
@@ -415,9 +421,9 @@ impl TieredStore {
             return false;
         }
         let _order = self.stripe(key);
+        // `forget_deferred` takes only a block still waiting for its file.
         let lost = self.file.committed_checksum(key).is_some_and(|checksum| {
-            self.file.is_deferred(key)
-                && self.memory.committed_checksum(key).is_none()
+            self.memory.committed_checksum(key).is_none()
                 && self.file.forget_deferred(
                     key,
                     checksum,
@@ -439,7 +445,7 @@ impl TieredStore {
             return 0;
         }
         self.demote_evicted();
-        let mut written = 0;
+        let (mut written, mut left) = (0, 0);
         let mut buf = Vec::new();
         for (key, checksum, len) in self.file.deferred_blocks() {
             let _order = self.stripe(&key);
@@ -447,6 +453,7 @@ impl TieredStore {
             buf.resize(len, 0);
             let held = self.memory.get_into(&owner(&key), &key, &mut buf);
             if !matches!(held, Ok(Get::Hit { checksum: c, .. }) if c == checksum) {
+                left += 1;
                 continue;
             }
             match self.file.write_deferred(&key, checksum, &buf) {
@@ -455,8 +462,14 @@ impl TieredStore {
                     bump(&self.counters.written_back);
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "write-back flush of a block failed"),
+                Err(e) => {
+                    left += 1;
+                    tracing::warn!(error = %e, "write-back flush of a block failed");
+                }
             }
+        }
+        if left > 0 {
+            tracing::warn!(left, "write-back flush: blocks not written, which a restart will miss");
         }
         written
     }
@@ -538,13 +551,31 @@ impl TieredStore {
             bump(&self.counters.memory_hits);
             return answer.map(|hit| (hit, Some(Tier::Memory)));
         }
-        let got = self.file.get_into(caller, key, dst)?;
-        if was_damaged(&answer, &got) && self.lost_damaged(key) {
-            return Ok((Get::Miss(MissReason::Corrupt), None));
+        let got = self.file.get_into(caller, key, dst);
+        let (got, tier) = self.file_answer(key, &answer, got, dst);
+        got.map(|g| (g, tier))
+    }
+
+    /// A GET's answer from the file tier after the memory tier answered `upper`: a damaged
+    /// only copy is a corrupt miss (see [`Self::lost_damaged`]); a hit is counted and promoted.
+    fn file_answer(
+        &self,
+        key: &PhysicalKey,
+        upper: &Result<Get, StoreError>,
+        got: Result<Get, StoreError>,
+        dst: &[u8],
+    ) -> TieredGet {
+        match got {
+            Ok(g) if was_damaged(upper, &g) && self.lost_damaged(key) => {
+                (Ok(Get::Miss(MissReason::Corrupt)), None)
+            }
+            Ok(g) => {
+                self.note_file_answer(key, &g, dst);
+                let tier = matches!(g, Get::Hit { .. }).then_some(Tier::File);
+                (Ok(g), tier)
+            }
+            Err(e) => (Err(e), None),
         }
-        self.note_file_answer(key, &got, dst);
-        let tier = matches!(got, Get::Hit { .. }).then_some(Tier::File);
-        Ok((got, tier))
     }
 
     /// [`Store::get_batch`], and which tier served each hit.
@@ -575,18 +606,8 @@ impl TieredStore {
             // its logical key): those items are asked one at a time, in order.
             for (i, upper) in &rest {
                 let item = &mut items[*i];
-                let answer = match self.file.get_into(caller, item.key, item.dst) {
-                    Ok(g) if was_damaged(upper, &g) && self.lost_damaged(item.key) => {
-                        (Ok(Get::Miss(MissReason::Corrupt)), None)
-                    }
-                    Ok(g) => {
-                        self.note_file_answer(item.key, &g, item.dst);
-                        let tier = matches!(g, Get::Hit { .. }).then_some(Tier::File);
-                        (Ok(g), tier)
-                    }
-                    Err(e) => (Err(e), None),
-                };
-                answers[*i] = Some(answer);
+                let got = self.file.get_into(caller, item.key, item.dst);
+                answers[*i] = Some(self.file_answer(item.key, upper, got, item.dst));
             }
         } else if !rest.is_empty() {
             let mut lower: Vec<BatchGet<'_>> = Vec::with_capacity(rest.len());
@@ -598,16 +619,8 @@ impl TieredStore {
                 }
             }
             let got = self.file.get_batch(caller, &mut lower);
-            for (((i, _), item), a) in rest.iter().zip(&lower).zip(got) {
-                let answer = match &a {
-                    Ok(g) => {
-                        self.note_file_answer(item.key, g, item.dst);
-                        let tier = matches!(g, Get::Hit { .. }).then_some(Tier::File);
-                        (a, tier)
-                    }
-                    Err(_) => (a, None),
-                };
-                answers[*i] = Some(answer);
+            for (((i, upper), item), a) in rest.iter().zip(&lower).zip(got) {
+                answers[*i] = Some(self.file_answer(item.key, upper, a, item.dst));
             }
         }
         answers

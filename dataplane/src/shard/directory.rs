@@ -11,7 +11,7 @@
 //!
 //! Every table is bounded: in-flight fills by `fills_max`, outcomes by [`SETTLED_MAX`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use crate::admission::{CreditClass, CreditGrant, CreditPool, CreditRefusal, Credits};
 use crate::key::KeyDigest;
@@ -121,6 +121,8 @@ pub struct ShardDirectory {
     next_fill: u64,
     in_flight: HashMap<u64, Fill>,
     by_key: HashMap<KeyDigest, u64>,
+    /// (lease deadline, fill) of every fill in flight, soonest first.
+    deadlines: BTreeSet<(u64, u64)>,
     settled: HashMap<u64, FillNotice>,
     settled_order: VecDeque<u64>,
     stats: ShardStats,
@@ -140,6 +142,7 @@ impl ShardDirectory {
             next_fill: 1,
             in_flight: HashMap::new(),
             by_key: HashMap::new(),
+            deadlines: BTreeSet::new(),
             settled: HashMap::new(),
             settled_order: VecDeque::new(),
             stats: ShardStats::default(),
@@ -215,6 +218,7 @@ impl ShardDirectory {
         let deadline_ms = now_ms.saturating_add(self.lease_ms);
         self.in_flight.insert(fill, Fill { key: digest, deadline_ms, _grant: grant });
         self.by_key.insert(digest, fill);
+        self.deadlines.insert((deadline_ms, fill));
         self.stats.led += 1;
         Ok(FillStart::Lead(FillLease {
             ticket: FillTicket { fill, epoch: self.epoch },
@@ -257,16 +261,15 @@ impl ShardDirectory {
 
     /// Fails every fill whose lease ran out by `now_ms`; answers how many.
     pub fn expire(&mut self, now_ms: u64) -> usize {
-        let lapsed: Vec<u64> = self
-            .in_flight
-            .iter()
-            .filter(|(_, f)| f.deadline_ms <= now_ms)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &lapsed {
-            self.settle(*id, FillNotice::Failed);
+        let mut lapsed = 0;
+        while let Some(&(deadline, fill)) = self.deadlines.first()
+            && deadline <= now_ms
+        {
+            self.deadlines.pop_first();
+            self.settle(fill, FillNotice::Failed);
+            lapsed += 1;
         }
-        lapsed.len()
+        lapsed
     }
 
     /// Moves to `epoch` (later than the current one; an equal or older one changes nothing):
@@ -280,6 +283,7 @@ impl ShardDirectory {
         // Fills of an older epoch all answer Fenced; their outcomes need no record.
         self.in_flight.clear();
         self.by_key.clear();
+        self.deadlines.clear();
         self.settled.clear();
         self.settled_order.clear();
         self.epoch = epoch;
@@ -299,6 +303,7 @@ impl ShardDirectory {
     fn settle(&mut self, fill: u64, notice: FillNotice) {
         let Some(f) = self.in_flight.remove(&fill) else { return };
         self.by_key.remove(&f.key);
+        self.deadlines.remove(&(f.deadline_ms, fill));
         match notice {
             FillNotice::Finished => self.stats.finished += 1,
             FillNotice::Failed => self.stats.failed += 1,

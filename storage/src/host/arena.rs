@@ -101,18 +101,15 @@ impl PayloadArena {
     pub fn on_huge_pages(bytes: u64) -> Result<Arc<Self>, PoolMemoryError> {
         let slot_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         let policy = HugePagePolicy::default().lock(Lock::Off);
+        let bad = || PoolMemoryError::BadSize {
+            slot_count: 1,
+            slot_bytes,
+            bytes_max: super::pool::POOL_BYTES_MAX,
+        };
         let mut pool = HugePagePool::new(1, slot_bytes, policy)?;
-        let slot = pool.slot_mut(0).ok_or(PoolMemoryError::BadSize {
-            slot_count: 1,
-            slot_bytes,
-            bytes_max: super::pool::POOL_BYTES_MAX,
-        })?;
+        let slot = pool.slot_mut(0).ok_or_else(bad)?;
         let len = slot.len() / ARENA_PAGE_BYTES * ARENA_PAGE_BYTES;
-        let base = NonNull::new(slot.as_mut_ptr()).ok_or(PoolMemoryError::BadSize {
-            slot_count: 1,
-            slot_bytes,
-            bytes_max: super::pool::POOL_BYTES_MAX,
-        })?;
+        let base = NonNull::new(slot.as_mut_ptr()).ok_or_else(bad)?;
         Ok(Arc::new(Self { region: Region::Pool(pool), base, len, pieces: Mutex::default() }))
     }
 

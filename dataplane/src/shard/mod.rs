@@ -10,17 +10,23 @@
 //! [`ControlPlane`] wraps one directory with the membership it belongs to: rebalancing,
 //! rolling upgrades and fault-domain isolation. None of them moves payload bytes; a shard that
 //! moves starts empty, and its keys are misses until they are filled again. [`Placement`] says
-//! which member owns a key, by rendezvous hashing, with no directory at all.
+//! which member owns a key, by rendezvous hashing, with no directory at all. [`ClusterView`]
+//! is the membership a cluster agrees on, and [`NodeFence`] what a node checks of each request
+//! against it.
 
 mod control;
 mod directory;
+mod node;
 mod placement;
 #[cfg(test)]
 mod tests;
+mod view;
 
 pub use control::{ControlError, ControlPlane, Member, NodeId, Upgrade};
 pub use directory::{
     FILL_LEASE_MS_DEFAULT, FILLS_MAX_DEFAULT, FillLease, FillNotice, FillOutcome, FillRefusal,
     FillStart, FillTicket, SETTLED_MAX, ShardDirectory, ShardId, ShardStats,
 };
+pub use node::{HELD_KEYS_MAX_DEFAULT, NodeFence, NotAdmitting, Refusal};
 pub use placement::Placement;
+pub use view::{ClusterView, MemberState, ViewMember};

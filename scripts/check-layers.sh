@@ -5,6 +5,8 @@
 # - gpucache-wire pulls in nothing that does I/O (no io_uring, libc, memory maps, sockets,
 #   async runtimes, randomness from the system);
 # - no crate below the service (the Python package included) depends on gpucache-service;
+# - etcd and its async runtime stay in gpucache-cluster: the contract, the stores, the wire and
+#   the plain client pull in neither;
 # - cli/src, the thin binary, stays under 2,000 lines.
 # Exit status 1 names every broken rule.
 set -euo pipefail
@@ -30,7 +32,10 @@ forbid() {
 
 forbid gpucache-storage prometheus-client hmac sha2 getrandom serde_json
 forbid gpucache-wire io-uring libc memmap2 getrandom tokio mio socket2 nix
-for crate in gpucache-dataplane gpucache-storage gpucache-wire gpucache-client gpucache-mooncake \
+for crate in gpucache-dataplane gpucache-storage gpucache-wire gpucache-client; do
+    forbid "$crate" etcd-client tokio tonic
+done
+for crate in gpucache-dataplane gpucache-storage gpucache-wire gpucache-client gpucache-cluster gpucache-mooncake \
     gpucache-nic gpucache-dpu gpucache-gpu gpucache-python; do
     forbid "$crate" gpucache-service gpucache-bench gpucache-cli
 done

@@ -11,6 +11,8 @@
 #   redis       redis-server, redis-cli, redis-benchmark (RESP tests, the service bench's peer)
 #   fio         fio (the FileStore bench's peer)
 #   iperf3      iperf3 (the service bench's socket ceiling)
+#   etcd        etcd and etcdctl (the cluster tests start a 3-member etcd on loopback) and protoc
+#               with the protobuf headers (the etcd-client crate's build step)
 #   mooncake    a venv with Mooncake Store (mooncake-transfer-engine-non-cuda) and the system
 #               libraries its binaries load (libibverbs1)
 #   nixl        a venv with the nixl-cu12 wheel (libnixl_capi.so, UCX, the POSIX plugin)
@@ -47,7 +49,7 @@ installed=()
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 
-all=(build prometheus redis fio iperf3 mooncake nixl python engines)
+all=(build etcd prometheus redis fio iperf3 mooncake nixl python engines)
 pieces=("$@")
 [ ${#pieces[@]} -gt 0 ] || pieces=("${all[@]}")
 for p in "${pieces[@]}"; do
@@ -92,6 +94,10 @@ ok_redis() {
 }
 ok_fio() { fio --version >/dev/null 2>&1; }
 ok_iperf3() { iperf3 --version >/dev/null 2>&1; }
+ok_etcd() { etcd --version >/dev/null 2>&1 && ETCDCTL_API=3 etcdctl version >/dev/null 2>&1; }
+# The etcd-client crate's build script runs protoc over etcd's .proto files, which import the
+# well-known types from the protobuf headers.
+ok_protoc() { protoc --version >/dev/null 2>&1 && [ -f /usr/include/google/protobuf/descriptor.proto ]; }
 ok_venv() {
     local d rc=0
     d="$(mktemp -d)"
@@ -119,6 +125,8 @@ wants prometheus && check_deb prometheus ok_prometheus prometheus
 wants redis && check_deb redis ok_redis redis-server redis-tools
 wants fio && check_deb fio ok_fio fio
 wants iperf3 && check_deb iperf3 ok_iperf3 iperf3
+wants etcd && { check_deb etcd ok_etcd etcd-server etcd-client
+    check_deb protoc ok_protoc protobuf-compiler libprotobuf-dev; }
 { wants mooncake || wants nixl || wants python; } && check_deb python3-venv ok_venv python3 python3-venv
 wants mooncake && check_deb libibverbs ok_ibverbs libibverbs1
 
@@ -148,6 +156,8 @@ if [ ${#debs[@]} -gt 0 ]; then
     wants redis && { ok_redis || die "redis does not run: $(redis-server --version 2>&1 | head -3)"; }
     wants fio && { ok_fio || die "fio does not run: $(fio --version 2>&1 | head -3)"; }
     wants iperf3 && { ok_iperf3 || die "iperf3 does not run: $(iperf3 --version 2>&1 | head -3)"; }
+    wants etcd && { ok_etcd || die "etcd/etcdctl do not run: $(etcd --version 2>&1 | head -3)"
+        ok_protoc || die "protoc or the protobuf headers are missing after installing them"; }
     { wants mooncake || wants nixl || wants python; } && { ok_venv || die "$python cannot make a venv"; }
     wants mooncake && { ok_ibverbs || die "libibverbs.so.1 is not known to the loader after installing libibverbs1"; }
 fi

@@ -8,6 +8,7 @@
 //! prefix-reuse traces (`bench trace`), and talks to a running service (`put`, `get`, `stat`).
 
 mod client_cmd;
+mod cluster_cmd;
 mod fsck;
 
 use std::path::PathBuf;
@@ -100,6 +101,9 @@ enum Command {
         #[command(flatten)]
         target: client_cmd::StatTarget,
     },
+    /// Show or change a cluster's view in etcd: status, drain, undrain, finish, isolate,
+    /// rebalance (exit status 1 when the rules refuse the change, 2 when etcd cannot be asked).
+    Cluster(cluster_cmd::ClusterArgs),
     /// Measure a backend.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -185,6 +189,7 @@ fn main() -> ExitCode {
         Command::Put { name, file, target } => client_cmd::put(&target, &name, file.as_ref()),
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),
+        Command::Cluster(args) => cluster_cmd::run(&args),
         Command::Bench(BenchCommand::File(args)) => gpucache_bench::file::run(&args),
         Command::Bench(BenchCommand::Dpu(args)) => gpucache_bench::dpu::run(&args),
         Command::Bench(BenchCommand::Service(args)) => gpucache_bench::service::run(&args),

@@ -58,8 +58,8 @@ use crate::Credentials;
 use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{StageCallError, StageId, StagedGet, StagedSlot, StagingStats};
 use gpucache_wire::{
-    BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HEADER_BYTES, HelloAuth, Op,
-    RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, WireError,
+    BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HEADER_BYTES, HelloAuth, NodeStatus,
+    Op, RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, WireError,
     decode_get_response, encode_put_request, put_request_parts, sole_hit, write_all_vectored,
 };
 
@@ -222,6 +222,8 @@ struct Conn {
     pending: Range<usize>,
     /// The session key of a sealed session.
     seal: Option<SealKey>,
+    /// The cluster epoch this connection said it routes by (CLUSTER), if it said one.
+    declared: Option<u64>,
 }
 
 type PoolKey = (TenantId, bool, bool, bool);
@@ -242,7 +244,13 @@ pub struct TcpStore {
     /// The Unix socket the server offered, when the configuration names none.
     local_path: OnceLock<PathBuf>,
     shared: SharedCounters,
+    /// The cluster epoch requests are routed by; [`NOT_CLUSTERED`] for a server that runs
+    /// alone.
+    cluster_epoch: AtomicU64,
 }
+
+/// [`TcpStore::set_cluster_epoch`] was never called: requests say no epoch.
+const NOT_CLUSTERED: u64 = u64::MAX;
 
 /// What the same-host path did, for operators and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -450,6 +458,7 @@ fn unexpected(operation: &'static str, response: &Response) -> StoreError {
     match response {
         // The server turned the connection away (stopping, full): a transport failure.
         Response::Error(e) if e.closes_connection() => transport(operation, format!("server: {e}")),
+        Response::Error(WireError::Fenced(refusal)) => StoreError::Fenced(*refusal),
         Response::Error(e) => StoreError::Backend {
             operation,
             detail: format!("server: {e}"),
@@ -476,6 +485,7 @@ impl TcpStore {
             info: OnceLock::new(),
             arena: OnceLock::new(),
             local_path: OnceLock::new(),
+            cluster_epoch: AtomicU64::new(NOT_CLUSTERED),
             shared: SharedCounters::default(),
         }
     }
@@ -560,7 +570,51 @@ impl TcpStore {
     }
 
     fn connect(&self, caller: &Caller, operation: &'static str) -> Result<Conn, StoreError> {
-        self.open(caller).map_err(|e| transport_failure(operation, e.io_kind(), e))
+        let mut conn =
+            self.open(caller).map_err(|e| transport_failure(operation, e.io_kind(), e))?;
+        self.declare(&mut conn, operation)?;
+        Ok(conn)
+    }
+
+    /// Routes this store's requests by cluster epoch `epoch` from now on: each connection says
+    /// it (CLUSTER) before its next request, and a node of a cluster refuses requests of any
+    /// other epoch with [`StoreError::Fenced`].
+    pub fn set_cluster_epoch(&self, epoch: u64) {
+        self.cluster_epoch.store(epoch.min(NOT_CLUSTERED - 1), Ordering::Release);
+    }
+
+    /// The node's standing in its cluster (CLUSTER, saying this store's epoch); none for a
+    /// server that runs alone.
+    pub fn node_status(&self) -> Result<Option<NodeStatus>, StoreError> {
+        let epoch = match self.cluster_epoch.load(Ordering::Acquire) {
+            NOT_CLUSTERED => 0,
+            e => e,
+        };
+        match self.control(Request::Cluster { epoch }, "cluster")? {
+            Response::Cluster(status) => Ok(status),
+            other => Err(unexpected("cluster", &other)),
+        }
+    }
+
+    /// Says the cluster epoch on `conn` when it has not said the current one yet.
+    fn declare(&self, conn: &mut Conn, operation: &'static str) -> Result<(), StoreError> {
+        let epoch = self.cluster_epoch.load(Ordering::Acquire);
+        if epoch == NOT_CLUSTERED || conn.declared == Some(epoch) {
+            return Ok(());
+        }
+        let frame = self.exchange_with(conn, &Request::Cluster { epoch }, operation, None)?;
+        match Response::from_frame(&frame).map_err(|e| transport(operation, e))? {
+            Response::Cluster(Some(_)) => {
+                conn.declared = Some(epoch);
+                Ok(())
+            }
+            Response::Cluster(None) => Err(StoreError::Backend {
+                operation,
+                detail: "the server runs alone, not as a node of a cluster".into(),
+                retirement: Retirement::Retired,
+            }),
+            other => Err(unexpected(operation, &other)),
+        }
     }
 
     /// A new connection with its session open (and, on the same-host path, the segment
@@ -614,6 +668,7 @@ impl TcpStore {
             buf: vec![0; READ_CHUNK_BYTES],
             pending: 0..0,
             seal: None,
+            declared: None,
         };
         let credentials = self.config.credentials.get(&caller.tenant);
         let mut client_nonce = [0u8; NONCE_BYTES];
@@ -840,7 +895,10 @@ impl TcpStore {
             .ok()
             .and_then(|mut p| p.get_mut(&pool_key(caller)).and_then(Vec::pop));
         match pooled {
-            Some(c) => Ok((c, true)),
+            Some(mut c) => {
+                self.declare(&mut c, operation)?;
+                Ok((c, true))
+            }
             None => Ok((self.connect(caller, operation)?, false)),
         }
     }

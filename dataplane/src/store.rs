@@ -397,6 +397,12 @@ pub enum StoreError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Lifecycle(#[from] IllegalTransition),
+    /// A node of a cluster refused the request under its view (an older or newer epoch than
+    /// the client routed by, or a node that admits nothing now). Nothing was served: the
+    /// client refreshes its view on [`FenceRefusal::StaleEpoch`](crate::shard::FenceRefusal) and
+    /// takes a miss otherwise.
+    #[error("cluster: {0}")]
+    Fenced(#[from] crate::shard::FenceRefusal),
     #[error("{operation} failed in the backend: {detail}")]
     Backend { operation: &'static str, detail: String, retirement: Retirement },
     /// A file-system step of a durable store failed (a read-only or full device, a permission

@@ -17,9 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpucache_cluster::{Coordinator, EtcdConfig, NodeConfig, NodeEvents, Registration};
 use gpucache_dataplane::clock::{Clock, MonotonicClock};
 use gpucache_dataplane::limits::LimitsError;
 use gpucache_dataplane::registry::LocalEpochs;
+use gpucache_dataplane::shard::NodeId;
 use gpucache_dataplane::store::Store;
 use gpucache_dpu::{DpuStore, DpuStoreConfig};
 use gpucache_storage::MemoryStore;
@@ -31,7 +33,8 @@ use gpucache_wire::staging::BlockStaging;
 use prometheus_client::registry::Registry;
 
 use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_mmap_threshold};
-use crate::config::{Eviction, StoreKind, ValidConfig};
+use crate::cluster::{ClusterNode, FencedStore};
+use crate::config::{ClusterSection, Eviction, StoreKind, ValidConfig};
 use crate::dpu::{self, DpuStartError};
 use crate::http::MetricsServer;
 use crate::metered::{MeteredStore, Metrics, StagingGauges, register_limits};
@@ -99,6 +102,10 @@ pub enum StartError {
     Resp { addr: SocketAddr, source: io::Error },
     #[error("metrics listener {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
+    /// `[cluster]` is configured and the node could not register (etcd unreachable, a view it
+    /// cannot read, a refused change).
+    #[error("cluster: {0}")]
+    Cluster(#[from] gpucache_cluster::ClusterError),
 }
 
 fn local_words(local: Option<&Path>) -> String {
@@ -280,7 +287,15 @@ impl ValidConfig {
         ready.register(&mut registry);
         let metrics = Arc::new(Metrics::with_registry(registry));
         let metered = MeteredStore::shared(store, Arc::clone(&metrics));
-        let shared: Arc<dyn Store> = metered.clone();
+        let cluster = &self.cluster;
+        let node = cluster.enabled().then(|| {
+            let held = usize::try_from(cluster.held_keys_max).unwrap_or(usize::MAX);
+            Arc::new(ClusterNode::new(NodeId(cluster.node), held, metered.clone()))
+        });
+        let shared: Arc<dyn Store> = match &node {
+            Some(node) => Arc::new(FencedStore::new(metered.clone(), Arc::clone(node))),
+            None => metered.clone(),
+        };
 
         let l = &self.listen;
         let mut server_config = ServerConfig::new(l.native, self.callers().to_vec());
@@ -295,6 +310,7 @@ impl ValidConfig {
         server_config.staging = staging;
         // LIMITS states it, so a client refuses an oversize value before it reads or sends it.
         server_config.object_bytes_max = Some(self.limits.object_bytes_max);
+        server_config.cluster = node.clone();
         let server = start_native(server_config, Arc::clone(&shared)).map_err(|source| {
             StartError::Native { addr: l.native, local: self.local_socket(), source }
         })?;
@@ -322,8 +338,25 @@ impl ValidConfig {
             .map_err(|source| StartError::Resp { addr: l.resp, source })?;
         let http = MetricsServer::start(l.metrics, metrics, ready)
             .map_err(|source| StartError::Metrics { addr: l.metrics, source })?;
+        // Registered last, once every listener accepts: the view may send clients here at
+        // once.
+        let registration = match &node {
+            Some(node) => {
+                let advertise = self.cluster.advertise.clone();
+                let address = advertise.unwrap_or_else(|| server.local_addr().to_string());
+                match register(&self.cluster, address, self.limits.retained_bytes_max, node) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        let _ = server.shutdown() + resp.shutdown() + http.shutdown();
+                        return Err(e.into());
+                    }
+                }
+            }
+            None => None,
+        };
         created_root.keep();
         Ok(Service {
+            registration,
             config: self,
             server,
             resp,
@@ -335,6 +368,27 @@ impl ValidConfig {
             staging_name,
         })
     }
+}
+
+/// Registers the node in its cluster (see `gpucache_cluster::Registration`).
+fn register(
+    cluster: &ClusterSection,
+    address: String,
+    capacity: u64,
+    node: &Arc<ClusterNode>,
+) -> Result<Registration, gpucache_cluster::ClusterError> {
+    let mut etcd = EtcdConfig::new(cluster.etcd.clone(), cluster.name.clone());
+    etcd.request_timeout_ms = cluster.request_timeout_ms;
+    let coordinator = Arc::new(Coordinator::connect(etcd)?);
+    let config = NodeConfig {
+        node: NodeId(cluster.node),
+        address,
+        fault_domain: cluster.fault_domain.clone(),
+        capacity,
+        lease_ttl_s: cluster.lease_ttl_s,
+        poll_ms: cluster.poll_ms,
+    };
+    Registration::start(coordinator, config, Arc::clone(node) as Arc<dyn NodeEvents>)
 }
 
 /// Starts the native listener. Its Unix socket is bound with no access for others (the umask
@@ -480,6 +534,8 @@ pub struct Service {
     tiered: Option<Arc<TieredStore>>,
     io_engine: Option<IoEngineReport>,
     staging_name: String,
+    /// The node's registration, when it is a node of a cluster.
+    registration: Option<Registration>,
 }
 
 impl std::fmt::Debug for Service {
@@ -588,7 +644,13 @@ impl Service {
     /// writes back writes its memory-only blocks down; the DPU agent's reactors are joined when
     /// its last holder goes). Answers how many connection threads did not stop in time.
     pub fn stop(self) -> usize {
-        let Self { server, resp, http, store, dpu, tiered, .. } = self;
+        let Self { server, resp, http, store, dpu, tiered, registration, .. } = self;
+        // Out of the view first: clients route its keys to their next choices at once.
+        if let Some(r) = registration
+            && let Err(e) = r.leave()
+        {
+            tracing::warn!(error = %e, "could not leave the cluster view; its lease will lapse");
+        }
         let left = server.shutdown() + resp.shutdown();
         let http_left = http.shutdown();
         if let Some(t) = tiered.filter(|t| t.write_mode() == WriteMode::Back) {

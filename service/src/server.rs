@@ -45,6 +45,7 @@ use crate::listener::{
 use gpucache_storage::host::segment::Segment;
 
 use crate::auth::{ReplayWindow, TenantAuth};
+use crate::cluster::ClusterNode;
 use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 use gpucache_wire::{
@@ -100,6 +101,9 @@ pub struct ServerConfig {
     /// The store's largest value (`limits.object_bytes_max`), stated in the LIMITS answer so
     /// a client can refuse an oversize value before it reads or sends it. None: not stated.
     pub object_bytes_max: Option<u64>,
+    /// The node's standing in its cluster: every keyed request is checked against its view
+    /// (the epoch its connection said with CLUSTER). None for a server that runs alone.
+    pub cluster: Option<Arc<ClusterNode>>,
 }
 
 impl ServerConfig {
@@ -120,6 +124,7 @@ impl ServerConfig {
             shm_mapped_bytes_max: 16 << 30,
             staging: None,
             object_bytes_max: None,
+            cluster: None,
         }
     }
 }
@@ -369,6 +374,8 @@ struct Session {
     /// The session key of a sealed session; `None` for an open tenant.
     seal: Option<SealKey>,
     replay: ReplayWindow,
+    /// The cluster epoch the connection routes by (CLUSTER); 0 until it says one.
+    cluster_epoch: u64,
 }
 
 /// A client segment mapped for one connection, charged against `shm_mapped_bytes_max` until
@@ -617,6 +624,23 @@ fn serve_frame<'a>(
             return Response::Error(e).into();
         }
     }
+    if let Some(node) = &shared.config.cluster
+        && frame.kind == Kind::Request
+    {
+        if frame.op == Op::Cluster {
+            return Served::Plain(match Request::from_frame(frame) {
+                Ok(Request::Cluster { epoch }) => {
+                    s.cluster_epoch = epoch;
+                    Response::Cluster(Some(node.status()))
+                }
+                Ok(_) => Response::Error(WireError::Malformed { what: "CLUSTER request" }),
+                Err(e) => Response::Error(e),
+            });
+        }
+        if let Err(refusal) = node.check(frame.op, s.cluster_epoch) {
+            return Response::Error(WireError::Fenced(refusal)).into();
+        }
+    }
     if frame.kind == Kind::Request && frame.op == Op::Put {
         // Stored straight from the frame body, the frame's items as one batch; the store
         // checks each item against the checksum the client sent as it copies it.
@@ -672,7 +696,8 @@ fn hello(
         if auth.is_some() {
             return Err(refuse(AuthFailure::TenantOpen));
         }
-        let session = Session { caller: Caller::new(tenant, rights), seal: None, replay };
+        let session =
+            Session { caller: Caller::new(tenant, rights), seal: None, replay, cluster_epoch: 0 };
         let answer = Response::Hello {
             version: VERSION,
             server: config.name.clone(),
@@ -712,6 +737,7 @@ fn hello(
         caller: Caller::new(tenant, rights),
         seal: Some(SealKey::new(auth.seal, &session_key)),
         replay,
+        cluster_epoch: 0,
     };
     let answer = Response::Hello {
         version: VERSION,
@@ -752,6 +778,8 @@ fn answer<'a>(
         Request::Locate { keys } => {
             Response::Locate(store.locate(who, &keys.iter().collect::<Vec<_>>()))
         }
+        // A node of a cluster answers it before this; a server alone has no standing.
+        Request::Cluster { .. } => Response::Cluster(None),
         Request::Lookup { keys } => {
             Response::Lookup(store.lookup_batch(who, &keys.iter().collect::<Vec<_>>()))
         }

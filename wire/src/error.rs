@@ -102,6 +102,11 @@ pub enum WireError {
         "a request body of {requested} bytes would exceed the {scope} in-flight request bytes limit of {max} ({in_flight} in flight)"
     )]
     Overloaded { scope: InflightScope, requested: u64, in_flight: u64, max: u64 },
+    /// A node of a cluster refused the request under its view (see
+    /// [`gpucache_dataplane::shard::NodeFence`]); nothing was served, and the connection
+    /// continues.
+    #[error("cluster: {0}")]
+    Fenced(gpucache_dataplane::shard::FenceRefusal),
 }
 
 /// Whose in-flight request bytes an [`WireError::Overloaded`] refusal is about.

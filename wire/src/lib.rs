@@ -42,9 +42,10 @@ pub use frame::{
     header_checksum, sole_hit, write_all_vectored,
 };
 pub use message::{
-    Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, PutItem, PutRef, RemoteInfo, Request,
-    Response, ServerLimits, SharedGetItem, SharedPutItem, decode_get_response, decode_put_request,
-    encode_get_response, encode_put_request, get_hit_frame_parts, put_request_parts,
+    Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, NodeStatus, PutItem, PutRef, RemoteInfo,
+    Request, Response, ServerLimits, SharedGetItem, SharedPutItem, decode_get_response,
+    decode_put_request, encode_get_response, encode_put_request, get_hit_frame_parts,
+    put_request_parts,
 };
 pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};
@@ -188,13 +189,15 @@ pub enum Op {
     Limits,
     /// Batch lookup with the tier that holds each block found.
     Locate,
+    /// Says the cluster epoch the connection routes by; answers the node's own view.
+    Cluster,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 28] = [
+    pub const ALL: [Op; 29] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -222,6 +225,7 @@ impl Op {
         Self::StageStats,
         Self::Limits,
         Self::Locate,
+        Self::Cluster,
         Self::Error,
     ];
 
@@ -254,6 +258,7 @@ impl Op {
             Self::StageStats => 25,
             Self::Limits => 26,
             Self::Locate => 27,
+            Self::Cluster => 28,
             Self::Error => 255,
         }
     }
@@ -296,6 +301,7 @@ impl Op {
             Self::StageStats => "STAGE_STATS",
             Self::Limits => "LIMITS",
             Self::Locate => "LOCATE",
+            Self::Cluster => "CLUSTER",
             Self::Error => "ERROR",
         }
     }

@@ -5,6 +5,7 @@ use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::shard::{NodeId, NotAdmitting};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
     Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
@@ -229,6 +230,22 @@ pub enum Request {
     Locate {
         keys: Vec<PhysicalKey>,
     },
+    /// The cluster epoch this connection's requests are routed by, from now on. A node of a
+    /// cluster serves a request only at its own view's epoch (a connection that never said
+    /// one is at epoch 0, older than any view).
+    Cluster {
+        epoch: u64,
+    },
+}
+
+/// A node's standing in its cluster, as CLUSTER answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub node: NodeId,
+    /// The epoch of the view the node serves under.
+    pub epoch: u64,
+    /// Why it takes no new blocks now, if it takes none.
+    pub not_admitting: Option<NotAdmitting>,
 }
 
 /// What a server answers, with the op of the request (or [`Op::Error`]).
@@ -272,6 +289,8 @@ pub enum Response {
     Limits(ServerLimits),
     StageStats(StagingStats),
     Locate(Vec<Result<Located, StoreError>>),
+    /// The node's standing; none for a server that runs alone (no cluster).
+    Cluster(Option<NodeStatus>),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -327,6 +346,7 @@ impl Request {
             Self::StageStats => Op::StageStats,
             Self::Limits => Op::Limits,
             Self::Locate { .. } => Op::Locate,
+            Self::Cluster { .. } => Op::Cluster,
         }
     }
 
@@ -438,6 +458,7 @@ impl Request {
                 put_request_id(w, *request);
             }
             Self::CommitPut { stage } => w.u64(stage.0),
+            Self::Cluster { epoch } => w.u64(*epoch),
             Self::StageGet { items } => {
                 w.count(items.len());
                 for item in items {
@@ -503,6 +524,7 @@ impl Request {
                 request: get_request_id(r)?,
             },
             Op::CommitPut => Self::CommitPut { stage: StageId(r.u64(text::INTEGER)?) },
+            Op::Cluster => Self::Cluster { epoch: r.u64(text::INTEGER)? },
             Op::Release => {
                 let n = r.count()?;
                 let mut stages = r.batch(n);
@@ -1110,6 +1132,7 @@ impl Response {
             Self::StageStats(_) => Op::StageStats,
             Self::Limits(_) => Op::Limits,
             Self::Locate(_) => Op::Locate,
+            Self::Cluster(_) => Op::Cluster,
             Self::Error(_) => Op::Error,
         }
     }
@@ -1151,6 +1174,15 @@ impl Response {
             Self::Stats(stats) => put_stats(w, stats),
             Self::Lookup(items) => write_batch(w, items, put_lookup),
             Self::Locate(items) => write_batch(w, items, put_located),
+            Self::Cluster(status) => match status {
+                None => w.u8(0),
+                Some(s) => {
+                    w.u8(1);
+                    w.u64(s.node.0);
+                    w.u64(s.epoch);
+                    w.u8(s.not_admitting.map_or(0, |r| r.code() + 1));
+                }
+            },
             Self::Get(items) => {
                 // Payloads first, then the trailer that describes them (FLAG_TRAILER).
                 let mut trailer = Vec::new();
@@ -1260,6 +1292,21 @@ impl Response {
             Op::Stats => Self::Stats(get_stats(r)?),
             Op::Lookup => Self::Lookup(read_batch(r, get_lookup)?),
             Op::Locate => Self::Locate(read_batch(r, get_located)?),
+            Op::Cluster => Self::Cluster(match r.u8(text::NODE_STATUS)? {
+                0 => None,
+                1 => Some(NodeStatus {
+                    node: NodeId(r.u64(N)?),
+                    epoch: r.u64(N)?,
+                    not_admitting: match r.u8(text::NOT_ADMITTING)? {
+                        0 => None,
+                        tag => Some(
+                            NotAdmitting::from_code(tag - 1)
+                                .ok_or(WireError::UnknownTag { what: text::NOT_ADMITTING, tag })?,
+                        ),
+                    },
+                }),
+                tag => return Err(WireError::UnknownTag { what: text::NODE_STATUS, tag }),
+            }),
             Op::Get => Self::Get(
                 read_get_answers(r.take_rest())?
                     .into_iter()

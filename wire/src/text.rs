@@ -129,6 +129,9 @@ whats! {
     AGENT_METADATA = "agent metadata",
     DESCRIPTOR = "block descriptor",
     INFLIGHT_SCOPE = "in-flight scope",
+    FENCE_REFUSAL = "cluster refusal",
+    NODE_STATUS = "node status",
+    NOT_ADMITTING = "not-admitting reason",
 }
 
 /// The static string equal to `text`, if it is in [`DATAPLANE_TEXT`] or [`WHAT_TEXT`].

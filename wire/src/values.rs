@@ -13,6 +13,7 @@ use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
+use gpucache_dataplane::shard::{FenceRefusal, NotAdmitting};
 use gpucache_dataplane::store::{
     Abort, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Implementation, Invalidate,
     Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, StorageEffect,
@@ -979,7 +980,48 @@ pub(super) fn put_wire_error(w: &mut Writer<'_>, e: &WireError) {
             w.u64(*in_flight);
             w.u64(*max);
         }
+        WireError::Fenced(refusal) => {
+            w.u8(29);
+            put_fence_refusal(w, refusal);
+        }
     }
+}
+
+/// A [`FenceRefusal`]: 0 stale epoch, 1 node behind (each with the epoch sent, then the
+/// node's), 2 not admitting (with its reason's code).
+fn put_fence_refusal(w: &mut Writer<'_>, refusal: &FenceRefusal) {
+    match refusal {
+        FenceRefusal::StaleEpoch { sent, current } => {
+            w.u8(0);
+            w.u64(*sent);
+            w.u64(*current);
+        }
+        FenceRefusal::NodeBehind { sent, current } => {
+            w.u8(1);
+            w.u64(*sent);
+            w.u64(*current);
+        }
+        FenceRefusal::NotAdmitting(reason) => {
+            w.u8(2);
+            w.u8(reason.code());
+        }
+    }
+}
+
+fn get_fence_refusal(r: &mut Reader<'_>) -> Result<FenceRefusal, WireError> {
+    const N: &str = text::INTEGER;
+    Ok(match r.u8(text::FENCE_REFUSAL)? {
+        0 => FenceRefusal::StaleEpoch { sent: r.u64(N)?, current: r.u64(N)? },
+        1 => FenceRefusal::NodeBehind { sent: r.u64(N)?, current: r.u64(N)? },
+        2 => {
+            let tag = r.u8(text::NOT_ADMITTING)?;
+            FenceRefusal::NotAdmitting(
+                NotAdmitting::from_code(tag)
+                    .ok_or(WireError::UnknownTag { what: text::NOT_ADMITTING, tag })?,
+            )
+        }
+        tag => return Err(WireError::UnknownTag { what: text::FENCE_REFUSAL, tag }),
+    })
 }
 
 pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError> {
@@ -1040,6 +1082,7 @@ pub(super) fn get_wire_error(r: &mut Reader<'_>) -> Result<WireError, WireError>
                 max: r.u64(N)?,
             }
         }
+        29 => WireError::Fenced(get_fence_refusal(r)?),
         tag => return Err(WireError::UnknownTag { what: text::WIRE_ERROR, tag }),
     })
 }

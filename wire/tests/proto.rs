@@ -12,6 +12,7 @@ use gpucache_dataplane::key::{KEY_BYTES_MAX, PhysicalKey};
 use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
+use gpucache_dataplane::shard::{FenceRefusal, NodeId, NotAdmitting};
 use gpucache_dataplane::store::{
     Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
     Implementation, Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
@@ -22,12 +23,12 @@ use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, Sta
 use gpucache_wire::{
     AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_SOLE_HIT,
     FLAG_TRAILER, Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem,
-    HEADER_BYTES, HelloAuth, HelloSession, InflightScope, Kind, MAGIC, Op, PAYLOAD_BYTES_MAX,
-    PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response, SEAL_BYTES,
-    SOLE_HIT_TAIL_BYTES, SealAlgorithm, SealKey, ServerLimits, SharedGetItem, SharedPutItem,
-    TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response, decode_put_request,
-    encode_get_response, encode_put_request, get_hit_frame_parts, header_checksum, intern, offset,
-    put_request_parts, sole_hit,
+    HEADER_BYTES, HelloAuth, HelloSession, InflightScope, Kind, MAGIC, NodeStatus, Op,
+    PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response,
+    SEAL_BYTES, SOLE_HIT_TAIL_BYTES, SealAlgorithm, SealKey, ServerLimits, SharedGetItem,
+    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
+    decode_put_request, encode_get_response, encode_put_request, get_hit_frame_parts,
+    header_checksum, intern, offset, put_request_parts, sole_hit,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -367,7 +368,28 @@ fn wire_error() -> impl Strategy<Value = WireError> {
         Just(WireError::SealMismatch),
         n().prop_map(|request_id| WireError::Replayed { request_id }),
         text().prop_map(|detail| WireError::SharedMemory { detail }),
+        fence_refusal().prop_map(WireError::Fenced),
     ]
+}
+
+fn fence_refusal() -> impl Strategy<Value = FenceRefusal> {
+    let n = any::<u64>;
+    prop_oneof![
+        (n(), n()).prop_map(|(sent, current)| FenceRefusal::StaleEpoch { sent, current }),
+        (n(), n()).prop_map(|(sent, current)| FenceRefusal::NodeBehind { sent, current }),
+        select(NotAdmitting::ALL.to_vec()).prop_map(FenceRefusal::NotAdmitting),
+    ]
+}
+
+fn node_status() -> impl Strategy<Value = Option<NodeStatus>> {
+    proptest::option::of(
+        (any::<u64>(), any::<u64>(), proptest::option::of(select(NotAdmitting::ALL.to_vec())))
+            .prop_map(|(node, epoch, not_admitting)| NodeStatus {
+                node: NodeId(node),
+                epoch,
+                not_admitting,
+            }),
+    )
 }
 
 fn reservation_strategy() -> impl Strategy<Value = Reservation> {
@@ -414,6 +436,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(()).prop_map(|()| Request::Stats),
         vec(key(), 0..8).prop_map(|keys| Request::Lookup { keys }),
         vec(key(), 0..8).prop_map(|keys| Request::Locate { keys }),
+        any::<u64>().prop_map(|epoch| Request::Cluster { epoch }),
         vec((key(), 0u64..=PAYLOAD_BYTES_MAX / 8), 0..8).prop_map(|items| Request::Get {
             items: items.into_iter().map(|(key, capacity)| GetItem { key, capacity }).collect()
         }),
@@ -606,6 +629,7 @@ fn response() -> impl Strategy<Value = Response> {
         stats().prop_map(Response::Stats),
         vec(result(lookup()), 0..8).prop_map(Response::Lookup),
         vec(result(located()), 0..8).prop_map(Response::Locate),
+        node_status().prop_map(Response::Cluster),
         vec(result(fetched()), 0..8).prop_map(Response::Get),
         vec(result(put_outcome()), 0..8).prop_map(Response::Put),
         vec(result(invalidate), 0..8).prop_map(Response::Invalidate),
@@ -1168,6 +1192,7 @@ fn sample_requests() -> Vec<Request> {
     let k2 = sample_key(1, &[1, 2, 3]);
     vec![
         Request::Locate { keys: vec![k1.clone(), k2.clone()] },
+        Request::Cluster { epoch: 7 },
         Request::Hello {
             tenant: fixture::tenant(0),
             client_name: "vllm-worker-3".into(),
@@ -1349,6 +1374,14 @@ fn sample_responses() -> Vec<Response> {
             in_flight: 1 << 30,
             max: 1 << 30,
         }),
+        Response::Cluster(None),
+        Response::Cluster(Some(NodeStatus {
+            node: NodeId(3),
+            epoch: 9,
+            not_admitting: Some(NotAdmitting::Draining),
+        })),
+        Response::Error(WireError::Fenced(FenceRefusal::StaleEpoch { sent: 2, current: 5 })),
+        Response::Error(WireError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::NotOwner))),
     ]
 }
 
@@ -1638,7 +1671,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 28), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 29), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;
@@ -2040,13 +2073,16 @@ fn bad_names_text_and_tags_are_typed() {
     abort[25] = 2;
     let result = Request::decode_body(Op::Abort, &abort);
     assert_eq!(result, Err(WireError::UnknownTag { what: "retirement", tag: 2 }));
-    let cases: [(Op, &[u8], &str); 10] = [
+    let cases: [(Op, &[u8], &str); 13] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
         (Op::Write, &[1, 14], "store error"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
-        (Op::Error, &[29], "wire error"),
+        (Op::Error, &[30], "wire error"),
+        (Op::Error, &[29, 3], "cluster refusal"),
+        (Op::Error, &[29, 2, 5], "not-admitting reason"),
+        (Op::Cluster, &[2], "node status"),
         (Op::Error, &[26, 8], "staging failure"),
         (Op::Error, &[28, 3], "in-flight scope"),
         (Op::Error, &[21, 8], "auth failure"),
@@ -2413,6 +2449,7 @@ fn every_wire_error() -> Vec<WireError> {
         WireError::SharedMemory { detail: "no segment".into() },
         WireError::UnknownTenant { tenant: fixture::tenant(1) },
         WireError::Overloaded { scope: InflightScope::Tenant, requested: 3, in_flight: 2, max: 4 },
+        WireError::Fenced(FenceRefusal::NodeBehind { sent: 4, current: 3 }),
     ]
 }
 

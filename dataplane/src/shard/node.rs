@@ -2,8 +2,8 @@
 //!
 //! A client routes each key by the view it holds and says that view's epoch on its
 //! connection. The node serves only requests of its own view's epoch: an older one is refused
-//! so that the client refreshes ([`Refusal::StaleEpoch`]); a newer one means the node has not
-//! applied that view yet, and the client takes a miss ([`Refusal::NodeBehind`]). New blocks are
+//! so that the client refreshes ([`FenceRefusal::StaleEpoch`]); a newer one means the node has not
+//! applied that view yet, and the client takes a miss ([`FenceRefusal::NodeBehind`]). New blocks are
 //! admitted only while the node holds its registration and the view lists it as serving.
 //!
 //! The fence also remembers which keys this node admitted. When a new view moves a key to
@@ -37,11 +37,35 @@ pub enum NotAdmitting {
     /// Its table of admitted keys is full (see [`NodeFence::prune`]).
     #[error("the node's table of admitted keys is full")]
     KeysFull,
+    /// The key belongs to another member under the node's view (the view changed while the
+    /// request was on its way): the client refreshes its view.
+    #[error("the key belongs to another member under the node's view")]
+    NotOwner,
+}
+
+impl NotAdmitting {
+    pub const ALL: [Self; 5] =
+        [Self::LeaseLost, Self::Draining, Self::NotMember, Self::KeysFull, Self::NotOwner];
+
+    /// Its number on the wire.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::LeaseLost => 0,
+            Self::Draining => 1,
+            Self::NotMember => 2,
+            Self::KeysFull => 3,
+            Self::NotOwner => 4,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.code() == code)
+    }
 }
 
 /// A request the fence refuses; nothing was served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum FenceRefusal {
     #[error("the request was routed by cluster epoch {sent}; the node is at {current}")]
     StaleEpoch { sent: u64, current: u64 },
     #[error("the request was routed by cluster epoch {sent}; the node is still at {current}")]
@@ -109,13 +133,13 @@ impl<K: Clone> NodeFence<K> {
     }
 
     /// Checks a request routed by epoch `sent`; `admits` when it would store a block.
-    pub fn check(&self, sent: u64, admits: bool) -> Result<(), Refusal> {
+    pub fn check(&self, sent: u64, admits: bool) -> Result<(), FenceRefusal> {
         let current = self.view.epoch;
         if sent < current {
-            return Err(Refusal::StaleEpoch { sent, current });
+            return Err(FenceRefusal::StaleEpoch { sent, current });
         }
         if sent > current {
-            return Err(Refusal::NodeBehind { sent, current });
+            return Err(FenceRefusal::NodeBehind { sent, current });
         }
         if admits {
             self.admitting()?;

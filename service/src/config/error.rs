@@ -37,6 +37,8 @@ pub enum ConfigError {
     FileStoreRefuses { kind: &'static str },
     #[error("store.tiers: {why}")]
     Tiers { why: String },
+    #[error("{key}: {why}")]
+    Cluster { key: &'static str, why: String },
     #[error("tenants: at least one tenant is required")]
     NoTenants,
     #[error("tenants: {configured} tenants configured, limits.tenants_max is {max}")]
@@ -105,7 +107,8 @@ impl ConfigError {
             | Self::Dpu { key, .. } => Some(key),
             Self::OutOfRange { key, .. }
             | Self::NotLoopback { key, .. }
-            | Self::AddressReused { key, .. } => Some(key),
+            | Self::AddressReused { key, .. }
+            | Self::Cluster { key, .. } => Some(key),
             Self::NoTenants | Self::TooManyTenants { .. } => Some("tenants"),
             Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::LocalSocket { .. } => Some("listen.local"),

@@ -71,6 +71,7 @@ pub struct ServeConfig {
     pub tenants: Vec<TenantConfig>,
     pub nixl: NixlSection,
     pub dpu: DpuSection,
+    pub cluster: ClusterSection,
 }
 
 impl Default for ServeConfig {
@@ -89,6 +90,7 @@ impl Default for ServeConfig {
             }],
             nixl: NixlSection::default(),
             dpu: DpuSection::default(),
+            cluster: ClusterSection::default(),
         }
     }
 }
@@ -541,6 +543,54 @@ impl NixlSection {
             staged_max: usize::try_from(self.staged_max).unwrap_or(usize::MAX),
             stage_lease_ms: self.stage_lease_ms,
         }
+    }
+}
+
+/// `[cluster]`: this server as a node of a cluster on etcd (docs/OPERATIONS.md, "Running a
+/// cluster"). Off while `etcd` is empty: the server runs alone.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// etcd client URLs, every member of the etcd cluster (`http://127.0.0.1:2379`).
+    pub etcd: Vec<String>,
+    /// The cluster's name: its records sit under `/gpucache/<name>/` in etcd.
+    pub name: String,
+    /// This node's number, unique in the cluster (at least 1).
+    pub node: u64,
+    /// Where clients reach this node's native listener; `listen.native` when unset.
+    pub advertise: Option<String>,
+    /// The fault domain the node fails with (a rack, a host, a power feed).
+    pub fault_domain: String,
+    /// Seconds the registration lasts without a renewal.
+    pub lease_ttl_s: u64,
+    /// How often the node reads the view and checks its lease.
+    pub poll_ms: u64,
+    /// How long one etcd call may take.
+    pub request_timeout_ms: u64,
+    /// Admitted keys the node remembers (so that a view that moves one drops its block).
+    pub held_keys_max: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            etcd: Vec::new(),
+            name: "gpucache".to_owned(),
+            node: 0,
+            advertise: None,
+            fault_domain: "default".to_owned(),
+            lease_ttl_s: gpucache_cluster::LEASE_TTL_S_DEFAULT,
+            poll_ms: gpucache_cluster::POLL_MS_DEFAULT,
+            request_timeout_ms: gpucache_cluster::REQUEST_TIMEOUT_MS_DEFAULT,
+            held_keys_max: gpucache_dataplane::shard::HELD_KEYS_MAX_DEFAULT as u64,
+        }
+    }
+}
+
+impl ClusterSection {
+    /// Whether the server is a node of a cluster.
+    pub fn enabled(&self) -> bool {
+        !self.etcd.is_empty()
     }
 }
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::error::{ConfigError, join};
 use super::schema::{
-    DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind, StoreSection,
-    TierKind,
+    ClusterSection, DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind,
+    StoreSection, TierKind,
 };
 use crate::auth::{TenantAuth, TenantKeys};
 use gpucache_dataplane::caller::Caller;
@@ -188,6 +188,7 @@ impl ServeConfig {
         check_local(&self)?;
         check_nixl(&self.nixl)?;
         check_dpu(&self.dpu)?;
+        check_cluster(&self.cluster, self.store.kind)?;
         let (callers, auth) = check_tenants(&self)?;
         let resp_tenant = resp_tenant(&self)?;
         Ok(ValidConfig { config: self, callers, resp_tenant, auth })
@@ -251,6 +252,47 @@ fn check_local(c: &ServeConfig) -> Result<(), ConfigError> {
             parent.display()
         )));
     }
+    Ok(())
+}
+
+/// Longest `cluster.name`, `cluster.fault_domain` and `cluster.advertise`.
+pub const CLUSTER_TEXT_BYTES_MAX: usize = 255;
+
+fn check_cluster(c: &ClusterSection, kind: StoreKind) -> Result<(), ConfigError> {
+    if !c.enabled() {
+        return Ok(());
+    }
+    let bad = |key, why: &str| Err(ConfigError::Cluster { key, why: why.to_owned() });
+    // A node that restarts must come back empty: other members may have taken newer writes
+    // of its keys while it was away, and a durable store would serve the old ones.
+    if kind != StoreKind::Memory {
+        return bad(
+            "cluster.etcd",
+            "a node of a cluster needs store.kind = \"memory\" in this build",
+        );
+    }
+    for url in &c.etcd {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return bad("cluster.etcd", &format!("{url:?} is not an http:// or https:// URL"));
+        }
+    }
+    if c.node == 0 {
+        return bad("cluster.node", "every node of a cluster needs a number of its own, 1 or more");
+    }
+    for (key, text) in [("cluster.name", &c.name), ("cluster.fault_domain", &c.fault_domain)] {
+        if text.is_empty() || text.len() > CLUSTER_TEXT_BYTES_MAX || text.contains('/') {
+            return bad(key, &format!("{text:?} must be 1 to 255 bytes with no '/'"));
+        }
+    }
+    if let Some(a) = &c.advertise
+        && (a.len() > CLUSTER_TEXT_BYTES_MAX || a.parse::<std::net::SocketAddr>().is_err())
+    {
+        return bad("cluster.advertise", &format!("{a:?} is not a host:port address"));
+    }
+    in_range("cluster.lease_ttl_s", c.lease_ttl_s, 1, 3_600)?;
+    in_range("cluster.poll_ms", c.poll_ms, 10, c.lease_ttl_s * 1_000 / 3)?;
+    in_range("cluster.request_timeout_ms", c.request_timeout_ms, 10, TIMEOUT_LIMIT_MS)?;
+    in_range("cluster.held_keys_max", c.held_keys_max, 1, 1 << 32)?;
     Ok(())
 }
 

@@ -1,0 +1,293 @@
+//! [`Coordinator`]: the cluster's one shared record, kept in etcd.
+//!
+//! etcd holds two things per cluster, under `/gpucache/<cluster>/`: `view`, the
+//! [`ClusterView`] every client and node routes by, and `members/<node>`, each node's liveness
+//! record, written under the node's lease (etcd deletes it when the lease lapses). It never
+//! holds anything per block. A change of the view is a transaction that compares the view's
+//! revision with the one the change was computed from, so concurrent changes never both
+//! apply: the loser reads the new view and computes its change again.
+//!
+//! The calls block the calling thread on a small runtime of their own; each has a deadline
+//! and is retried while etcd answers that it is unavailable (a member died, a leader is being
+//! elected).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use gpucache_dataplane::shard::{ClusterView, ControlError, NodeId, ViewMember};
+
+use crate::changes::Change;
+use crate::record::{decode_member, decode_view, encode_member, encode_view};
+
+/// A call to etcd gives up after this long unless configured otherwise.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// A node's registration lapses this long after its last renewal unless configured otherwise.
+pub const LEASE_TTL_S_DEFAULT: u64 = 5;
+/// Times a view change is computed again after losing a race with another change.
+pub const CHANGE_ATTEMPTS_MAX: usize = 32;
+/// Members a view may list.
+pub const MEMBERS_MAX: usize = 4_096;
+
+/// Where the cluster's record lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// etcd client URLs (`http://127.0.0.1:2379`), every member of the etcd cluster.
+    pub endpoints: Vec<String>,
+    /// The cluster's name: its records sit under `/gpucache/<cluster>/`.
+    pub cluster: String,
+    pub request_timeout_ms: u64,
+}
+
+impl EtcdConfig {
+    pub fn new(endpoints: Vec<String>, cluster: impl Into<String>) -> Self {
+        Self { endpoints, cluster: cluster.into(), request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT }
+    }
+
+    fn prefix(&self) -> String {
+        format!("/gpucache/{}/", self.cluster)
+    }
+
+    pub(crate) fn view_key(&self) -> String {
+        format!("{}view", self.prefix())
+    }
+
+    pub(crate) fn members_prefix(&self) -> String {
+        format!("{}members/", self.prefix())
+    }
+
+    pub(crate) fn member_key(&self, node: NodeId) -> String {
+        format!("{}{:020}", self.members_prefix(), node.0)
+    }
+}
+
+/// What went wrong talking to the cluster's record.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd at {endpoints:?}: {detail}")]
+    Etcd { endpoints: Vec<String>, detail: String },
+    #[error("etcd did not answer {what} within {waited:?}")]
+    Deadline { what: &'static str, waited: Duration },
+    #[error("the cluster record {key} is not readable: {detail}")]
+    Record { key: String, detail: String },
+    #[error(transparent)]
+    Refused(#[from] ControlError),
+    #[error("the view would list {members} members; the limit is {max}")]
+    TooManyMembers { members: usize, max: usize },
+    #[error("the view changed under {attempts} attempts in a row; try again")]
+    Contended { attempts: usize },
+    #[error("cannot start the etcd client runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The cluster's record in etcd (see the module documentation).
+pub struct Coordinator {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    config: EtcdConfig,
+}
+
+/// gRPC status codes worth another try: UNKNOWN (2), DEADLINE_EXCEEDED (4), UNAVAILABLE (14).
+const TRANSIENT_GRPC_CODES: [i32; 3] = [2, 4, 14];
+
+/// Whether an etcd error is one that another try (perhaps on another endpoint) may not meet.
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => TRANSIENT_GRPC_CODES.contains(&(s.code() as i32)),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Coordinator {
+    /// Connects to etcd (lazily: the first call finds out whether it answers).
+    pub fn connect(config: EtcdConfig) -> Result<Self, ClusterError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gpucache-etcd")
+            .enable_all()
+            .build()
+            .map_err(ClusterError::Runtime)?;
+        let timeout = Duration::from_millis(config.request_timeout_ms);
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(timeout, timeout);
+        let endpoints = config.endpoints.clone();
+        let client = runtime
+            .block_on(async { Client::connect(&endpoints, Some(options)).await })
+            .map_err(|e| ClusterError::Etcd { endpoints, detail: e.to_string() })?;
+        Ok(Self { runtime, client, config })
+    }
+
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.runtime
+    }
+
+    /// Runs one etcd call to completion, again while it fails transiently, until the request
+    /// deadline.
+    pub(crate) fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, ClusterError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.runtime.block_on(self.call_async(what, f))
+    }
+
+    pub(crate) async fn call_async<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut f: F,
+    ) -> Result<T, ClusterError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let budget = Duration::from_millis(self.config.request_timeout_ms);
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let left = budget.saturating_sub(start.elapsed());
+            let error = match tokio::time::timeout(left, f(self.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) => return Err(ClusterError::Deadline { what, waited: budget }),
+            };
+            if !transient(&error) || start.elapsed() + pause >= budget {
+                return Err(ClusterError::Etcd {
+                    endpoints: self.config.endpoints.clone(),
+                    detail: format!("{what}: {error}"),
+                });
+            }
+            // Another endpoint may answer: the client spreads calls over them.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// The view and its revision (0 and an empty view at epoch 0 when none was written yet).
+    pub fn view(&self) -> Result<(ClusterView, i64), ClusterError> {
+        self.runtime.block_on(self.view_async())
+    }
+
+    pub(crate) async fn view_async(&self) -> Result<(ClusterView, i64), ClusterError> {
+        let key = self.config.view_key();
+        let got = self
+            .call_async("get view", |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        match got.kvs().first() {
+            None => Ok((ClusterView::default(), 0)),
+            Some(kv) => decode_view(kv.value())
+                .map(|v| (v, kv.mod_revision()))
+                .map_err(|detail| ClusterError::Record { key, detail }),
+        }
+    }
+
+    /// The members holding a live registration now.
+    pub fn live_members(&self) -> Result<Vec<ViewMember>, ClusterError> {
+        self.runtime.block_on(self.live_members_async())
+    }
+
+    pub(crate) async fn live_members_async(&self) -> Result<Vec<ViewMember>, ClusterError> {
+        let prefix = self.config.members_prefix();
+        let got = self
+            .call_async("get members", |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        got.kvs()
+            .iter()
+            .map(|kv| {
+                decode_member(kv.value()).map_err(|detail| ClusterError::Record {
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    detail,
+                })
+            })
+            .collect()
+    }
+
+    /// Applies `change` to the current view with a compare-and-swap on its revision; computes
+    /// it again from the new view when another change won the race. Returns the view that
+    /// stands afterwards (the current one when the change changed nothing).
+    pub fn change(
+        &self,
+        change: impl FnMut(&ClusterView) -> Change,
+    ) -> Result<ClusterView, ClusterError> {
+        self.runtime.block_on(self.change_async(change))
+    }
+
+    pub(crate) async fn change_async(
+        &self,
+        mut change: impl FnMut(&ClusterView) -> Change,
+    ) -> Result<ClusterView, ClusterError> {
+        let key = self.config.view_key();
+        for _ in 0..CHANGE_ATTEMPTS_MAX {
+            let (view, revision) = self.view_async().await?;
+            let Some(next) = change(&view)? else { return Ok(view) };
+            if next.members.len() > MEMBERS_MAX {
+                return Err(ClusterError::TooManyMembers {
+                    members: next.members.len(),
+                    max: MEMBERS_MAX,
+                });
+            }
+            let bytes = encode_view(&next);
+            // An absent view has version 0; a present one must still be at the revision read.
+            let compare = if revision == 0 {
+                Compare::version(key.clone(), CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(key.clone(), CompareOp::Equal, revision)
+            };
+            let swapped = self
+                .call_async("change view", |mut c| {
+                    let txn = Txn::new().when([compare.clone()]).and_then([TxnOp::put(
+                        key.clone(),
+                        bytes.clone(),
+                        None,
+                    )]);
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            if swapped.succeeded() {
+                tracing::info!(
+                    epoch = next.epoch,
+                    members = next.members.len(),
+                    "cluster view changed"
+                );
+                return Ok(next);
+            }
+        }
+        Err(ClusterError::Contended { attempts: CHANGE_ATTEMPTS_MAX })
+    }
+
+    /// Writes `member`'s liveness record under `lease`; returns the revision of the write
+    /// (the node epoch of this registration).
+    pub(crate) async fn put_member_async(
+        &self,
+        member: &ViewMember,
+        lease: i64,
+    ) -> Result<i64, ClusterError> {
+        let key = self.config.member_key(member.node);
+        let bytes = encode_member(member);
+        let put = self
+            .call_async("put member", |mut c| {
+                let (key, bytes) = (key.clone(), bytes.clone());
+                async move { c.put(key, bytes, Some(PutOptions::new().with_lease(lease))).await }
+            })
+            .await?;
+        Ok(put.header().map_or(0, |h| h.revision()))
+    }
+}

@@ -1,0 +1,24 @@
+//! GPUCache past one machine.
+//!
+//! A cluster is a set of `gpucache serve` nodes and one record they agree on, kept in etcd
+//! ([`Coordinator`]): the view (members, their addresses, states and an epoch). Each node
+//! registers under a lease and keeps the view current ([`Registration`]); clients watch the
+//! view and place every key on a member by rendezvous hashing, with no directory of blocks
+//! anywhere. etcd holds membership only: when it is down, membership freezes and the data path
+//! keeps running.
+
+mod changes;
+mod coordinator;
+mod record;
+mod registration;
+mod routing;
+
+pub use changes::{Change, drain, finish, isolate, join, rebalance, remove, remove_life, undrain};
+pub use coordinator::{
+    CHANGE_ATTEMPTS_MAX, ClusterError, Coordinator, EtcdConfig, LEASE_TTL_S_DEFAULT, MEMBERS_MAX,
+    REQUEST_TIMEOUT_MS_DEFAULT,
+};
+pub use registration::{NodeConfig, NodeEvents, POLL_MS_DEFAULT, Registration, RegistrationStats};
+pub use routing::{
+    ClusterClient, ClusterClientConfig, RESERVATIONS_MAX, ROUTE_ATTEMPTS_MAX, RoutingStats,
+};

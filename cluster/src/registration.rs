@@ -1,0 +1,339 @@
+//! [`Registration`]: a node's membership, kept alive in etcd.
+//!
+//! A node registers with a lease: its liveness record under `members/`, then itself in the
+//! view (a compare-and-swap, so the epoch advances). Its node epoch is the etcd revision of
+//! that record, so each life of a node has a larger one than the last. Then, every poll
+//! interval, it renews the lease when a third of its time to live has passed, reads the view
+//! and hands a newer one to the node, and removes from the view any member whose liveness
+//! record is gone (its lease lapsed: it crashed, or lost etcd).
+//!
+//! A node the control plane takes out of the view (a finished drain, an isolated fault
+//! domain) while its lease holds stays out, admitting nothing, until it is restarted.
+//!
+//! When the node cannot renew for a whole time to live, it must assume its lease lapsed and
+//! that the others removed it: it tells the node to admit nothing, and registers again, with
+//! a new lease and a new node epoch, as soon as etcd answers. A full etcd outage longer than
+//! the time to live therefore stops writes (reads keep being served); a shorter one, such as a
+//! leader election, changes nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use gpucache_dataplane::shard::{ClusterView, MemberState, NodeId, ViewMember};
+
+use crate::changes;
+use crate::coordinator::{ClusterError, Coordinator};
+
+/// How often a node reads the view and checks its lease, unless configured otherwise.
+pub const POLL_MS_DEFAULT: u64 = 200;
+
+/// What a node tells the cluster about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub node: NodeId,
+    /// Where clients reach its native listener (`host:port`).
+    pub address: String,
+    pub fault_domain: String,
+    /// Bytes it offers.
+    pub capacity: u64,
+    /// Seconds its registration lasts without a renewal.
+    pub lease_ttl_s: u64,
+    pub poll_ms: u64,
+}
+
+/// What the node does when its standing changes. Calls come from one thread, in order.
+pub trait NodeEvents: Send + Sync + 'static {
+    /// A newer view: the node must apply it (fence its fills, drop the keys that moved)
+    /// before this returns.
+    fn view(&self, view: &ClusterView);
+    /// The registration holds again (with `node_epoch`), or lapsed (`None`): a lapsed node
+    /// admits nothing.
+    fn registration(&self, node_epoch: Option<u64>);
+}
+
+/// Where a registration stands, for `gpucache cluster status` and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistrationStats {
+    /// The current life's node epoch; 0 while not registered.
+    pub node_epoch: u64,
+    pub registered: bool,
+    /// The epoch of the last view handed to the node.
+    pub view_epoch: u64,
+    /// Times it registered (the first time included).
+    pub registrations: u64,
+    /// Times its registration lapsed.
+    pub lapses: u64,
+    /// Members it removed from the view after their liveness record disappeared.
+    pub removed_dead: u64,
+}
+
+/// A node's registration and the thread that keeps it (see the module documentation).
+/// Dropping it stops the thread; [`leave`](Self::leave) also takes the node out of the view.
+#[derive(Debug)]
+pub struct Registration {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    coordinator: Arc<Coordinator>,
+    config: NodeConfig,
+    stop: AtomicBool,
+    stats: Mutex<RegistrationStats>,
+    /// The current life's lease, for a graceful leave.
+    lease: Mutex<Option<i64>>,
+}
+
+/// One life's lease.
+struct Life {
+    lease: i64,
+    node_epoch: u64,
+    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    renewed: Instant,
+    /// The control plane took this life out of the view.
+    removed: bool,
+}
+
+impl Registration {
+    /// Registers the node (failing when etcd does not answer within its deadline) and starts
+    /// the thread that keeps the registration.
+    pub fn start(
+        coordinator: Arc<Coordinator>,
+        config: NodeConfig,
+        events: Arc<dyn NodeEvents>,
+    ) -> Result<Self, ClusterError> {
+        let shared = Arc::new(Shared {
+            coordinator,
+            config,
+            stop: AtomicBool::new(false),
+            stats: Mutex::new(RegistrationStats::default()),
+            lease: Mutex::new(None),
+        });
+        let life = shared.coordinator.runtime().block_on(shared.register(events.as_ref()))?;
+        let keeper = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("gpucache-cluster".into())
+            .spawn(move || keeper.run(life, events.as_ref()))
+            .map_err(ClusterError::Runtime)?;
+        Ok(Self { shared, thread: Some(thread) })
+    }
+
+    pub fn stats(&self) -> RegistrationStats {
+        *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stops keeping the registration and takes this life of the node out of the view (a
+    /// graceful leave: its keys move to their next choices at once, not after its lease
+    /// lapses). Refused, leaving the view as it is, when the node is the last member.
+    pub fn leave(mut self) -> Result<(), ClusterError> {
+        self.stop_thread();
+        let stats = self.stats();
+        let node = self.shared.config.node;
+        let result = self
+            .shared
+            .coordinator
+            .change(|v| changes::remove_life(v, node, stats.node_epoch))
+            .map(drop);
+        self.shared.revoke();
+        result
+    }
+
+    fn stop_thread(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+impl Shared {
+    fn update(&self, f: impl FnOnce(&mut RegistrationStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(self.config.lease_ttl_s.max(1))
+    }
+
+    /// A new life: a lease, the liveness record, the node in the view; then the view handed
+    /// to the node, and only then the registration.
+    async fn register(&self, events: &dyn NodeEvents) -> Result<Life, ClusterError> {
+        let c = &self.coordinator;
+        let ttl = self.config.lease_ttl_s.max(1) as i64;
+        let lease = c
+            .call_async(
+                "grant lease",
+                |mut client| async move { client.lease_grant(ttl, None).await },
+            )
+            .await?
+            .id();
+        let mut member = ViewMember {
+            node: self.config.node,
+            address: self.config.address.clone(),
+            fault_domain: self.config.fault_domain.clone(),
+            capacity: self.config.capacity,
+            node_epoch: 0,
+            state: MemberState::Serving,
+        };
+        // The record's first revision names this life; it is written again to say so.
+        member.node_epoch = c.put_member_async(&member, lease).await? as u64;
+        c.put_member_async(&member, lease).await?;
+        let view = c.change_async(|v| changes::join(v, &member)).await?;
+        events.view(&view);
+        events.registration(Some(member.node_epoch));
+        self.update(|s| {
+            s.node_epoch = member.node_epoch;
+            s.registered = true;
+            s.view_epoch = s.view_epoch.max(view.epoch);
+            s.registrations += 1;
+        });
+        tracing::info!(
+            node = member.node.0,
+            node_epoch = member.node_epoch,
+            epoch = view.epoch,
+            "registered in the cluster"
+        );
+        *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
+        Ok(Life {
+            lease,
+            node_epoch: member.node_epoch,
+            keeper: None,
+            renewed: Instant::now(),
+            removed: false,
+        })
+    }
+
+    fn run(&self, life: Life, events: &dyn NodeEvents) {
+        let runtime = self.coordinator.runtime();
+        let mut life = Some(life);
+        let poll = Duration::from_millis(self.config.poll_ms.max(10));
+        while !self.stop.load(Ordering::Acquire) {
+            let started = Instant::now();
+            runtime.block_on(self.round(&mut life, events));
+            // The next round after one poll interval (or at once when this one took longer).
+            let rest = poll.saturating_sub(started.elapsed());
+            std::thread::park_timeout(rest);
+        }
+        if let Some(life) = life {
+            self.update(|s| s.node_epoch = life.node_epoch);
+        }
+    }
+
+    /// One round: renew, notice a lapse, register again, read the view, remove the dead.
+    async fn round(&self, life: &mut Option<Life>, events: &dyn NodeEvents) {
+        if let Some(l) = life.as_mut() {
+            if l.renewed.elapsed() >= self.ttl() / 3 {
+                self.renew(l).await;
+            }
+            if l.renewed.elapsed() >= self.ttl() {
+                tracing::warn!(node = self.config.node.0, "cluster registration lapsed");
+                *life = None;
+                events.registration(None);
+                self.update(|s| {
+                    s.registered = false;
+                    s.lapses += 1;
+                });
+            }
+        }
+        if life.is_none() {
+            match self.register(events).await {
+                Ok(l) => *life = Some(l),
+                Err(e) => tracing::debug!(error = %e, "registering again failed; next round"),
+            }
+            return;
+        }
+        let Ok((view, _)) = self.coordinator.view_async().await else { return };
+        let applied = self.stats.lock().unwrap_or_else(|e| e.into_inner()).view_epoch;
+        if view.epoch > applied {
+            events.view(&view);
+            self.update(|s| s.view_epoch = view.epoch);
+        }
+        let node_epoch = life.as_ref().map_or(0, |l| l.node_epoch);
+        let listed = view.member(self.config.node).is_some_and(|m| m.node_epoch == node_epoch);
+        if !listed {
+            // The lease still holds (renewed above), so the control plane took this life out
+            // (a finished drain, an isolated domain): it stays out, admitting nothing, until
+            // the node is restarted. A lapsed lease is handled above, by a new life.
+            if !life.as_ref().is_some_and(|l| l.removed) {
+                tracing::warn!(
+                    node = self.config.node.0,
+                    "removed from the cluster view; staying out until restarted"
+                );
+                if let Some(l) = life.as_mut() {
+                    l.removed = true;
+                }
+            }
+            return;
+        }
+        self.remove_dead(&view).await;
+    }
+
+    /// Renews the lease; a renewal etcd answers with no time left means it lapsed.
+    async fn renew(&self, life: &mut Life) {
+        if life.keeper.is_none() {
+            let lease = life.lease;
+            life.keeper =
+                self.coordinator
+                    .call_async("keep lease alive", |mut c| async move {
+                        c.lease_keep_alive(lease).await
+                    })
+                    .await
+                    .ok();
+        }
+        let Some((keeper, stream)) = life.keeper.as_mut() else { return };
+        let answer = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        let deadline = Duration::from_millis(self.coordinator.config().request_timeout_ms);
+        match tokio::time::timeout(deadline, answer).await {
+            Ok(Ok(Some(a))) if a.ttl() > 0 => life.renewed = Instant::now(),
+            Ok(Ok(Some(_))) => {
+                // etcd no longer knows the lease: make the round see a lapse now.
+                life.renewed = Instant::now() - self.ttl();
+            }
+            _ => life.keeper = None,
+        }
+    }
+
+    /// Removes from the view every other member whose liveness record is gone.
+    async fn remove_dead(&self, view: &ClusterView) {
+        let Ok(live) = self.coordinator.live_members_async().await else { return };
+        for m in &view.members {
+            let alive = live.iter().any(|l| l.node == m.node && l.node_epoch == m.node_epoch);
+            if alive || m.node == self.config.node {
+                continue;
+            }
+            let (node, node_epoch) = (m.node, m.node_epoch);
+            match self.coordinator.change_async(|v| changes::remove_life(v, node, node_epoch)).await
+            {
+                Ok(v) if v.member(node).is_none() => {
+                    tracing::warn!(node = node.0, epoch = v.epoch, "removed a dead member");
+                    self.update(|s| s.removed_dead += 1);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, node = node.0, "removing a dead member"),
+            }
+        }
+    }
+
+    /// Revokes the current lease, so its liveness record goes at once.
+    fn revoke(&self) {
+        let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(lease) = lease {
+            let _ = self
+                .coordinator
+                .call("revoke lease", |mut c| async move { c.lease_revoke(lease).await });
+        }
+    }
+}

@@ -58,6 +58,8 @@ done
 wants() { case " ${pieces[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The engines go into the Python venv, so they need it.
 wants engines && ! wants python && pieces+=(python)
+# The wheel links the cluster client, whose etcd-client build step runs protoc.
+wants python && ! wants etcd && pieces+=(etcd)
 
 # Fails unless the disk holding $1 has $2 MiB free beyond the margin.
 need_disk() {

@@ -88,6 +88,11 @@ step "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "tests (conformance: ${GPUCACHE_CONFORMANCE_CASES} cases per property)"
+# The cluster test runs two of its clients in Python when the package's venv is there.
+if [ -x "$PY_VENV/bin/python" ]; then
+    GPUCACHE_PYTHON="$(cd "$PY_VENV" && pwd)/bin/python"
+    export GPUCACHE_PYTHON
+fi
 cargo test --workspace --locked
 
 # The Python package (python/): the wheel scripts/setup.sh built and installed into its venv,

@@ -7,6 +7,11 @@
 //! matches none is a wrong hit, one that matches an older version than the last acknowledged
 //! is a stale hit. Both must be zero. etcd comes from Debian's `etcd-server`; without it the
 //! test says so and passes, unless GPUCACHE_REQUIRE_ETCD=1 (CI), where it fails.
+//!
+//! Two of the clients are Python processes (`cluster_client.py`, through
+//! `gpucache.Client.cluster`) when GPUCACHE_PYTHON names an interpreter with the package
+//! installed (scripts/test.sh sets it; GPUCACHE_REQUIRE_PYTHON=1 makes it required); otherwise
+//! all eight are Rust clients.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -33,6 +38,8 @@ use common::Serve;
 const LEASE_TTL_S: u64 = 2;
 const LOAD: Duration = Duration::from_secs(60);
 const CLIENTS: usize = 8;
+/// Of the clients, how many are Python processes when an interpreter is given.
+const PYTHON_CLIENTS: usize = 2;
 const SLOTS: usize = 64;
 const BLOCK: usize = 4096;
 /// How long a membership change may take to show in the view.
@@ -234,6 +241,32 @@ fn client(etcd: &Etcd, native: std::net::SocketAddr) -> ClusterClient {
     .expect("cluster client")
 }
 
+/// The Python clients, started now for the whole load, when an interpreter is given.
+fn python_clients(etcd: &Etcd) -> Vec<Child> {
+    let Some(python) = std::env::var_os("GPUCACHE_PYTHON") else {
+        assert!(
+            std::env::var("GPUCACHE_REQUIRE_PYTHON").as_deref() != Ok("1"),
+            "GPUCACHE_REQUIRE_PYTHON=1 but GPUCACHE_PYTHON names no interpreter"
+        );
+        eprintln!("no GPUCACHE_PYTHON: all {CLIENTS} clients are Rust clients");
+        return Vec::new();
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster_client.py");
+    (0..PYTHON_CLIENTS)
+        .map(|i| {
+            Command::new(&python)
+                .arg(&script)
+                .arg(etcd.clients.join(","))
+                .args(["test", tenant(0).as_str(), &i.to_string()])
+                .arg(LOAD.as_secs().to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn a Python client")
+        })
+        .collect()
+}
+
 fn view(c: &Coordinator) -> ClusterView {
     c.view().map(|(v, _)| v).unwrap_or_default()
 }
@@ -274,7 +307,9 @@ fn a_cluster_serves_through_node_and_etcd_failures_with_no_wrong_or_stale_hit() 
 
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
-    let clients: Vec<_> = (0..CLIENTS)
+    let python = python_clients(&etcd);
+    let rust_clients = CLIENTS - python.len();
+    let clients: Vec<_> = (0..rust_clients)
         .map(|id| {
             let c = client(&etcd, nodes[&1].native());
             let (stop, tally) = (Arc::clone(&stop), Arc::clone(&tally));
@@ -373,9 +408,29 @@ fn a_cluster_serves_through_node_and_etcd_failures_with_no_wrong_or_stale_hit() 
     for c in clients {
         c.join().expect("client");
     }
+    for child in python {
+        let out = child.wait_with_output().expect("python client");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "a Python client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let counts: serde_json::Value = serde_json::from_str(text.trim()).expect("counts line");
+        note(format!("python client: {counts}"));
+        let add = |field: &AtomicU64, name: &str| {
+            field.fetch_add(counts[name].as_u64().expect("a count"), Ordering::Relaxed);
+        };
+        add(&tally.gets, "gets");
+        add(&tally.hits, "hits");
+        add(&tally.puts, "puts");
+        add(&tally.put_errors, "put_errors");
+        add(&tally.wrong, "wrong");
+        add(&tally.stale, "stale");
+    }
     let t = &*tally;
     note(format!(
-        "{CLIENTS} clients, {:?}: {} GETs ({} hits), {} PUTs ({} failed); wrong bytes {}, stale hits {}",
+        "{CLIENTS} clients ({rust_clients} Rust), {:?}: {} GETs ({} hits), {} PUTs ({} failed); wrong bytes {}, stale hits {}",
         started.elapsed(),
         t.gets.load(Ordering::Relaxed),
         t.hits.load(Ordering::Relaxed),

@@ -59,6 +59,14 @@ impl EtcdConfig {
     pub(crate) fn member_key(&self, node: NodeId) -> String {
         format!("{}{:020}", self.members_prefix(), node.0)
     }
+
+    pub(crate) fn applied_prefix(&self) -> String {
+        format!("{}applied/", self.prefix())
+    }
+
+    pub(crate) fn applied_key(&self, node: NodeId) -> String {
+        format!("{}{:020}", self.applied_prefix(), node.0)
+    }
 }
 
 /// What went wrong talking to the cluster's record.
@@ -271,6 +279,57 @@ impl Coordinator {
             }
         }
         Err(ClusterError::Contended { attempts: CHANGE_ATTEMPTS_MAX })
+    }
+
+    /// The epoch every live member has applied: the least of their applied records (a live
+    /// member with none from its current life counts as 0).
+    pub async fn settled_async(&self) -> Result<u64, ClusterError> {
+        let live = self.live_members_async().await?;
+        let prefix = self.config.applied_prefix();
+        let got = self
+            .call_async("get applied", |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        let applied: Vec<(u64, u64, u64)> = got
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let node = std::str::from_utf8(kv.key()).ok()?.rsplit('/').next()?.parse().ok()?;
+                let text = std::str::from_utf8(kv.value()).ok()?;
+                let (life, epoch) = text.split_once(' ')?;
+                Some((node, life.parse().ok()?, epoch.parse().ok()?))
+            })
+            .collect();
+        Ok(live
+            .iter()
+            .map(|m| {
+                applied
+                    .iter()
+                    .find(|(node, life, _)| *node == m.node.0 && *life == m.node_epoch)
+                    .map_or(0, |(_, _, epoch)| *epoch)
+            })
+            .min()
+            .unwrap_or(0))
+    }
+
+    /// Says, under `lease`, that this life (`node_epoch`) of `node` applied `epoch`.
+    pub(crate) async fn put_applied_async(
+        &self,
+        node: NodeId,
+        node_epoch: u64,
+        epoch: u64,
+        lease: i64,
+    ) -> Result<(), ClusterError> {
+        let key = self.config.applied_key(node);
+        let value = format!("{node_epoch} {epoch}");
+        self.call_async("put applied", |mut c| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { c.put(key, value, Some(PutOptions::new().with_lease(lease))).await }
+        })
+        .await
+        .map(drop)
     }
 
     /// Writes `member`'s liveness record under `lease`; returns the revision of the write

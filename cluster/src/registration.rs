@@ -51,6 +51,9 @@ pub trait NodeEvents: Send + Sync + 'static {
     /// The registration holds again (with `node_epoch`), or lapsed (`None`): a lapsed node
     /// admits nothing.
     fn registration(&self, node_epoch: Option<u64>);
+    /// Every live member has applied `epoch` or a newer view: no member takes writes under an
+    /// older one any more, so keys that moved with it may be served.
+    fn settled(&self, epoch: u64);
 }
 
 /// Where a registration stands, for `gpucache cluster status` and tests.
@@ -95,6 +98,8 @@ struct Life {
     renewed: Instant,
     /// The control plane took this life out of the view.
     removed: bool,
+    /// The epoch this life last said it applied (in etcd).
+    published: u64,
 }
 
 impl Registration {
@@ -170,6 +175,7 @@ impl Shared {
     async fn register(&self, events: &dyn NodeEvents) -> Result<Life, ClusterError> {
         let c = &self.coordinator;
         let ttl = self.config.lease_ttl_s.max(1) as i64;
+        let granted = Instant::now();
         let lease = c
             .call_async(
                 "grant lease",
@@ -208,8 +214,9 @@ impl Shared {
             lease,
             node_epoch: member.node_epoch,
             keeper: None,
-            renewed: Instant::now(),
+            renewed: granted,
             removed: false,
+            published: 0,
         })
     }
 
@@ -258,6 +265,20 @@ impl Shared {
             events.view(&view);
             self.update(|s| s.view_epoch = view.epoch);
         }
+        let applied = view.epoch.max(applied);
+        if let Some(l) = life.as_mut()
+            && l.published < applied
+            && self
+                .coordinator
+                .put_applied_async(self.config.node, l.node_epoch, applied, l.lease)
+                .await
+                .is_ok()
+        {
+            l.published = applied;
+        }
+        if let Ok(settled) = self.coordinator.settled_async().await {
+            events.settled(settled);
+        }
         let node_epoch = life.as_ref().map_or(0, |l| l.node_epoch);
         let listed = view.member(self.config.node).is_some_and(|m| m.node_epoch == node_epoch);
         if !listed {
@@ -291,13 +312,16 @@ impl Shared {
                     .ok();
         }
         let Some((keeper, stream)) = life.keeper.as_mut() else { return };
+        // The lease runs from when etcd took the renewal, which is after it was sent: counting
+        // from the send, this node presumes its lease lapsed no later than etcd lets it lapse.
+        let sent = Instant::now();
         let answer = async {
             keeper.keep_alive().await?;
             stream.message().await
         };
         let deadline = Duration::from_millis(self.coordinator.config().request_timeout_ms);
         match tokio::time::timeout(deadline, answer).await {
-            Ok(Ok(Some(a))) if a.ttl() > 0 => life.renewed = Instant::now(),
+            Ok(Ok(Some(a))) if a.ttl() > 0 => life.renewed = sent,
             Ok(Ok(Some(_))) => {
                 // etcd no longer knows the lease: make the round see a lapse now.
                 life.renewed = Instant::now() - self.ttl();

@@ -113,6 +113,15 @@ class SharedBuffer:
     def __len__(self) -> int: ...
 
 class Client:
+    @staticmethod
+    def cluster(
+        etcd: Sequence[str], name: str = "gpucache", tenant: str = "default",
+        key_file: Optional[str] = None, key_id: Optional[str] = None,
+        timeout_s: float = 30.0, poll_ms: int = 200, client_name: str = "gpucache-python",
+    ) -> "Client":
+        """A client of a cluster whose view is in etcd: each key goes to the member that owns
+        it, each batch is split per member. A read from a member that is down or behind is a
+        miss; a write there raises."""
     def __init__(
         self,
         address: str = "127.0.0.1:7470",

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use gpucache_client::key_file::read_key_file;
 use gpucache_client::{ClientConfig, ConnectError, Credentials, LocalConfig, TcpStore};
+use gpucache_cluster::{ClusterClient, ClusterClientConfig, EtcdConfig};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
@@ -56,9 +57,13 @@ enum LocalMode {
 /// memfd segment of `segment_bytes` shared with the server) when the server offers it and TCP
 /// otherwise, `True` requires it, `False` is TCP only. `timeout_s` bounds each request.
 #[pyclass(module = "gpucache._native", frozen)]
-#[derive(Debug)]
 pub struct Client {
-    store: Arc<TcpStore>,
+    /// What every call goes to: the one server's `TcpStore`, or the cluster's router.
+    store: Arc<dyn Store>,
+    /// The one server's client (None for a cluster): the same-host path and its counters.
+    tcp: Option<Arc<TcpStore>>,
+    /// The cluster's router, for a client made by `Client.cluster`.
+    cluster: Option<Arc<ClusterClient>>,
     caller: Caller,
     namespace: IdentityTemplate,
     address: SocketAddr,
@@ -71,6 +76,16 @@ pub struct Client {
     /// Registered ranges: address, length, whether inside the shared segment.
     registered: Mutex<Vec<(usize, usize, bool)>>,
     closed: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("tenant", &self.caller.tenant)
+            .field("address", &self.address)
+            .field("cluster", &self.cluster.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where one key argument came from: a `Key` is borrowed (a batch call clones no key), a plain
@@ -147,8 +162,13 @@ fn may_fall_back(e: &ConnectError) -> bool {
 }
 
 impl Client {
-    pub(crate) fn store(&self) -> &Arc<TcpStore> {
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Whether calls take the same-host path.
+    fn is_local(&self) -> bool {
+        self.tcp.as_ref().is_some_and(|t| t.is_local())
     }
 
     pub(crate) fn caller(&self) -> &Caller {
@@ -162,7 +182,7 @@ impl Client {
 
     /// Whether `len` bytes at `ptr` lie inside the segment shared with the server.
     fn in_segment(&self, ptr: usize, len: usize) -> bool {
-        self.store.shared_segment_span().is_some_and(|(base, seg)| {
+        self.tcp.as_ref().and_then(|t| t.shared_segment_span()).is_some_and(|(base, seg)| {
             ptr >= base && ptr.checked_add(len).is_some_and(|end| end <= base + seg)
         })
     }
@@ -317,8 +337,97 @@ where
     })
 }
 
+impl Client {
+    /// What `offers()` says of a client of a cluster: its view and what routing did.
+    fn cluster_offers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let cluster = self.cluster.as_ref().ok_or_else(|| PyValueError::new_err("no transport"))?;
+        let view = cluster.view();
+        let stats = ClusterClient::stats(cluster);
+        let d = PyDict::new(py);
+        d.set_item("version", crate::VERSION)?;
+        d.set_item("tenant", self.caller.tenant.as_str())?;
+        d.set_item("transport", "cluster")?;
+        d.set_item("epoch", view.epoch)?;
+        let members: Vec<(u64, String, &'static str)> =
+            view.members.iter().map(|m| (m.node.0, m.address.clone(), m.state.name())).collect();
+        d.set_item("members", members)?;
+        d.set_item("views", stats.views)?;
+        d.set_item("refused", stats.refused)?;
+        d.set_item("unreachable_misses", stats.unreachable_misses)?;
+        d.set_item("payload_bytes_max", PAYLOAD_BYTES_MAX)?;
+        d.set_item("batch_items_max", BATCH_ITEMS_MAX)?;
+        Ok(d)
+    }
+}
+
 #[pymethods]
 impl Client {
+    /// A client of a cluster: `Client.cluster(etcd=["http://127.0.0.1:2379"], name="gpucache",
+    /// tenant="default", key_file=None, key_id=None, timeout_s=30.0, poll_ms=200,
+    /// client_name="gpucache-python")`. It reads the cluster's view from etcd (raising
+    /// UnavailableError when etcd does not answer), routes every key to the member that owns
+    /// it, and splits each batch per member. A read from a member that is unreachable or
+    /// behind the view is a miss; a write there raises.
+    #[staticmethod]
+    #[pyo3(signature = (
+        etcd, name = "gpucache", tenant = "default", key_file = None, key_id = None,
+        timeout_s = 30.0, poll_ms = 200, client_name = "gpucache-python"
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn cluster(
+        py: Python<'_>,
+        etcd: Vec<String>,
+        name: &str,
+        tenant: &str,
+        key_file: Option<PathBuf>,
+        key_id: Option<&str>,
+        timeout_s: f64,
+        poll_ms: u64,
+        client_name: &str,
+    ) -> PyResult<Self> {
+        if etcd.is_empty() {
+            return Err(PyValueError::new_err("etcd= needs at least one URL"));
+        }
+        let tenant_id =
+            TenantId::parse(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let caller = Caller::new(tenant_id.clone(), Rights::READ_WRITE);
+        // The address is each member's own; this one is never dialled.
+        let unused = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut config = ClientConfig::new(unused, caller.clone());
+        config.deadline = duration(timeout_s)?;
+        config.handshake_deadline = config.handshake_deadline.min(config.deadline);
+        config.client_name = client_name.to_owned();
+        if let Some(path) = &key_file {
+            config = config.with_credentials(tenant_id.clone(), credentials(path, key_id)?);
+        } else if key_id.is_some() {
+            return Err(PyValueError::new_err("key_id= needs key_file="));
+        }
+        let namespace = IdentityTemplate::for_tenant(&tenant_id)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut etcd = EtcdConfig::new(etcd, name);
+        let deadline_ms = u64::try_from(config.deadline.as_millis()).unwrap_or(u64::MAX);
+        etcd.request_timeout_ms = deadline_ms.min(gpucache_cluster::REQUEST_TIMEOUT_MS_DEFAULT);
+        let cluster = py
+            .detach(|| {
+                ClusterClient::connect(ClusterClientConfig { etcd, client: config, poll_ms })
+            })
+            .map_err(|e| crate::errors::unavailable(e.to_string()))?;
+        let cluster = Arc::new(cluster);
+        Ok(Self {
+            store: Arc::clone(&cluster) as Arc<dyn Store>,
+            tcp: None,
+            cluster: Some(cluster),
+            caller,
+            namespace,
+            address: unused,
+            offered: None,
+            fallback: None,
+            segment_bytes: 0,
+            registered: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
     #[new]
     #[pyo3(signature = (
         address = "127.0.0.1:7470", tenant = "default", key_file = None, key_id = None,
@@ -393,8 +502,11 @@ impl Client {
                 }
             })
             .map_err(|e| from_connect(&e))?;
+        let tcp = Arc::new(store);
         Ok(Self {
-            store: Arc::new(store),
+            store: Arc::clone(&tcp) as Arc<dyn Store>,
+            tcp: Some(tcp),
+            cluster: None,
             caller,
             namespace,
             address: addr,
@@ -414,19 +526,20 @@ impl Client {
     /// touching its buffers), `shared` (the same-host path's counters).
     fn offers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.check_open()?;
+        let Some(tcp) = &self.tcp else { return self.cluster_offers(py) };
         let (limits, info, offered, stats) = py.detach(|| {
             let offered = match &self.offered {
                 Some(o) => Ok(o.clone()),
-                None => self.store.offered_local_socket(&self.caller),
+                None => tcp.offered_local_socket(&self.caller),
             };
-            (self.store.limits(), self.store.info(), offered, self.store.shared_stats())
+            (tcp.limits(), tcp.info(), offered, tcp.shared_stats())
         });
         let limits = limits.map_err(|e| from_store(&e))?;
         let d = PyDict::new(py);
         d.set_item("version", crate::VERSION)?;
         d.set_item("address", self.address.to_string())?;
         d.set_item("tenant", self.caller.tenant.as_str())?;
-        d.set_item("transport", if self.store.is_local() { "local" } else { "tcp" })?;
+        d.set_item("transport", if self.is_local() { "local" } else { "tcp" })?;
         match offered {
             Ok(path) => {
                 d.set_item("same_host_offered", path.is_some())?;
@@ -462,10 +575,7 @@ impl Client {
         // False on the same-host path: a failed GET may still be written by the server.
         d.set_item("failures_retire", info.failures_retire)?;
         let shared = PyDict::new(py);
-        shared.set_item(
-            "segment_bytes",
-            if self.store.is_local() { self.segment_bytes } else { 0 },
-        )?;
+        shared.set_item("segment_bytes", if self.is_local() { self.segment_bytes } else { 0 })?;
         shared.set_item("direct_items", stats.direct_items)?;
         shared.set_item("bounced_items", stats.bounced_items)?;
         shared.set_item("framed_batches", stats.framed_batches)?;
@@ -481,10 +591,15 @@ impl Client {
         self.caller.tenant.as_str()
     }
 
-    /// "local" (same-host shared segment) or "tcp".
+    /// "local" (same-host shared segment), "tcp", or "cluster" (a client made by
+    /// `Client.cluster`).
     #[getter]
     fn transport(&self) -> &'static str {
-        if self.store.is_local() { "local" } else { "tcp" }
+        match (&self.cluster, self.is_local()) {
+            (Some(_), _) => "cluster",
+            (None, true) => "local",
+            (None, false) => "tcp",
+        }
     }
 
     /// The key a plain name maps to for this client's tenant.
@@ -712,16 +827,16 @@ impl Client {
     /// no copy in this process. None when the segment has no free range that large.
     fn shared_buffer(&self, size: usize) -> PyResult<Option<SharedBuffer>> {
         self.check_open()?;
-        if !self.store.is_local() {
+        let Some(tcp) = self.tcp.as_ref().filter(|t| t.is_local()) else {
             return Err(refused(
                 "not_local",
                 "shared buffers need the same-host path (local=True)",
             ));
-        }
+        };
         if size == 0 {
             return Err(PyValueError::new_err("size must be positive"));
         }
-        Ok(self.store.shared_buffer(size).map(|buf| SharedBuffer { buf }))
+        Ok(tcp.shared_buffer(size).map(|buf| SharedBuffer { buf }))
     }
 
     /// An executor over this client (see `gpucache.Executor`).

@@ -21,7 +21,8 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::shard::{ClusterView, FenceRefusal, NodeFence, NodeId, NotAdmitting};
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchPut, Invalidate, Lookup, Put, Reserve, Store, StoreError, StoreLayer,
+    BatchAnswers, BatchGet, BatchPut, Get, Invalidate, LendTo, Located, Lookup, MissReason, Put,
+    Reserve, Store, StoreError, StoreLayer,
 };
 use gpucache_wire::{NodeStatus, Op};
 
@@ -130,6 +131,7 @@ impl ClusterNode {
         let refusal = match fence.admitting() {
             Err(r) => Some(r),
             Ok(()) if !fence.owns(&digest) => Some(NotAdmitting::NotOwner),
+            Ok(()) if !fence.servable(&digest) => Some(NotAdmitting::Settling),
             Ok(()) => match fence.record(digest, key) {
                 Ok(()) => None,
                 Err(NotAdmitting::KeysFull) => {
@@ -172,6 +174,39 @@ impl ClusterNode {
     }
 }
 
+impl ClusterNode {
+    /// The indices of `keys` this node may serve now, in order.
+    fn servable_of(&self, keys: &[&PhysicalKey]) -> Vec<usize> {
+        let fence = self.read();
+        if fence.settled() >= fence.epoch() {
+            return (0..keys.len()).filter(|&i| fence.owns(&keys[i].digest())).collect();
+        }
+        (0..keys.len()).filter(|&i| fence.servable(&keys[i].digest())).collect()
+    }
+}
+
+/// A batch's answers: the inner store's for the `served` indices (in order), `miss()` for the
+/// others.
+fn spread<T>(
+    n: usize,
+    served: &[usize],
+    answers: BatchAnswers<T>,
+    miss: impl Fn() -> Result<T, StoreError>,
+) -> BatchAnswers<T> {
+    let mut answers = answers.into_iter();
+    let mut next = served.iter().peekable();
+    (0..n)
+        .map(|i| {
+            if next.peek() == Some(&&i) {
+                next.next();
+                answers.next().unwrap_or_else(&miss)
+            } else {
+                miss()
+            }
+        })
+        .collect()
+}
+
 /// Whether `store` holds `key` (as its owner tenant sees it).
 fn present(store: &dyn Store, key: &PhysicalKey) -> bool {
     matches!(store.lookup(&owner_of(key), key), Ok(Lookup::Hit { .. }))
@@ -200,6 +235,10 @@ impl NodeEvents for ClusterNode {
         self.counters.moved_away.fetch_add(dropped, Ordering::Relaxed);
         self.counters.views.fetch_add(1, Ordering::Relaxed);
         tracing::info!(epoch, moved = moved.len(), dropped, "applied a cluster view");
+    }
+
+    fn settled(&self, epoch: u64) {
+        self.fence.write().unwrap_or_else(|e| e.into_inner()).settle(epoch);
     }
 
     fn registration(&self, node_epoch: Option<u64>) {
@@ -329,6 +368,68 @@ impl StoreLayer for FencedStore {
         })
     }
 
+    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
+        if !self.node.read().servable(&key.digest()) {
+            return Ok(Lookup::Miss(MissReason::Absent));
+        }
+        self.inner.lookup(caller, key)
+    }
+
+    fn get_into(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Result<Get, StoreError> {
+        if !self.node.read().servable(&key.digest()) {
+            return Ok(Get::Miss(MissReason::Absent));
+        }
+        self.inner.get_into(caller, key, dst)
+    }
+
+    fn get_lent(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        send: &mut LendTo<'_>,
+    ) -> Result<Option<Get>, StoreError> {
+        if !self.node.read().servable(&key.digest()) {
+            return Ok(Some(Get::Miss(MissReason::Absent)));
+        }
+        self.inner.get_lent(caller, key, capacity, send)
+    }
+
+    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
+        let served = self.node.servable_of(keys);
+        let part: Vec<&PhysicalKey> = served.iter().map(|&i| keys[i]).collect();
+        let miss = || Ok(Lookup::Miss(MissReason::Absent));
+        spread(keys.len(), &served, self.inner.lookup_batch(caller, &part), miss)
+    }
+
+    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
+        let served = self.node.servable_of(keys);
+        let part: Vec<&PhysicalKey> = served.iter().map(|&i| keys[i]).collect();
+        let miss = || Ok(Located { lookup: Lookup::Miss(MissReason::Absent), tier: None });
+        spread(keys.len(), &served, self.inner.locate(caller, &part), miss)
+    }
+
+    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
+        let served = self.node.servable_of(&keys);
+        if served.len() == items.len() {
+            return self.inner.get_batch(caller, items);
+        }
+        let mut part: Vec<BatchGet<'_>> = items
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| served.binary_search(i).is_ok())
+            .map(|(_, item)| BatchGet { key: item.key, dst: &mut *item.dst })
+            .collect();
+        let got = self.inner.get_batch(caller, &mut part);
+        spread(keys.len(), &served, got, || Ok(Get::Miss(MissReason::Absent)))
+    }
+
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
         let answer = self.inner.invalidate(caller, key);
         if let Ok(Invalidate::Removed | Invalidate::Absent) = answer {
@@ -394,6 +495,7 @@ mod tests {
             "not registered yet"
         );
         node.registration(Some(9));
+        node.settled(3);
         assert_eq!(node.check(Op::Put, 3), Ok(()));
         let c = node.counters();
         let counts =
@@ -409,6 +511,12 @@ mod tests {
         node.registration(Some(1));
         let caller = fixture::caller(0);
         let keys = keys();
+        assert_eq!(
+            StoreLayer::put(&store, &caller, &keys[0], b"early", None),
+            Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::Settling))),
+            "nothing is served before the first view settles"
+        );
+        node.settled(1);
         for (i, k) in keys.iter().enumerate() {
             let put = StoreLayer::put(&store, &caller, k, &fixture::payload(i as u64, 64), None);
             assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
@@ -433,12 +541,28 @@ mod tests {
             StoreLayer::put(&store, &caller, k, b"x", None),
             Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::NotOwner)))
         );
-        // Node 2 leaves: the keys come back to this node as misses, not the old copies.
+        // Node 2 leaves: the keys come back to this node as misses, not the old copies; until
+        // node 2 has applied that view too they are not served at all (node 2 may still take
+        // writes of them under epoch 2), then they are.
         NodeEvents::view(&*node, &ClusterView::new(3, [member(1)]));
+        node.settled(2);
         for &i in &moved {
             let got = StoreLayer::get_into(&store, &caller, &keys[i], &mut buf).expect("get");
             assert!(matches!(got, Get::Miss(_)), "key {i} came back with its old copy");
         }
+        let back = &keys[*moved.iter().next().expect("one moved")];
+        let settling = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::Settling)));
+        assert_eq!(StoreLayer::put(&store, &caller, back, b"new", None), settling);
+        let kept = (0..keys.len()).find(|i| !moved.contains(i)).expect("one kept");
+        let got = StoreLayer::get_into(&store, &caller, &keys[kept], &mut buf).expect("get");
+        assert!(matches!(got, Get::Hit { .. }), "a key that never moved is served while settling");
+        node.settled(3);
+        assert!(matches!(
+            StoreLayer::put(&store, &caller, back, b"new", None),
+            Ok(Put::Committed(_))
+        ));
+        let got = StoreLayer::get_into(&store, &caller, back, &mut buf).expect("get");
+        assert!(matches!(got, Get::Hit { len: 3, .. }), "{got:?}");
     }
 
     #[test]
@@ -446,6 +570,7 @@ mod tests {
         let (node, store) = node();
         NodeEvents::view(&*node, &ClusterView::new(1, [member(1)]));
         node.registration(Some(1));
+        node.settled(1);
         let caller = fixture::caller(0);
         for k in keys().iter().take(8) {
             StoreLayer::put(&store, &caller, k, b"block", None).expect("put");
@@ -462,6 +587,7 @@ mod tests {
         draining.state = MemberState::Draining;
         NodeEvents::view(&*node, &ClusterView::new(1, [draining, member(2)]));
         node.registration(Some(1));
+        node.settled(1);
         let caller = fixture::caller(0);
         let k = keys().into_iter().find(|k| {
             ClusterView::new(1, [member(1), member(2)]).placement().owner(&k.digest())
@@ -471,6 +597,7 @@ mod tests {
         let refused = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::Draining)));
         assert_eq!(StoreLayer::put(&store, &caller, &k, b"x", None), refused);
         NodeEvents::view(&*node, &ClusterView::new(2, [member(1), member(2)]));
+        node.settled(2);
         assert!(StoreLayer::put(&store, &caller, &k, b"x", None).is_ok());
         node.registration(None);
         let lapsed = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::LeaseLost)));

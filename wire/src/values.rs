@@ -656,6 +656,10 @@ fn put_store_error_exact(w: &mut Writer<'_>, e: &StoreError) -> Encoded {
             w.text(detail);
             put_retirement(w, *retirement);
         }
+        StoreError::Fenced(refusal) => {
+            w.u8(14);
+            put_fence_refusal(w, refusal);
+        }
         other => return Err(Unrepresentable(other.to_string())),
     }
     Ok(())
@@ -818,6 +822,7 @@ pub(super) fn get_store_error(r: &mut Reader<'_>) -> Result<StoreError, WireErro
             detail: r.text(text::TEXT)?,
             retirement: get_retirement(r)?,
         },
+        14 => StoreError::Fenced(get_fence_refusal(r)?),
         tag => return Err(WireError::UnknownTag { what: text::STORE_ERROR, tag }),
     })
 }

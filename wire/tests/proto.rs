@@ -272,6 +272,7 @@ fn store_error() -> impl Strategy<Value = StoreError> {
                 retirement
             }
         ),
+        fence_refusal().prop_map(StoreError::Fenced),
     ]
 }
 
@@ -2073,15 +2074,16 @@ fn bad_names_text_and_tags_are_typed() {
     abort[25] = 2;
     let result = Request::decode_body(Op::Abort, &abort);
     assert_eq!(result, Err(WireError::UnknownTag { what: "retirement", tag: 2 }));
-    let cases: [(Op, &[u8], &str); 13] = [
+    let cases: [(Op, &[u8], &str); 14] = [
         (Op::Invalidate, &[1, 0, 0, 0, 7], "result"),
         (Op::Invalidate, &[1, 0, 0, 0, 0, 3], "invalidate answer"),
-        (Op::Write, &[1, 14], "store error"),
+        (Op::Write, &[1, 15], "store error"),
+        (Op::Write, &[1, 14, 7], "cluster refusal"),
         (Op::Write, &[1, 9, 7], "registry error"),
         (Op::Info, &[0, 0, 0, 0, 2], "implementation"),
         (Op::Error, &[30], "wire error"),
         (Op::Error, &[29, 3], "cluster refusal"),
-        (Op::Error, &[29, 2, 5], "not-admitting reason"),
+        (Op::Error, &[29, 2, 6], "not-admitting reason"),
         (Op::Cluster, &[2], "node status"),
         (Op::Error, &[26, 8], "staging failure"),
         (Op::Error, &[28, 3], "in-flight scope"),

@@ -27,6 +27,6 @@ pub use directory::{
     FILL_LEASE_MS_DEFAULT, FILLS_MAX_DEFAULT, FillLease, FillNotice, FillOutcome, FillRefusal,
     FillStart, FillTicket, SETTLED_MAX, ShardDirectory, ShardId, ShardStats,
 };
-pub use node::{FenceRefusal, HELD_KEYS_MAX_DEFAULT, NodeFence, NotAdmitting};
+pub use node::{FenceRefusal, HELD_KEYS_MAX_DEFAULT, NodeFence, NotAdmitting, VIEW_HISTORY_MAX};
 pub use placement::Placement;
 pub use view::{ClusterView, MemberState, ViewMember};

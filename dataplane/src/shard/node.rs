@@ -6,12 +6,19 @@
 //! applied that view yet, and the client takes a miss ([`FenceRefusal::NodeBehind`]). New blocks are
 //! admitted only while the node holds its registration and the view lists it as serving.
 //!
+//! A view change reaches the members one by one, so for a moment a key's old owner (still at
+//! the old view) and its new owner (already at the new one) would both take writes of it, each
+//! from clients of its own epoch. The new owner therefore serves a key it gained only once the
+//! view has settled: every live member has applied it ([`NodeFence::settle`], told by the
+//! cluster's registration), so none still takes writes under the older view. Until then a read
+//! of such a key is a miss and a write is refused ([`NotAdmitting::Settling`]).
+//!
 //! The fence also remembers which keys this node admitted. When a new view moves a key to
 //! another member, [`NodeFence::apply`] hands back every such key for the caller to drop: if
 //! the key comes back to this node later, it is a miss, never the copy from before it left
 //! (a client may have written a newer one to the other member meanwhile).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use super::control::NodeId;
@@ -21,6 +28,9 @@ use crate::key::KeyDigest;
 
 /// Keys one node remembers admitting, unless configured otherwise.
 pub const HELD_KEYS_MAX_DEFAULT: usize = 1 << 20;
+/// Views a node keeps the placement of, to tell which keys it owned through all of the views
+/// that have not settled yet.
+pub const VIEW_HISTORY_MAX: usize = 16;
 
 /// Why a node takes no new blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -41,11 +51,22 @@ pub enum NotAdmitting {
     /// request was on its way): the client refreshes its view.
     #[error("the key belongs to another member under the node's view")]
     NotOwner,
+    /// The key came to this node with a view that not every live member has applied yet: a
+    /// member that owned it before may still take writes of it under the older view. The
+    /// node serves it once the view has settled.
+    #[error("the key moved to this node with a view that has not settled yet")]
+    Settling,
 }
 
 impl NotAdmitting {
-    pub const ALL: [Self; 5] =
-        [Self::LeaseLost, Self::Draining, Self::NotMember, Self::KeysFull, Self::NotOwner];
+    pub const ALL: [Self; 6] = [
+        Self::LeaseLost,
+        Self::Draining,
+        Self::NotMember,
+        Self::KeysFull,
+        Self::NotOwner,
+        Self::Settling,
+    ];
 
     /// Its number on the wire.
     pub fn code(self) -> u8 {
@@ -55,6 +76,7 @@ impl NotAdmitting {
             Self::NotMember => 2,
             Self::KeysFull => 3,
             Self::NotOwner => 4,
+            Self::Settling => 5,
         }
     }
 
@@ -81,6 +103,11 @@ pub struct NodeFence<K> {
     node: NodeId,
     view: ClusterView,
     placement: Placement,
+    /// The placements of the views applied, oldest first, at most [`VIEW_HISTORY_MAX`], with
+    /// no gap (a skipped epoch clears it).
+    history: VecDeque<(u64, Placement)>,
+    /// Every live member has applied this epoch or a newer one.
+    settled: u64,
     registered: bool,
     held: Mutex<HashMap<KeyDigest, K>>,
     held_max: usize,
@@ -93,6 +120,8 @@ impl<K: Clone> NodeFence<K> {
             node,
             view: ClusterView::default(),
             placement: Placement::default(),
+            history: VecDeque::new(),
+            settled: 0,
             registered: false,
             held: Mutex::new(HashMap::new()),
             held_max,
@@ -118,6 +147,37 @@ impl<K: Clone> NodeFence<K> {
     /// Whether this node owns `key` under its view.
     pub fn owns(&self, key: &KeyDigest) -> bool {
         self.placement.owner(key) == Some(self.node)
+    }
+
+    /// The epoch every live member has applied (0 until known).
+    pub fn settled(&self) -> u64 {
+        self.settled
+    }
+
+    /// Every live member has applied `epoch` (or newer); never moves back.
+    pub fn settle(&mut self, epoch: u64) {
+        self.settled = self.settled.max(epoch);
+    }
+
+    /// Whether this node may serve `key` now: it owns it, and no other member may still take
+    /// writes of it. That holds once its view has settled, or when this node owned the key in
+    /// every view from the settled epoch to its own (a member still at one of those epochs
+    /// would refuse the key as not its own).
+    pub fn servable(&self, key: &KeyDigest) -> bool {
+        if !self.owns(key) {
+            return false;
+        }
+        if self.settled >= self.view.epoch {
+            return true;
+        }
+        let Some(&(oldest, _)) = self.history.front() else { return false };
+        if oldest > self.settled {
+            return false;
+        }
+        self.history
+            .iter()
+            .filter(|(epoch, _)| *epoch >= self.settled)
+            .all(|(_, placement)| placement.owner(key) == Some(self.node))
     }
 
     /// Why this node would refuse a new block now, if it would.
@@ -185,6 +245,13 @@ impl<K: Clone> NodeFence<K> {
         }
         let missed = self.view.epoch != 0 && view.epoch != self.view.epoch + 1;
         self.placement = view.placement();
+        if missed {
+            self.history.clear();
+        }
+        if self.history.len() == VIEW_HISTORY_MAX {
+            self.history.pop_front();
+        }
+        self.history.push_back((view.epoch, self.placement.clone()));
         self.view = view;
         let node = self.node;
         let placement = &self.placement;

@@ -74,9 +74,9 @@ pub struct RegistrationStats {
 
 /// A node's registration and the thread that keeps it (see the module documentation).
 /// Dropping it stops the thread; [`leave`](Self::leave) also takes the node out of the view.
-#[derive(Debug)]
 pub struct Registration {
     shared: Arc<Shared>,
+    events: Arc<dyn NodeEvents>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -119,11 +119,12 @@ impl Registration {
         });
         let life = shared.coordinator.runtime().block_on(shared.register(events.as_ref()))?;
         let keeper = Arc::clone(&shared);
+        let thread_events = Arc::clone(&events);
         let thread = std::thread::Builder::new()
             .name("gpucache-cluster".into())
-            .spawn(move || keeper.run(life, events.as_ref()))
+            .spawn(move || keeper.run(life, thread_events.as_ref()))
             .map_err(ClusterError::Runtime)?;
-        Ok(Self { shared, thread: Some(thread) })
+        Ok(Self { shared, events, thread: Some(thread) })
     }
 
     pub fn stats(&self) -> RegistrationStats {
@@ -135,6 +136,10 @@ impl Registration {
     /// lapses). Refused, leaving the view as it is, when the node is the last member.
     pub fn leave(mut self) -> Result<(), ClusterError> {
         self.stop_thread();
+        // Admit nothing from here on: once this life is out of the view and its lease gone,
+        // the others no longer wait for it to settle, so it must take no more writes under
+        // the view it still holds.
+        self.events.registration(None);
         let stats = self.stats();
         let node = self.shared.config.node;
         let result = self
@@ -152,6 +157,12 @@ impl Registration {
             thread.thread().unpark();
             let _ = thread.join();
         }
+    }
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration").field("stats", &self.stats()).finish_non_exhaustive()
     }
 }
 

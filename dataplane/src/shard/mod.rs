@@ -12,12 +12,13 @@
 //! moves starts empty, and its keys are misses until they are filled again. [`Placement`] says
 //! which member owns a key, by rendezvous hashing, with no directory at all. [`ClusterView`]
 //! is the membership a cluster agrees on, and [`NodeFence`] what a node checks of each request
-//! against it.
+//! against it. [`sim`] runs all of them together in a seeded simulation of a whole cluster.
 
 mod control;
 mod directory;
 mod node;
 mod placement;
+pub mod sim;
 #[cfg(test)]
 mod tests;
 mod view;

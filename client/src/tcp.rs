@@ -46,6 +46,7 @@ use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::shard::{FillLease, FillNotice, FillOutcome, FillStart, FillTicket};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
     Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
@@ -58,9 +59,10 @@ use crate::Credentials;
 use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{StageCallError, StageId, StagedGet, StagedSlot, StagingStats};
 use gpucache_wire::{
-    BATCH_ITEMS_MAX, FetchedRef, Frame, FrameDecoder, GetItem, HEADER_BYTES, HelloAuth, NodeStatus,
-    Op, RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, WireError,
-    decode_get_response, encode_put_request, put_request_parts, sole_hit, write_all_vectored,
+    BATCH_ITEMS_MAX, FetchedRef, FillRefused, Frame, FrameDecoder, GetItem, HEADER_BYTES,
+    HelloAuth, NodeStatus, Op, RemoteInfo, Request, Response, ServerLimits, SharedGetItem,
+    SharedPutItem, WireError, decode_get_response, encode_put_request, put_request_parts, sole_hit,
+    write_all_vectored,
 };
 
 /// Idle connections kept per (tenant, rights).
@@ -593,6 +595,50 @@ impl TcpStore {
         match self.control(Request::Cluster { epoch }, "cluster")? {
             Response::Cluster(status) => Ok(status),
             other => Err(unexpected("cluster", &other)),
+        }
+    }
+
+    /// Leads or joins the single-flight fill of `key` (FILL_BEGIN; the caller needs the write
+    /// right on it). A leader computes the block, PUTs it and calls
+    /// [`finish_fill`](Self::finish_fill); a joiner waits with [`wait_fill`](Self::wait_fill).
+    pub fn begin_fill(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+    ) -> Result<Result<FillStart, FillRefused>, StoreError> {
+        match self.call(caller, Request::FillBegin { key: Box::new(key.clone()) }, "fill")? {
+            Response::FillBegin(begun) => Ok(begun),
+            other => Err(unexpected("fill", &other)),
+        }
+    }
+
+    /// The leader's outcome of its fill (FILL_FINISH); answers how the fill stands after it.
+    pub fn finish_fill(
+        &self,
+        caller: &Caller,
+        lease: &FillLease,
+        outcome: FillOutcome,
+    ) -> Result<FillNotice, StoreError> {
+        let stored = outcome == FillOutcome::Stored;
+        match self.call(caller, Request::FillFinish { lease: *lease, stored }, "fill")? {
+            Response::FillFinish(notice) => Ok(notice),
+            other => Err(unexpected("fill", &other)),
+        }
+    }
+
+    /// The fill's outcome, the server waiting up to `wait` while it is pending (FILL_WAIT); the
+    /// wait is kept a second short of this store's request deadline.
+    pub fn wait_fill(
+        &self,
+        caller: &Caller,
+        ticket: &FillTicket,
+        wait: Duration,
+    ) -> Result<FillNotice, StoreError> {
+        let most = self.config.deadline.saturating_sub(Duration::from_secs(1));
+        let wait_ms = u64::try_from(wait.min(most).as_millis()).unwrap_or(u64::MAX);
+        match self.call(caller, Request::FillWait { ticket: *ticket, wait_ms }, "fill")? {
+            Response::FillWait(notice) => Ok(notice),
+            other => Err(unexpected("fill", &other)),
         }
     }
 
@@ -1597,6 +1643,8 @@ fn retryable(request: &Request) -> bool {
             | Request::NixlAttach { .. }
             | Request::StageStats
             | Request::Limits
+            | Request::Cluster { .. }
+            | Request::FillWait { .. }
     )
 }
 

@@ -36,6 +36,7 @@ use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_m
 use crate::cluster::{ClusterNode, FencedStore};
 use crate::config::{ClusterSection, Eviction, StoreKind, ValidConfig};
 use crate::dpu::{self, DpuStartError};
+use crate::fills::Fills;
 use crate::http::MetricsServer;
 use crate::metered::{MeteredStore, Metrics, StagingGauges, register_limits};
 use crate::ready::{Check, Probe};
@@ -287,10 +288,16 @@ impl ValidConfig {
         ready.register(&mut registry);
         let metrics = Arc::new(Metrics::with_registry(registry));
         let metered = MeteredStore::shared(store, Arc::clone(&metrics));
+        let fills = Arc::new(Fills::new(Arc::new(MonotonicClock::default())));
         let cluster = &self.cluster;
         let node = cluster.enabled().then(|| {
             let held = usize::try_from(cluster.held_keys_max).unwrap_or(usize::MAX);
-            Arc::new(ClusterNode::new(NodeId(cluster.node), held, metered.clone()))
+            Arc::new(ClusterNode::new(
+                NodeId(cluster.node),
+                held,
+                metered.clone(),
+                Arc::clone(&fills),
+            ))
         });
         let shared: Arc<dyn Store> = match &node {
             Some(node) => Arc::new(FencedStore::new(metered.clone(), Arc::clone(node))),
@@ -311,6 +318,7 @@ impl ValidConfig {
         // LIMITS states it, so a client refuses an oversize value before it reads or sends it.
         server_config.object_bytes_max = Some(self.limits.object_bytes_max);
         server_config.cluster = node.clone();
+        server_config.fills = fills;
         let server = start_native(server_config, Arc::clone(&shared)).map_err(|source| {
             StartError::Native { addr: l.native, local: self.local_socket(), source }
         })?;

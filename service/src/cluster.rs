@@ -19,12 +19,15 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
+use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::{ClusterView, FenceRefusal, NodeFence, NodeId, NotAdmitting};
 use gpucache_dataplane::store::{
     BatchAnswers, BatchGet, BatchPut, Get, Invalidate, LendTo, Located, Lookup, MissReason, Put,
     Reserve, Store, StoreError, StoreLayer,
 };
 use gpucache_wire::{NodeStatus, Op};
+
+use crate::fills::Fills;
 
 /// What a node has done as a member, for its metrics.
 #[derive(Debug, Default)]
@@ -44,6 +47,8 @@ pub struct ClusterCounters {
 /// One node's standing in its cluster (see the module documentation).
 pub struct ClusterNode {
     fence: RwLock<NodeFence<PhysicalKey>>,
+    /// The node's fills, fenced on every view applied.
+    fills: Arc<Fills>,
     /// The store under the fence, where moved blocks are dropped.
     store: Arc<dyn Store>,
     counters: ClusterCounters,
@@ -52,9 +57,13 @@ pub struct ClusterNode {
 /// Whether an op is checked against the view, and whether it admits a block.
 fn fenced(op: Op) -> Option<bool> {
     match op {
-        Op::Lookup | Op::Get | Op::Locate | Op::GetShared | Op::StageGet | Op::Invalidate => {
-            Some(false)
-        }
+        Op::Lookup
+        | Op::Get
+        | Op::Locate
+        | Op::GetShared
+        | Op::StageGet
+        | Op::Invalidate
+        | Op::FillBegin => Some(false),
         Op::Put
         | Op::Reserve
         | Op::Write
@@ -69,9 +78,10 @@ fn fenced(op: Op) -> Option<bool> {
 impl ClusterNode {
     /// Node `node` over `store` (the store the fence's layer wraps), remembering up to
     /// `held_max` admitted keys. It admits nothing until its registration holds.
-    pub fn new(node: NodeId, held_max: usize, store: Arc<dyn Store>) -> Self {
+    pub fn new(node: NodeId, held_max: usize, store: Arc<dyn Store>, fills: Arc<Fills>) -> Self {
         Self {
             fence: RwLock::new(NodeFence::new(node, held_max)),
+            fills,
             store,
             counters: ClusterCounters::default(),
         }
@@ -232,6 +242,7 @@ impl NodeEvents for ClusterNode {
             }
         }
         drop(fence);
+        self.fills.fence(Epoch(epoch));
         self.counters.moved_away.fetch_add(dropped, Ordering::Relaxed);
         self.counters.views.fetch_add(1, Ordering::Relaxed);
         tracing::info!(epoch, moved = moved.len(), dropped, "applied a cluster view");
@@ -469,7 +480,8 @@ mod tests {
             MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
                 .expect("memory store"),
         );
-        let node = Arc::new(ClusterNode::new(NodeId(1), 1 << 10, Arc::clone(&memory)));
+        let fills = Arc::new(Fills::new(Arc::new(ManualClock::default())));
+        let node = Arc::new(ClusterNode::new(NodeId(1), 1 << 10, Arc::clone(&memory), fills));
         let store = FencedStore::new(memory, Arc::clone(&node));
         (node, store)
     }

@@ -22,6 +22,7 @@ pub mod config;
 pub mod create_only;
 pub mod dpu;
 pub mod executor_metrics;
+pub mod fills;
 pub mod http;
 pub mod listener;
 pub mod logging;

@@ -30,6 +30,8 @@ use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::registry::Epoch;
+use gpucache_dataplane::shard::FillOutcome;
 use gpucache_dataplane::store::{
     BatchAnswers, BatchGet, BatchPut, Get, Retirement, Store, StoreError, authorize,
 };
@@ -46,12 +48,13 @@ use gpucache_storage::host::segment::Segment;
 
 use crate::auth::{ReplayWindow, TenantAuth};
 use crate::cluster::ClusterNode;
+use crate::fills::Fills;
 use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 use gpucache_wire::{
-    AuthFailure, Fetched, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind, Op, Request,
-    Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError, decode_put_request,
-    encode_get_response, get_hit_frame_parts, write_all_vectored,
+    AuthFailure, Fetched, FillRefused, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind,
+    Op, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError,
+    decode_put_request, encode_get_response, get_hit_frame_parts, write_all_vectored,
 };
 
 /// How often a blocked read wakes to check for shutdown and idleness.
@@ -104,6 +107,9 @@ pub struct ServerConfig {
     /// The node's standing in its cluster: every keyed request is checked against its view
     /// (the epoch its connection said with CLUSTER). None for a server that runs alone.
     pub cluster: Option<Arc<ClusterNode>>,
+    /// The single-flight fills of FILL_BEGIN, FILL_FINISH and FILL_WAIT (a node of a cluster
+    /// fences them on every view it applies).
+    pub fills: Arc<Fills>,
 }
 
 impl ServerConfig {
@@ -125,6 +131,7 @@ impl ServerConfig {
             staging: None,
             object_bytes_max: None,
             cluster: None,
+            fills: Arc::new(Fills::new(Arc::new(UnixClock))),
         }
     }
 }
@@ -641,6 +648,14 @@ fn serve_frame<'a>(
             return Response::Error(WireError::Fenced(refusal)).into();
         }
     }
+    if frame.kind == Kind::Request
+        && matches!(frame.op, Op::FillBegin | Op::FillFinish | Op::FillWait)
+    {
+        return Served::Plain(match Request::from_frame(frame) {
+            Ok(request) => answer_fill(request, s, shared),
+            Err(e) => Response::Error(e),
+        });
+    }
     if frame.kind == Kind::Request && frame.op == Op::Put {
         // Stored straight from the frame body, the frame's items as one batch; the store
         // checks each item against the checksum the client sent as it copies it.
@@ -661,6 +676,33 @@ fn serve_frame<'a>(
         Ok(Request::Get { items }) => Served::Get(items),
         Ok(request) => answer(request, &s.caller, local, shared).into(),
         Err(e) => Response::Error(e).into(),
+    }
+}
+
+/// FILL_BEGIN, FILL_FINISH and FILL_WAIT. A fill begins at the connection's cluster epoch on
+/// a node of a cluster (0 alone); the caller needs the write right on the key it will fill.
+fn answer_fill(request: Request, s: &Session, shared: &Shared) -> Response {
+    let fills = &shared.config.fills;
+    match request {
+        Request::FillBegin { key } => {
+            if let Err(e) = authorize(&s.caller, &key, Right::Write) {
+                return Response::FillBegin(Err(FillRefused::Forbidden { detail: e.to_string() }));
+            }
+            let epoch = if shared.config.cluster.is_some() { s.cluster_epoch } else { 0 };
+            Response::FillBegin(
+                fills.begin(key.digest(), Epoch(epoch)).map_err(|r| FillRefused::from(&r)),
+            )
+        }
+        Request::FillFinish { lease, stored } => {
+            let outcome = if stored { FillOutcome::Stored } else { FillOutcome::GaveUp };
+            Response::FillFinish(fills.finish(&lease, outcome))
+        }
+        Request::FillWait { ticket, wait_ms } => {
+            Response::FillWait(fills.wait(&ticket, Duration::from_millis(wait_ms)))
+        }
+        other => Response::Error(WireError::Internal {
+            detail: format!("{} is not a fill request", other.op()),
+        }),
     }
 }
 
@@ -780,6 +822,12 @@ fn answer<'a>(
         }
         // A node of a cluster answers it before this; a server alone has no standing.
         Request::Cluster { .. } => Response::Cluster(None),
+        // Served by `answer_fill`, never here.
+        request @ (Request::FillBegin { .. }
+        | Request::FillFinish { .. }
+        | Request::FillWait { .. }) => Response::Error(WireError::Internal {
+            detail: format!("{} is served before this", request.op()),
+        }),
         Request::Lookup { keys } => {
             Response::Lookup(store.lookup_batch(who, &keys.iter().collect::<Vec<_>>()))
         }

@@ -42,10 +42,10 @@ pub use frame::{
     header_checksum, sole_hit, write_all_vectored,
 };
 pub use message::{
-    Fetched, FetchedRef, GetItem, HelloAuth, HelloSession, NodeStatus, PutItem, PutRef, RemoteInfo,
-    Request, Response, ServerLimits, SharedGetItem, SharedPutItem, decode_get_response,
-    decode_put_request, encode_get_response, encode_put_request, get_hit_frame_parts,
-    put_request_parts,
+    Fetched, FetchedRef, FillRefused, GetItem, HelloAuth, HelloSession, NodeStatus, PutItem,
+    PutRef, RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem,
+    decode_get_response, decode_put_request, encode_get_response, encode_put_request,
+    get_hit_frame_parts, put_request_parts,
 };
 pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};
@@ -191,13 +191,19 @@ pub enum Op {
     Locate,
     /// Says the cluster epoch the connection routes by; answers the node's own view.
     Cluster,
+    /// Leads or joins the single-flight fill of a key.
+    FillBegin,
+    /// The leader's outcome of its fill.
+    FillFinish,
+    /// Waits (bounded) for the outcome of a fill.
+    FillWait,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 29] = [
+    pub const ALL: [Op; 32] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -226,6 +232,9 @@ impl Op {
         Self::Limits,
         Self::Locate,
         Self::Cluster,
+        Self::FillBegin,
+        Self::FillFinish,
+        Self::FillWait,
         Self::Error,
     ];
 
@@ -259,6 +268,9 @@ impl Op {
             Self::Limits => 26,
             Self::Locate => 27,
             Self::Cluster => 28,
+            Self::FillBegin => 29,
+            Self::FillFinish => 30,
+            Self::FillWait => 31,
             Self::Error => 255,
         }
     }
@@ -302,6 +314,9 @@ impl Op {
             Self::Limits => "LIMITS",
             Self::Locate => "LOCATE",
             Self::Cluster => "CLUSTER",
+            Self::FillBegin => "FILL_BEGIN",
+            Self::FillFinish => "FILL_FINISH",
+            Self::FillWait => "FILL_WAIT",
             Self::Error => "ERROR",
         }
     }

@@ -5,7 +5,9 @@ use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
-use gpucache_dataplane::shard::{NodeId, NotAdmitting};
+use gpucache_dataplane::shard::{
+    FillLease, FillNotice, FillRefusal, FillStart, FillTicket, NodeId, NotAdmitting,
+};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
     Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
@@ -236,6 +238,49 @@ pub enum Request {
     Cluster {
         epoch: u64,
     },
+    /// Leads or joins the fill of `key` (the caller needs the write right on it).
+    FillBegin {
+        key: Box<PhysicalKey>,
+    },
+    /// The leader's outcome: stored or gave up.
+    FillFinish {
+        lease: FillLease,
+        stored: bool,
+    },
+    /// The fill's outcome, waiting up to `wait_ms` while it is pending (the server caps it).
+    FillWait {
+        ticket: FillTicket,
+        wait_ms: u64,
+    },
+}
+
+/// Why a node did not begin a fill (the wire's form of the directory's refusal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FillRefused {
+    #[error("fill of epoch {asked}, the node's fills are at epoch {current}")]
+    Epoch { asked: u64, current: u64 },
+    #[error("the node is draining and begins no fill")]
+    Draining,
+    #[error("{max} fills are in flight already")]
+    TooMany { max: u64 },
+    #[error("no credits for a fill: {detail}")]
+    Credits { detail: String },
+    /// The caller may not write the key (another tenant's, or no write right).
+    #[error("fill refused: {detail}")]
+    Forbidden { detail: String },
+}
+
+impl From<&FillRefusal> for FillRefused {
+    fn from(r: &FillRefusal) -> Self {
+        match r {
+            FillRefusal::Epoch { asked, current } => {
+                Self::Epoch { asked: asked.0, current: current.0 }
+            }
+            FillRefusal::Draining => Self::Draining,
+            FillRefusal::TooMany { max } => Self::TooMany { max: *max as u64 },
+            FillRefusal::Credits(c) => Self::Credits { detail: c.to_string() },
+        }
+    }
 }
 
 /// A node's standing in its cluster, as CLUSTER answers it.
@@ -291,6 +336,9 @@ pub enum Response {
     Locate(Vec<Result<Located, StoreError>>),
     /// The node's standing; none for a server that runs alone (no cluster).
     Cluster(Option<NodeStatus>),
+    FillBegin(Result<FillStart, FillRefused>),
+    FillFinish(FillNotice),
+    FillWait(FillNotice),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -347,6 +395,9 @@ impl Request {
             Self::Limits => Op::Limits,
             Self::Locate { .. } => Op::Locate,
             Self::Cluster { .. } => Op::Cluster,
+            Self::FillBegin { .. } => Op::FillBegin,
+            Self::FillFinish { .. } => Op::FillFinish,
+            Self::FillWait { .. } => Op::FillWait,
         }
     }
 
@@ -459,6 +510,15 @@ impl Request {
             }
             Self::CommitPut { stage } => w.u64(stage.0),
             Self::Cluster { epoch } => w.u64(*epoch),
+            Self::FillBegin { key } => w.key(key),
+            Self::FillFinish { lease, stored } => {
+                put_fill_lease(w, lease);
+                w.bool(*stored);
+            }
+            Self::FillWait { ticket, wait_ms } => {
+                put_fill_ticket(w, ticket);
+                w.u64(*wait_ms);
+            }
             Self::StageGet { items } => {
                 w.count(items.len());
                 for item in items {
@@ -525,6 +585,13 @@ impl Request {
             },
             Op::CommitPut => Self::CommitPut { stage: StageId(r.u64(text::INTEGER)?) },
             Op::Cluster => Self::Cluster { epoch: r.u64(text::INTEGER)? },
+            Op::FillBegin => Self::FillBegin { key: Box::new(r.key(0)?) },
+            Op::FillFinish => {
+                Self::FillFinish { lease: get_fill_lease(r)?, stored: r.bool(text::BOOL)? }
+            }
+            Op::FillWait => {
+                Self::FillWait { ticket: get_fill_ticket(r)?, wait_ms: r.u64(text::INTEGER)? }
+            }
             Op::Release => {
                 let n = r.count()?;
                 let mut stages = r.batch(n);
@@ -1133,6 +1200,9 @@ impl Response {
             Self::Limits(_) => Op::Limits,
             Self::Locate(_) => Op::Locate,
             Self::Cluster(_) => Op::Cluster,
+            Self::FillBegin(_) => Op::FillBegin,
+            Self::FillFinish(_) => Op::FillFinish,
+            Self::FillWait(_) => Op::FillWait,
             Self::Error(_) => Op::Error,
         }
     }
@@ -1174,6 +1244,8 @@ impl Response {
             Self::Stats(stats) => put_stats(w, stats),
             Self::Lookup(items) => write_batch(w, items, put_lookup),
             Self::Locate(items) => write_batch(w, items, put_located),
+            Self::FillBegin(begun) => put_fill_begun(w, begun),
+            Self::FillFinish(notice) | Self::FillWait(notice) => put_fill_notice(w, *notice),
             Self::Cluster(status) => match status {
                 None => w.u8(0),
                 Some(s) => {
@@ -1292,6 +1364,9 @@ impl Response {
             Op::Stats => Self::Stats(get_stats(r)?),
             Op::Lookup => Self::Lookup(read_batch(r, get_lookup)?),
             Op::Locate => Self::Locate(read_batch(r, get_located)?),
+            Op::FillBegin => Self::FillBegin(get_fill_begun(r)?),
+            Op::FillFinish => Self::FillFinish(get_fill_notice(r)?),
+            Op::FillWait => Self::FillWait(get_fill_notice(r)?),
             Op::Cluster => Self::Cluster(match r.u8(text::NODE_STATUS)? {
                 0 => None,
                 1 => Some(NodeStatus {
@@ -1416,3 +1491,88 @@ macro_rules! frame_codec {
 
 frame_codec!(Request, Kind::Request);
 frame_codec!(Response, Kind::Response);
+
+fn put_fill_ticket(w: &mut Writer<'_>, t: &FillTicket) {
+    w.u64(t.fill);
+    w.u64(t.epoch.0);
+}
+
+fn get_fill_ticket(r: &mut Reader<'_>) -> Result<FillTicket, WireError> {
+    Ok(FillTicket { fill: r.u64(text::INTEGER)?, epoch: Epoch(r.u64(text::INTEGER)?) })
+}
+
+fn put_fill_lease(w: &mut Writer<'_>, l: &FillLease) {
+    put_fill_ticket(w, &l.ticket);
+    w.u64(l.deadline_ms);
+}
+
+fn get_fill_lease(r: &mut Reader<'_>) -> Result<FillLease, WireError> {
+    Ok(FillLease { ticket: get_fill_ticket(r)?, deadline_ms: r.u64(text::INTEGER)? })
+}
+
+/// 0 Pending, 1 Finished, 2 Failed, 3 Fenced.
+fn put_fill_notice(w: &mut Writer<'_>, n: FillNotice) {
+    w.u8(match n {
+        FillNotice::Pending => 0,
+        FillNotice::Finished => 1,
+        FillNotice::Failed => 2,
+        FillNotice::Fenced => 3,
+    });
+}
+
+fn get_fill_notice(r: &mut Reader<'_>) -> Result<FillNotice, WireError> {
+    Ok(match r.u8(text::FILL_NOTICE)? {
+        0 => FillNotice::Pending,
+        1 => FillNotice::Finished,
+        2 => FillNotice::Failed,
+        3 => FillNotice::Fenced,
+        tag => return Err(WireError::UnknownTag { what: text::FILL_NOTICE, tag }),
+    })
+}
+
+/// 0 Lead `lease`; 1 Join `ticket`; 2 refused for its epoch `asked`, `current`; 3 draining;
+/// 4 too many `max`; 5 no credits `detail`; 6 forbidden `detail`.
+fn put_fill_begun(w: &mut Writer<'_>, begun: &Result<FillStart, FillRefused>) {
+    match begun {
+        Ok(FillStart::Lead(lease)) => {
+            w.u8(0);
+            put_fill_lease(w, lease);
+        }
+        Ok(FillStart::Join(ticket)) => {
+            w.u8(1);
+            put_fill_ticket(w, ticket);
+        }
+        Err(FillRefused::Epoch { asked, current }) => {
+            w.u8(2);
+            w.u64(*asked);
+            w.u64(*current);
+        }
+        Err(FillRefused::Draining) => w.u8(3),
+        Err(FillRefused::TooMany { max }) => {
+            w.u8(4);
+            w.u64(*max);
+        }
+        Err(FillRefused::Credits { detail }) => {
+            w.u8(5);
+            w.text(detail);
+        }
+        Err(FillRefused::Forbidden { detail }) => {
+            w.u8(6);
+            w.text(detail);
+        }
+    }
+}
+
+fn get_fill_begun(r: &mut Reader<'_>) -> Result<Result<FillStart, FillRefused>, WireError> {
+    const N: &str = text::INTEGER;
+    Ok(match r.u8(text::FILL_START)? {
+        0 => Ok(FillStart::Lead(get_fill_lease(r)?)),
+        1 => Ok(FillStart::Join(get_fill_ticket(r)?)),
+        2 => Err(FillRefused::Epoch { asked: r.u64(N)?, current: r.u64(N)? }),
+        3 => Err(FillRefused::Draining),
+        4 => Err(FillRefused::TooMany { max: r.u64(N)? }),
+        5 => Err(FillRefused::Credits { detail: r.text(text::TEXT)? }),
+        6 => Err(FillRefused::Forbidden { detail: r.text(text::TEXT)? }),
+        tag => return Err(WireError::UnknownTag { what: text::FILL_START, tag }),
+    })
+}

@@ -131,6 +131,8 @@ whats! {
     INFLIGHT_SCOPE = "in-flight scope",
     FENCE_REFUSAL = "cluster refusal",
     NODE_STATUS = "node status",
+    FILL_NOTICE = "fill notice",
+    FILL_START = "fill start",
     NOT_ADMITTING = "not-admitting reason",
 }
 

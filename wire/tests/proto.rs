@@ -12,7 +12,9 @@ use gpucache_dataplane::key::{KEY_BYTES_MAX, PhysicalKey};
 use gpucache_dataplane::lifecycle::{BlockState, IllegalTransition};
 use gpucache_dataplane::limits::{Refusal, ReplayConflict, RequestId, Usage};
 use gpucache_dataplane::registry::{Epoch, EpochError, RegionCounts, RegionId, RegistryError};
-use gpucache_dataplane::shard::{FenceRefusal, NodeId, NotAdmitting};
+use gpucache_dataplane::shard::{
+    FenceRefusal, FillLease, FillNotice, FillStart, FillTicket, NodeId, NotAdmitting,
+};
 use gpucache_dataplane::store::{
     Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
     Implementation, Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
@@ -22,8 +24,8 @@ use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
 use gpucache_wire::{
     AuthFailure, BATCH_ITEMS_MAX, BODY_BYTES_MAX, DATAPLANE_TEXT, FLAG_SEALED, FLAG_SOLE_HIT,
-    FLAG_TRAILER, Fetched, FetchedRef, Frame, FrameDecoder, FrameError, FrameHeader, GetItem,
-    HEADER_BYTES, HelloAuth, HelloSession, InflightScope, Kind, MAGIC, NodeStatus, Op,
+    FLAG_TRAILER, Fetched, FetchedRef, FillRefused, Frame, FrameDecoder, FrameError, FrameHeader,
+    GetItem, HEADER_BYTES, HelloAuth, HelloSession, InflightScope, Kind, MAGIC, NodeStatus, Op,
     PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response,
     SEAL_BYTES, SOLE_HIT_TAIL_BYTES, SealAlgorithm, SealKey, ServerLimits, SharedGetItem,
     SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
@@ -382,6 +384,32 @@ fn fence_refusal() -> impl Strategy<Value = FenceRefusal> {
     ]
 }
 
+fn fill_ticket() -> impl Strategy<Value = FillTicket> {
+    (any::<u64>(), any::<u64>()).prop_map(|(fill, e)| FillTicket { fill, epoch: Epoch(e) })
+}
+
+fn fill_lease() -> impl Strategy<Value = FillLease> {
+    (fill_ticket(), any::<u64>())
+        .prop_map(|(ticket, deadline_ms)| FillLease { ticket, deadline_ms })
+}
+
+fn fill_notice() -> impl Strategy<Value = FillNotice> {
+    select(vec![FillNotice::Pending, FillNotice::Finished, FillNotice::Failed, FillNotice::Fenced])
+}
+
+fn fill_begun() -> impl Strategy<Value = Result<FillStart, FillRefused>> {
+    prop_oneof![
+        fill_lease().prop_map(|l| Ok(FillStart::Lead(l))),
+        fill_ticket().prop_map(|t| Ok(FillStart::Join(t))),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(asked, current)| Err(FillRefused::Epoch { asked, current })),
+        Just(Err(FillRefused::Draining)),
+        any::<u64>().prop_map(|max| Err(FillRefused::TooMany { max })),
+        text().prop_map(|detail| Err(FillRefused::Credits { detail })),
+        text().prop_map(|detail| Err(FillRefused::Forbidden { detail })),
+    ]
+}
+
 fn node_status() -> impl Strategy<Value = Option<NodeStatus>> {
     proptest::option::of(
         (any::<u64>(), any::<u64>(), proptest::option::of(select(NotAdmitting::ALL.to_vec())))
@@ -438,6 +466,11 @@ fn request() -> impl Strategy<Value = Request> {
         vec(key(), 0..8).prop_map(|keys| Request::Lookup { keys }),
         vec(key(), 0..8).prop_map(|keys| Request::Locate { keys }),
         any::<u64>().prop_map(|epoch| Request::Cluster { epoch }),
+        key().prop_map(|key| Request::FillBegin { key: Box::new(key) }),
+        (fill_lease(), any::<bool>())
+            .prop_map(|(lease, stored)| Request::FillFinish { lease, stored }),
+        (fill_ticket(), any::<u64>())
+            .prop_map(|(ticket, wait_ms)| Request::FillWait { ticket, wait_ms }),
         vec((key(), 0u64..=PAYLOAD_BYTES_MAX / 8), 0..8).prop_map(|items| Request::Get {
             items: items.into_iter().map(|(key, capacity)| GetItem { key, capacity }).collect()
         }),
@@ -631,6 +664,9 @@ fn response() -> impl Strategy<Value = Response> {
         vec(result(lookup()), 0..8).prop_map(Response::Lookup),
         vec(result(located()), 0..8).prop_map(Response::Locate),
         node_status().prop_map(Response::Cluster),
+        fill_begun().prop_map(Response::FillBegin),
+        fill_notice().prop_map(Response::FillFinish),
+        fill_notice().prop_map(Response::FillWait),
         vec(result(fetched()), 0..8).prop_map(Response::Get),
         vec(result(put_outcome()), 0..8).prop_map(Response::Put),
         vec(result(invalidate), 0..8).prop_map(Response::Invalidate),
@@ -1194,6 +1230,12 @@ fn sample_requests() -> Vec<Request> {
     vec![
         Request::Locate { keys: vec![k1.clone(), k2.clone()] },
         Request::Cluster { epoch: 7 },
+        Request::FillBegin { key: Box::new(k1.clone()) },
+        Request::FillFinish {
+            lease: FillLease { ticket: FillTicket { fill: 3, epoch: Epoch(2) }, deadline_ms: 9 },
+            stored: true,
+        },
+        Request::FillWait { ticket: FillTicket { fill: 3, epoch: Epoch(2) }, wait_ms: 500 },
         Request::Hello {
             tenant: fixture::tenant(0),
             client_name: "vllm-worker-3".into(),
@@ -1376,6 +1418,10 @@ fn sample_responses() -> Vec<Response> {
             max: 1 << 30,
         }),
         Response::Cluster(None),
+        Response::FillBegin(Ok(FillStart::Join(FillTicket { fill: 3, epoch: Epoch(2) }))),
+        Response::FillBegin(Err(FillRefused::Epoch { asked: 1, current: 2 })),
+        Response::FillFinish(FillNotice::Finished),
+        Response::FillWait(FillNotice::Fenced),
         Response::Cluster(Some(NodeStatus {
             node: NodeId(3),
             epoch: 9,
@@ -1672,7 +1718,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 29), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 32), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;

@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpucache_client::ClientConfig;
-use gpucache_cluster::{ClusterClient, ClusterClientConfig, Coordinator, EtcdConfig};
+use gpucache_cluster::{
+    ClusterClient, ClusterClientConfig, Coordinator, EtcdConfig, ReplicaPolicy, RoutingStats,
+};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
@@ -186,7 +188,12 @@ struct Tally {
 }
 
 /// One client's loop: GET each slot it believes stored, PUT a new version after a miss.
-fn client_loop(id: usize, client: ClusterClient, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
+fn client_loop(
+    id: usize,
+    client: ClusterClient,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+) -> RoutingStats {
     let caller = Caller::new(tenant(0), Rights::READ_WRITE);
     // Per slot: the last version acknowledged, and every version written.
     let mut acked: Vec<Option<u64>> = vec![None; SLOTS];
@@ -229,16 +236,16 @@ fn client_loop(id: usize, client: ClusterClient, stop: Arc<AtomicBool>, tally: A
             }
         }
     }
+    client.stats()
 }
 
 fn client(etcd: &Etcd, native: std::net::SocketAddr) -> ClusterClient {
     let template = ClientConfig::new(native, Caller::new(tenant(0), Rights::READ_WRITE));
-    ClusterClient::connect(ClusterClientConfig {
-        etcd: etcd_config(etcd),
-        client: template,
-        poll_ms: 100,
-    })
-    .expect("cluster client")
+    let mut config = ClusterClientConfig::new(etcd_config(etcd), template);
+    config.poll_ms = 100;
+    // A slot read 4 times within a second gets a copy on its second choice.
+    config.replicate = Some(ReplicaPolicy { reads: 4, window_ms: 1_000 });
+    ClusterClient::connect(config).expect("cluster client")
 }
 
 /// The Python clients, started now for the whole load, when an interpreter is given.
@@ -421,9 +428,15 @@ fn a_cluster_serves_through_node_and_etcd_failures_with_no_wrong_or_stale_hit() 
         std::thread::park_timeout(LOAD.saturating_sub(started.elapsed()));
     }
     stop.store(true, Ordering::Release);
+    let (mut copies, mut copy_hits) = (0, 0);
     for c in clients {
-        c.join().expect("client");
+        let stats = c.join().expect("client");
+        copies += stats.copies;
+        copy_hits += stats.copy_hits;
     }
+    note(format!(
+        "Rust clients: {copies} copies of hot blocks made, {copy_hits} reads served by them"
+    ));
     for child in python {
         let out = child.wait_with_output().expect("python client");
         let text = String::from_utf8_lossy(&out.stdout);
@@ -457,6 +470,7 @@ fn a_cluster_serves_through_node_and_etcd_failures_with_no_wrong_or_stale_hit() 
     ));
     note(format!("failed PUTs: {:?}", t.put_failures.lock().unwrap()));
     assert!(t.hits.load(Ordering::Relaxed) > 0, "no GET ever hit");
+    assert!(copy_hits > 0, "no read was served by a hot block's copy");
     assert_eq!(t.wrong.load(Ordering::Relaxed), 0, "wrong bytes served");
     assert_eq!(t.stale.load(Ordering::Relaxed), 0, "stale hits served");
     for (_, n) in nodes.drain() {

@@ -26,7 +26,7 @@ def version_bytes(client, slot, version):
 def main():
     etcd, name, tenant, client_id, seconds = sys.argv[1:6]
     client_id, seconds = int(client_id), float(seconds)
-    c = gpucache.Client.cluster(etcd.split(","), name=name, tenant=tenant, poll_ms=100)
+    c = gpucache.Client.cluster(etcd.split(","), name=name, tenant=tenant, poll_ms=100, hot_reads=4)
     assert c.transport == "cluster", c.transport
     keys = [c.key(f"py{client_id}-slot{s}") for s in range(SLOTS)]
     acked = [None] * SLOTS
@@ -58,7 +58,7 @@ def main():
                 acked[slot] = v
         except gpucache.Error:
             counts["put_errors"] += 1
-    counts["offers"] = {k: v for k, v in c.offers().items() if k in ("epoch", "views", "refused")}
+    counts["offers"] = {k: v for k, v in c.offers().items() if k in ("epoch", "views", "refused", "copies", "copy_hits")}
     print(json.dumps(counts), flush=True)
 
 

@@ -5,10 +5,12 @@
 //! registers under a lease and keeps the view current ([`Registration`]); clients watch the
 //! view and place every key on a member by rendezvous hashing, with no directory of blocks
 //! anywhere. etcd holds membership only: when it is down, membership freezes and the data path
-//! keeps running.
+//! keeps running. A block one client reads often gets an extra copy on its second choice, for
+//! reads to spread over; the copy lives for one view and is never needed.
 
 mod changes;
 mod coordinator;
+mod hot;
 mod record;
 mod registration;
 mod routing;
@@ -18,6 +20,7 @@ pub use coordinator::{
     CHANGE_ATTEMPTS_MAX, ClusterError, Coordinator, EtcdConfig, LEASE_TTL_S_DEFAULT, MEMBERS_MAX,
     REQUEST_TIMEOUT_MS_DEFAULT,
 };
+pub use hot::{HOT_KEYS_MAX, ReplicaPolicy};
 pub use registration::{NodeConfig, NodeEvents, POLL_MS_DEFAULT, Registration, RegistrationStats};
 pub use routing::{
     ClusterClient, ClusterClientConfig, RESERVATIONS_MAX, ROUTE_ATTEMPTS_MAX, RoutingStats,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::checksum::Checksum;
-use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::shard::{ClusterView, FenceRefusal, NodeId, NotAdmitting, Placement};
@@ -32,6 +32,7 @@ use gpucache_dataplane::store::{
 };
 
 use crate::coordinator::{ClusterError, Coordinator, EtcdConfig};
+use crate::hot::{HotKeys, ReplicaPolicy};
 
 /// Times one request is sent again after a node refused the client's view.
 pub const ROUTE_ATTEMPTS_MAX: usize = 3;
@@ -46,6 +47,15 @@ pub struct ClusterClientConfig {
     /// member's own.
     pub client: ClientConfig,
     pub poll_ms: u64,
+    /// When a block read often enough gets an extra copy on its second choice; none: never.
+    pub replicate: Option<ReplicaPolicy>,
+}
+
+impl ClusterClientConfig {
+    /// The view polled every [`POLL_MS_DEFAULT`](crate::POLL_MS_DEFAULT) ms, no extra copies.
+    pub fn new(etcd: EtcdConfig, client: ClientConfig) -> Self {
+        Self { etcd, client, poll_ms: crate::POLL_MS_DEFAULT, replicate: None }
+    }
 }
 
 /// What a client did as the cluster moved, for tests and operators.
@@ -57,6 +67,10 @@ pub struct RoutingStats {
     pub refused: u64,
     /// Reads answered as misses because the owner was behind, unreachable or failing.
     pub unreachable_misses: u64,
+    /// Extra copies of hot blocks made on their second choice.
+    pub copies: u64,
+    /// Reads served by such a copy.
+    pub copy_hits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +78,8 @@ struct Counters {
     views: AtomicU64,
     refused: AtomicU64,
     unreachable_misses: AtomicU64,
+    copies: AtomicU64,
+    copy_hits: AtomicU64,
 }
 
 /// One view, with a connection pool per member.
@@ -91,6 +107,7 @@ struct Shared {
     reservations: Mutex<HashMap<(RegionId, Epoch), NodeId>>,
     counters: Counters,
     stop: AtomicBool,
+    hot: Option<HotKeys>,
 }
 
 /// Whether a node refused the request for the client's view: read the view, send again.
@@ -132,6 +149,7 @@ impl ClusterClient {
             reservations: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            hot: config.replicate.map(HotKeys::new),
         });
         shared.install(view);
         let poll = Duration::from_millis(config.poll_ms.max(10));
@@ -170,6 +188,8 @@ impl ClusterClient {
             views: c.views.load(Ordering::Relaxed),
             refused: c.refused.load(Ordering::Relaxed),
             unreachable_misses: c.unreachable_misses.load(Ordering::Relaxed),
+            copies: c.copies.load(Ordering::Relaxed),
+            copy_hits: c.copy_hits.load(Ordering::Relaxed),
         }
     }
 }
@@ -229,6 +249,61 @@ impl Shared {
         *self.routing.write().unwrap_or_else(|e| e.into_inner()) =
             Arc::new(Routing { view, placement, nodes });
         self.counters.views.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The store of `key`'s second choice, where a hot block's copy goes.
+    fn second_for(routing: &Routing, key: &KeyDigest) -> Option<Arc<TcpStore>> {
+        let node = *routing.placement.choices(key, 2).get(1)?;
+        routing.nodes.get(&node).cloned()
+    }
+
+    /// Makes a copy of a hot block on its second choice under `routing`'s view, from bytes
+    /// its owner just served. A copy that cannot be made is no loss: the next read tries again.
+    fn copy_hot(&self, routing: &Routing, caller: &Caller, key: &PhysicalKey, bytes: &[u8]) {
+        let (Some(hot), digest) = (&self.hot, key.digest()) else { return };
+        let Some(second) = Self::second_for(routing, &digest) else { return };
+        if let Ok(Put::Committed(_) | Put::AlreadyCommitted) = second.put(caller, key, bytes, None)
+        {
+            hot.copied(digest, routing.view.epoch);
+            self.counters.copies.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Drops the extra copy of `key`, if extra copies are made at all (best effort: a copy
+    /// left behind lives only until the next view).
+    fn drop_copy(&self, caller: &Caller, key: &PhysicalKey) {
+        let Some(hot) = &self.hot else { return };
+        let digest = key.digest();
+        if let Some(second) = Self::second_for(&self.routing(), &digest) {
+            let _ = second.invalidate(caller, key);
+        }
+        hot.lost(&digest);
+    }
+
+    /// Serves a read of a hot block from its copy when it is the copy's turn; a miss there
+    /// (or any failure) leaves the read to the owner.
+    fn read_copy(
+        &self,
+        routing: &Routing,
+        caller: &Caller,
+        key: &PhysicalKey,
+        dst: &mut [u8],
+    ) -> Option<Get> {
+        let hot = self.hot.as_ref()?;
+        let digest = key.digest();
+        if !hot.to_copy(&digest, routing.view.epoch) {
+            return None;
+        }
+        match Self::second_for(routing, &digest)?.get_into(caller, key, dst) {
+            Ok(hit @ Get::Hit { .. }) => {
+                self.counters.copy_hits.fetch_add(1, Ordering::Relaxed);
+                Some(hit)
+            }
+            _ => {
+                hot.lost(&digest);
+                None
+            }
+        }
     }
 
     fn store_for(&self, routing: &Routing, key: &PhysicalKey) -> Option<(NodeId, Arc<TcpStore>)> {
@@ -380,12 +455,24 @@ impl Store for ClusterClient {
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
         let s = &self.shared;
+        let routing = s.routing();
+        if let Some(hit) = s.read_copy(&routing, caller, key, dst) {
+            return Ok(hit);
+        }
         let dst = Mutex::new(dst);
         let answer = s.keyed(key, "get", |_, n| {
             let mut dst = dst.lock().unwrap_or_else(|e| e.into_inner());
             n.get_into(caller, key, &mut dst)
         });
-        s.read_miss(answer, Get::Miss(MissReason::Absent))
+        let answer = s.read_miss(answer, Get::Miss(MissReason::Absent));
+        if let (Some(hot), Ok(Get::Hit { len, .. })) = (&s.hot, &answer)
+            && hot.read(key.digest(), routing.view.epoch)
+        {
+            let dst = dst.into_inner().unwrap_or_else(|e| e.into_inner());
+            let len = usize::try_from(*len).unwrap_or(usize::MAX).min(dst.len());
+            s.copy_hot(&routing, caller, key, &dst[..len]);
+        }
+        answer
     }
 
     fn reserve(
@@ -448,8 +535,12 @@ impl Store for ClusterClient {
         self.shared.keyed(key, "put", |_, n| n.put(caller, key, src, request))
     }
 
+    /// Invalidates the owner's block, and any extra copy this client made of it.
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        self.shared.keyed(key, "invalidate", |_, n| n.invalidate(caller, key))
+        let s = &self.shared;
+        let answer = s.keyed(key, "invalidate", |_, n| n.invalidate(caller, key));
+        s.drop_copy(caller, key);
+        answer
     }
 
     /// Every member's leases.
@@ -507,6 +598,50 @@ impl Store for ClusterClient {
     }
 
     fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        if self.shared.hot.is_some() {
+            return self.get_batch_hot(caller, items);
+        }
+        self.get_batch_owners(caller, items)
+    }
+
+    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
+        let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
+        self.shared.batch(&keys, "put", |n, idx| {
+            let part: Vec<BatchPut<'_>> = idx.iter().map(|&i| items[i]).collect();
+            n.put_batch(caller, &part)
+        })
+    }
+
+    fn put_batch_checked(
+        &self,
+        caller: &Caller,
+        items: &[BatchPut<'_>],
+        sums: &[Checksum],
+    ) -> BatchAnswers<Put> {
+        let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
+        self.shared.batch(&keys, "put", |n, idx| {
+            let part: Vec<BatchPut<'_>> = idx.iter().map(|&i| items[i]).collect();
+            let part_sums: Vec<Checksum> = idx.iter().map(|&i| sums[i]).collect();
+            n.put_batch_checked(caller, &part, &part_sums)
+        })
+    }
+
+    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
+        let s = &self.shared;
+        let answers = s.batch(keys, "invalidate", |n, idx| {
+            let part: Vec<&PhysicalKey> = idx.iter().map(|&i| keys[i]).collect();
+            n.invalidate_batch(caller, &part)
+        });
+        for key in keys {
+            s.drop_copy(caller, key);
+        }
+        answers
+    }
+}
+
+impl ClusterClient {
+    /// A batch GET from each block's owner, split per member.
+    fn get_batch_owners(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
         let s = &self.shared;
         let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
         // Each item's buffer goes to exactly one part; the lock only hands it over.
@@ -533,37 +668,45 @@ impl Store for ClusterClient {
         .collect()
     }
 
-    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-        let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
-        self.shared.batch(&keys, "put", |n, idx| {
-            let part: Vec<BatchPut<'_>> = idx.iter().map(|&i| items[i]).collect();
-            n.put_batch(caller, &part)
-        })
+    /// A batch GET with extra copies: each hot block whose copy's turn it is is read from its
+    /// copy first (a miss there is asked of the owner with the rest of the batch), and blocks
+    /// that became hot get their copy from the bytes just read.
+    fn get_batch_hot(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
+        let s = &self.shared;
+        let routing = s.routing();
+        let mut answers: Vec<Option<Result<Get, StoreError>>> =
+            items.iter().map(|_| None).collect();
+        for (i, item) in items.iter_mut().enumerate() {
+            if let Some(hit) = s.read_copy(&routing, caller, item.key, item.dst) {
+                answers[i] = Some(Ok(hit));
+            }
+        }
+        let rest: Vec<usize> = (0..items.len()).filter(|&i| answers[i].is_none()).collect();
+        if !rest.is_empty() {
+            let mut part: Vec<BatchGet<'_>> = items
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| answers[*i].is_none())
+                .map(|(_, item)| BatchGet { key: item.key, dst: &mut *item.dst })
+                .collect();
+            let got = self.get_batch_owners(caller, &mut part);
+            drop(part);
+            for (&i, answer) in rest.iter().zip(got) {
+                answers[i] = Some(answer);
+            }
+        }
+        let hot = s.hot.as_ref().expect("called with copies on");
+        for &i in &rest {
+            if let Some(Ok(Get::Hit { len, .. })) = &answers[i]
+                && hot.read(items[i].key.digest(), routing.view.epoch)
+            {
+                let len = usize::try_from(*len).unwrap_or(usize::MAX).min(items[i].dst.len());
+                s.copy_hot(&routing, caller, items[i].key, &items[i].dst[..len]);
+            }
+        }
+        answers.into_iter().map(|a| a.unwrap_or(Ok(Get::Miss(MissReason::Absent)))).collect()
     }
 
-    fn put_batch_checked(
-        &self,
-        caller: &Caller,
-        items: &[BatchPut<'_>],
-        sums: &[Checksum],
-    ) -> BatchAnswers<Put> {
-        let keys: Vec<&PhysicalKey> = items.iter().map(|i| i.key).collect();
-        self.shared.batch(&keys, "put", |n, idx| {
-            let part: Vec<BatchPut<'_>> = idx.iter().map(|&i| items[i]).collect();
-            let part_sums: Vec<Checksum> = idx.iter().map(|&i| sums[i]).collect();
-            n.put_batch_checked(caller, &part, &part_sums)
-        })
-    }
-
-    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
-        self.shared.batch(keys, "invalidate", |n, idx| {
-            let part: Vec<&PhysicalKey> = idx.iter().map(|&i| keys[i]).collect();
-            n.invalidate_batch(caller, &part)
-        })
-    }
-}
-
-impl ClusterClient {
     /// The member a reservation was made on; `done` forgets it (commit, abort).
     fn reserved(&self, r: &Reservation, done: bool) -> Result<Arc<TcpStore>, StoreError> {
         let s = &self.shared;

@@ -118,6 +118,7 @@ class Client:
         etcd: Sequence[str], name: str = "gpucache", tenant: str = "default",
         key_file: Optional[str] = None, key_id: Optional[str] = None,
         timeout_s: float = 30.0, poll_ms: int = 200, client_name: str = "gpucache-python",
+        hot_reads: Optional[int] = None, hot_window_ms: int = 1000,
     ) -> "Client":
         """A client of a cluster whose view is in etcd: each key goes to the member that owns
         it, each batch is split per member. A read from a member that is down or behind is a

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gpucache_client::key_file::read_key_file;
 use gpucache_client::{ClientConfig, ConnectError, Credentials, LocalConfig, TcpStore};
-use gpucache_cluster::{ClusterClient, ClusterClientConfig, EtcdConfig};
+use gpucache_cluster::{ClusterClient, ClusterClientConfig, EtcdConfig, ReplicaPolicy};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
@@ -354,6 +354,8 @@ impl Client {
         d.set_item("views", stats.views)?;
         d.set_item("refused", stats.refused)?;
         d.set_item("unreachable_misses", stats.unreachable_misses)?;
+        d.set_item("copies", stats.copies)?;
+        d.set_item("copy_hits", stats.copy_hits)?;
         d.set_item("payload_bytes_max", PAYLOAD_BYTES_MAX)?;
         d.set_item("batch_items_max", BATCH_ITEMS_MAX)?;
         Ok(d)
@@ -364,14 +366,17 @@ impl Client {
 impl Client {
     /// A client of a cluster: `Client.cluster(etcd=["http://127.0.0.1:2379"], name="gpucache",
     /// tenant="default", key_file=None, key_id=None, timeout_s=30.0, poll_ms=200,
-    /// client_name="gpucache-python")`. It reads the cluster's view from etcd (raising
+    /// client_name="gpucache-python", hot_reads=None, hot_window_ms=1000)`. With `hot_reads`,
+    /// a block read that many times within `hot_window_ms` gets an extra copy on its second
+    /// choice, and its reads then alternate between the two. It reads the cluster's view from etcd (raising
     /// UnavailableError when etcd does not answer), routes every key to the member that owns
     /// it, and splits each batch per member. A read from a member that is unreachable or
     /// behind the view is a miss; a write there raises.
     #[staticmethod]
     #[pyo3(signature = (
         etcd, name = "gpucache", tenant = "default", key_file = None, key_id = None,
-        timeout_s = 30.0, poll_ms = 200, client_name = "gpucache-python"
+        timeout_s = 30.0, poll_ms = 200, client_name = "gpucache-python", hot_reads = None,
+        hot_window_ms = 1000
     ))]
     #[allow(clippy::too_many_arguments)]
     fn cluster(
@@ -384,6 +389,8 @@ impl Client {
         timeout_s: f64,
         poll_ms: u64,
         client_name: &str,
+        hot_reads: Option<u32>,
+        hot_window_ms: u64,
     ) -> PyResult<Self> {
         if etcd.is_empty() {
             return Err(PyValueError::new_err("etcd= needs at least one URL"));
@@ -409,7 +416,11 @@ impl Client {
         etcd.request_timeout_ms = deadline_ms.min(gpucache_cluster::REQUEST_TIMEOUT_MS_DEFAULT);
         let cluster = py
             .detach(|| {
-                ClusterClient::connect(ClusterClientConfig { etcd, client: config, poll_ms })
+                let mut cluster = ClusterClientConfig::new(etcd, config);
+                cluster.poll_ms = poll_ms;
+                cluster.replicate =
+                    hot_reads.map(|reads| ReplicaPolicy { reads, window_ms: hot_window_ms });
+                ClusterClient::connect(cluster)
             })
             .map_err(|e| crate::errors::unavailable(e.to_string()))?;
         let cluster = Arc::new(cluster);

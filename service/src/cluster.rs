@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use gpucache_cluster::NodeEvents;
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
-use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::{ClusterView, FenceRefusal, NodeFence, NodeId, NotAdmitting};
@@ -42,6 +42,8 @@ pub struct ClusterCounters {
     pub moved_away: AtomicU64,
     /// Views applied.
     pub views: AtomicU64,
+    /// Extra copies of hot blocks admitted (this node their second choice).
+    pub replicas: AtomicU64,
 }
 
 /// One node's standing in its cluster (see the module documentation).
@@ -138,10 +140,12 @@ impl ClusterNode {
         key: &PhysicalKey,
     ) -> Result<(), StoreError> {
         let digest = key.digest();
+        // A PUT of a key whose second choice this node is, is a hot block's extra copy.
+        let replica = !fence.owns(&digest) && fence.seconds(&digest);
         let refusal = match fence.admitting() {
             Err(r) => Some(r),
-            Ok(()) if !fence.owns(&digest) => Some(NotAdmitting::NotOwner),
-            Ok(()) if !fence.servable(&digest) => Some(NotAdmitting::Settling),
+            Ok(()) if !fence.owns(&digest) && !replica => Some(NotAdmitting::NotOwner),
+            Ok(()) if !replica && !fence.servable(&digest) => Some(NotAdmitting::Settling),
             Ok(()) => match fence.record(digest, key) {
                 Ok(()) => None,
                 Err(NotAdmitting::KeysFull) => {
@@ -153,7 +157,13 @@ impl ClusterNode {
             },
         };
         match refusal {
-            None => Ok(()),
+            None => {
+                if replica {
+                    fence.record_replica(digest);
+                    self.counters.replicas.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
             Some(r) => {
                 self.counters.not_admitting.fetch_add(1, Ordering::Relaxed);
                 Err(StoreError::Fenced(FenceRefusal::NotAdmitting(r)))
@@ -189,7 +199,8 @@ impl ClusterNode {
     fn servable_of(&self, keys: &[&PhysicalKey]) -> Vec<usize> {
         let fence = self.read();
         if fence.settled() >= fence.epoch() {
-            return (0..keys.len()).filter(|&i| fence.owns(&keys[i].digest())).collect();
+            let serves = |d: &KeyDigest| fence.owns(d) || (fence.seconds(d) && fence.is_replica(d));
+            return (0..keys.len()).filter(|&i| serves(&keys[i].digest())).collect();
         }
         (0..keys.len()).filter(|&i| fence.servable(&keys[i].digest())).collect()
     }
@@ -547,12 +558,15 @@ mod tests {
             assert_eq!(matches!(got, Get::Hit { .. }), !moved.contains(&i), "key {i}");
         }
         assert_eq!(node.counters().moved_away.load(Ordering::Relaxed), moved.len() as u64);
-        // A moved key is another member's now: this node refuses it.
+        // A moved key is node 2's now; with two members this node is its second choice, so a
+        // PUT here is taken as a hot block's copy, which the next view drops even though this
+        // node then owns the key again.
         let k = &keys[*moved.iter().next().expect("one moved")];
-        assert_eq!(
-            StoreLayer::put(&store, &caller, k, b"x", None),
-            Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::NotOwner)))
-        );
+        assert!(matches!(
+            StoreLayer::put(&store, &caller, k, b"copy", None),
+            Ok(Put::Committed(_))
+        ));
+        assert_eq!(node.counters().replicas.load(Ordering::Relaxed), 1);
         // Node 2 leaves: the keys come back to this node as misses, not the old copies; until
         // node 2 has applied that view too they are not served at all (node 2 may still take
         // writes of them under epoch 2), then they are.
@@ -614,5 +628,43 @@ mod tests {
         node.registration(None);
         let lapsed = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::LeaseLost)));
         assert_eq!(StoreLayer::put(&store, &caller, &keys()[0], b"y", None), lapsed);
+    }
+
+    #[test]
+    fn a_hot_blocks_copy_is_taken_on_its_second_choice_and_lives_for_one_view() {
+        let (node, store) = node();
+        let view = ClusterView::new(1, [member(1), member(2), member(3)]);
+        NodeEvents::view(&*node, &view);
+        node.registration(Some(1));
+        node.settled(1);
+        let caller = fixture::caller(0);
+        let placement = view.placement();
+        let keys = keys();
+        let second = keys
+            .iter()
+            .find(|k| placement.choices(&k.digest(), 2) == [NodeId(2), NodeId(1)])
+            .expect("a key whose second choice is node 1");
+        let third = keys
+            .iter()
+            .find(|k| placement.choices(&k.digest(), 3)[2] == NodeId(1))
+            .expect("a key whose third choice is node 1");
+        assert!(matches!(
+            StoreLayer::put(&store, &caller, second, b"copy", None),
+            Ok(Put::Committed(_))
+        ));
+        assert_eq!(node.counters().replicas.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            StoreLayer::put(&store, &caller, third, b"x", None),
+            Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::NotOwner))),
+            "only the second choice takes a copy"
+        );
+        let mut buf = [0u8; 8];
+        let got = StoreLayer::get_into(&store, &caller, second, &mut buf).expect("get");
+        assert!(matches!(got, Get::Hit { len: 4, .. }), "{got:?}");
+        // The same members at the next epoch: the copy is gone, its key a miss.
+        NodeEvents::view(&*node, &ClusterView::new(2, [member(1), member(2), member(3)]));
+        node.settled(2);
+        let got = StoreLayer::get_into(&store, &caller, second, &mut buf).expect("get");
+        assert!(matches!(got, Get::Miss(_)), "a copy outlived its view: {got:?}");
     }
 }

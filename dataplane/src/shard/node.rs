@@ -13,12 +13,17 @@
 //! cluster's registration), so none still takes writes under the older view. Until then a read
 //! of such a key is a miss and a write is refused ([`NotAdmitting::Settling`]).
 //!
+//! A hot block may get an extra copy on its second rendezvous choice, for reads to spread
+//! over. Such a copy is admitted only from the owner's servable bytes under the current view
+//! and lives for that view: every newer view hands it back with the moved keys, so a copy is
+//! never needed and losing one is a miss.
+//!
 //! The fence also remembers which keys this node admitted. When a new view moves a key to
 //! another member, [`NodeFence::apply`] hands back every such key for the caller to drop: if
 //! the key comes back to this node later, it is a miss, never the copy from before it left
 //! (a client may have written a newer one to the other member meanwhile).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use super::control::NodeId;
@@ -111,6 +116,9 @@ pub struct NodeFence<K> {
     registered: bool,
     held: Mutex<HashMap<KeyDigest, K>>,
     held_max: usize,
+    /// Keys held as a hot block's extra copy (this node is their second choice), admitted
+    /// under the current view; every newer view drops them.
+    replicas: Mutex<HashSet<KeyDigest>>,
 }
 
 impl<K: Clone> NodeFence<K> {
@@ -125,6 +133,7 @@ impl<K: Clone> NodeFence<K> {
             registered: false,
             held: Mutex::new(HashMap::new()),
             held_max,
+            replicas: Mutex::new(HashSet::new()),
         }
     }
 
@@ -159,13 +168,31 @@ impl<K: Clone> NodeFence<K> {
         self.settled = self.settled.max(epoch);
     }
 
+    /// Whether this node is `key`'s second choice under its view: where a hot block's extra
+    /// copy goes.
+    pub fn seconds(&self, key: &KeyDigest) -> bool {
+        self.placement.choices(key, 2).get(1) == Some(&self.node)
+    }
+
+    /// Remembers `key` as an extra copy held here (see [`record`](Self::record), which the
+    /// caller calls too): it is served under this view only, and dropped by the next.
+    pub fn record_replica(&self, digest: KeyDigest) {
+        self.replicas.lock().unwrap_or_else(|e| e.into_inner()).insert(digest);
+    }
+
+    /// Whether `key` is an extra copy admitted under this view.
+    pub fn is_replica(&self, key: &KeyDigest) -> bool {
+        self.replicas.lock().unwrap_or_else(|e| e.into_inner()).contains(key)
+    }
+
     /// Whether this node may serve `key` now: it owns it, and no other member may still take
     /// writes of it. That holds once its view has settled, or when this node owned the key in
     /// every view from the settled epoch to its own (a member still at one of those epochs
     /// would refuse the key as not its own).
     pub fn servable(&self, key: &KeyDigest) -> bool {
         if !self.owns(key) {
-            return false;
+            // An extra copy was made from its owner's servable block under this same view.
+            return self.seconds(key) && self.is_replica(key);
         }
         if self.settled >= self.view.epoch {
             return true;
@@ -221,6 +248,7 @@ impl<K: Clone> NodeFence<K> {
     /// Forgets a key the store dropped (invalidated or evicted).
     pub fn forget(&self, digest: &KeyDigest) {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(digest);
+        self.replicas.lock().unwrap_or_else(|e| e.into_inner()).remove(digest);
     }
 
     /// Keeps only the keys `present` says the store still holds; returns how many it forgot.
@@ -253,12 +281,16 @@ impl<K: Clone> NodeFence<K> {
         }
         self.history.push_back((view.epoch, self.placement.clone()));
         self.view = view;
+        // Extra copies live for one view: the next one hands them back with the moved keys,
+        // even one whose key this node now owns (its owner may have taken newer bytes since).
+        let copies = std::mem::take(self.replicas.get_mut().unwrap_or_else(|e| e.into_inner()));
         let node = self.node;
         let placement = &self.placement;
         let held = self.held.get_mut().unwrap_or_else(|e| e.into_inner());
         let mut moved = Vec::new();
         held.retain(|digest, key| {
-            let stays = !missed && placement.owner(digest) == Some(node);
+            let stays =
+                !missed && !copies.contains(digest) && placement.owner(digest) == Some(node);
             if !stays {
                 moved.push(key.clone());
             }

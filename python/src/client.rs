@@ -151,6 +151,31 @@ fn credentials(path: &Path, key_id: Option<&str>) -> PyResult<Credentials> {
     Ok(Credentials::new(key.id, key.secret))
 }
 
+/// What every client of `tenant` starts from: its caller, its connection settings (request
+/// deadline, name, the key file's credentials) and the namespace its plain names map into.
+fn session(
+    addr: SocketAddr,
+    tenant: &TenantId,
+    key_file: Option<&Path>,
+    key_id: Option<&str>,
+    timeout_s: f64,
+    client_name: &str,
+) -> PyResult<(Caller, ClientConfig, IdentityTemplate)> {
+    let caller = Caller::new(tenant.clone(), Rights::READ_WRITE);
+    let mut config = ClientConfig::new(addr, caller.clone());
+    config.deadline = duration(timeout_s)?;
+    config.handshake_deadline = config.handshake_deadline.min(config.deadline);
+    config.client_name = client_name.to_owned();
+    if let Some(path) = key_file {
+        config = config.with_credentials(tenant.clone(), credentials(path, key_id)?);
+    } else if key_id.is_some() {
+        return Err(PyValueError::new_err("key_id= needs key_file="));
+    }
+    let namespace =
+        IdentityTemplate::for_tenant(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((caller, config, namespace))
+}
+
 /// Whether a failed same-host connect may fall back to TCP under `local="auto"`: the server
 /// offers no socket, or the one it offers cannot be reached from here.
 fn may_fall_back(e: &ConnectError) -> bool {
@@ -397,20 +422,10 @@ impl Client {
         }
         let tenant_id =
             TenantId::parse(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let caller = Caller::new(tenant_id.clone(), Rights::READ_WRITE);
         // The address is each member's own; this one is never dialled.
         let unused = SocketAddr::from(([127, 0, 0, 1], 0));
-        let mut config = ClientConfig::new(unused, caller.clone());
-        config.deadline = duration(timeout_s)?;
-        config.handshake_deadline = config.handshake_deadline.min(config.deadline);
-        config.client_name = client_name.to_owned();
-        if let Some(path) = &key_file {
-            config = config.with_credentials(tenant_id.clone(), credentials(path, key_id)?);
-        } else if key_id.is_some() {
-            return Err(PyValueError::new_err("key_id= needs key_file="));
-        }
-        let namespace = IdentityTemplate::for_tenant(&tenant_id)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (caller, config, namespace) =
+            session(unused, &tenant_id, key_file.as_deref(), key_id, timeout_s, client_name)?;
         let mut etcd = EtcdConfig::new(etcd, name);
         let deadline_ms = u64::try_from(config.deadline.as_millis()).unwrap_or(u64::MAX);
         etcd.request_timeout_ms = deadline_ms.min(gpucache_cluster::REQUEST_TIMEOUT_MS_DEFAULT);
@@ -469,18 +484,8 @@ impl Client {
                 "segment_bytes must be in {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}"
             )));
         }
-        let caller = Caller::new(tenant_id.clone(), Rights::READ_WRITE);
-        let mut config = ClientConfig::new(addr, caller.clone());
-        config.deadline = duration(timeout_s)?;
-        config.handshake_deadline = config.handshake_deadline.min(config.deadline);
-        config.client_name = client_name.to_owned();
-        if let Some(path) = &key_file {
-            config = config.with_credentials(tenant_id.clone(), credentials(path, key_id)?);
-        } else if key_id.is_some() {
-            return Err(PyValueError::new_err("key_id= needs key_file="));
-        }
-        let namespace = IdentityTemplate::for_tenant(&tenant_id)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (caller, config, namespace) =
+            session(addr, &tenant_id, key_file.as_deref(), key_id, timeout_s, client_name)?;
         let local_config =
             LocalConfig { segment_bytes, pages: Pages::Normal, ..LocalConfig::negotiated() };
         let (store, offered, fallback) = py

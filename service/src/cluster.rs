@@ -242,6 +242,13 @@ impl NodeEvents for ClusterNode {
     fn view(&self, view: &ClusterView) {
         let mut fence = self.fence.write().unwrap_or_else(|e| e.into_inner());
         let epoch = view.epoch;
+        let lives = |v: &ClusterView| -> Vec<(NodeId, u64)> {
+            v.members.iter().map(|m| (m.node, m.node_epoch)).collect()
+        };
+        let members_changed = lives(fence.view()) != lives(view);
+        let draining = view
+            .member(fence.node())
+            .is_some_and(|m| m.state == gpucache_dataplane::shard::MemberState::Draining);
         let moved = fence.apply(view.clone());
         let mut dropped = 0u64;
         for key in &moved {
@@ -253,7 +260,10 @@ impl NodeEvents for ClusterNode {
             }
         }
         drop(fence);
-        self.fills.fence(Epoch(epoch));
+        if members_changed {
+            self.fills.fence(Epoch(epoch));
+        }
+        self.fills.drain(draining);
         self.counters.moved_away.fetch_add(dropped, Ordering::Relaxed);
         self.counters.views.fetch_add(1, Ordering::Relaxed);
         tracing::info!(epoch, moved = moved.len(), dropped, "applied a cluster view");
@@ -487,14 +497,20 @@ mod tests {
     }
 
     fn node() -> (Arc<ClusterNode>, FencedStore) {
+        let (node, store, _) = node_with_fills();
+        (node, store)
+    }
+
+    fn node_with_fills() -> (Arc<ClusterNode>, FencedStore, Arc<Fills>) {
         let memory: Arc<dyn Store> = Arc::new(
             MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
                 .expect("memory store"),
         );
         let fills = Arc::new(Fills::new(Arc::new(ManualClock::default())));
-        let node = Arc::new(ClusterNode::new(NodeId(1), 1 << 10, Arc::clone(&memory), fills));
+        let node =
+            Arc::new(ClusterNode::new(NodeId(1), 1 << 10, Arc::clone(&memory), Arc::clone(&fills)));
         let store = FencedStore::new(memory, Arc::clone(&node));
-        (node, store)
+        (node, store, fills)
     }
 
     fn keys() -> Vec<PhysicalKey> {
@@ -666,5 +682,43 @@ mod tests {
         node.settled(2);
         let got = StoreLayer::get_into(&store, &caller, second, &mut buf).expect("get");
         assert!(matches!(got, Get::Miss(_)), "a copy outlived its view: {got:?}");
+    }
+
+    #[test]
+    fn a_drain_lets_fills_finish_and_a_change_of_members_fences_them() {
+        use gpucache_dataplane::shard::{FillNotice, FillOutcome, FillRefusal, FillStart};
+        let (node, _, fills) = node_with_fills();
+        NodeEvents::view(&*node, &ClusterView::new(1, [member(1), member(2)]));
+        let key = |i: u8| fixture::key(0, &[i], KvDtype::F16, 16).digest();
+        let Ok(FillStart::Lead(first)) = fills.begin(key(1), fills.epoch()) else {
+            panic!("the first filler leads")
+        };
+        // Node 2 drains: the members are the same, so the fill goes on.
+        let mut draining = member(2);
+        draining.state = MemberState::Draining;
+        NodeEvents::view(&*node, &ClusterView::new(2, [member(1), draining]));
+        assert_eq!(fills.finish(&first, FillOutcome::Stored), FillNotice::Finished);
+        // This node drains: new fills are refused, the one in flight finishes.
+        let Ok(FillStart::Lead(second)) = fills.begin(key(2), fills.epoch()) else {
+            panic!("leads")
+        };
+        let mut me = member(1);
+        me.state = MemberState::Draining;
+        NodeEvents::view(&*node, &ClusterView::new(3, [me, member(2)]));
+        assert_eq!(fills.begin(key(3), fills.epoch()), Err(FillRefusal::Draining));
+        assert_eq!(fills.finish(&second, FillOutcome::Stored), FillNotice::Finished);
+        // Rolled back: fills begin again. Then node 2 leaves: the fill in flight is fenced.
+        NodeEvents::view(&*node, &ClusterView::new(4, [member(1), member(2)]));
+        let Ok(FillStart::Lead(third)) = fills.begin(key(4), fills.epoch()) else {
+            panic!("leads again after the rollback")
+        };
+        NodeEvents::view(&*node, &ClusterView::new(5, [member(1)]));
+        assert_eq!(fills.wait(&third.ticket, std::time::Duration::ZERO), FillNotice::Fenced);
+        assert_eq!(
+            fills.finish(&third, FillOutcome::Stored),
+            FillNotice::Fenced,
+            "fenced is not success"
+        );
+        assert_eq!(fills.stats().in_flight, 0, "its credits came back");
     }
 }

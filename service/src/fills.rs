@@ -5,7 +5,10 @@
 //! while that fill is in flight joins it instead, charged nothing, and waits for its outcome
 //! (FILL_WAIT, bounded by [`FILL_WAIT_MS_MAX`]): finished (read the block; a miss is still
 //! possible), failed (the leader gave up or its lease ran out: begin again), or fenced (the
-//! cluster's view moved on). A node of a cluster fences its fills on every view it applies.
+//! cluster's members changed). A node of a cluster fences its fills on every view that changes
+//! the members (a join, a leave, a new life of a node); a view that only drains a node, or
+//! rolls a drain back, fences nothing: the drained node refuses new fills and lets those in
+//! flight finish.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -94,10 +97,27 @@ impl Fills {
         }
     }
 
-    /// A newer view: every fill in flight is fenced and its credits come back.
+    /// The epoch fills begin at now (a node of a cluster: that of the last change of its
+    /// members).
+    pub fn epoch(&self) -> Epoch {
+        self.lock().epoch()
+    }
+
+    /// The members changed: every fill in flight is fenced and its credits come back.
     pub fn fence(&self, epoch: Epoch) {
         if self.lock().fence(epoch) > 0 {
             self.changed.notify_all();
+        }
+    }
+
+    /// Draining refuses new fills (`Draining`) and lets those in flight finish; undraining
+    /// (a rolled-back upgrade) admits them again.
+    pub fn drain(&self, draining: bool) {
+        let mut directory = self.lock();
+        if draining {
+            directory.start_drain();
+        } else {
+            directory.stop_drain();
         }
     }
 }

@@ -688,10 +688,11 @@ fn answer_fill(request: Request, s: &Session, shared: &Shared) -> Response {
             if let Err(e) = authorize(&s.caller, &key, Right::Write) {
                 return Response::FillBegin(Err(FillRefused::Forbidden { detail: e.to_string() }));
             }
-            let epoch = if shared.config.cluster.is_some() { s.cluster_epoch } else { 0 };
-            Response::FillBegin(
-                fills.begin(key.digest(), Epoch(epoch)).map_err(|r| FillRefused::from(&r)),
-            )
+            // On a node of a cluster the fence has checked the connection's epoch against the
+            // view; fills begin at the epoch of the view's last change of members, which a
+            // drain does not advance.
+            let epoch = if shared.config.cluster.is_some() { fills.epoch() } else { Epoch(0) };
+            Response::FillBegin(fills.begin(key.digest(), epoch).map_err(|r| FillRefused::from(&r)))
         }
         Request::FillFinish { lease, stored } => {
             let outcome = if stored { FillOutcome::Stored } else { FillOutcome::GaveUp };

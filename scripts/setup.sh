@@ -16,6 +16,8 @@
 #   mooncake    a venv with Mooncake Store (mooncake-transfer-engine-non-cuda) and the system
 #               libraries its binaries load (libibverbs1)
 #   nixl        a venv with the nixl-cu12 wheel (libnixl_capi.so, UCX, the POSIX plugin)
+#   moto        a venv with moto[server], the S3 server the cold tier's tests run against on
+#               loopback (started, given a bucket and stopped here to prove it works)
 #   python      a venv with maturin, pytest, numpy and redis-py, and the gpucache wheel built
 #               from python/ by maturin (the dev profile, as the test build) and installed in it
 #   engines     torch, transformers, SGLang and LMCache in the Python venv, for the engine
@@ -25,6 +27,7 @@
 #   GPUCACHE_MOONCAKE_VENV  the Mooncake venv (default: $CARGO_TARGET_DIR/bench-venv)
 #   GPUCACHE_NIXL_VENV      the NIXL venv (default: $CARGO_TARGET_DIR/nixl-venv)
 #   GPUCACHE_PY_VENV        the Python package's venv (default: $CARGO_TARGET_DIR/py-venv)
+#   GPUCACHE_MOTO_VENV      the moto venv (default: $CARGO_TARGET_DIR/moto-venv)
 #   PYTHON                  the interpreter that makes the venvs (default: python3)
 #
 # Debian packages need root (apt-get). Exit status: 0 when every piece asked for works, 1 when
@@ -35,6 +38,7 @@ cd "$(dirname "$0")/.."
 . scripts/peers-env.sh
 
 MOONCAKE_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+MOTO_WHEELS=("moto[server]==5.2.5")
 NIXL_WHEELS=("nixl-cu12==1.5.1" numpy)
 PY_TOOLS=("maturin==1.16.0" "pytest==9.2.0" "numpy==2.2.6" "redis==8.1.0")
 # Free space each install needs on its disk, in MiB (measured sizes with room to spare).
@@ -42,6 +46,7 @@ APT_MIB=800
 MOONCAKE_MIB=600
 NIXL_MIB=900
 PY_MIB=300
+MOTO_MIB=300
 MARGIN_MIB=512
 
 python="${PYTHON:-python3}"
@@ -49,7 +54,7 @@ installed=()
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 
-all=(build etcd prometheus redis fio iperf3 mooncake nixl python engines)
+all=(build etcd prometheus redis fio iperf3 mooncake nixl moto python engines)
 pieces=("$@")
 [ ${#pieces[@]} -gt 0 ] || pieces=("${all[@]}")
 for p in "${pieces[@]}"; do
@@ -129,7 +134,7 @@ wants fio && check_deb fio ok_fio fio
 wants iperf3 && check_deb iperf3 ok_iperf3 iperf3
 wants etcd && { check_deb etcd ok_etcd etcd-server etcd-client
     check_deb protoc ok_protoc protobuf-compiler libprotobuf-dev; }
-{ wants mooncake || wants nixl || wants python; } && check_deb python3-venv ok_venv python3 python3-venv
+{ wants mooncake || wants nixl || wants moto || wants python; } && check_deb python3-venv ok_venv python3 python3-venv
 wants mooncake && check_deb libibverbs ok_ibverbs libibverbs1
 
 if [ ${#debs[@]} -gt 0 ]; then
@@ -160,7 +165,7 @@ if [ ${#debs[@]} -gt 0 ]; then
     wants iperf3 && { ok_iperf3 || die "iperf3 does not run: $(iperf3 --version 2>&1 | head -3)"; }
     wants etcd && { ok_etcd || die "etcd/etcdctl do not run: $(etcd --version 2>&1 | head -3)"
         ok_protoc || die "protoc or the protobuf headers are missing after installing them"; }
-    { wants mooncake || wants nixl || wants python; } && { ok_venv || die "$python cannot make a venv"; }
+    { wants mooncake || wants nixl || wants moto || wants python; } && { ok_venv || die "$python cannot make a venv"; }
     wants mooncake && { ok_ibverbs || die "libibverbs.so.1 is not known to the loader after installing libibverbs1"; }
 fi
 
@@ -240,6 +245,39 @@ ensure_venv() {
 
 wants mooncake && ensure_venv "$MOONCAKE_VENV" mooncake_problem "$MOONCAKE_MIB" Mooncake "$MOONCAKE_WHEEL"
 wants nixl && ensure_venv "$NIXL_VENV" nixl_problem "$NIXL_MIB" NIXL --no-deps "${NIXL_WHEELS[@]}"
+
+# Why the moto venv is not ready (nothing when it is): its server must start on loopback,
+# make a bucket and list it, then stop by its PID.
+moto_problem() {
+    local v="$1" out
+    [ -x "$v/bin/moto_server" ] || { echo "moto_server is missing"; return; }
+    out="$(cd / && timeout 120 "$v/bin/python" - "$v/bin/moto_server" 2>&1 <<'PY'
+import socket, subprocess, sys, time, urllib.request
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+server = subprocess.Popen([sys.argv[1], "-H", "127.0.0.1", "-p", str(port)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+try:
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/probe", method="PUT"), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                sys.exit("moto_server did not answer on loopback")
+            time.sleep(0.1)
+    if b"<Name>probe</Name>" not in urllib.request.urlopen(f"{base}/", timeout=5).read():
+        sys.exit("moto_server does not list the bucket it made")
+finally:
+    server.terminate()
+    server.wait(timeout=30)
+PY
+)" || echo "moto does not work: $(printf '%s' "$out" | tail -3)"
+}
+wants moto && ensure_venv "$MOTO_VENV" moto_problem "$MOTO_MIB" moto "${MOTO_WHEELS[@]}"
 
 # Why the Python venv's tools are not ready (nothing when they are): each imports at its pinned
 # version.

@@ -24,7 +24,7 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# etcd and protoc, redis, fio, iperf3, the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is
+# etcd and protoc, redis, fio, iperf3, moto (S3), the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is
 # installed and proven to work by scripts/setup.sh. In CI a piece that cannot be made to work
 # stops the run here, with the installer's or the loader's own message; elsewhere its tests
 # skip and say why.
@@ -37,10 +37,12 @@ if ! scripts/setup.sh; then
 fi
 . scripts/peers-env.sh
 export GPUCACHE_MOONCAKE_VENV="$MOONCAKE_VENV"
+# The cold tier's tests start moto (the S3 server) from this venv.
+export GPUCACHE_MOTO_VENV="$MOTO_VENV"
 # In CI the peers must be there: their tests fail instead of skipping.
 if [ "${CI:-}" = "true" ]; then
     export GPUCACHE_REQUIRE_PROMETHEUS=1 GPUCACHE_REQUIRE_REDIS_CLI=1 GPUCACHE_REQUIRE_MOONCAKE=1
-    export GPUCACHE_REQUIRE_PYTHON=1 GPUCACHE_REQUIRE_ETCD=1
+    export GPUCACHE_REQUIRE_PYTHON=1 GPUCACHE_REQUIRE_ETCD=1 GPUCACHE_REQUIRE_MOTO=1
 fi
 
 export GPUCACHE_CONFORMANCE_CASES="${GPUCACHE_CONFORMANCE_CASES:-1000}"

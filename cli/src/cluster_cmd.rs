@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use gpucache_cluster::{Change, ClusterError, Coordinator, EtcdConfig};
+use gpucache_cluster::{ClusterError, Coordinator, EtcdConfig};
 use gpucache_dataplane::shard::{ClusterView, NodeId};
 
 #[derive(Debug, Args)]
@@ -57,13 +57,6 @@ fn view_text(coordinator: &Coordinator, view: &ClusterView) -> String {
     out
 }
 
-fn change(
-    coordinator: &Coordinator,
-    f: impl FnMut(&ClusterView) -> Change,
-) -> Result<ClusterView, ClusterError> {
-    coordinator.change(f)
-}
-
 pub(crate) fn run(args: &ClusterArgs) -> ExitCode {
     let coordinator = match Coordinator::connect(EtcdConfig::new(args.etcd.clone(), &args.name)) {
         Ok(c) => c,
@@ -75,20 +68,20 @@ pub(crate) fn run(args: &ClusterArgs) -> ExitCode {
     let result = match &args.command {
         ClusterCommand::Status => coordinator.view().map(|(v, _)| v),
         ClusterCommand::Drain { node } => {
-            change(&coordinator, |v| gpucache_cluster::drain(v, NodeId(*node)))
+            coordinator.change(|v| gpucache_cluster::drain(v, NodeId(*node)))
         }
         ClusterCommand::Undrain { node } => {
-            change(&coordinator, |v| gpucache_cluster::undrain(v, NodeId(*node)))
+            coordinator.change(|v| gpucache_cluster::undrain(v, NodeId(*node)))
         }
         ClusterCommand::Finish { node } => {
-            change(&coordinator, |v| gpucache_cluster::finish(v, NodeId(*node)))
+            coordinator.change(|v| gpucache_cluster::finish(v, NodeId(*node)))
         }
         ClusterCommand::Isolate { domain } => {
-            change(&coordinator, |v| gpucache_cluster::isolate(v, domain))
+            coordinator.change(|v| gpucache_cluster::isolate(v, domain))
         }
         ClusterCommand::Rebalance => coordinator
             .live_members()
-            .and_then(|live| change(&coordinator, |v| gpucache_cluster::rebalance(v, &live))),
+            .and_then(|live| coordinator.change(|v| gpucache_cluster::rebalance(v, &live))),
     };
     match result {
         Ok(view) => {

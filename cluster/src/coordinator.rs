@@ -28,6 +28,10 @@ pub const LEASE_TTL_S_DEFAULT: u64 = 5;
 pub const CHANGE_ATTEMPTS_MAX: usize = 32;
 /// Members a view may list.
 pub const MEMBERS_MAX: usize = 4_096;
+/// The pause before a call is tried again after a transient failure; it doubles each time,
+/// up to [`RETRY_PAUSE_MS_MAX`], within the call's deadline.
+pub const RETRY_PAUSE_MS_FIRST: u64 = 20;
+pub const RETRY_PAUSE_MS_MAX: u64 = 200;
 
 /// Where the cluster's record lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +167,7 @@ impl Coordinator {
     {
         let budget = Duration::from_millis(self.config.request_timeout_ms);
         let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
+        let mut pause = Duration::from_millis(RETRY_PAUSE_MS_FIRST);
         loop {
             let left = budget.saturating_sub(start.elapsed());
             let error = match tokio::time::timeout(left, f(self.client.clone())).await {
@@ -179,7 +183,7 @@ impl Coordinator {
             }
             // Another endpoint may answer: the client spreads calls over them.
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
+            pause = (pause * 2).min(Duration::from_millis(RETRY_PAUSE_MS_MAX));
         }
     }
 
@@ -281,10 +285,10 @@ impl Coordinator {
         Err(ClusterError::Contended { attempts: CHANGE_ATTEMPTS_MAX })
     }
 
-    /// The epoch every live member has applied: the least of their applied records (a live
-    /// member with none from its current life counts as 0).
-    pub async fn settled_async(&self) -> Result<u64, ClusterError> {
-        let live = self.live_members_async().await?;
+    /// The epoch every member of `live` (the members holding a live registration) has
+    /// applied: the least of their applied records (one with none from its current life
+    /// counts as 0).
+    pub(crate) async fn settled_async(&self, live: &[ViewMember]) -> Result<u64, ClusterError> {
         let prefix = self.config.applied_prefix();
         let got = self
             .call_async("get applied", |mut c| {

@@ -18,10 +18,12 @@ mod routing;
 pub use changes::{Change, drain, finish, isolate, join, rebalance, remove, remove_life, undrain};
 pub use coordinator::{
     CHANGE_ATTEMPTS_MAX, ClusterError, Coordinator, EtcdConfig, LEASE_TTL_S_DEFAULT, MEMBERS_MAX,
-    REQUEST_TIMEOUT_MS_DEFAULT,
+    REQUEST_TIMEOUT_MS_DEFAULT, RETRY_PAUSE_MS_FIRST, RETRY_PAUSE_MS_MAX,
 };
 pub use hot::{HOT_KEYS_MAX, ReplicaPolicy};
-pub use registration::{NodeConfig, NodeEvents, POLL_MS_DEFAULT, Registration, RegistrationStats};
+pub use registration::{
+    NodeConfig, NodeEvents, POLL_MS_DEFAULT, POLL_MS_MIN, Registration, RegistrationStats,
+};
 pub use routing::{
     ClusterClient, ClusterClientConfig, RESERVATIONS_MAX, ROUTE_ATTEMPTS_MAX, RoutingStats,
 };

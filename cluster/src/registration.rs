@@ -28,6 +28,8 @@ use crate::coordinator::{ClusterError, Coordinator};
 
 /// How often a node reads the view and checks its lease, unless configured otherwise.
 pub const POLL_MS_DEFAULT: u64 = 200;
+/// The shortest poll interval a node or client keeps, whatever it is configured to.
+pub const POLL_MS_MIN: u64 = 10;
 
 /// What a node tells the cluster about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,16 +236,13 @@ impl Shared {
     fn run(&self, life: Life, events: &dyn NodeEvents) {
         let runtime = self.coordinator.runtime();
         let mut life = Some(life);
-        let poll = Duration::from_millis(self.config.poll_ms.max(10));
+        let poll = Duration::from_millis(self.config.poll_ms.max(POLL_MS_MIN));
         while !self.stop.load(Ordering::Acquire) {
             let started = Instant::now();
             runtime.block_on(self.round(&mut life, events));
             // The next round after one poll interval (or at once when this one took longer).
             let rest = poll.saturating_sub(started.elapsed());
             std::thread::park_timeout(rest);
-        }
-        if let Some(life) = life {
-            self.update(|s| s.node_epoch = life.node_epoch);
         }
     }
 
@@ -287,7 +286,9 @@ impl Shared {
         {
             l.published = applied;
         }
-        if let Ok(settled) = self.coordinator.settled_async().await {
+        // One read of the liveness records serves both the settled epoch and the dead.
+        let Ok(live) = self.coordinator.live_members_async().await else { return };
+        if let Ok(settled) = self.coordinator.settled_async(&live).await {
             events.settled(settled);
         }
         let node_epoch = life.as_ref().map_or(0, |l| l.node_epoch);
@@ -307,7 +308,7 @@ impl Shared {
             }
             return;
         }
-        self.remove_dead(&view).await;
+        self.remove_dead(&view, &live).await;
     }
 
     /// Renews the lease; a renewal etcd answers with no time left means it lapsed.
@@ -341,9 +342,8 @@ impl Shared {
         }
     }
 
-    /// Removes from the view every other member whose liveness record is gone.
-    async fn remove_dead(&self, view: &ClusterView) {
-        let Ok(live) = self.coordinator.live_members_async().await else { return };
+    /// Removes from the view every other member whose liveness record is not among `live`.
+    async fn remove_dead(&self, view: &ClusterView, live: &[ViewMember]) {
         for m in &view.members {
             let alive = live.iter().any(|l| l.node == m.node && l.node_epoch == m.node_epoch);
             if alive || m.node == self.config.node {

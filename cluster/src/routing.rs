@@ -152,7 +152,7 @@ impl ClusterClient {
             hot: config.replicate.map(HotKeys::new),
         });
         shared.install(view);
-        let poll = Duration::from_millis(config.poll_ms.max(10));
+        let poll = Duration::from_millis(config.poll_ms.max(crate::POLL_MS_MIN));
         let poller = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("gpucache-view".into())
@@ -210,7 +210,16 @@ impl Shared {
     }
 
     fn refresh(&self) -> Result<(), ClusterError> {
+        self.refresh_after(None)
+    }
+
+    /// Reads the view again, unless a newer view than `seen` (the one a refused request was
+    /// routed by) was installed meanwhile: a burst of refusals reads the view once.
+    fn refresh_after(&self, seen: Option<u64>) -> Result<(), ClusterError> {
         let _one = self.refreshing.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.is_some_and(|seen| self.routing().view.epoch > seen) {
+            return Ok(());
+        }
         let (view, _) = self.coordinator.view()?;
         self.install(view);
         Ok(())
@@ -326,7 +335,7 @@ impl Shared {
                 Err(e) if refused_view(&e) => {
                     self.counters.refused.fetch_add(1, Ordering::Relaxed);
                     last = e;
-                    let _ = self.refresh();
+                    let _ = self.refresh_after(Some(routing.view.epoch));
                 }
                 other => return other,
             }
@@ -337,11 +346,7 @@ impl Shared {
     /// A read's failure as the caller sees it: a node behind, unreachable or failing is a miss.
     fn read_miss<T>(&self, answer: Result<T, StoreError>, miss: T) -> Result<T, StoreError> {
         match answer {
-            Err(StoreError::Fenced(_)) => {
-                self.counters.unreachable_misses.fetch_add(1, Ordering::Relaxed);
-                Ok(miss)
-            }
-            Err(e) if e.is_backend_failure() => {
+            Err(e) if matches!(e, StoreError::Fenced(_)) || e.is_backend_failure() => {
                 self.counters.unreachable_misses.fetch_add(1, Ordering::Relaxed);
                 Ok(miss)
             }
@@ -392,7 +397,7 @@ impl Shared {
                 break;
             }
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
-            let _ = self.refresh();
+            let _ = self.refresh_after(Some(routing.view.epoch));
         }
         answers.into_iter().map(|a| a.unwrap_or_else(|| Err(no_member(operation)))).collect()
     }

@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use gpucache_cluster::NodeEvents;
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::checksum::Checksum;
-use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
+use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::{ClusterView, FenceRefusal, NodeFence, NodeId, NotAdmitting};
@@ -198,10 +198,6 @@ impl ClusterNode {
     /// The indices of `keys` this node may serve now, in order.
     fn servable_of(&self, keys: &[&PhysicalKey]) -> Vec<usize> {
         let fence = self.read();
-        if fence.settled() >= fence.epoch() {
-            let serves = |d: &KeyDigest| fence.owns(d) || (fence.seconds(d) && fence.is_replica(d));
-            return (0..keys.len()).filter(|&i| serves(&keys[i].digest())).collect();
-        }
         (0..keys.len()).filter(|&i| fence.servable(&keys[i].digest())).collect()
     }
 }

@@ -3,11 +3,14 @@
 //! Each call draws from one seeded generator, so a seed replays the same faults in the same
 //! order of calls. A fault is one of: a server error before the call reaches the store
 //! (nothing happened), a timeout before it (nothing happened), a lost acknowledgement (a PUT
-//! or DELETE took effect but its caller is told it failed), or a torn range (a GET hands back
-//! only part of what it read). Every injected failure is `Transient`, as the real ones are.
+//! or DELETE took effect but its caller is told it failed), a torn range (a GET hands back
+//! only part of what it read), or latency (the call waits `latency_ms` first; a read whose
+//! caller allows less waits that long and times out). Every injected failure is `Transient`,
+//! as the real ones are.
 
 use std::ops::Range;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use gpucache_dataplane::rng::SplitMix64;
 
@@ -21,6 +24,24 @@ pub struct FaultPlan {
     pub timeouts: u32,
     pub lost_acks: u32,
     pub torn_ranges: u32,
+    /// Calls per thousand that wait [`FaultPlan::latency_ms`] before they go on.
+    pub slow: u32,
+    pub latency_ms: u64,
+}
+
+impl FaultPlan {
+    /// No faults at all.
+    pub fn none(seed: u64) -> Self {
+        Self {
+            seed,
+            server_errors: 0,
+            timeouts: 0,
+            lost_acks: 0,
+            torn_ranges: 0,
+            slow: 0,
+            latency_ms: 0,
+        }
+    }
 }
 
 /// Which fault a call met, for the log a test keeps.
@@ -31,6 +52,7 @@ pub enum FaultKind {
     Timeout,
     LostAck,
     TornRange,
+    Slow,
 }
 
 /// A store with seeded faults (see the module documentation).
@@ -73,6 +95,7 @@ impl<S: ColdObjects> FaultyObjects<S> {
             (p.timeouts, FaultKind::Timeout, true),
             (p.lost_acks, FaultKind::LostAck, lost_ack),
             (p.torn_ranges, FaultKind::TornRange, torn),
+            (p.slow, FaultKind::Slow, true),
         ];
         let mut edge = 0u64;
         let mut kind = FaultKind::None;
@@ -91,6 +114,14 @@ impl<S: ColdObjects> FaultyObjects<S> {
             log.push(kind);
         }
         kind
+    }
+
+    /// A slow call's wait, at most `within`; whether the call may go on after it.
+    fn wait(&self, within: Option<Duration>) -> bool {
+        let latency = Duration::from_millis(self.plan.latency_ms);
+        let allowed = within.unwrap_or(latency);
+        std::thread::sleep(latency.min(allowed));
+        latency <= allowed
     }
 }
 
@@ -111,6 +142,10 @@ impl<S: ColdObjects> ColdObjects for FaultyObjects<S> {
                 self.inner.put_new(key, bytes)?;
                 Err(injected("put", key, "lost acknowledgement"))
             }
+            FaultKind::Slow => {
+                self.wait(None);
+                self.inner.put_new(key, bytes)
+            }
             _ => self.inner.put_new(key, bytes),
         }
     }
@@ -119,20 +154,32 @@ impl<S: ColdObjects> ColdObjects for FaultyObjects<S> {
         match self.draw(false, false) {
             FaultKind::ServerError => Err(injected("head", key, "server error 500")),
             FaultKind::Timeout => Err(injected("head", key, "timeout")),
+            FaultKind::Slow => {
+                self.wait(None);
+                self.inner.head(key)
+            }
             _ => self.inner.head(key),
         }
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>, ColdError> {
+    fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        within: Duration,
+    ) -> Result<Vec<u8>, ColdError> {
         match self.draw(false, true) {
             FaultKind::ServerError => Err(injected("get", key, "server error 500")),
             FaultKind::Timeout => Err(injected("get", key, "timeout")),
             FaultKind::TornRange => {
-                let mut bytes = self.inner.get_range(key, range)?;
+                let mut bytes = self.inner.get_range(key, range, within)?;
                 bytes.truncate(bytes.len() / 2);
                 Ok(bytes)
             }
-            _ => self.inner.get_range(key, range),
+            FaultKind::Slow if !self.wait(Some(within)) => {
+                Err(injected("get", key, "timeout after latency"))
+            }
+            _ => self.inner.get_range(key, range, within),
         }
     }
 
@@ -144,7 +191,23 @@ impl<S: ColdObjects> ColdObjects for FaultyObjects<S> {
                 self.inner.delete(key)?;
                 Err(injected("delete", key, "lost acknowledgement"))
             }
+            FaultKind::Slow => {
+                self.wait(None);
+                self.inner.delete(key)
+            }
             _ => self.inner.delete(key),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, ColdError> {
+        match self.draw(false, false) {
+            FaultKind::ServerError => Err(injected("list", prefix, "server error 500")),
+            FaultKind::Timeout => Err(injected("list", prefix, "timeout")),
+            FaultKind::Slow => {
+                self.wait(None);
+                self.inner.list(prefix)
+            }
+            _ => self.inner.list(prefix),
         }
     }
 }

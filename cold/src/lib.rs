@@ -1,15 +1,36 @@
 //! GPUCache's cold tier, on any S3-compatible object store.
 //!
-//! This first layer is the object store itself, as the tier needs it ([`ColdObjects`]):
-//! create-only PUT, HEAD, ranged GET and DELETE, with every failure typed as absent, already
-//! there, worth another try, or not. [`S3Objects`] is the real one (the `object_store` crate's
-//! S3 client); [`FaultyObjects`] wraps any of them with seeded faults for tests (server errors,
-//! timeouts, lost acknowledgements, torn ranges), and says it is a simulation.
+//! - [`ColdObjects`]: the object store as the tier needs it (create-only PUT, HEAD, ranged
+//!   GET, DELETE, LIST), every failure typed as absent, already there, worth another try, or
+//!   not. [`S3Objects`] is the real one (the `object_store` crate's S3 client);
+//!   [`FaultyObjects`] wraps any of them with seeded faults for tests (latency, server errors,
+//!   timeouts, lost acknowledgements, torn ranges), and says it is a simulation.
+//! - [`manifest`]: packs of blocks and their version 3 manifests, both content-addressed, each
+//!   range bound to its tenant and the digest of its block's full identity.
+//! - [`ColdTier`]: stores sealed packs, indexes them, refills blocks under a byte and time
+//!   budget (misses, never wrong bytes, when anything is off), records retention, reclaims and
+//!   retires tenants.
+//! - [`ColdSink`]: the bounded queue that carries blocks down, in drain rounds with bounded
+//!   retries and a failed queue.
 
 mod faulty;
+pub mod manifest;
 mod objects;
 mod s3;
+mod sink;
+mod tier;
 
 pub use faulty::{FaultKind, FaultPlan, FaultyObjects};
-pub use objects::{ColdError, ColdObjects};
+pub use objects::{ColdError, ColdObjects, LIST_OBJECTS_MAX};
 pub use s3::{S3_REQUEST_TIMEOUT_MS_DEFAULT, S3Config, S3Objects};
+pub use sink::{
+    BackfillReport, BackfillStop, ColdSink, DRAIN_JOBS_MAX_DEFAULT, DrainFailed, DrainReport,
+    FailedJob, Job, PACK_BLOCKS_TARGET_DEFAULT, PACK_BYTES_TARGET_DEFAULT, SINK_ATTEMPTS_MAX,
+    SINK_BYTES_MAX_DEFAULT, SINK_JOBS_MAX_DEFAULT, SinkCounters, SinkDepth, SinkLimits,
+    SinkRefused,
+};
+pub use tier::{
+    ColdConfig, ColdMiss, ColdStats, ColdTier, DEGRADE_MS_DEFAULT, INDEX_ENTRIES_MAX_DEFAULT,
+    OpenReport, REFILL_BYTES_MAX_DEFAULT, REFILL_WITHIN_MS_DEFAULT, ReclaimReport, RefillBudget,
+    RefillRefused, Refilled,
+};

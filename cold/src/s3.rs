@@ -8,7 +8,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::objects::{ColdError, ColdObjects};
+use crate::objects::{ColdError, ColdObjects, LIST_OBJECTS_MAX};
 
 /// One object store call gives up after this long unless configured otherwise.
 pub const S3_REQUEST_TIMEOUT_MS_DEFAULT: u64 = 10_000;
@@ -81,20 +81,32 @@ impl S3Objects {
         })
     }
 
-    /// Runs one call within the deadline.
+    /// Runs one call within the store's deadline.
     fn run<T>(
         &self,
         operation: &'static str,
         key: &str,
         call: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> Result<T, ColdError> {
-        match self.runtime.block_on(async { tokio::time::timeout(self.timeout, call).await }) {
+        self.run_within(operation, key, self.timeout, call)
+    }
+
+    /// Runs one call within `within` or the store's deadline, whichever is sooner.
+    fn run_within<T>(
+        &self,
+        operation: &'static str,
+        key: &str,
+        within: Duration,
+        call: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> Result<T, ColdError> {
+        let within = within.min(self.timeout);
+        match self.runtime.block_on(async { tokio::time::timeout(within, call).await }) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(typed(operation, key, e)),
             Err(_) => Err(ColdError::Transient {
                 operation,
                 key: key.to_owned(),
-                detail: format!("no answer within {:?}", self.timeout),
+                detail: format!("no answer within {within:?}"),
             }),
         }
     }
@@ -136,9 +148,14 @@ impl ColdObjects for S3Objects {
         }
     }
 
-    fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>, ColdError> {
+    fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        within: Duration,
+    ) -> Result<Vec<u8>, ColdError> {
         let p = path(key)?;
-        self.run("get", key, self.store.get_range(&p, range)).map(|b| b.to_vec())
+        self.run_within("get", key, within, self.store.get_range(&p, range)).map(|b| b.to_vec())
     }
 
     fn delete(&self, key: &str) -> Result<(), ColdError> {
@@ -147,5 +164,28 @@ impl ColdObjects for S3Objects {
             Err(ColdError::NotFound { .. }) => Ok(()),
             other => other,
         }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, ColdError> {
+        // One level at a time (the store pages through each), so a name with slashes below
+        // `prefix` is walked folder by folder.
+        let mut found = Vec::new();
+        let mut folders = vec![path(prefix.trim_end_matches('/'))?];
+        while let Some(folder) = folders.pop() {
+            let level = self.run("list", prefix, self.store.list_with_delimiter(Some(&folder)))?;
+            folders.extend(level.common_prefixes);
+            for meta in level.objects {
+                found.push((meta.location.to_string(), meta.size));
+            }
+            if found.len() > LIST_OBJECTS_MAX {
+                return Err(ColdError::Permanent {
+                    operation: "list",
+                    key: prefix.to_owned(),
+                    detail: format!("more than {LIST_OBJECTS_MAX} objects"),
+                });
+            }
+        }
+        found.sort();
+        Ok(found)
     }
 }

@@ -1,0 +1,415 @@
+//! [`ColdSink`]: the queue that carries blocks down to the cold tier, off the request path.
+//!
+//! Blocks arrive one at a time (a demotion from the tier above, or a backfill) and gather in
+//! one open pack per tenant. A pack is sealed into a job when it reaches the target size or
+//! block count, or when a drain round starts: sealing builds and validates the pack and its
+//! manifest once, so every attempt stores the same two objects.
+//!
+//! A drain round takes a snapshot of at most `drain_jobs_max` jobs from the front of the queue
+//! and tries each once. A temporary failure sends the job to the back of the queue until it
+//! has had [`SINK_ATTEMPTS_MAX`] tries; a permanent failure, or the last try's, moves it to
+//! the failed queue, where each job can be looked at, tried again or taken out. Open packs,
+//! queued jobs and failed jobs together stay within `jobs_max` jobs and `bytes_max` bytes: a
+//! block that would go over is refused at once (the tier above then drops it, a clean miss).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
+
+use crate::manifest::{PACK_BLOCKS_MAX, PACK_BYTES_MAX, PackBuilder, SealedPack};
+use crate::objects::ColdError;
+use crate::tier::ColdTier;
+
+/// Tries a job gets before it goes to the failed queue.
+pub const SINK_ATTEMPTS_MAX: u32 = 3;
+pub const SINK_JOBS_MAX_DEFAULT: usize = 1024;
+pub const SINK_BYTES_MAX_DEFAULT: u64 = 1 << 30;
+pub const DRAIN_JOBS_MAX_DEFAULT: usize = 64;
+pub const PACK_BYTES_TARGET_DEFAULT: u64 = 8 << 20;
+pub const PACK_BLOCKS_TARGET_DEFAULT: usize = 256;
+
+/// The sink's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkLimits {
+    /// Open packs, queued jobs and failed jobs, together.
+    pub jobs_max: usize,
+    /// Their bytes, together.
+    pub bytes_max: u64,
+    /// Jobs one drain round tries at most.
+    pub drain_jobs_max: usize,
+    /// A pack is sealed once it holds this many bytes...
+    pub pack_bytes_target: u64,
+    /// ... or this many blocks.
+    pub pack_blocks_target: usize,
+}
+
+impl Default for SinkLimits {
+    fn default() -> Self {
+        Self {
+            jobs_max: SINK_JOBS_MAX_DEFAULT,
+            bytes_max: SINK_BYTES_MAX_DEFAULT,
+            drain_jobs_max: DRAIN_JOBS_MAX_DEFAULT,
+            pack_bytes_target: PACK_BYTES_TARGET_DEFAULT,
+            pack_blocks_target: PACK_BLOCKS_TARGET_DEFAULT,
+        }
+    }
+}
+
+/// Why a block was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkRefused {
+    #[error(
+        "the cold sink is full ({jobs} jobs, {bytes} bytes held; limits {jobs_max} jobs, {bytes_max} bytes)"
+    )]
+    Full { jobs: usize, bytes: u64, jobs_max: usize, bytes_max: u64 },
+    #[error("a block of {len} bytes does not fit a pack (at most {PACK_BYTES_MAX})")]
+    TooLarge { len: u64 },
+    #[error("tenant {0} is retired from the cold tier")]
+    Retired(TenantId),
+}
+
+/// One sealed pack on its way down.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub id: u64,
+    pub sealed: SealedPack,
+    pub attempts: u32,
+    pub last_error: Option<ColdError>,
+}
+
+impl Job {
+    fn bytes(&self) -> u64 {
+        self.sealed.pack.len() as u64
+    }
+}
+
+/// A failed job, as [`ColdSink::failed`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedJob {
+    pub id: u64,
+    pub tenant: TenantId,
+    pub blocks: usize,
+    pub bytes: u64,
+    pub attempts: u32,
+    pub error: ColdError,
+}
+
+/// What one drain round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Jobs tried this round.
+    pub attempted: usize,
+    /// Jobs stored (their blocks are in the cold tier's index).
+    pub stored: usize,
+    pub blocks_stored: usize,
+    pub bytes_stored: u64,
+    /// Jobs sent to the back of the queue after a temporary failure.
+    pub retried: usize,
+    /// Jobs moved to the failed queue this round.
+    pub failed: usize,
+    /// Jobs still queued after the round.
+    pub pending: usize,
+    /// The first failure of the round, with its job.
+    pub first_error: Option<(u64, ColdError)>,
+}
+
+/// A drain round that met a failure: what it did, and the first error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cold sink drain: {error} ({} of {} jobs stored)", .report.stored, .report.attempted)]
+pub struct DrainFailed {
+    pub report: DrainReport,
+    pub error: ColdError,
+}
+
+/// What the sink holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinkDepth {
+    pub open_packs: usize,
+    pub pending: usize,
+    pub failed: usize,
+    pub bytes: u64,
+}
+
+/// What the sink did since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinkCounters {
+    pub blocks_taken: u64,
+    pub blocks_refused: u64,
+    pub jobs_stored: u64,
+    pub jobs_retried: u64,
+    pub jobs_failed: u64,
+}
+
+/// How a backfill ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackfillReport {
+    pub blocks: usize,
+    pub bytes: u64,
+    /// Why it stopped before the blocks ran out, if it did.
+    pub stopped: Option<BackfillStop>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackfillStop {
+    /// The next block would have gone over the byte budget.
+    Budget {
+        budget: u64,
+    },
+    Refused(SinkRefused),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    open: BTreeMap<TenantId, PackBuilder>,
+    pending: VecDeque<Job>,
+    failed: BTreeMap<u64, Job>,
+    bytes: u64,
+    next_id: u64,
+    counters: SinkCounters,
+}
+
+impl State {
+    fn jobs(&self) -> usize {
+        self.open.len() + self.pending.len() + self.failed.len()
+    }
+}
+
+/// The sink (see the module documentation).
+#[derive(Debug)]
+pub struct ColdSink {
+    limits: SinkLimits,
+    state: Mutex<State>,
+}
+
+impl ColdSink {
+    pub fn new(limits: SinkLimits) -> Self {
+        let limits = SinkLimits {
+            pack_bytes_target: limits.pack_bytes_target.clamp(1, PACK_BYTES_MAX),
+            pack_blocks_target: limits.pack_blocks_target.clamp(1, PACK_BLOCKS_MAX),
+            drain_jobs_max: limits.drain_jobs_max.max(1),
+            ..limits
+        };
+        Self { limits, state: Mutex::default() }
+    }
+
+    pub fn limits(&self) -> SinkLimits {
+        self.limits
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes one block for `tier`. A block already in the open pack of its tenant is taken
+    /// once.
+    pub fn offer(
+        &self,
+        tier: &ColdTier,
+        key: &PhysicalKey,
+        payload: &[u8],
+        checksum: Checksum,
+    ) -> Result<(), SinkRefused> {
+        let tenant = key.tenant();
+        let len = payload.len() as u64;
+        let mut s = self.lock();
+        let refuse = |s: &mut State, why: SinkRefused| {
+            s.counters.blocks_refused += 1;
+            Err(why)
+        };
+        if tier.is_retired(tenant) {
+            return refuse(&mut s, SinkRefused::Retired(tenant.clone()));
+        }
+        if len > PACK_BYTES_MAX {
+            return refuse(&mut s, SinkRefused::TooLarge { len });
+        }
+        if s.open.get(tenant).is_some_and(|p| p.holds(key)) {
+            return Ok(());
+        }
+        // A full open pack is sealed first; the block then starts a new one.
+        let full = s.open.get(tenant).is_some_and(|p| {
+            p.bytes() + len > self.limits.pack_bytes_target
+                || p.len() >= self.limits.pack_blocks_target
+        });
+        if full && let Some(pack) = s.open.remove(tenant) {
+            self.seal_into(&mut s, tier, pack);
+        }
+        let new_pack = !s.open.contains_key(tenant);
+        let jobs = s.jobs() + usize::from(new_pack);
+        if jobs > self.limits.jobs_max || s.bytes + len > self.limits.bytes_max {
+            let why = SinkRefused::Full {
+                jobs: s.jobs(),
+                bytes: s.bytes,
+                jobs_max: self.limits.jobs_max,
+                bytes_max: self.limits.bytes_max,
+            };
+            return refuse(&mut s, why);
+        }
+        s.open.entry(tenant.clone()).or_insert_with(|| PackBuilder::new(tenant.clone())).push(
+            key.clone(),
+            payload,
+            checksum,
+        );
+        s.bytes += len;
+        s.counters.blocks_taken += 1;
+        Ok(())
+    }
+
+    /// Seals `pack` into a queued job. A pack that fails its own validation (which a correct
+    /// build never makes) goes to the failed queue with that error.
+    fn seal_into(&self, s: &mut State, tier: &ColdTier, pack: PackBuilder) {
+        let id = s.next_id;
+        s.next_id += 1;
+        let bytes = pack.bytes();
+        let tenant = pack.tenant().clone();
+        let now = tier.now_ms();
+        match pack.seal(&tier.config().prefix, now, tier.expiry_ms(&tenant, now)) {
+            Ok(sealed) => s.pending.push_back(Job { id, sealed, attempts: 0, last_error: None }),
+            Err(e) => {
+                s.bytes -= bytes;
+                s.counters.jobs_failed += 1;
+                tracing::error!(tenant = %tenant, error = %e, "a pack failed its own validation and was dropped");
+            }
+        }
+    }
+
+    /// Seals every open pack into a job.
+    pub fn seal_open(&self, tier: &ColdTier) {
+        let mut s = self.lock();
+        let open = std::mem::take(&mut s.open);
+        for (_, pack) in open {
+            self.seal_into(&mut s, tier, pack);
+        }
+    }
+
+    /// One drain round (see the module documentation). The object store is called with no
+    /// lock held.
+    pub fn drain_round(&self, tier: &ColdTier) -> DrainReport {
+        self.seal_open(tier);
+        let snapshot: Vec<Job> = {
+            let mut s = self.lock();
+            let n = s.pending.len().min(self.limits.drain_jobs_max);
+            s.pending.drain(..n).collect()
+        };
+        let mut report = DrainReport { attempted: snapshot.len(), ..DrainReport::default() };
+        for mut job in snapshot {
+            job.attempts += 1;
+            let result = tier.store_pack(&job.sealed);
+            let mut s = self.lock();
+            match result {
+                Ok(()) => {
+                    report.stored += 1;
+                    report.blocks_stored += job.sealed.manifest.entries.len();
+                    report.bytes_stored += job.bytes();
+                    s.bytes -= job.bytes();
+                    s.counters.jobs_stored += 1;
+                }
+                Err(e) => {
+                    if report.first_error.is_none() {
+                        report.first_error = Some((job.id, e.clone()));
+                    }
+                    let again = e.is_transient() && job.attempts < SINK_ATTEMPTS_MAX;
+                    job.last_error = Some(e);
+                    if again {
+                        report.retried += 1;
+                        s.counters.jobs_retried += 1;
+                        s.pending.push_back(job);
+                    } else {
+                        report.failed += 1;
+                        s.counters.jobs_failed += 1;
+                        s.failed.insert(job.id, job);
+                    }
+                }
+            }
+        }
+        report.pending = self.lock().pending.len();
+        report
+    }
+
+    /// A drain round that answers its first failure as an error, after the round (the
+    /// report still tells what the round got done).
+    pub fn drain(&self, tier: &ColdTier) -> Result<DrainReport, Box<DrainFailed>> {
+        let report = self.drain_round(tier);
+        match report.first_error.clone() {
+            Some((_, error)) => Err(Box::new(DrainFailed { report, error })),
+            None => Ok(report),
+        }
+    }
+
+    /// Offers `blocks` in order until the next would take the total over `budget` bytes, or
+    /// the sink refuses one.
+    pub fn backfill<'a>(
+        &self,
+        tier: &ColdTier,
+        blocks: impl IntoIterator<Item = (&'a PhysicalKey, &'a [u8], Checksum)>,
+        budget: u64,
+    ) -> BackfillReport {
+        let mut report = BackfillReport { blocks: 0, bytes: 0, stopped: None };
+        for (key, payload, checksum) in blocks {
+            let len = payload.len() as u64;
+            if report.bytes + len > budget {
+                report.stopped = Some(BackfillStop::Budget { budget });
+                break;
+            }
+            if let Err(e) = self.offer(tier, key, payload, checksum) {
+                report.stopped = Some(BackfillStop::Refused(e));
+                break;
+            }
+            report.blocks += 1;
+            report.bytes += len;
+        }
+        report
+    }
+
+    /// The failed jobs, oldest first.
+    pub fn failed(&self) -> Vec<FailedJob> {
+        self.lock()
+            .failed
+            .values()
+            .map(|j| FailedJob {
+                id: j.id,
+                tenant: j.sealed.manifest.tenant.clone(),
+                blocks: j.sealed.manifest.entries.len(),
+                bytes: j.bytes(),
+                attempts: j.attempts,
+                error: j
+                    .last_error
+                    .clone()
+                    .unwrap_or(ColdError::Config("no error recorded".into())),
+            })
+            .collect()
+    }
+
+    /// Takes failed job `id` out of the sink (its bytes no longer count against the limits).
+    pub fn take_failed(&self, id: u64) -> Option<Job> {
+        let mut s = self.lock();
+        let job = s.failed.remove(&id)?;
+        s.bytes -= job.bytes();
+        Some(job)
+    }
+
+    /// Queues failed job `id` again with a fresh set of tries.
+    pub fn retry_failed(&self, id: u64) -> bool {
+        let mut s = self.lock();
+        let Some(mut job) = s.failed.remove(&id) else { return false };
+        job.attempts = 0;
+        s.pending.push_back(job);
+        true
+    }
+
+    pub fn depth(&self) -> SinkDepth {
+        let s = self.lock();
+        SinkDepth {
+            open_packs: s.open.len(),
+            pending: s.pending.len(),
+            failed: s.failed.len(),
+            bytes: s.bytes,
+        }
+    }
+
+    pub fn counters(&self) -> SinkCounters {
+        self.lock().counters
+    }
+}

@@ -259,6 +259,19 @@ impl PackBuilder {
         self.entries.iter().any(|e| e.key.digest() == key.digest())
     }
 
+    /// Takes `key`'s block out of the pack; the bytes it held, if it was there.
+    pub fn remove(&mut self, key: &PhysicalKey) -> Option<u64> {
+        let i = self.entries.iter().position(|e| e.key.digest() == key.digest())?;
+        let e = self.entries.remove(i);
+        let from = usize::try_from(e.offset).ok()?;
+        let to = usize::try_from(e.offset + e.len).ok()?;
+        self.bytes.drain(from..to);
+        for later in &mut self.entries[i..] {
+            later.offset -= e.len;
+        }
+        Some(e.len)
+    }
+
     /// Appends a block of this pack's tenant. The caller keeps the pack within
     /// [`PACK_BLOCKS_MAX`] and [`PACK_BYTES_MAX`].
     pub fn push(&mut self, key: PhysicalKey, payload: &[u8], checksum: Checksum) {

@@ -363,6 +363,27 @@ impl ColdSink {
         report
     }
 
+    /// Takes `key` out of its tenant's open pack (an invalidation). A sealed job still holds
+    /// it; [`ColdTier::forget`] keeps that copy from serving. Whether the open pack held it.
+    pub fn forget(&self, key: &PhysicalKey) -> bool {
+        let mut s = self.lock();
+        let Some(pack) = s.open.get_mut(key.tenant()) else { return false };
+        let Some(freed) = pack.remove(key) else { return false };
+        if pack.is_empty() {
+            s.open.remove(key.tenant());
+        }
+        s.bytes -= freed;
+        true
+    }
+
+    /// Whether a sealed job (queued or failed) holds `key`.
+    pub fn may_hold(&self, key: &PhysicalKey) -> bool {
+        let s = self.lock();
+        let holds =
+            |j: &Job| j.sealed.manifest.entries.iter().any(|e| e.key.digest() == key.digest());
+        s.pending.iter().any(holds) || s.failed.values().any(holds)
+    }
+
     /// The failed jobs, oldest first.
     pub fn failed(&self) -> Vec<FailedJob> {
         self.lock()

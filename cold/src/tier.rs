@@ -31,6 +31,9 @@ use crate::manifest::{
 };
 use crate::objects::{ColdError, ColdObjects};
 
+/// Invalidated keys the tier remembers at most (each also recorded in the bucket).
+pub const FORGOTTEN_MAX: usize = 1 << 20;
+
 /// Blocks the index holds at most unless configured otherwise.
 pub const INDEX_ENTRIES_MAX_DEFAULT: usize = 1 << 24;
 /// Bytes one refill call may bring down unless configured otherwise.
@@ -178,7 +181,15 @@ struct Index {
 }
 
 impl Index {
-    fn insert(&mut self, name: &str, bytes: u64, m: &Manifest, prefix: &str) {
+    /// Indexes a manifest's blocks, except those invalidated at or after its pack was written.
+    fn insert(
+        &mut self,
+        name: &str,
+        bytes: u64,
+        m: &Manifest,
+        prefix: &str,
+        forgotten: &HashMap<KeyDigest, u64>,
+    ) {
         if self.manifests.contains_key(name) {
             return;
         }
@@ -193,6 +204,9 @@ impl Index {
             keys: m.entries.iter().map(|e| e.key.digest()).collect(),
         });
         for e in &m.entries {
+            if forgotten.get(&e.key.digest()).is_some_and(|&at| at >= m.created_ms) {
+                continue;
+            }
             let newer = match self.blocks.get(&e.key.digest()) {
                 Some(old) => {
                     (old.manifest.created_ms, &old.manifest.name) <= (r.created_ms, &r.name)
@@ -283,6 +297,8 @@ pub struct ColdTier {
     clock: Arc<dyn Clock>,
     index: RwLock<Index>,
     retired: RwLock<HashSet<TenantId>>,
+    /// Invalidated keys, with when: a pack written before that time never serves them.
+    forgotten: RwLock<HashMap<KeyDigest, u64>>,
     retention: Mutex<HashMap<TenantId, u64>>,
     degraded_until: Mutex<Option<Instant>>,
     counters: Counters,
@@ -313,6 +329,13 @@ fn stored_or_there(r: Result<(), ColdError>) -> Result<(), ColdError> {
     }
 }
 
+/// The key digest and time a `forgotten/` marker's name records.
+fn forgotten_of(tail: &str) -> Option<(KeyDigest, u64)> {
+    let (digest, at) = tail.split_once('-')?;
+    let digest = name_digest(digest)?;
+    Some((KeyDigest(digest), at.parse().ok()?))
+}
+
 impl ColdTier {
     /// Opens the tier on `objects`: reads the retired tenants and indexes every valid
     /// manifest under the prefix.
@@ -327,6 +350,7 @@ impl ColdTier {
             clock,
             index: RwLock::default(),
             retired: RwLock::default(),
+            forgotten: RwLock::default(),
             retention: Mutex::default(),
             degraded_until: Mutex::new(None),
             counters: Counters::default(),
@@ -343,6 +367,14 @@ impl ColdTier {
                 write(&self.retired).insert(t);
                 report.retired_tenants += 1;
             }
+        }
+        for (name, _) in self.objects.list(&format!("{prefix}/forgotten/"))? {
+            let Some((digest, at)) = name.rsplit('/').next().and_then(forgotten_of) else {
+                continue;
+            };
+            let mut forgotten = write(&self.forgotten);
+            let at = forgotten.get(&digest).map_or(at, |&old| old.max(at));
+            forgotten.insert(digest, at);
         }
         let within = self.config.refill.within.max(Duration::from_secs(30));
         for (name, size) in self.objects.list(&format!("{prefix}/manifests/"))? {
@@ -362,7 +394,7 @@ impl ColdTier {
                     }
                     report.manifests += 1;
                     report.blocks += m.entries.len() as u64;
-                    write(&self.index).insert(&name, size, &m, prefix);
+                    write(&self.index).insert(&name, size, &m, prefix, &read(&self.forgotten));
                 }
                 Err(ManifestError::Legacy { .. }) => report.legacy += 1,
                 _ => report.damaged += 1,
@@ -424,6 +456,11 @@ impl ColdTier {
         read(&self.index).blocks.contains_key(&key.digest())
     }
 
+    /// The length of the block the index holds under `key`.
+    pub fn len_of(&self, key: &PhysicalKey) -> Option<u64> {
+        read(&self.index).blocks.get(&key.digest()).map(|l| l.len)
+    }
+
     /// Stores a sealed pack: the pack object first, then its manifest, then the index learns
     /// it. A name that is taken already holds these very bytes (names are digests), so a
     /// retried PUT whose first try landed succeeds. A failure deletes nothing: a manifest
@@ -454,8 +491,34 @@ impl ColdTier {
             sealed.manifest_bytes.len() as u64,
             &sealed.manifest,
             &self.config.prefix,
+            &read(&self.forgotten),
         );
         Ok(())
+    }
+
+    /// Forgets `key` after an invalidation: the index drops it now, and a marker in the bucket
+    /// keeps every pack written before this moment from serving it after a restart (a pack
+    /// written later, after the key was stored again, serves it). Whether the index held it.
+    pub fn forget(&self, key: &PhysicalKey) -> Result<bool, ColdError> {
+        let at = self.clock.now_ms();
+        let held = {
+            let mut index = write(&self.index);
+            index.blocks.remove(&key.digest()).is_some()
+        };
+        {
+            let mut forgotten = write(&self.forgotten);
+            if forgotten.len() < FORGOTTEN_MAX || forgotten.contains_key(&key.digest()) {
+                forgotten.insert(key.digest(), at);
+            }
+        }
+        let name = format!(
+            "{}/forgotten/{}/{}-{at}",
+            self.config.prefix,
+            manifest::hex(key.tenant().as_str().as_bytes()),
+            manifest::hex(&key.digest().0)
+        );
+        stored_or_there(self.objects.put_new(&name, &[]))?;
+        Ok(held)
     }
 
     fn degraded(&self) -> bool {

@@ -69,6 +69,8 @@ pub enum Tier {
     Memory,
     /// Block files.
     File,
+    /// Packs on an object store, below the file tier.
+    Cold,
 }
 
 impl Tier {
@@ -76,6 +78,7 @@ impl Tier {
         match self {
             Self::Memory => "memory",
             Self::File => "file",
+            Self::Cold => "cold",
         }
     }
 }

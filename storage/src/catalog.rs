@@ -124,13 +124,14 @@ pub(crate) struct Catalog<P> {
 }
 
 /// How to take a handle on a payload, and the evicted blocks not collected yet.
-type HandDown<P> = (fn(&P) -> P, std::collections::VecDeque<HandedDown<P>>);
+type HandDown<P> = (fn(&mut P) -> P, std::collections::VecDeque<HandedDown<P>>);
 
-/// An evicted block for the tier below: its key, checksum and payload.
+/// An evicted block for the tier below: its key, checksum, length and payload.
 #[derive(Debug)]
 pub(crate) struct HandedDown<P> {
     pub(crate) key: PhysicalKey,
     pub(crate) checksum: Checksum,
+    pub(crate) len: u64,
     pub(crate) payload: P,
 }
 
@@ -411,27 +412,32 @@ impl<P> Catalog<P> {
                 }
                 log.push_back(b.key.clone());
             }
-            self.hand_down(victim);
+            self.hand_down(victim, released);
             self.start_evict(victim, Removal::Evicted, released);
         }
     }
 
     /// Keeps a handle on the payload of `victim`, about to be evicted, when evictions are
-    /// handed down.
-    fn hand_down(&mut self, victim: RegionId) {
+    /// handed down. `take` may leave a stand-in in the entry (a file store keeps the file for
+    /// the tier below instead of removing it). The oldest waiting block, when too many wait,
+    /// is let go with `released`.
+    fn hand_down(&mut self, victim: RegionId, released: &mut Vec<P>) {
         let Some((take, queue)) = self.handed_down.as_mut() else { return };
-        let Some(b) = self.blocks.get(&victim) else { return };
+        let Some(b) = self.blocks.get_mut(&victim) else { return };
         let Some(checksum) = b.checksum else { return };
         if queue.len() == EVICTION_LOG_MAX {
-            queue.pop_front();
+            if let Some(old) = queue.pop_front() {
+                released.push(old.payload);
+            }
             self.handed_down_dropped += 1;
         }
-        queue.push_back(HandedDown { key: b.key.clone(), checksum, payload: take(&b.payload) });
+        let payload = take(&mut b.payload);
+        queue.push_back(HandedDown { key: b.key.clone(), checksum, len: b.len, payload });
     }
 
     /// From now on, keeps each evicted block's payload (a handle `take` makes) until
     /// [`Self::take_handed_down`] collects it.
-    pub(crate) fn hand_down_evictions(&mut self, take: fn(&P) -> P) {
+    pub(crate) fn hand_down_evictions(&mut self, take: fn(&mut P) -> P) {
         self.handed_down.get_or_insert_with(|| (take, std::collections::VecDeque::new()));
     }
 

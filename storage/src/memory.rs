@@ -365,7 +365,7 @@ impl MemoryStore {
         let mut catalog =
             Catalog::new(limits, full_policy, MemoryKind::Host, Epoch(1), 1, epochs, eviction)?;
         if options.hand_down {
-            catalog.hand_down_evictions(Arc::clone);
+            catalog.hand_down_evictions(|p| Arc::clone(p));
         }
         Ok(Self { inner: Mutex::new(Inner { catalog, spare }), clock, full_policy })
     }

@@ -260,6 +260,18 @@ impl TieredStore {
         })
     }
 
+    /// Keeps every block the file tier evicts from now on, file and all, for the tier below
+    /// ([`Self::take_file_evictions`]).
+    pub fn hand_down_file_evictions(&self) {
+        self.file.hand_down_evictions();
+    }
+
+    /// The blocks the file tier evicted since the last call, for the tier below, when it was
+    /// told to hand them down.
+    pub fn take_file_evictions(&self) -> Vec<crate::file::handdown::EvictedFile> {
+        self.file.take_handed_down()
+    }
+
     /// The file tier, the store of record.
     pub fn file(&self) -> &FileStore {
         &self.file

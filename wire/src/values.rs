@@ -159,13 +159,14 @@ pub(super) fn get_lookup(r: &mut Reader<'_>, index: usize) -> Result<Lookup, Wir
     }
 }
 
-/// A [`Located`]: its lookup, then the tier (0 none, 1 memory, 2 file).
+/// A [`Located`]: its lookup, then the tier (0 none, 1 memory, 2 file, 3 cold).
 pub(super) fn put_located(w: &mut Writer<'_>, l: &Located) -> Encoded {
     put_lookup(w, &l.lookup)?;
     w.u8(match l.tier {
         None => 0,
         Some(Tier::Memory) => 1,
         Some(Tier::File) => 2,
+        Some(Tier::Cold) => 3,
     });
     Ok(())
 }
@@ -176,6 +177,7 @@ pub(super) fn get_located(r: &mut Reader<'_>, index: usize) -> Result<Located, W
         0 => None,
         1 => Some(Tier::Memory),
         2 => Some(Tier::File),
+        3 => Some(Tier::Cold),
         tag => return Err(WireError::UnknownTag { what: text::TIER, tag }),
     };
     if tier.is_some() && matches!(lookup, Lookup::Miss(_)) {

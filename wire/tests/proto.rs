@@ -536,7 +536,12 @@ fn lookup() -> impl Strategy<Value = Lookup> {
 
 /// A found block names its tier or none; a miss never names one.
 fn located() -> impl Strategy<Value = Located> {
-    let tier = prop_oneof![Just(None), Just(Some(Tier::Memory)), Just(Some(Tier::File))];
+    let tier = prop_oneof![
+        Just(None),
+        Just(Some(Tier::Memory)),
+        Just(Some(Tier::File)),
+        Just(Some(Tier::Cold))
+    ];
     (lookup(), tier).prop_map(|(lookup, tier)| {
         let tier = tier.filter(|_| !matches!(lookup, Lookup::Miss(_)));
         Located { lookup, tier }

@@ -9,6 +9,7 @@
 mod deferred;
 pub mod engine;
 mod fsck;
+pub mod handdown;
 pub mod layout;
 mod open_files;
 mod reads;
@@ -670,12 +671,18 @@ impl FileStore {
 /// Removes the files of blocks that left the catalog.
 fn dispose(released: Vec<FilePayload>) {
     for p in released {
-        if let FilePayload::Stored { path, .. } = p
-            && let Err(e) = fs::remove_file(&path)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %path.display(), error = %e, "could not remove an evicted block file");
+        if let FilePayload::Stored { path, .. } = p {
+            remove_block_file(&path);
         }
+    }
+}
+
+/// Removes a block file that left the catalog (an absent one is already gone).
+fn remove_block_file(path: &Path) {
+    if let Err(e) = fs::remove_file(path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove an evicted block file");
     }
 }
 

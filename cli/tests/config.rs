@@ -705,6 +705,62 @@ fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
 }
 
 #[test]
+fn an_s3_tier_takes_its_own_keys_below_both_upper_tiers_and_names_each_mistake() {
+    let upper = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\n[[store.tiers]]\nkind = \"file\"\n";
+    let good = format!(
+        "{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:9\"\nprefix = \"team/a\"\nrefill_bytes_max = \"8MiB\"\nqueue_bytes_max = \"64MiB\"\npack_bytes = \"4MiB\"\n"
+    );
+    let c = ValidConfig::from_toml_str(&good).unwrap();
+    let s3 = c.store.tier(gpucache_service::config::TierKind::S3).expect("the s3 section");
+    assert_eq!((s3.bucket.as_deref(), s3.refill_bytes_max), (Some("b"), Some(8 << 20)));
+    for (bad, says) in [
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\n"
+                .to_owned(),
+            "then optionally an s3 tier",
+        ),
+        (
+            format!("{upper}[[store.tiers]]\nkind = \"s3\"\n"),
+            "tiers[2].bucket: the s3 tier needs a bucket",
+        ),
+        (
+            format!("{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\ncapacity = \"1GiB\"\n"),
+            "tiers[2].capacity: the s3 tier has no such key",
+        ),
+        (
+            format!("{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nprefix = \"/x\"\n"),
+            "not a folder name",
+        ),
+        (
+            format!(
+                "{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nendpoint = \"127.0.0.1:9000\"\n"
+            ),
+            "not an http:// or https:// URL",
+        ),
+        (
+            format!(
+                "{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nrefill_within_ms = 0\n"
+            ),
+            "tiers[2].refill_within_ms: must be more than 0",
+        ),
+        (
+            format!(
+                "{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\npack_bytes = \"2GiB\"\nqueue_bytes_max = \"1GiB\"\n"
+            ),
+            "more than queue_bytes_max",
+        ),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\nbucket = \"b\"\n"
+                .to_owned(),
+            "tiers[0].bucket: a key of the s3 tier only",
+        ),
+    ] {
+        let e = refused_at(&bad, "store.tiers");
+        assert!(e.to_string().contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn the_default_tiered_store_serves_hits_from_memory_and_reloads_its_file_tier() {
     use gpucache_dataplane::identity::KvDtype;
     use gpucache_dataplane::store::{Get, Put};

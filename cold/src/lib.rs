@@ -20,6 +20,7 @@ mod faulty;
 mod layer;
 pub mod manifest;
 mod memory;
+pub mod moto;
 mod objects;
 mod s3;
 mod sink;

@@ -2,11 +2,10 @@
 //! byte for byte, lookups see them, a store that is down makes misses and changes nothing in
 //! the upper tiers, an invalidation survives a restart, and another tenant gets nothing.
 
-mod moto;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpucache_cold::moto::{Moto, open, start};
 use gpucache_cold::{
     ColdConfig, ColdLayerConfig, ColdSink, ColdTier, ColdTiered, RefillBudget, SinkLimits,
 };
@@ -22,7 +21,6 @@ use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStoreConfig};
 use gpucache_storage::tiered::{MemoryTier, TieredStore};
-use moto::{Moto, open, start};
 
 const BLOCK: usize = 8192;
 

@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use gpucache_cold::{ColdError, ColdObjects, FaultKind, FaultPlan, FaultyObjects};
 
-mod moto;
-
 const T: Duration = Duration::from_secs(10);
 
-use moto::{open, start};
+use gpucache_cold::moto::{open, start};
 
 #[test]
 fn create_only_put_head_ranges_and_delete_against_a_real_s3_server() {

@@ -2,13 +2,12 @@
 //! block the sink took is ever lost. Each one ends up stored (a fresh tier opened from the
 //! bucket serves its exact bytes) after the failed jobs are tried again on a healed store.
 
-mod moto;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpucache_cold::moto::{open, start};
 use gpucache_cold::{
     ColdConfig, ColdSink, ColdTier, FaultPlan, FaultyObjects, RefillBudget, Refilled, SinkLimits,
     SinkRefused,
@@ -19,7 +18,6 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::testing::fixture;
-use moto::{open, start};
 
 /// Key digest -> (tenant, n, len) of every block the sink took.
 type Taken = BTreeMap<[u8; 32], (usize, u64, usize)>;

@@ -2,14 +2,13 @@
 //! refill and every way it turns into a miss, the sink's retries and failed queue, backfill,
 //! retention, reclaim and retired tenants.
 
-mod moto;
-
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpucache_cold::manifest::{self, Manifest, PackBuilder, content_digest};
+use gpucache_cold::moto::{Moto, open, start};
 use gpucache_cold::{
     ColdConfig, ColdError, ColdMiss, ColdObjects, ColdSink, ColdTier, FaultPlan, FaultyObjects,
     RefillBudget, RefillRefused, Refilled, SINK_ATTEMPTS_MAX, SinkLimits, SinkRefused,
@@ -20,7 +19,6 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::StoreError;
 use gpucache_dataplane::testing::fixture;
-use moto::{Moto, open, start};
 
 /// Counts the reads that reach the store, by the kind of object read.
 #[derive(Debug)]

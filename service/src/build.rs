@@ -18,7 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpucache_cluster::{Coordinator, EtcdConfig, NodeConfig, NodeEvents, Registration};
-use gpucache_dataplane::clock::{Clock, MonotonicClock};
+use gpucache_cold::{
+    ColdConfig, ColdLayerConfig, ColdSink, ColdTier, ColdTiered, RefillBudget, S3Config, S3Objects,
+    SinkLimits,
+};
+use gpucache_dataplane::clock::{Clock, MonotonicClock, UnixClock};
 use gpucache_dataplane::limits::LimitsError;
 use gpucache_dataplane::registry::LocalEpochs;
 use gpucache_dataplane::shard::NodeId;
@@ -34,7 +38,8 @@ use prometheus_client::registry::Registry;
 
 use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_mmap_threshold};
 use crate::cluster::{ClusterNode, FencedStore};
-use crate::config::{ClusterSection, Eviction, StoreKind, ValidConfig};
+use crate::cold_metrics::ColdSeries;
+use crate::config::{ClusterSection, Eviction, StoreKind, TierKind, TierSection, ValidConfig};
 use crate::dpu::{self, DpuStartError};
 use crate::fills::Fills;
 use crate::http::MetricsServer;
@@ -46,6 +51,63 @@ use crate::tier_metrics::TierSeries;
 
 /// Mode of the local socket after binding: the service's user and group may connect.
 pub const LOCAL_SOCKET_MODE: u32 = 0o660;
+
+/// How long the stop gives the cold tier's sink to store what it holds.
+pub const COLD_CLOSE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Opens the s3 tier `section` describes below `upper`: the bucket is listed (every manifest
+/// read and checked) before the service starts, so an unreachable or unreadable bucket stops
+/// the start with its reason.
+fn open_cold(section: &TierSection, upper: Arc<TieredStore>) -> Result<ColdTiered, StoreOpenError> {
+    let bucket = section.bucket.clone().unwrap_or_default();
+    let failed = |source| StoreOpenError::Cold { bucket: bucket.clone(), source };
+    let mut s3 = S3Config::new(bucket.clone());
+    s3.endpoint = section.endpoint.clone();
+    if let Some(region) = &section.region {
+        s3.region = region.clone();
+    }
+    if let Some(ms) = section.request_timeout_ms {
+        s3.request_timeout_ms = ms;
+    }
+    let objects = Arc::new(S3Objects::open(&s3).map_err(failed)?);
+    let defaults = ColdConfig::default();
+    let refill = RefillBudget {
+        bytes_max: section.refill_bytes_max.unwrap_or(defaults.refill.bytes_max),
+        within: section.refill_within_ms.map_or(defaults.refill.within, Duration::from_millis),
+    };
+    let config = ColdConfig {
+        prefix: section.prefix.clone().unwrap_or(defaults.prefix),
+        retention_s: section.retention_s.unwrap_or(defaults.retention_s),
+        degrade_ms: section.degrade_ms.unwrap_or(defaults.degrade_ms),
+        refill,
+        ..defaults
+    };
+    let (tier, report) = ColdTier::open(objects, config, Arc::new(UnixClock)).map_err(failed)?;
+    tracing::info!(
+        bucket = %bucket,
+        manifests = report.manifests,
+        blocks = report.blocks,
+        legacy_manifests = report.legacy,
+        damaged_manifests = report.damaged,
+        retired_tenants = report.retired_tenants,
+        "cold tier opened"
+    );
+    let sink_defaults = SinkLimits::default();
+    let limits = SinkLimits {
+        jobs_max: section.queue_jobs_max.unwrap_or(sink_defaults.jobs_max),
+        bytes_max: section.queue_bytes_max.unwrap_or(sink_defaults.bytes_max),
+        pack_bytes_target: section.pack_bytes.unwrap_or(sink_defaults.pack_bytes_target),
+        ..sink_defaults
+    };
+    let layer_defaults = ColdLayerConfig::default();
+    let layer = ColdLayerConfig {
+        refill,
+        drain_interval_ms: section.drain_interval_ms.unwrap_or(layer_defaults.drain_interval_ms),
+        reclaim_interval_s: section.reclaim_interval_s.unwrap_or(layer_defaults.reclaim_interval_s),
+    };
+    ColdTiered::new(upper, Arc::new(tier), Arc::new(ColdSink::new(limits)), layer)
+        .map_err(|e| failed(gpucache_cold::ColdError::Config(format!("drain thread: {e}"))))
+}
 
 /// Why the configured store did not open. Display starts with the key it is about.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +123,10 @@ pub enum StoreOpenError {
     /// `[[store.tiers]] memory`: the kernel refused the memory tier's mapping.
     #[error("store.tiers: cannot map {bytes} bytes for the memory tier: {source}")]
     TierMapping { bytes: u64, source: std::io::Error },
+    /// `[[store.tiers]] kind = "s3"`: the bucket could not be reached or read at start (the
+    /// service does not start without the cold tier it was told to run).
+    #[error("store.tiers: the s3 tier (bucket {bucket}): {source}")]
+    Cold { bucket: String, source: gpucache_cold::ColdError },
     /// The DPU agent did not start (before the file store behind it is opened).
     #[error(transparent)]
     Dpu(#[from] DpuStartError),
@@ -73,7 +139,7 @@ impl StoreOpenError {
             Self::FileStore { .. } => "store.root",
             Self::Memory { .. } => "limits",
             Self::Preallocate { .. } => "store.preallocate",
-            Self::TierMapping { .. } => "store.tiers",
+            Self::TierMapping { .. } | Self::Cold { .. } => "store.tiers",
             Self::Dpu(e) => e.key(),
         }
     }
@@ -122,6 +188,8 @@ pub struct OpenedStore {
     pub io_engine: Option<IoEngineReport>,
     /// The same store by its type when it is a tiered one.
     pub tiered: Option<Arc<TieredStore>>,
+    /// The cold tier's layer, when the tiered store has an s3 tier.
+    pub cold: Option<Arc<ColdTiered>>,
 }
 
 impl std::fmt::Debug for OpenedStore {
@@ -184,7 +252,13 @@ impl ValidConfig {
                 let store =
                     MemoryStore::with_options(limits, clock, Box::new(LocalEpochs), options)
                         .map_err(|source| StoreOpenError::Memory { source })?;
-                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine: None, tiered: None })
+                Ok(OpenedStore {
+                    store: Arc::new(store),
+                    dpu: None,
+                    io_engine: None,
+                    tiered: None,
+                    cold: None,
+                })
             }
             StoreKind::Tiered => {
                 let memory = self.store.memory_tier();
@@ -215,7 +289,19 @@ impl ValidConfig {
                 });
                 let store = Arc::new(store);
                 let tiered = Some(Arc::clone(&store));
-                Ok(OpenedStore { store, dpu: None, io_engine, tiered })
+                match self.store.tier(TierKind::S3) {
+                    Some(section) => {
+                        let cold = Arc::new(open_cold(section, store)?);
+                        Ok(OpenedStore {
+                            store: Arc::clone(&cold) as Arc<dyn Store>,
+                            dpu: None,
+                            io_engine,
+                            tiered,
+                            cold: Some(cold),
+                        })
+                    }
+                    None => Ok(OpenedStore { store, dpu: None, io_engine, tiered, cold: None }),
+                }
             }
             StoreKind::File => {
                 let store = open_file(clock)?;
@@ -223,7 +309,13 @@ impl ValidConfig {
                     engine: store.engine_name(),
                     reason: store.engine_reason().to_owned(),
                 });
-                Ok(OpenedStore { store: Arc::new(store), dpu: None, io_engine, tiered: None })
+                Ok(OpenedStore {
+                    store: Arc::new(store),
+                    dpu: None,
+                    io_engine,
+                    tiered: None,
+                    cold: None,
+                })
             }
             StoreKind::Dpu => {
                 let agent = dpu::start_agent(&self.dpu)?;
@@ -236,6 +328,7 @@ impl ValidConfig {
                     dpu: Some(store),
                     io_engine: None,
                     tiered: None,
+                    cold: None,
                 })
             }
         }
@@ -253,7 +346,7 @@ impl ValidConfig {
         let (staging, staging_name) = staging(&self).map_err(StartError::Staging)?;
         let clock = Arc::new(MonotonicClock::default());
         let mut created_root = CreatedRoot::before_open(&self);
-        let OpenedStore { store, dpu, io_engine, tiered } = self.open_store(clock)?;
+        let OpenedStore { store, dpu, io_engine, tiered, cold } = self.open_store(clock)?;
 
         let mut registry = match &dpu {
             Some(d) => dpu::offload_registry(d.agent()),
@@ -267,6 +360,9 @@ impl ValidConfig {
             let memory = self.store.memory_tier().capacity_bytes;
             let file = self.file_store_config().limits.retained_bytes_max;
             TierSeries::register(&mut registry, Arc::clone(tiered), memory, file);
+        }
+        if let Some(cold) = &cold {
+            ColdSeries::register(&mut registry, Arc::clone(cold));
         }
         // One guard for both client fronts: the in-flight body budget and the per-peer limit
         // are the service's, and its refusals are counted in the service's registry.
@@ -372,6 +468,7 @@ impl ValidConfig {
             store: shared,
             dpu,
             tiered,
+            cold,
             io_engine,
             staging_name,
         })
@@ -540,6 +637,8 @@ pub struct Service {
     dpu: Option<Arc<DpuStore>>,
     /// The tiered store, when it is one: written down at the stop when it writes back.
     tiered: Option<Arc<TieredStore>>,
+    /// The cold tier's layer: its sink drained once more at the stop.
+    cold: Option<Arc<ColdTiered>>,
     io_engine: Option<IoEngineReport>,
     staging_name: String,
     /// The node's registration, when it is a node of a cluster.
@@ -652,7 +751,7 @@ impl Service {
     /// writes back writes its memory-only blocks down; the DPU agent's reactors are joined when
     /// its last holder goes). Answers how many connection threads did not stop in time.
     pub fn stop(self) -> usize {
-        let Self { server, resp, http, store, dpu, tiered, registration, .. } = self;
+        let Self { server, resp, http, store, dpu, tiered, cold, registration, .. } = self;
         // Out of the view first: clients route its keys to their next choices at once.
         if let Some(r) = registration
             && let Err(e) = r.leave()
@@ -664,6 +763,15 @@ impl Service {
         if let Some(t) = tiered.filter(|t| t.write_mode() == WriteMode::Back) {
             let written = t.flush();
             tracing::info!(written, "write-back: blocks held only in memory written down");
+        }
+        if let Some(c) = cold {
+            c.close(COLD_CLOSE_WITHIN);
+            let d = c.sink().depth();
+            tracing::info!(
+                pending = d.pending,
+                failed = d.failed,
+                "cold tier: sink drained at the stop (what is left is lost: clean misses)"
+            );
         }
         drop(store);
         drop(dpu);

@@ -18,6 +18,7 @@ pub mod auth;
 pub mod bounds;
 pub mod build;
 pub mod cluster;
+pub mod cold_metrics;
 pub mod config;
 pub mod create_only;
 pub mod dpu;

@@ -123,10 +123,16 @@ impl Serve {
 
     /// [`Serve::start`] with `cwd` as the server's working directory.
     pub(crate) fn start_in(cwd: &Path, config: &Path) -> Self {
+        Self::start_with(cwd, config, &[])
+    }
+
+    /// [`Serve::start_in`] with `env` added to the server's environment.
+    pub(crate) fn start_with(cwd: &Path, config: &Path, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
             .args(["serve", "--config"])
             .arg(config)
             .current_dir(cwd)
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn gpucache serve");

@@ -132,6 +132,74 @@ pub struct TierSection {
     /// Memory only: what holds the blocks, `"mapped"` (default), `"huge-pages"` or `"heap"`.
     #[serde(default)]
     pub memory: Option<TierMemoryName>,
+    /// S3 only: the bucket's endpoint (`http://127.0.0.1:9000`); AWS itself when left out.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// S3 only: the region (default `"us-east-1"`).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// S3 only, required: the bucket. Credentials come from the environment
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
+    #[serde(default)]
+    pub bucket: Option<String>,
+    /// S3 only: the folder of the tier's objects in the bucket (default `"gpucache"`).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// S3 only: how long one object store call may take (default 10,000).
+    #[serde(default)]
+    pub request_timeout_ms: Option<u64>,
+    /// S3 only: how long blocks are kept after their pack is written; 0 (default) keeps them
+    /// until reclaimed.
+    #[serde(default)]
+    pub retention_s: Option<u64>,
+    /// S3 only: bytes one GET's refill may bring down (default 64 MiB).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub refill_bytes_max: Option<u64>,
+    /// S3 only: how long one GET's refill may take (default 2,000).
+    #[serde(default)]
+    pub refill_within_ms: Option<u64>,
+    /// S3 only: how long refills stay misses, calling nothing, after the store failed one
+    /// (default 1,000).
+    #[serde(default)]
+    pub degrade_ms: Option<u64>,
+    /// S3 only: jobs (open packs, queued and failed) the sink holds at most (default 1,024).
+    #[serde(default)]
+    pub queue_jobs_max: Option<usize>,
+    /// S3 only: bytes the sink holds at most (default 1 GiB).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub queue_bytes_max: Option<u64>,
+    /// S3 only: a pack is sealed at this size (default 8 MiB).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub pack_bytes: Option<u64>,
+    /// S3 only: pause between drain rounds (default 200).
+    #[serde(default)]
+    pub drain_interval_ms: Option<u64>,
+    /// S3 only: pause between reclaims of expired packs; 0 reclaims never (default 600).
+    #[serde(default)]
+    pub reclaim_interval_s: Option<u64>,
+}
+
+impl TierSection {
+    /// The keys set in this section that only an S3 tier takes.
+    pub(crate) fn s3_keys_set(&self) -> Vec<&'static str> {
+        let keys = [
+            ("endpoint", self.endpoint.is_some()),
+            ("region", self.region.is_some()),
+            ("bucket", self.bucket.is_some()),
+            ("prefix", self.prefix.is_some()),
+            ("request_timeout_ms", self.request_timeout_ms.is_some()),
+            ("retention_s", self.retention_s.is_some()),
+            ("refill_bytes_max", self.refill_bytes_max.is_some()),
+            ("refill_within_ms", self.refill_within_ms.is_some()),
+            ("degrade_ms", self.degrade_ms.is_some()),
+            ("queue_jobs_max", self.queue_jobs_max.is_some()),
+            ("queue_bytes_max", self.queue_bytes_max.is_some()),
+            ("pack_bytes", self.pack_bytes.is_some()),
+            ("drain_interval_ms", self.drain_interval_ms.is_some()),
+            ("reclaim_interval_s", self.reclaim_interval_s.is_some()),
+        ];
+        keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k).collect()
+    }
 }
 
 /// `[[store.tiers]] memory`: what backs the memory tier's blocks.
@@ -165,6 +233,8 @@ fn write_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<WriteMode>, D::E
 pub enum TierKind {
     Memory,
     File,
+    /// Packs on an S3-compatible object store, below the file tier.
+    S3,
 }
 
 /// The memory tier's capacity when none is given: a quarter of the machine's memory, at most

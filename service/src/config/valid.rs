@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::error::{ConfigError, join};
 use super::schema::{
     ClusterSection, DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind,
-    StoreSection, TierKind,
+    StoreSection, TierKind, TierSection,
 };
 use crate::auth::{TenantAuth, TenantKeys};
 use gpucache_dataplane::caller::Caller;
@@ -458,8 +458,63 @@ fn resp_tenant(c: &ServeConfig) -> Result<usize, ConfigError> {
     })
 }
 
+/// `[[store.tiers]] kind = "s3"`: a bucket, a name prefix that is a plain folder, nonzero
+/// budgets and bounds, and none of the keys of the tiers above.
+fn check_s3_tier(i: usize, t: &TierSection) -> Result<(), ConfigError> {
+    let refuse = |why: String| Err(ConfigError::Tiers { why });
+    let upper_only = [
+        ("capacity", t.capacity.is_some()),
+        ("eviction", t.eviction.is_some()),
+        ("promote", t.promote.is_some()),
+        ("write", t.write.is_some()),
+        ("memory", t.memory.is_some()),
+    ];
+    if let Some((key, _)) = upper_only.iter().find(|(_, set)| *set) {
+        return refuse(format!(
+            "tiers[{i}].{key}: the s3 tier has no such key (it holds what its bucket holds)"
+        ));
+    }
+    match t.bucket.as_deref() {
+        None | Some("") => return refuse(format!("tiers[{i}].bucket: the s3 tier needs a bucket")),
+        Some(_) => {}
+    }
+    if let Some(p) = &t.prefix
+        && (p.is_empty() || p.starts_with('/') || p.ends_with('/') || p.contains("//"))
+    {
+        return refuse(format!(
+            "tiers[{i}].prefix: {p:?} is not a folder name (no leading, trailing or double slash)"
+        ));
+    }
+    if let Some(e) = &t.endpoint
+        && !(e.starts_with("http://") || e.starts_with("https://"))
+    {
+        return refuse(format!("tiers[{i}].endpoint: {e:?} is not an http:// or https:// URL"));
+    }
+    let nonzero = [
+        ("request_timeout_ms", t.request_timeout_ms),
+        ("refill_bytes_max", t.refill_bytes_max),
+        ("refill_within_ms", t.refill_within_ms),
+        ("queue_bytes_max", t.queue_bytes_max),
+        ("pack_bytes", t.pack_bytes),
+        ("drain_interval_ms", t.drain_interval_ms),
+        ("queue_jobs_max", t.queue_jobs_max.map(|n| n as u64)),
+    ];
+    if let Some((key, _)) = nonzero.iter().find(|(_, v)| *v == Some(0)) {
+        return refuse(format!("tiers[{i}].{key}: must be more than 0"));
+    }
+    if let (Some(pack), Some(queue)) = (t.pack_bytes, t.queue_bytes_max)
+        && pack > queue
+    {
+        return refuse(format!(
+            "tiers[{i}].pack_bytes: {pack} is more than queue_bytes_max ({queue})"
+        ));
+    }
+    Ok(())
+}
+
 /// `[[store.tiers]]`: only with `kind = "tiered"`, a memory tier and then a file tier (each at
-/// most once, in that order), each with a policy rather than `"refuse"` and room for a block.
+/// most once, in that order), each with a policy rather than `"refuse"` and room for a block,
+/// then optionally an s3 tier (which needs the two above it spelled out).
 fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
     let refuse = |why: String| Err(ConfigError::Tiers { why });
     if s.kind != StoreKind::Tiered {
@@ -469,10 +524,15 @@ fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
         return Ok(());
     }
     let kinds: Vec<TierKind> = s.tiers.iter().map(|t| t.kind).collect();
-    if !matches!(kinds.as_slice(), [] | [TierKind::Memory] | [TierKind::Memory, TierKind::File]) {
+    if !matches!(
+        kinds.as_slice(),
+        [] | [TierKind::Memory]
+            | [TierKind::Memory, TierKind::File]
+            | [TierKind::Memory, TierKind::File, TierKind::S3]
+    ) {
         return refuse(format!(
             "{kinds:?}: a tiered store takes a memory tier, then a file tier (either may be left \
-             out for its defaults)"
+             out for its defaults when no s3 tier follows), then optionally an s3 tier"
         ));
     }
     for (i, t) in s.tiers.iter().enumerate() {
@@ -483,6 +543,13 @@ fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
         }
         if t.capacity == Some(0) {
             return refuse(format!("tiers[{i}].capacity: 0 bytes holds no block"));
+        }
+        if t.kind == TierKind::S3 {
+            check_s3_tier(i, t)?;
+            continue;
+        }
+        if let Some(key) = t.s3_keys_set().first() {
+            return refuse(format!("tiers[{i}].{key}: a key of the s3 tier only"));
         }
         if t.kind == TierKind::File {
             let memory_only = [

@@ -1,7 +1,6 @@
-//! A moto S3 server on loopback for the cold tier's tests (`scripts/setup.sh moto`), started
-//! and stopped by PID. Without it a test says so and passes, unless GPUCACHE_REQUIRE_MOTO=1
-//! (CI), where it fails.
-#![allow(dead_code)]
+//! A moto S3 server on loopback for tests of the cold tier, here and in the crates above
+//! (`scripts/setup.sh moto` installs it), started and stopped by PID. Without it a test says
+//! so and passes, unless GPUCACHE_REQUIRE_MOTO=1 (CI), where it fails.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -9,11 +8,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpucache_cold::{S3Config, S3Objects};
+use crate::{S3Config, S3Objects};
 
-pub(crate) struct Moto {
-    pub(crate) child: Child,
-    pub(crate) endpoint: String,
+/// A running moto server, killed when dropped.
+#[derive(Debug)]
+pub struct Moto {
+    pub child: Child,
+    pub endpoint: String,
 }
 
 impl Drop for Moto {
@@ -23,7 +24,8 @@ impl Drop for Moto {
     }
 }
 
-pub(crate) fn moto_server() -> Option<PathBuf> {
+/// The moto server binary: `GPUCACHE_MOTO_VENV`'s, else the workspace's `target/moto-venv`.
+pub fn moto_server() -> Option<PathBuf> {
     let venv = std::env::var_os("GPUCACHE_MOTO_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/moto-venv"));
@@ -51,7 +53,7 @@ fn http(port: u16, request: &str) -> Option<u16> {
 }
 
 /// A moto server on a free loopback port with `bucket` made.
-pub(crate) fn start(bucket: &str) -> Option<Moto> {
+pub fn start(bucket: &str) -> Option<Moto> {
     let server = moto_server()?;
     let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
     let child = Command::new(server)
@@ -74,7 +76,8 @@ pub(crate) fn start(bucket: &str) -> Option<Moto> {
     }
 }
 
-pub(crate) fn open(moto: &Moto, bucket: &str) -> S3Objects {
+/// `bucket` on `moto`, with moto's test credentials.
+pub fn open(moto: &Moto, bucket: &str) -> S3Objects {
     let mut config = S3Config::new(bucket);
     config.endpoint = Some(moto.endpoint.clone());
     config.access_key_id = Some("testing".into());
@@ -84,7 +87,7 @@ pub(crate) fn open(moto: &Moto, bucket: &str) -> S3Objects {
 
 impl Moto {
     /// Kills the server: every call after this fails as a connection error.
-    pub(crate) fn kill(&mut self) {
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

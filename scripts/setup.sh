@@ -114,7 +114,9 @@ ok_venv() {
 }
 # The Mooncake wheel's binaries and extension modules link libibverbs.so.1 (found with ldd on
 # every ELF file the wheel ships); nothing else they load is missing on Debian 12.
-ok_ibverbs() { ldconfig -p | grep -q 'libibverbs\.so\.1 '; }
+# grep reads the whole listing (no -q): an early exit would kill ldconfig with SIGPIPE, and
+# pipefail would then call a present library missing.
+ok_ibverbs() { ldconfig -p | grep 'libibverbs\.so\.1 ' >/dev/null; }
 
 debs=()
 check_deb() { # name, check, packages...

@@ -235,7 +235,9 @@ impl ColdTiered {
         self.cold.len_of(key)
     }
 
-    /// Stops the drain thread and runs one last drain round within `within`.
+    /// Stops the drain thread and drains the sink until it is empty, a round stores nothing,
+    /// or `within` has passed (no job is started after that; one under way finishes within
+    /// the object store's request timeout).
     pub fn close(&self, within: Duration) {
         let drainer = self.drainer.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(d) = drainer {
@@ -243,9 +245,9 @@ impl ColdTiered {
             let _ = d.thread.join();
         }
         self.demote();
-        let start = Instant::now();
-        while start.elapsed() < within {
-            let report = self.sink.drain_round(&self.cold);
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let report = self.sink.drain_round_until(&self.cold, Some(deadline));
             if report.pending == 0 || report.stored == 0 {
                 break;
             }

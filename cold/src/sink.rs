@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
@@ -287,14 +288,29 @@ impl ColdSink {
     /// One drain round (see the module documentation). The object store is called with no
     /// lock held.
     pub fn drain_round(&self, tier: &ColdTier) -> DrainReport {
+        self.drain_round_until(tier, None)
+    }
+
+    /// A drain round that tries no job after `deadline`: the jobs of its snapshot it did not
+    /// reach go back to the front of the queue, untried and in order.
+    pub fn drain_round_until(&self, tier: &ColdTier, deadline: Option<Instant>) -> DrainReport {
         self.seal_open(tier);
         let snapshot: Vec<Job> = {
             let mut s = self.lock();
             let n = s.pending.len().min(self.limits.drain_jobs_max);
             s.pending.drain(..n).collect()
         };
-        let mut report = DrainReport { attempted: snapshot.len(), ..DrainReport::default() };
-        for mut job in snapshot {
+        let mut report = DrainReport::default();
+        let mut jobs = snapshot.into_iter();
+        while let Some(mut job) = jobs.next() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let mut s = self.lock();
+                for untried in std::iter::once(job).chain(jobs).rev() {
+                    s.pending.push_front(untried);
+                }
+                break;
+            }
+            report.attempted += 1;
             job.attempts += 1;
             let result = tier.store_pack(&job.sealed);
             let mut s = self.lock();
@@ -432,5 +448,70 @@ impl ColdSink {
 
     pub fn counters(&self) -> SinkCounters {
         self.lock().counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gpucache_dataplane::clock::UnixClock;
+    use gpucache_dataplane::identity::KvDtype;
+    use gpucache_dataplane::testing::fixture;
+
+    use super::*;
+    use crate::memory::MemoryObjects;
+    use crate::tier::ColdConfig;
+
+    fn tier() -> ColdTier {
+        let objects = Arc::new(MemoryObjects::new(1 << 30));
+        ColdTier::open(objects, ColdConfig::default(), Arc::new(UnixClock)).expect("open").0
+    }
+
+    fn offer(sink: &ColdSink, tier: &ColdTier, n: u8) {
+        let key = fixture::key(0, &[n], KvDtype::F16, 16);
+        let bytes = fixture::payload(u64::from(n), 100);
+        sink.offer(tier, &key, &bytes, Checksum::of(&bytes)).expect("offer");
+    }
+
+    #[test]
+    fn a_round_past_its_deadline_puts_its_untried_jobs_back_in_order() {
+        let tier = tier();
+        let sink = ColdSink::new(SinkLimits { pack_blocks_target: 1, ..SinkLimits::default() });
+        for n in 0..4 {
+            offer(&sink, &tier, n);
+        }
+        sink.seal_open(&tier);
+        let order = |s: &ColdSink| s.lock().pending.iter().map(|j| j.id).collect::<Vec<_>>();
+        let before = order(&sink);
+        assert_eq!(before.len(), 4);
+        let r = sink.drain_round_until(&tier, Some(Instant::now()));
+        assert_eq!((r.attempted, r.stored, r.pending), (0, 0, 4));
+        assert_eq!(order(&sink), before, "untried, in the same order");
+        let r = sink.drain_round(&tier);
+        assert_eq!((r.attempted, r.stored, r.pending), (4, 4, 0));
+        assert_eq!(sink.depth(), SinkDepth::default());
+    }
+
+    #[test]
+    fn forgetting_a_block_takes_it_out_of_its_open_pack() {
+        let tier = tier();
+        let sink = ColdSink::new(SinkLimits::default());
+        for n in 0..3 {
+            offer(&sink, &tier, n);
+        }
+        assert_eq!(sink.depth().bytes, 300);
+        assert!(sink.forget(&fixture::key(0, &[1], KvDtype::F16, 16)));
+        assert_eq!(sink.depth().bytes, 200);
+        let r = sink.drain_round(&tier);
+        assert_eq!(r.blocks_stored, 2);
+        assert!(!tier.contains(&fixture::key(0, &[1], KvDtype::F16, 16)));
+        let k2 = fixture::key(0, &[2], KvDtype::F16, 16);
+        let got = tier.refill(&fixture::caller(0), &[&k2], crate::tier::RefillBudget::default());
+        let want = fixture::payload(2, 100);
+        assert!(
+            matches!(&got[0], Ok(crate::tier::Refilled::Hit { bytes, .. }) if *bytes == want),
+            "the block after the removed one kept its bytes: {got:?}"
+        );
     }
 }

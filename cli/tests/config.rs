@@ -451,7 +451,7 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
 
 /// Keys whose documented default is a sentence rather than a value (unset, required, derived
 /// from other keys): the tables say what happens, and the embedded default leaves them unset.
-const DOCUMENTED_WITHOUT_A_VALUE: [&str; 14] = [
+const DOCUMENTED_WITHOUT_A_VALUE: [&str; 15] = [
     "store.tiers",
     // Keys of `[[store.tiers]]` sections, whose defaults a test above reads from the config.
     "store.tiers.write",
@@ -463,6 +463,7 @@ const DOCUMENTED_WITHOUT_A_VALUE: [&str; 14] = [
     "tenants.rights",
     "tenants.secret_file",
     "tenants.seal_algorithms",
+    "tenants.cold_retention_s",
     "nixl.agent",
     "dpu.spdk_pci_addr",
     "dpu.doca_device",
@@ -713,6 +714,15 @@ fn an_s3_tier_takes_its_own_keys_below_both_upper_tiers_and_names_each_mistake()
     let c = ValidConfig::from_toml_str(&good).unwrap();
     let s3 = c.store.tier(gpucache_service::config::TierKind::S3).expect("the s3 section");
     assert_eq!((s3.bucket.as_deref(), s3.refill_bytes_max), (Some("b"), Some(8 << 20)));
+    let with_tenant = format!(
+        "{good}[[tenants]]\nname = \"tenant-a\"\nrights = [\"read\"]\ncold_retention_s = 60\n"
+    );
+    ValidConfig::from_toml_str(&with_tenant).unwrap();
+    let e = refused_at(
+        "[[tenants]]\nname = \"tenant-a\"\nrights = [\"read\"]\ncold_retention_s = 60\n",
+        "tenants[0].cold_retention_s",
+    );
+    assert!(e.to_string().contains("no s3 tier"), "{e}");
     for (bad, says) in [
         (
             "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\n"
@@ -758,6 +768,62 @@ fn an_s3_tier_takes_its_own_keys_below_both_upper_tiers_and_names_each_mistake()
         let e = refused_at(&bad, "store.tiers");
         assert!(e.to_string().contains(says), "{bad}: {e}");
     }
+}
+
+/// A documented byte count (`"64MiB"`, `1024`) as bytes.
+fn documented_bytes(value: &str) -> Option<u64> {
+    let v = value.trim_matches('"');
+    let (digits, unit): (String, String) = v.chars().partition(|c| c.is_ascii_digit());
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.as_str() {
+        "" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return None,
+    };
+    Some(n << shift)
+}
+
+#[test]
+fn the_s3_tier_table_states_the_defaults_the_cold_tier_runs_with() {
+    use gpucache_cold as cold;
+    let text = include_str!("../../docs/OPERATIONS.md");
+    let table = text.split("### The cold tier on S3").nth(1).expect("the section");
+    let rows: Vec<(&str, &str)> = table
+        .lines()
+        .skip_while(|l| *l != "| key | default | meaning |")
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            Some((cells.get(1)?.trim_matches('`'), cells.get(2)?.trim_matches('`')))
+        })
+        .collect();
+    let expected: [(&str, String); 12] = [
+        ("region", format!("\"{}\"", cold::S3Config::new("b").region)),
+        ("prefix", format!("\"{}\"", cold::ColdConfig::default().prefix)),
+        ("request_timeout_ms", cold::S3_REQUEST_TIMEOUT_MS_DEFAULT.to_string()),
+        ("retention_s", cold::ColdConfig::default().retention_s.to_string()),
+        ("reclaim_interval_s", cold::RECLAIM_INTERVAL_S_DEFAULT.to_string()),
+        ("refill_bytes_max", cold::REFILL_BYTES_MAX_DEFAULT.to_string()),
+        ("refill_within_ms", cold::REFILL_WITHIN_MS_DEFAULT.to_string()),
+        ("degrade_ms", cold::DEGRADE_MS_DEFAULT.to_string()),
+        ("queue_jobs_max", cold::SINK_JOBS_MAX_DEFAULT.to_string()),
+        ("queue_bytes_max", cold::SINK_BYTES_MAX_DEFAULT.to_string()),
+        ("pack_bytes", cold::PACK_BYTES_TARGET_DEFAULT.to_string()),
+        ("drain_interval_ms", cold::DRAIN_INTERVAL_MS_DEFAULT.to_string()),
+    ];
+    for (key, want) in &expected {
+        let (_, documented) = rows
+            .iter()
+            .find(|(k, _)| k == key)
+            .unwrap_or_else(|| panic!("no row for {key} in the s3 tier's table"));
+        let same = documented == want
+            || documented_bytes(documented).is_some_and(|b| Some(b) == documented_bytes(want));
+        assert!(same, "{key}: the table says {documented}, the tier runs with {want}");
+    }
+    assert_eq!(rows.len(), expected.len() + 2, "bucket and endpoint, and a row per default");
 }
 
 #[test]

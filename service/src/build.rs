@@ -23,6 +23,7 @@ use gpucache_cold::{
     SinkLimits,
 };
 use gpucache_dataplane::clock::{Clock, MonotonicClock, UnixClock};
+use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::limits::LimitsError;
 use gpucache_dataplane::registry::LocalEpochs;
 use gpucache_dataplane::shard::NodeId;
@@ -39,7 +40,9 @@ use prometheus_client::registry::Registry;
 use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_mmap_threshold};
 use crate::cluster::{ClusterNode, FencedStore};
 use crate::cold_metrics::ColdSeries;
-use crate::config::{ClusterSection, Eviction, StoreKind, TierKind, TierSection, ValidConfig};
+use crate::config::{
+    ClusterSection, Eviction, StoreKind, TenantConfig, TierKind, TierSection, ValidConfig,
+};
 use crate::dpu::{self, DpuStartError};
 use crate::fills::Fills;
 use crate::http::MetricsServer;
@@ -58,7 +61,11 @@ pub const COLD_CLOSE_WITHIN: Duration = Duration::from_secs(10);
 /// Opens the s3 tier `section` describes below `upper`: the bucket is listed (every manifest
 /// read and checked) before the service starts, so an unreachable or unreadable bucket stops
 /// the start with its reason.
-fn open_cold(section: &TierSection, upper: Arc<TieredStore>) -> Result<ColdTiered, StoreOpenError> {
+fn open_cold(
+    section: &TierSection,
+    tenants: &[TenantConfig],
+    upper: Arc<TieredStore>,
+) -> Result<ColdTiered, StoreOpenError> {
     let bucket = section.bucket.clone().unwrap_or_default();
     let failed = |source| StoreOpenError::Cold { bucket: bucket.clone(), source };
     let mut s3 = S3Config::new(bucket.clone());
@@ -83,6 +90,11 @@ fn open_cold(section: &TierSection, upper: Arc<TieredStore>) -> Result<ColdTiere
         ..defaults
     };
     let (tier, report) = ColdTier::open(objects, config, Arc::new(UnixClock)).map_err(failed)?;
+    for t in tenants {
+        if let (Some(retention_s), Ok(tenant)) = (t.cold_retention_s, TenantId::parse(&t.name)) {
+            tier.record_retention(&tenant, retention_s);
+        }
+    }
     tracing::info!(
         bucket = %bucket,
         manifests = report.manifests,
@@ -291,7 +303,7 @@ impl ValidConfig {
                 let tiered = Some(Arc::clone(&store));
                 match self.store.tier(TierKind::S3) {
                     Some(section) => {
-                        let cold = Arc::new(open_cold(section, store)?);
+                        let cold = Arc::new(open_cold(section, &self.tenants, store)?);
                         Ok(OpenedStore {
                             store: Arc::clone(&cold) as Arc<dyn Store>,
                             dpu: None,

@@ -49,6 +49,8 @@ pub enum ConfigError {
     DuplicateTenant { key: String, name: String, first: usize },
     #[error("{key}: a tenant needs at least one right (read, write or admin)")]
     NoRights { key: String },
+    #[error("{key}: a cold tier's retention, and this store has no s3 tier")]
+    ColdRetentionWithoutTier { key: String },
     #[error("listen.resp_tenant: {name} is not one of the configured tenants ({known})")]
     UnknownRespTenant { name: String, known: String },
     /// A tenant's key file is missing, open to others, or has a bad line (the error names the
@@ -101,6 +103,7 @@ impl ConfigError {
             | Self::TenantName { key, .. }
             | Self::DuplicateTenant { key, .. }
             | Self::NoRights { key }
+            | Self::ColdRetentionWithoutTier { key }
             | Self::KeyFile { key, .. }
             | Self::OpenTenant { key, .. }
             | Self::SealAlgorithm { key, .. }

@@ -87,6 +87,7 @@ impl Default for ServeConfig {
                 rights: vec![RightName::Read, RightName::Write],
                 secret_file: None,
                 seal_algorithms: None,
+                cold_retention_s: None,
             }],
             nixl: NixlSection::default(),
             dpu: DpuSection::default(),
@@ -791,6 +792,10 @@ pub struct TenantConfig {
     /// when unset.
     #[serde(default)]
     pub seal_algorithms: Option<Vec<String>>,
+    /// With an s3 tier: how long this tenant's packs are kept (0: until reclaimed); the tier's
+    /// `retention_s` when unset.
+    #[serde(default)]
+    pub cold_retention_s: Option<u64>,
 }
 
 impl TenantConfig {

@@ -416,6 +416,9 @@ fn check_tenants(
         if t.rights.is_empty() {
             return Err(ConfigError::NoRights { key: key("rights") });
         }
+        if t.cold_retention_s.is_some() && c.store.tier(TierKind::S3).is_none() {
+            return Err(ConfigError::ColdRetentionWithoutTier { key: key("cold_retention_s") });
+        }
         let accepted = t
             .accepted_seals()
             .map_err(|name| ConfigError::SealAlgorithm { key: key("seal_algorithms"), name })?;

@@ -7,12 +7,15 @@
 //! - [`python`]: the `gpucache` Python package's batch calls beside the Rust client and
 //!   Mooncake Store's Python client.
 //! - [`trace`]: prefix-reuse request traces replayed through a store per eviction policy,
-//!   beside Belady's bound and an offline LRU.
+//!   beside Belady's bound and an offline LRU (with the cold tier below a tiered store too).
+//! - [`cold`]: the cold tier (packs, sink, refill) on an S3 endpoint beside plain objects on
+//!   the same bucket.
 //! - [`fixtures`]: what the criterion benches in `benches/` share (production-looking keys,
 //!   deterministic payloads, the timed-put loop).
 //!
 //! The peers' driver scripts live beside the harnesses in `peers/`.
 
+pub mod cold;
 pub mod dpu;
 pub mod file;
 pub mod fio;

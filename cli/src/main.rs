@@ -5,7 +5,8 @@
 //! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
 //! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), the
 //! Python package beside the Rust client and Mooncake (`bench python`), eviction policies on
-//! prefix-reuse traces (`bench trace`), and talks to a running service (`put`, `get`, `stat`).
+//! prefix-reuse traces (`bench trace`), the cold tier on S3 beside plain objects (`bench cold`),
+//! and talks to a running service (`put`, `get`, `stat`).
 
 mod client_cmd;
 mod cluster_cmd;
@@ -130,6 +131,10 @@ enum BenchCommand {
     /// Prefix-reuse traces replayed through a store per eviction policy and capacity, beside
     /// Belady's bound and an offline LRU: hit ratios, verified GET GB/s and requests/s.
     Trace(gpucache_bench::trace::TraceBenchArgs),
+    /// The cold tier on an S3 endpoint beside plain objects in the same bucket, 64 KiB and
+    /// 1 MiB blocks: pack/unpack, store and refill throughput, refill p50/p99, ratios; every
+    /// refilled block checked. JSON on stdout, a summary on stderr.
+    Cold(gpucache_bench::cold::ColdBenchArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -197,5 +202,6 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::NixlPeer(args)) => gpucache_bench::nixl::peer(&args),
         Command::Bench(BenchCommand::Python(args)) => gpucache_bench::python::run(&args),
         Command::Bench(BenchCommand::Trace(args)) => gpucache_bench::trace::run(&args),
+        Command::Bench(BenchCommand::Cold(args)) => gpucache_bench::cold::run(&args),
     }
 }

@@ -34,7 +34,7 @@ fn config(dir: &Path, endpoint: &str, bucket: &str) -> std::path::PathBuf {
              [[store.tiers]]\nkind = \"memory\"\ncapacity = \"128KiB\"\n\n\
              [[store.tiers]]\nkind = \"file\"\neviction = \"fifo\"\n\n\
              [[store.tiers]]\nkind = \"s3\"\nendpoint = \"{endpoint}\"\nbucket = \"{bucket}\"\n\
-             drain_interval_ms = 20\nrequest_timeout_ms = 2000\n\n\
+             drain_interval_ms = 20\npack_open_ms = 50\nrequest_timeout_ms = 2000\n\n\
              [limits]\nobject_bytes_max = \"64KiB\"\ntenant_inflight_bytes_max = \"1MiB\"\n\
              retained_bytes_max = \"512KiB\"\ntenant_retained_bytes_max = \"512KiB\"\n\n\
              [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\

@@ -800,7 +800,7 @@ fn the_s3_tier_table_states_the_defaults_the_cold_tier_runs_with() {
             Some((cells.get(1)?.trim_matches('`'), cells.get(2)?.trim_matches('`')))
         })
         .collect();
-    let expected: [(&str, String); 12] = [
+    let expected: [(&str, String); 13] = [
         ("region", format!("\"{}\"", cold::S3Config::new("b").region)),
         ("prefix", format!("\"{}\"", cold::ColdConfig::default().prefix)),
         ("request_timeout_ms", cold::S3_REQUEST_TIMEOUT_MS_DEFAULT.to_string()),
@@ -813,6 +813,7 @@ fn the_s3_tier_table_states_the_defaults_the_cold_tier_runs_with() {
         ("queue_bytes_max", cold::SINK_BYTES_MAX_DEFAULT.to_string()),
         ("pack_bytes", cold::PACK_BYTES_TARGET_DEFAULT.to_string()),
         ("drain_interval_ms", cold::DRAIN_INTERVAL_MS_DEFAULT.to_string()),
+        ("pack_open_ms", gpucache_service::build::PACK_OPEN_MS_DEFAULT.to_string()),
     ];
     for (key, want) in &expected {
         let (_, documented) = rows

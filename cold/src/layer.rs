@@ -65,6 +65,9 @@ impl Default for ColdLayerConfig {
 pub struct ColdLayerCounters {
     /// File-tier evictions the sink took.
     pub demoted: u64,
+    /// File-tier evictions the cold tier held already (a block refilled and evicted again):
+    /// not stored twice.
+    pub demote_already_cold: u64,
     /// File-tier evictions the sink refused (full, retired tenant): dropped.
     pub demote_refused: u64,
     /// File-tier evictions whose file could not be read back or no longer matched: dropped.
@@ -78,6 +81,7 @@ pub struct ColdLayerCounters {
 #[derive(Debug, Default)]
 struct Counters {
     demoted: AtomicU64,
+    demote_already_cold: AtomicU64,
     demote_refused: AtomicU64,
     demote_unreadable: AtomicU64,
     cold_hits: AtomicU64,
@@ -161,6 +165,7 @@ impl ColdTiered {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ColdLayerCounters {
             demoted: get(&c.demoted),
+            demote_already_cold: get(&c.demote_already_cold),
             demote_refused: get(&c.demote_refused),
             demote_unreadable: get(&c.demote_unreadable),
             cold_hits: get(&c.cold_hits),
@@ -171,6 +176,12 @@ impl ColdTiered {
     /// Offers the sink every block the file tier evicted since the last call.
     fn demote(&self) {
         for evicted in self.upper.take_file_evictions() {
+            // A key's bytes do not change while it is stored (an invalidation makes the cold
+            // tier forget it first), so a block the cold tier holds needs no second copy.
+            if self.cold.contains(&evicted.key) {
+                bump(&self.counters.demote_already_cold);
+                continue;
+            }
             match evicted.read() {
                 Ok(bytes) => {
                     match self.sink.offer(&self.cold, &evicted.key, &bytes, evicted.checksum) {
@@ -245,6 +256,7 @@ impl ColdTiered {
             let _ = d.thread.join();
         }
         self.demote();
+        self.sink.seal_open(&self.cold);
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             let report = self.sink.drain_round_until(&self.cold, Some(deadline));

@@ -2,7 +2,8 @@
 //!
 //! Blocks arrive one at a time (a demotion from the tier above, or a backfill) and gather in
 //! one open pack per tenant. A pack is sealed into a job when it reaches the target size or
-//! block count, or when a drain round starts: sealing builds and validates the pack and its
+//! block count, or when a drain round finds it open for `pack_open_ms_max` (the stop seals
+//! them all): sealing builds and validates the pack and its
 //! manifest once, so every attempt stores the same two objects.
 //!
 //! A drain round takes a snapshot of at most `drain_jobs_max` jobs from the front of the queue
@@ -14,7 +15,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::identity::TenantId;
@@ -45,6 +46,9 @@ pub struct SinkLimits {
     pub pack_bytes_target: u64,
     /// ... or this many blocks.
     pub pack_blocks_target: usize,
+    /// A drain round seals an open pack only once it has been open this long (0: every open
+    /// pack at every round), so that packs fill up between rounds.
+    pub pack_open_ms_max: u64,
 }
 
 impl Default for SinkLimits {
@@ -55,6 +59,7 @@ impl Default for SinkLimits {
             drain_jobs_max: DRAIN_JOBS_MAX_DEFAULT,
             pack_bytes_target: PACK_BYTES_TARGET_DEFAULT,
             pack_blocks_target: PACK_BLOCKS_TARGET_DEFAULT,
+            pack_open_ms_max: 0,
         }
     }
 }
@@ -165,6 +170,8 @@ pub enum BackfillStop {
 #[derive(Debug, Default)]
 struct State {
     open: BTreeMap<TenantId, PackBuilder>,
+    /// When each open pack took its first block.
+    opened_at: BTreeMap<TenantId, Instant>,
     pending: VecDeque<Job>,
     failed: BTreeMap<u64, Job>,
     bytes: u64,
@@ -235,6 +242,7 @@ impl ColdSink {
                 || p.len() >= self.limits.pack_blocks_target
         });
         if full && let Some(pack) = s.open.remove(tenant) {
+            s.opened_at.remove(tenant);
             self.seal_into(&mut s, tier, pack);
         }
         let new_pack = !s.open.contains_key(tenant);
@@ -247,6 +255,9 @@ impl ColdSink {
                 bytes_max: self.limits.bytes_max,
             };
             return refuse(&mut s, why);
+        }
+        if new_pack {
+            s.opened_at.insert(tenant.clone(), Instant::now());
         }
         s.open.entry(tenant.clone()).or_insert_with(|| PackBuilder::new(tenant.clone())).push(
             key.clone(),
@@ -278,10 +289,23 @@ impl ColdSink {
 
     /// Seals every open pack into a job.
     pub fn seal_open(&self, tier: &ColdTier) {
+        self.seal_older_than(tier, Duration::ZERO);
+    }
+
+    /// Seals the open packs that took their first block at least `age` ago.
+    fn seal_older_than(&self, tier: &ColdTier, age: Duration) {
         let mut s = self.lock();
-        let open = std::mem::take(&mut s.open);
-        for (_, pack) in open {
-            self.seal_into(&mut s, tier, pack);
+        let due: Vec<TenantId> = s
+            .opened_at
+            .iter()
+            .filter(|(_, at)| at.elapsed() >= age)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for tenant in due {
+            s.opened_at.remove(&tenant);
+            if let Some(pack) = s.open.remove(&tenant) {
+                self.seal_into(&mut s, tier, pack);
+            }
         }
     }
 
@@ -294,7 +318,7 @@ impl ColdSink {
     /// A drain round that tries no job after `deadline`: the jobs of its snapshot it did not
     /// reach go back to the front of the queue, untried and in order.
     pub fn drain_round_until(&self, tier: &ColdTier, deadline: Option<Instant>) -> DrainReport {
-        self.seal_open(tier);
+        self.seal_older_than(tier, Duration::from_millis(self.limits.pack_open_ms_max));
         let snapshot: Vec<Job> = {
             let mut s = self.lock();
             let n = s.pending.len().min(self.limits.drain_jobs_max);
@@ -387,6 +411,7 @@ impl ColdSink {
         let Some(freed) = pack.remove(key) else { return false };
         if pack.is_empty() {
             s.open.remove(key.tenant());
+            s.opened_at.remove(key.tenant());
         }
         s.bytes -= freed;
         true

@@ -110,6 +110,7 @@ fn evicted_blocks_go_down_and_come_back_byte_for_byte() {
     let c = store.counters();
     assert!(c.cold_hits >= 8, "{c:?}");
     assert!(c.refilled_up >= 8, "cold hits move up: {c:?}");
+    assert!(c.demote_already_cold > 0, "a refilled block evicted again is not stored twice: {c:?}");
     // A batch GET refills the same way.
     store.sink().drain(store.cold()).expect("drain");
     let mut bufs: Vec<Vec<u8>> = (0..12).map(|_| vec![0u8; BLOCK]).collect();

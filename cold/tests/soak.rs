@@ -53,6 +53,7 @@ fn a_sink_under_faults_loses_no_block_it_took() {
         drain_jobs_max: 8,
         pack_bytes_target: 512 << 10,
         pack_blocks_target: 32,
+        pack_open_ms_max: 100,
     };
     let sink = Arc::new(ColdSink::new(limits));
     let stop = Arc::new(AtomicBool::new(false));
@@ -112,6 +113,7 @@ fn a_sink_under_faults_loses_no_block_it_took() {
     let (healed, _) =
         ColdTier::open(Arc::new(open(&moto, "soak")), ColdConfig::default(), Arc::new(UnixClock))
             .expect("open healed");
+    sink.seal_open(&healed);
     for _ in 0..10_000 {
         for f in sink.failed() {
             sink.retry_failed(f.id);

@@ -55,6 +55,9 @@ use crate::tier_metrics::TierSeries;
 /// Mode of the local socket after binding: the service's user and group may connect.
 pub const LOCAL_SOCKET_MODE: u32 = 0o660;
 
+/// How long a cold pack may fill before a drain round seals it, unless configured otherwise.
+pub const PACK_OPEN_MS_DEFAULT: u64 = 1_000;
+
 /// How long the stop gives the cold tier's sink to store what it holds.
 pub const COLD_CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
@@ -109,6 +112,7 @@ fn open_cold(
         jobs_max: section.queue_jobs_max.unwrap_or(sink_defaults.jobs_max),
         bytes_max: section.queue_bytes_max.unwrap_or(sink_defaults.bytes_max),
         pack_bytes_target: section.pack_bytes.unwrap_or(sink_defaults.pack_bytes_target),
+        pack_open_ms_max: section.pack_open_ms.unwrap_or(PACK_OPEN_MS_DEFAULT),
         ..sink_defaults
     };
     let layer_defaults = ColdLayerConfig::default();

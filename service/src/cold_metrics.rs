@@ -120,10 +120,12 @@ impl Collector for ColdSeries {
             (
                 "gpucache_cold_demotions",
                 "File-tier evictions handed to the cold tier, by outcome: taken by the sink, \
-                 refused by it, or unreadable (dropped)",
+                 already_cold (the cold tier holds the block), refused by the sink, or \
+                 unreadable (dropped)",
             ),
             &[
                 (vec![("outcome", "taken")], moved.demoted),
+                (vec![("outcome", "already_cold")], moved.demote_already_cold),
                 (vec![("outcome", "refused")], moved.demote_refused),
                 (vec![("outcome", "unreadable")], moved.demote_unreadable),
             ],

@@ -12,7 +12,13 @@
 //!
 //! A capacity is a fraction of the trace's distinct blocks (`5%`) or a size (`64MiB`, divided
 //! by the block size). The hit ratio is the verified prefix hits over all block references.
+//!
+//! `--store cold` puts the cold tier below a tiered store ([`cold`]): the file tier's evictions
+//! drain to an S3 bucket (`--cold-endpoint`, `--cold-bucket`) or, without an endpoint, to an
+//! object store simulated in memory, and the report gives each tier's share of the references
+//! and the latency of the GETs the cold tier served.
 
+mod cold;
 mod load;
 mod offline;
 mod replay;
@@ -72,6 +78,10 @@ pub enum StoreArg {
     /// both on the policy (writes go through, or back with --write back; file hits are
     /// promoted).
     Tiered,
+    /// Such a TieredStore with the cold tier below it: file-tier evictions drain to the object
+    /// store (--cold-endpoint and --cold-bucket, or one simulated in memory without them) and
+    /// GETs both upper tiers miss refill from it.
+    Cold,
 }
 
 #[derive(Debug, Args)]
@@ -92,13 +102,16 @@ pub struct TraceBenchArgs {
     /// The in-process store to replay through.
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreArg,
-    /// With `--store tiered`: the memory tier's capacity, as a share of the distinct blocks
-    /// (5%) or a size; the file tier gets each --capacity point.
+    /// With `--store tiered` or `cold`: the memory tier's capacity, as a share of the distinct
+    /// blocks (5%) or a size; the file tier gets each --capacity point.
     #[arg(long, default_value = "5%")]
     memory_capacity: String,
-    /// With `--store tiered`: how PUTs reach the file tier, `through` or `back`.
+    /// With `--store tiered` or `cold`: how PUTs reach the file tier, `through` or `back`.
     #[arg(long, default_value = "through", value_parser = parse_write_mode)]
     write: WriteMode,
+    /// The `--cold-*` flags (boxed: they are many and rarely given).
+    #[command(flatten)]
+    cold: Box<ColdFlags>,
     /// Where `--store file` makes its scratch directory (removed afterwards). Default: the
     /// system temporary directory.
     #[arg(long)]
@@ -128,6 +141,34 @@ pub struct TraceBenchArgs {
     /// Replay only the first N requests of each trace.
     #[arg(long)]
     limit_requests: Option<usize>,
+}
+
+/// With `--store cold`: where the cold tier's objects go and how it drains.
+#[derive(Debug, Args)]
+pub struct ColdFlags {
+    /// With `--store cold`: the S3-compatible endpoint of the cold tier's bucket (e.g.
+    /// http://127.0.0.1:9000). Without it the object store is simulated in memory.
+    #[arg(long, requires = "cold_bucket")]
+    cold_endpoint: Option<String>,
+    /// With --cold-endpoint: the bucket (it must exist).
+    #[arg(long, requires = "cold_endpoint")]
+    cold_bucket: Option<String>,
+    /// With --cold-endpoint: the bucket's region.
+    #[arg(long, default_value = "us-east-1")]
+    cold_region: String,
+    /// With --cold-endpoint: the access key (moto's test credentials by default).
+    #[arg(long, default_value = "testing")]
+    cold_access_key_id: String,
+    /// With --cold-endpoint: the secret key.
+    #[arg(long, default_value = "testing")]
+    cold_secret_access_key: String,
+    /// With `--store cold`: the pause between the cold sink's drain rounds, in milliseconds.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    cold_drain_ms: u64,
+    /// With --cold-endpoint: leave the objects the replay wrote in the bucket (by default they
+    /// are deleted after each replay).
+    #[arg(long)]
+    cold_keep: bool,
 }
 
 /// A capacity as given.
@@ -279,13 +320,14 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
         return Err(format!("at most {CAPACITIES_MAX} capacities per run"));
     }
     let policies = parse_policies(&args.policy)?;
+    let cold_s3 = cold_s3_config(args)?;
     let load_start = loadavg();
     let tenant = TenantId::parse(&args.tenant).map_err(|e| format!("--tenant: {e}"))?;
     let caller = Caller::new(tenant, Rights::READ_WRITE);
     let block =
         usize::try_from(args.block_size).map_err(|_| "--block-size too large".to_owned())?;
     let scratch = match args.store {
-        StoreArg::File | StoreArg::Tiered if args.addr.is_none() => {
+        StoreArg::File | StoreArg::Tiered | StoreArg::Cold if args.addr.is_none() => {
             let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
             std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
             let dir = tempfile::Builder::new()
@@ -299,6 +341,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     };
     // A fresh namespace per run, so that a shared server's blocks from earlier runs never hit.
     let nonce = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let mut cold_described = None;
     let mut rows = Vec::new();
     let mut clean = true;
     for path in &args.traces {
@@ -394,11 +437,63 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                     }
                     r
                 }
+                (Some(dir), StoreArg::Cold) => {
+                    let memory = memory_bytes(args, unique)?;
+                    let objects = match &cold_s3 {
+                        Some(c) => cold::ColdObjectsArg::S3(c.clone()),
+                        None => cold::ColdObjectsArg::Memory {
+                            bytes_max: simulated_bytes(unique, args.block_size),
+                        },
+                    };
+                    cold_described = Some(objects.describe());
+                    let mut stores = Vec::new();
+                    for &policy in &policies {
+                        let (d, config) =
+                            scratch_file_store(dir, &trace.name, blocks, &limits, policy);
+                        let tier =
+                            MemoryTier { write: args.write, ..MemoryTier::new(memory, policy) };
+                        let setup = cold::ColdSetup {
+                            objects: objects.clone(),
+                            prefix: format!(
+                                "gpucache-bench-trace/{nonce}/{}-{blocks}-{}",
+                                object_segment(&trace.name),
+                                policy.name()
+                            ),
+                            drain_interval_ms: args.cold.cold_drain_ms,
+                            keep: args.cold.cold_keep,
+                        };
+                        stores.push((cold::open(config, tier, &setup)?, d));
+                    }
+                    eprintln!("bench: {label}: the cold tier is on {}", objects.describe());
+                    let dyns: Vec<&dyn Store> =
+                        stores.iter().map(|(s, _)| s as &dyn Store).collect();
+                    let mut r =
+                        replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
+                    for ((store, d), replay) in stores.into_iter().zip(&mut r) {
+                        let mut hits =
+                            store.upper_counts().since(&tiers::TierCounts::default(), replay.refs);
+                        let cold = store.cold_hits(replay.refs);
+                        let damaged = cold.refill_misses.corrupt + cold.refill_misses.mismatch;
+                        if damaged > 0 {
+                            // The layer answers these as misses; the bench calls them failures.
+                            replay.corrupt_misses += damaged;
+                            replay.first_error.get_or_insert_with(|| {
+                                format!("{damaged} cold refills found damaged blocks")
+                            });
+                        }
+                        hits.cold = Some(cold);
+                        tier_rows.push(hits);
+                        match store.finish() {
+                            Ok(0) => {}
+                            Ok(n) => eprintln!("bench: {label}: deleted the {n} objects it wrote"),
+                            Err(e) => eprintln!("bench: {label}: cleaning the bucket: {e}"),
+                        }
+                        let _ = std::fs::remove_dir_all(&d);
+                    }
+                    r
+                }
                 (Some(dir), StoreArg::Tiered) => {
-                    let memory = Capacity::parse(&args.memory_capacity)
-                        .map_err(|e| format!("--memory-capacity {e}"))?
-                        .blocks(unique, args.block_size)
-                        .saturating_mul(args.block_size);
+                    let memory = memory_bytes(args, unique)?;
                     let mut stores = Vec::new();
                     for &policy in &policies {
                         let (d, config) =
@@ -471,6 +566,9 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                         t.promotions
                     );
                 }
+                if let Some(c) = tiers.as_ref().and_then(|t| t.cold.as_ref()) {
+                    eprintln!("bench: {label} {}: {}", policy.name(), cold_line(c));
+                }
                 clean &= r.clean();
                 rows.push(Row {
                     policy: Some(policy.name().to_owned()),
@@ -521,12 +619,25 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                  capacity, writing {}",
                 args.memory_capacity, args.write
             ),
+            (None, StoreArg::Cold) => format!(
+                "TieredStore: memory {} over a FileStore (buffered, durability none) of the \
+                 capacity, writing {}, with the cold tier below on {} (drain every {} ms, \
+                 retention 0, default refill budget)",
+                args.memory_capacity,
+                args.write,
+                cold_described.as_deref().unwrap_or("(no replay)"),
+                args.cold.cold_drain_ms
+            ),
         },
         size_label(args.block_size),
         BEST_OF.join("/")
     );
     out.push('\n');
     out.push_str(&report::table(&rows));
+    if rows.iter().any(|r| r.tiers.is_some()) {
+        out.push('\n');
+        out.push_str(&tier_table(&rows));
+    }
     for r in &rows {
         if let Some(rep) = r.replay.as_ref().filter(|rep| !rep.clean()) {
             let _ = writeln!(
@@ -563,6 +674,18 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                     (None, StoreArg::Tiered) => {
                         format!("tiered:{}:{}", args.memory_capacity, args.write)
                     }
+                    (None, StoreArg::Cold) => format!(
+                        "cold:{}:{}:{}",
+                        args.memory_capacity,
+                        args.write,
+                        match &args.cold.cold_endpoint {
+                            Some(e) => format!(
+                                "s3:{e}/{}",
+                                args.cold.cold_bucket.as_deref().unwrap_or("")
+                            ),
+                            None => "memory-simulated".to_owned(),
+                        }
+                    ),
                 },
                 "capacities": capacities.iter().map(|c| c.label()).collect::<Vec<_>>(),
                 "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
@@ -588,6 +711,139 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     }
     drop(scratch);
     Ok(clean)
+}
+
+/// The memory tier's bytes under `--store tiered` or `cold`.
+fn memory_bytes(args: &TraceBenchArgs, unique: usize) -> Result<u64, String> {
+    Ok(Capacity::parse(&args.memory_capacity)
+        .map_err(|e| format!("--memory-capacity {e}"))?
+        .blocks(unique, args.block_size)
+        .saturating_mul(args.block_size))
+}
+
+/// The room of a simulated object store for a trace: every distinct block four times over
+/// (a block refilled and evicted again is packed again), and room for the manifests.
+fn simulated_bytes(unique: usize, block: u64) -> u64 {
+    (unique as u64).saturating_mul(block).saturating_mul(4).saturating_add(1 << 30)
+}
+
+/// `text` as one safe segment of an object name.
+fn object_segment(text: &str) -> String {
+    let s: String = text
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .collect();
+    if s.is_empty() { "trace".to_owned() } else { s }
+}
+
+/// The cold tier's bucket from the `--cold-*` flags, refusing them without `--store cold`.
+fn cold_s3_config(args: &TraceBenchArgs) -> Result<Option<gpucache_cold::S3Config>, String> {
+    let cold = args.store == StoreArg::Cold && args.addr.is_none();
+    if !cold
+        && (args.cold.cold_endpoint.is_some()
+            || args.cold.cold_bucket.is_some()
+            || args.cold.cold_keep)
+    {
+        return Err("--cold-endpoint, --cold-bucket and --cold-keep go with --store cold".into());
+    }
+    let (Some(endpoint), Some(bucket)) = (&args.cold.cold_endpoint, &args.cold.cold_bucket) else {
+        return Ok(None);
+    };
+    let mut c = gpucache_cold::S3Config::new(bucket);
+    c.endpoint = Some(endpoint.clone());
+    c.region.clone_from(&args.cold.cold_region);
+    c.access_key_id = Some(args.cold.cold_access_key_id.clone());
+    c.secret_access_key = Some(args.cold.cold_secret_access_key.clone());
+    Ok(Some(c))
+}
+
+fn ms(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".to_owned(), |us| format!("{:.3}", us / 1e3))
+}
+
+/// One stderr line of what the cold tier did.
+fn cold_line(c: &tiers::ColdHits) -> String {
+    format!(
+        "cold served {:.4} ({} hits{}); refill p50 {} ms, p99 {} ms over {} GETs; {} demoted, \
+         {} refused, {} packs stored; {} refills failed (not absent), {} sink jobs failed",
+        c.cold_ratio,
+        c.cold_hits,
+        if c.simulated { ", object store SIMULATED in memory" } else { "" },
+        ms(c.refill.p50_us),
+        ms(c.refill.p99_us),
+        c.refill.samples,
+        c.demoted,
+        c.demote_refused,
+        c.packs_stored,
+        c.refill_misses.faults(),
+        c.sink_jobs_failed
+    )
+}
+
+/// Each tiered row's share per tier, and under `--store cold` the GET latency per tier that
+/// served it (p50/p99 in ms).
+fn tier_table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let trace_w = rows.iter().map(|r| r.trace.len()).max().unwrap_or(5).max(5);
+    let _ = writeln!(
+        s,
+        "{:<trace_w$}  {:>16}  {:<8}  {:>7}  {:>7}  {:>7}  {:>15}  {:>15}  {:>15}  {:>8}",
+        "trace",
+        "capacity",
+        "policy",
+        "memory",
+        "file",
+        "cold",
+        "memory p50/p99",
+        "file p50/p99",
+        "refill p50/p99",
+        "refills"
+    );
+    for r in rows {
+        let Some(t) = &r.tiers else { continue };
+        let capacity = match r.capacity_blocks {
+            Some(b) => format!("{} ({b})", r.capacity),
+            None => r.capacity.clone(),
+        };
+        let pair = |l: Option<&tiers::Latency>| {
+            l.map_or_else(|| "-".to_owned(), |l| format!("{}/{}", ms(l.p50_us), ms(l.p99_us)))
+        };
+        let c = t.cold.as_ref();
+        let _ = writeln!(
+            s,
+            "{:<trace_w$}  {:>16}  {:<8}  {:>7.4}  {:>7.4}  {:>7}  {:>15}  {:>15}  {:>15}  {:>8}",
+            r.trace,
+            capacity,
+            r.policy.as_deref().unwrap_or("-"),
+            t.memory_ratio,
+            t.file_ratio,
+            c.map_or_else(|| "-".to_owned(), |c| format!("{:.4}", c.cold_ratio)),
+            pair(c.map(|c| &c.memory_get)),
+            pair(c.map(|c| &c.file_get)),
+            pair(c.map(|c| &c.refill)),
+            c.map_or_else(|| "-".to_owned(), |c| c.refill.samples.to_string()),
+        );
+    }
+    if rows.iter().any(|r| r.tiers.and_then(|t| t.cold).is_some()) {
+        let _ = writeln!(
+            s,
+            "with the cold tier below, a hit ratio may pass Belady's bound at the capacity: \
+             the bound counts the file tier's blocks only, the cold tier keeps every block"
+        );
+    }
+    if rows.iter().any(|r| r.tiers.and_then(|t| t.cold).is_some_and(|c| c.simulated)) {
+        let _ = writeln!(
+            s,
+            "the cold tier's object store was SIMULATED IN MEMORY (MemoryObjects): no S3 \
+             server took part; pass --cold-endpoint and --cold-bucket for a real one"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "memory/file/cold = GET hits each tier served / block references; p50/p99 = GET \
+         latency in ms by the tier that served it (refill = served by the cold tier)"
+    );
+    s
 }
 
 /// [`replay`] with a progress line on stderr when it is a terminal, redrawn at most every

@@ -1,10 +1,12 @@
-//! What each tier of a served tiered store answered during a replay, from the server's own
-//! `/metrics` before and after it.
+//! What each tier of a tiered store answered during a replay: from a served store's own
+//! `/metrics` before and after it, or from an in-process store's counters (with the cold tier's
+//! share and latencies under `--store cold`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use gpucache_cold::ColdMiss;
 use serde::Serialize;
 
 /// Deadline for connecting to, writing to and reading from the metrics listener.
@@ -30,6 +32,9 @@ pub struct TierHits {
     pub memory_ratio: f64,
     /// File hits over the replay's block references.
     pub file_ratio: f64,
+    /// Under `--store cold`: what the cold tier below served, and how fast each tier answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold: Option<ColdHits>,
 }
 
 impl TierCounts {
@@ -44,6 +49,7 @@ impl TierCounts {
             promotions: self.promotions.saturating_sub(before.promotions),
             memory_ratio: share(memory_hits),
             file_ratio: share(file_hits),
+            cold: None,
         }
     }
 }
@@ -100,5 +106,83 @@ mod tests {
         assert!((d.memory_ratio - 0.4).abs() < 1e-12 && (d.file_ratio - 0.2).abs() < 1e-12);
         let e = parse("gpucache_ops_total 3\n").unwrap_err();
         assert!(e.contains("tiered"), "{e}");
+    }
+}
+
+/// A latency distribution as reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Latency {
+    pub samples: u64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub mean_us: Option<f64>,
+    pub max_us: Option<f64>,
+}
+
+/// What the cold store's tiers did over one replay.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ColdHits {
+    /// Whether the object store was [`gpucache_cold::MemoryObjects`], a simulation in this process.
+    pub simulated: bool,
+    pub cold_hits: u64,
+    /// Cold hits over the replay's block references.
+    pub cold_ratio: f64,
+    /// GETs served by the cold tier: the refill latency as the caller saw it.
+    pub refill: Latency,
+    pub memory_get: Latency,
+    pub file_get: Latency,
+    pub miss_get: Latency,
+    /// File-tier evictions the sink took, refused (dropped) or could not read.
+    pub demoted: u64,
+    pub demote_refused: u64,
+    pub demote_unreadable: u64,
+    /// Cold hits copied into the upper tiers.
+    pub refilled_up: u64,
+    pub packs_stored: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub refill_misses: RefillMisses,
+    /// Sink jobs that failed for good (their blocks never reached the object store).
+    pub sink_jobs_failed: u64,
+    pub sink_jobs_retried: u64,
+}
+
+/// The cold tier's refill misses by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RefillMisses {
+    pub absent: u64,
+    pub over_budget: u64,
+    pub deadline: u64,
+    pub degraded: u64,
+    pub unavailable: u64,
+    pub legacy_manifest: u64,
+    pub mismatch: u64,
+    pub corrupt: u64,
+}
+
+impl RefillMisses {
+    pub(super) fn of(counts: &[u64; 8]) -> Self {
+        let n = |m: ColdMiss| ColdMiss::ALL.iter().position(|x| *x == m).map_or(0, |i| counts[i]);
+        Self {
+            absent: n(ColdMiss::Absent),
+            over_budget: n(ColdMiss::OverBudget),
+            deadline: n(ColdMiss::Deadline),
+            degraded: n(ColdMiss::Degraded),
+            unavailable: n(ColdMiss::Unavailable),
+            legacy_manifest: n(ColdMiss::Legacy),
+            mismatch: n(ColdMiss::Mismatch),
+            corrupt: n(ColdMiss::Corrupt),
+        }
+    }
+
+    /// Misses other than the block not being in the cold tier at all.
+    pub(super) fn faults(&self) -> u64 {
+        self.over_budget
+            + self.deadline
+            + self.degraded
+            + self.unavailable
+            + self.legacy_manifest
+            + self.mismatch
+            + self.corrupt
     }
 }

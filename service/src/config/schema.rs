@@ -175,6 +175,9 @@ pub struct TierSection {
     /// S3 only: pause between drain rounds (default 200).
     #[serde(default)]
     pub drain_interval_ms: Option<u64>,
+    /// S3 only: how long a pack may fill before a drain round seals it (default 1,000).
+    #[serde(default)]
+    pub pack_open_ms: Option<u64>,
     /// S3 only: pause between reclaims of expired packs; 0 reclaims never (default 600).
     #[serde(default)]
     pub reclaim_interval_s: Option<u64>,
@@ -197,6 +200,7 @@ impl TierSection {
             ("queue_bytes_max", self.queue_bytes_max.is_some()),
             ("pack_bytes", self.pack_bytes.is_some()),
             ("drain_interval_ms", self.drain_interval_ms.is_some()),
+            ("pack_open_ms", self.pack_open_ms.is_some()),
             ("reclaim_interval_s", self.reclaim_interval_s.is_some()),
         ];
         keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k).collect()

@@ -242,10 +242,6 @@ impl ColdTiered {
             && self.cold.contains(key)
     }
 
-    fn cold_len(&self, key: &PhysicalKey) -> Option<u64> {
-        self.cold.len_of(key)
-    }
-
     /// Stops the drain thread and drains the sink until it is empty, a round stores nothing,
     /// or `within` has passed (no job is started after that; one under way finishes within
     /// the object store's request timeout).
@@ -438,7 +434,7 @@ impl StoreLayer for ColdTiered {
                 Ok(Located { lookup: Lookup::Miss(MissReason::Absent), .. })
                     if self.cold_holds(caller, key) =>
                 {
-                    match self.cold_len(key) {
+                    match self.cold.len_of(key) {
                         Some(len) => {
                             Ok(Located { lookup: Lookup::Hit { len }, tier: Some(Tier::Cold) })
                         }

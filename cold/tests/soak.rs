@@ -47,6 +47,9 @@ fn a_sink_under_faults_loses_no_block_it_took() {
     let (tier, _) =
         ColdTier::open(faulty.clone(), ColdConfig::default(), Arc::new(UnixClock)).expect("open");
     let tier = Arc::new(tier);
+    let (healed, _) =
+        ColdTier::open(Arc::new(open(&moto, "soak")), ColdConfig::default(), Arc::new(UnixClock))
+            .expect("open healed");
     let limits = SinkLimits {
         jobs_max: 32,
         bytes_max: 8 << 20,
@@ -109,10 +112,8 @@ fn a_sink_under_faults_loses_no_block_it_took() {
         w.join().expect("writer");
     }
 
-    // Heal: the same bucket without faults, every job left tried until none is.
-    let (healed, _) =
-        ColdTier::open(Arc::new(open(&moto, "soak")), ColdConfig::default(), Arc::new(UnixClock))
-            .expect("open healed");
+    // Heal: the same bucket without faults (a tier opened before anything was stored, so
+    // opening it read nothing), every job left tried until none is.
     sink.seal_open(&healed);
     for _ in 0..10_000 {
         for f in sink.failed() {
@@ -144,9 +145,12 @@ fn a_sink_under_faults_loses_no_block_it_took() {
             .expect("open fresh");
     assert!(report.blocks >= taken.len() as u64, "{report:?} for {} blocks", taken.len());
     let budget = RefillBudget { bytes_max: 1 << 30, within: Duration::from_secs(60) };
-    let blocks: Vec<(usize, u64, PhysicalKey, Vec<u8>)> = taken
-        .values()
-        .map(|&(tenant, n, len)| {
+    // In the order they were offered, so that a batch's blocks share few packs.
+    let mut order: Vec<(usize, u64, usize)> = taken.values().copied().collect();
+    order.sort_by_key(|&(tenant, n, _)| (tenant, n));
+    let blocks: Vec<(usize, u64, PhysicalKey, Vec<u8>)> = order
+        .into_iter()
+        .map(|(tenant, n, len)| {
             let (key, bytes) = block(tenant, n, len);
             (tenant, n, key, bytes)
         })

@@ -6,10 +6,11 @@
 //! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), the
 //! Python package beside the Rust client and Mooncake (`bench python`), eviction policies on
 //! prefix-reuse traces (`bench trace`), the cold tier on S3 beside plain objects (`bench cold`),
-//! and talks to a running service (`put`, `get`, `stat`).
+//! works on an s3 tier's bucket (`cold`), and talks to a running service (`put`, `get`, `stat`).
 
 mod client_cmd;
 mod cluster_cmd;
+mod cold_cmd;
 mod fsck;
 
 use std::path::PathBuf;
@@ -105,6 +106,10 @@ enum Command {
     /// Show or change a cluster's view in etcd: status, drain, undrain, finish, isolate,
     /// rebalance (exit status 1 when the rules refuse the change, 2 when etcd cannot be asked).
     Cluster(cluster_cmd::ClusterArgs),
+    /// Work on an s3 tier's bucket from the service's configuration: status, retire a
+    /// tenant, reclaim (exit status 1 when a reclaim left objects, 2 when the bucket cannot be
+    /// reached).
+    Cold(cold_cmd::ColdArgs),
     /// Measure a backend.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -195,6 +200,7 @@ fn main() -> ExitCode {
         Command::Get { name, target } => client_cmd::get(&target, &name),
         Command::Stat { target } => client_cmd::stat(&target),
         Command::Cluster(args) => cluster_cmd::run(&args),
+        Command::Cold(args) => cold_cmd::run(&args),
         Command::Bench(BenchCommand::File(args)) => gpucache_bench::file::run(&args),
         Command::Bench(BenchCommand::Dpu(args)) => gpucache_bench::dpu::run(&args),
         Command::Bench(BenchCommand::Service(args)) => gpucache_bench::service::run(&args),

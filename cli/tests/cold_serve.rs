@@ -125,3 +125,48 @@ fn an_unreachable_bucket_stops_the_start_naming_the_tier() {
     assert!(stderr.contains("store.tiers: the s3 tier (bucket nowhere)"), "{stderr}");
     assert!(!dir.path().join("data").exists(), "a failed start leaves no data directory");
 }
+
+fn cold(config: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+        .arg("cold")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .envs(CREDENTIALS)
+        .output()
+        .expect("run gpucache cold");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn the_cold_command_reports_retires_and_reclaims_on_the_bucket() {
+    let Some(moto) = gpucache_cold::moto::start("ops") else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = config(dir.path(), &moto.endpoint, "ops");
+    let serve = Serve::start_with(Path::new("."), &config, &CREDENTIALS);
+    let caller = Caller::new(TenantId::parse("tenant-a").expect("tenant"), Rights::READ_WRITE);
+    let client = TcpStore::new(ClientConfig::new(serve.native(), caller.clone()));
+    for i in 0..16u8 {
+        let (k, v) = (key(0, &[4, i], KvDtype::Bf16, 16), payload(u64::from(i), BLOCK));
+        assert!(matches!(client.put(&caller, &k, &v, None).expect("put"), Put::Committed(_)));
+    }
+    // The stop drains what the sink holds.
+    serve.stop();
+    let (code, text) = cold(&config, &["status"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("blocks=8 "), "the 8 evicted blocks are in the bucket: {text}");
+    assert!(text.contains("retired_tenants=0"), "{text}");
+    let (code, text) = cold(&config, &["retire", "tenant-a"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("retired tenant=tenant-a"), "{text}");
+    let (code, text) = cold(&config, &["reclaim"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("failed=0") && !text.contains("manifests=0 "), "{text}");
+    let (code, text) = cold(&config, &["status"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("manifests=0 blocks=0") && text.contains("retired_tenants=1"), "{text}");
+    let (code, text) = cold(&config, &["retire", "not a tenant!"]);
+    assert_eq!(code, 2, "{text}");
+}

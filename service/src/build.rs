@@ -61,14 +61,12 @@ pub const PACK_OPEN_MS_DEFAULT: u64 = 1_000;
 /// How long the stop gives the cold tier's sink to store what it holds.
 pub const COLD_CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
-/// Opens the s3 tier `section` describes below `upper`: the bucket is listed (every manifest
-/// read and checked) before the service starts, so an unreachable or unreadable bucket stops
-/// the start with its reason.
-fn open_cold(
+/// The cold tier the s3 section describes, opened on its bucket (listed, every manifest read
+/// and checked) with each tenant's `cold_retention_s` recorded; its refill budget.
+fn open_cold_tier(
     section: &TierSection,
     tenants: &[TenantConfig],
-    upper: Arc<TieredStore>,
-) -> Result<ColdTiered, StoreOpenError> {
+) -> Result<(ColdTier, gpucache_cold::OpenReport, RefillBudget), StoreOpenError> {
     let bucket = section.bucket.clone().unwrap_or_default();
     let failed = |source| StoreOpenError::Cold { bucket: bucket.clone(), source };
     let mut s3 = S3Config::new(bucket.clone());
@@ -98,6 +96,20 @@ fn open_cold(
             tier.record_retention(&tenant, retention_s);
         }
     }
+    Ok((tier, report, refill))
+}
+
+/// Opens the s3 tier `section` describes below `upper`: the bucket is listed (every manifest
+/// read and checked) before the service starts, so an unreachable or unreadable bucket stops
+/// the start with its reason.
+fn open_cold(
+    section: &TierSection,
+    tenants: &[TenantConfig],
+    upper: Arc<TieredStore>,
+) -> Result<ColdTiered, StoreOpenError> {
+    let bucket = section.bucket.clone().unwrap_or_default();
+    let failed = |source| StoreOpenError::Cold { bucket: bucket.clone(), source };
+    let (tier, report, refill) = open_cold_tier(section, tenants)?;
     tracing::info!(
         bucket = %bucket,
         manifests = report.manifests,
@@ -348,6 +360,15 @@ impl ValidConfig {
                 })
             }
         }
+    }
+
+    /// The s3 tier of this configuration opened alone, off any service (for the operator's
+    /// commands on the bucket), with what opening it found; none without an s3 tier.
+    pub fn open_cold_tier(
+        &self,
+    ) -> Option<Result<(ColdTier, gpucache_cold::OpenReport), StoreOpenError>> {
+        let section = self.store.tier(TierKind::S3)?;
+        Some(open_cold_tier(section, &self.tenants).map(|(tier, report, _)| (tier, report)))
     }
 
     /// Builds the service this configuration describes and starts it: every listener is

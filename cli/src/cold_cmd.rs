@@ -32,6 +32,15 @@ enum ColdCommand {
     Reclaim,
 }
 
+/// Writes `line` to stdout; a stdout that cannot take it fails the command.
+fn say(line: &str) -> ExitCode {
+    use std::io::Write;
+    match writeln!(std::io::stdout(), "{line}") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format!("stdout: {e}")),
+    }
+}
+
 fn fail(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("gpucache cold: {e}");
     ExitCode::from(2)
@@ -50,11 +59,10 @@ pub(crate) fn run(args: &ColdArgs) -> ExitCode {
     match &args.command {
         ColdCommand::Status => {
             let s = tier.stats();
-            println!(
+            say(&format!(
                 "manifests={} blocks={} legacy_manifests={} damaged_manifests={} retired_tenants={}",
                 s.manifests, s.blocks, report.legacy, report.damaged, report.retired_tenants
-            );
-            ExitCode::SUCCESS
+            ))
         }
         ColdCommand::Retire { tenant } => {
             let tenant = match TenantId::parse(tenant) {
@@ -64,24 +72,23 @@ pub(crate) fn run(args: &ColdArgs) -> ExitCode {
             match tier.retire(&tenant) {
                 Ok(()) => {
                     let packs = tier.manifests_of(&tenant).len();
-                    println!("retired tenant={tenant} packs_to_reclaim={packs}");
-                    ExitCode::SUCCESS
+                    say(&format!("retired tenant={tenant} packs_to_reclaim={packs}"))
                 }
                 Err(e) => fail(e),
             }
         }
         ColdCommand::Reclaim => {
             let r = tier.reclaim();
-            println!(
+            for (name, e) in &r.failed {
+                eprintln!("gpucache cold: not reclaimed: {name}: {e}");
+            }
+            let said = say(&format!(
                 "reclaimed manifests={} packs={} failed={}",
                 r.manifests,
                 r.packs,
                 r.failed.len()
-            );
-            for (name, e) in &r.failed {
-                eprintln!("gpucache cold: not reclaimed: {name}: {e}");
-            }
-            if r.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            ));
+            if r.failed.is_empty() { said } else { ExitCode::from(1) }
         }
     }
 }

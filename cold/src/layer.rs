@@ -39,6 +39,9 @@ use crate::tier::{ColdTier, RefillBudget, Refilled};
 
 pub const DRAIN_INTERVAL_MS_DEFAULT: u64 = 200;
 pub const RECLAIM_INTERVAL_S_DEFAULT: u64 = 600;
+/// How long dropping the layer gives the sink to store what it holds (the service closes it
+/// first, with its own bound).
+pub const DROP_CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// How the layer runs its cold tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,7 +300,7 @@ fn drain_loop(
 
 impl Drop for ColdTiered {
     fn drop(&mut self) {
-        self.close(Duration::from_secs(5));
+        self.close(DROP_CLOSE_WITHIN);
     }
 }
 

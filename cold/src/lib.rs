@@ -28,7 +28,7 @@ mod tier;
 
 pub use faulty::{FaultKind, FaultPlan, FaultyObjects};
 pub use layer::{
-    ColdLayerConfig, ColdLayerCounters, ColdTiered, DRAIN_INTERVAL_MS_DEFAULT,
+    ColdLayerConfig, ColdLayerCounters, ColdTiered, DRAIN_INTERVAL_MS_DEFAULT, DROP_CLOSE_WITHIN,
     RECLAIM_INTERVAL_S_DEFAULT,
 };
 pub use memory::MemoryObjects;
@@ -41,7 +41,8 @@ pub use sink::{
     SinkRefused,
 };
 pub use tier::{
-    ColdConfig, ColdMiss, ColdStats, ColdTier, DEGRADE_MS_DEFAULT, FORGOTTEN_MAX,
-    INDEX_ENTRIES_MAX_DEFAULT, OpenReport, REFILL_BYTES_MAX_DEFAULT, REFILL_WITHIN_MS_DEFAULT,
-    ReclaimReport, RefillBudget, RefillRefused, Refilled,
+    COLD_MISS_REASONS, ColdConfig, ColdMiss, ColdStats, ColdTier, DEGRADE_MS_DEFAULT,
+    FORGOTTEN_MAX, INDEX_ENTRIES_MAX_DEFAULT, OPEN_FETCH_WITHIN_MIN, OpenReport,
+    REFILL_BYTES_MAX_DEFAULT, REFILL_WITHIN_MS_DEFAULT, ReclaimReport, RefillBudget, RefillRefused,
+    Refilled,
 };

@@ -1,9 +1,9 @@
 //! [`ColdSink`]: the queue that carries blocks down to the cold tier, off the request path.
 //!
 //! Blocks arrive one at a time (a demotion from the tier above, or a backfill) and gather in
-//! one open pack per tenant. A pack is sealed into a job when it reaches the target size or
-//! block count, or when a drain round finds it open for `pack_open_ms_max` (the stop seals
-//! them all): sealing builds and validates the pack and its
+//! one open pack per tenant. A drain round seals into jobs the packs that reached the target
+//! size or block count and those open for `pack_open_ms_max` (the stop seals them all), so the
+//! caller that offers a block never pays for it: sealing builds and validates the pack and its
 //! manifest once, so every attempt stores the same two objects.
 //!
 //! A drain round takes a snapshot of at most `drain_jobs_max` jobs from the front of the queue
@@ -133,6 +133,7 @@ pub struct DrainFailed {
 /// What the sink holds now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SinkDepth {
+    /// Packs filling, and full ones waiting for the next round to seal them.
     pub open_packs: usize,
     pub pending: usize,
     pub failed: usize,
@@ -170,6 +171,9 @@ pub enum BackfillStop {
 #[derive(Debug, Default)]
 struct State {
     open: BTreeMap<TenantId, PackBuilder>,
+    /// Packs that filled up, waiting for the next drain round to seal them (sealing hashes
+    /// and checks the whole pack, which is no work for the offering caller's path).
+    full: VecDeque<PackBuilder>,
     /// When each open pack took its first block.
     opened_at: BTreeMap<TenantId, Instant>,
     pending: VecDeque<Job>,
@@ -181,7 +185,7 @@ struct State {
 
 impl State {
     fn jobs(&self) -> usize {
-        self.open.len() + self.pending.len() + self.failed.len()
+        self.open.len() + self.full.len() + self.pending.len() + self.failed.len()
     }
 }
 
@@ -243,7 +247,7 @@ impl ColdSink {
         });
         if full && let Some(pack) = s.open.remove(tenant) {
             s.opened_at.remove(tenant);
-            self.seal_into(&mut s, tier, pack);
+            s.full.push_back(pack);
         }
         let new_pack = !s.open.contains_key(tenant);
         let jobs = s.jobs() + usize::from(new_pack);
@@ -295,6 +299,9 @@ impl ColdSink {
     /// Seals the open packs that took their first block at least `age` ago.
     fn seal_older_than(&self, tier: &ColdTier, age: Duration) {
         let mut s = self.lock();
+        while let Some(pack) = s.full.pop_front() {
+            self.seal_into(&mut s, tier, pack);
+        }
         let due: Vec<TenantId> = s
             .opened_at
             .iter()
@@ -407,11 +414,21 @@ impl ColdSink {
     /// it; [`ColdTier::forget`] keeps that copy from serving. Whether the open pack held it.
     pub fn forget(&self, key: &PhysicalKey) -> bool {
         let mut s = self.lock();
-        let Some(pack) = s.open.get_mut(key.tenant()) else { return false };
-        let Some(freed) = pack.remove(key) else { return false };
-        if pack.is_empty() {
-            s.open.remove(key.tenant());
-            s.opened_at.remove(key.tenant());
+        let tenant = key.tenant();
+        if let Some(freed) = s.open.get_mut(tenant).and_then(|p| p.remove(key)) {
+            if s.open.get(tenant).is_some_and(PackBuilder::is_empty) {
+                s.open.remove(tenant);
+                s.opened_at.remove(tenant);
+            }
+            s.bytes -= freed;
+            return true;
+        }
+        let Some(i) = s.full.iter().position(|p| p.tenant() == tenant && p.holds(key)) else {
+            return false;
+        };
+        let freed = s.full[i].remove(key).unwrap_or(0);
+        if s.full[i].is_empty() {
+            s.full.remove(i);
         }
         s.bytes -= freed;
         true
@@ -464,7 +481,7 @@ impl ColdSink {
     pub fn depth(&self) -> SinkDepth {
         let s = self.lock();
         SinkDepth {
-            open_packs: s.open.len(),
+            open_packs: s.open.len() + s.full.len(),
             pending: s.pending.len(),
             failed: s.failed.len(),
             bytes: s.bytes,
@@ -515,6 +532,29 @@ mod tests {
         assert_eq!(order(&sink), before, "untried, in the same order");
         let r = sink.drain_round(&tier);
         assert_eq!((r.attempted, r.stored, r.pending), (4, 4, 0));
+        assert_eq!(sink.depth(), SinkDepth::default());
+    }
+
+    #[test]
+    fn a_round_seals_full_packs_and_those_open_long_enough() {
+        let tier = tier();
+        let limits = SinkLimits {
+            pack_blocks_target: 2,
+            pack_open_ms_max: 3_600_000,
+            ..SinkLimits::default()
+        };
+        let sink = ColdSink::new(limits);
+        for n in 0..3 {
+            offer(&sink, &tier, n);
+        }
+        // Blocks 0 and 1 filled a pack; block 2 opened the next, young.
+        assert_eq!(sink.depth().open_packs, 2);
+        let r = sink.drain_round(&tier);
+        assert_eq!((r.attempted, r.stored, r.blocks_stored), (1, 1, 2));
+        assert_eq!(sink.depth().open_packs, 1, "the young pack waits");
+        assert!(!tier.contains(&fixture::key(0, &[2], KvDtype::F16, 16)));
+        sink.seal_open(&tier);
+        assert_eq!(sink.drain_round(&tier).blocks_stored, 1);
         assert_eq!(sink.depth(), SinkDepth::default());
     }
 

@@ -84,6 +84,13 @@ impl Default for ColdConfig {
     }
 }
 
+/// How many reasons a refill can miss for ([`ColdMiss::ALL`]).
+pub const COLD_MISS_REASONS: usize = 8;
+
+/// The least time opening the tier gives each manifest fetch (a listing of thousands of
+/// manifests at start is not held to one GET's refill budget).
+pub const OPEN_FETCH_WITHIN_MIN: Duration = Duration::from_secs(30);
+
 /// Why a refill found nothing to serve. Every one is a clean miss: the engine recomputes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ColdMiss {
@@ -106,7 +113,7 @@ pub enum ColdMiss {
 }
 
 impl ColdMiss {
-    pub const ALL: [ColdMiss; 8] = [
+    pub const ALL: [ColdMiss; COLD_MISS_REASONS] = [
         Self::Absent,
         Self::OverBudget,
         Self::Deadline,
@@ -248,7 +255,7 @@ pub struct ColdStats {
     pub blocks: u64,
     pub refill_hits: u64,
     /// Refill misses by reason, in [`ColdMiss::ALL`] order.
-    pub refill_misses: [u64; 8],
+    pub refill_misses: [u64; COLD_MISS_REASONS],
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub packs_stored: u64,
@@ -260,7 +267,7 @@ pub struct ColdStats {
 #[derive(Debug, Default)]
 struct Counters {
     refill_hits: AtomicU64,
-    refill_misses: [AtomicU64; 8],
+    refill_misses: [AtomicU64; COLD_MISS_REASONS],
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
     packs_stored: AtomicU64,
@@ -376,7 +383,7 @@ impl ColdTier {
             let at = forgotten.get(&digest).map_or(at, |&old| old.max(at));
             forgotten.insert(digest, at);
         }
-        let within = self.config.refill.within.max(Duration::from_secs(30));
+        let within = self.config.refill.within.max(OPEN_FETCH_WITHIN_MIN);
         for (name, size) in self.objects.list(&format!("{prefix}/manifests/"))? {
             let Some(digest) = name_digest(&name) else {
                 report.damaged += 1;
@@ -746,7 +753,7 @@ impl ColdTier {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let index = read(&self.index);
-        let mut misses = [0u64; 8];
+        let mut misses = [0u64; COLD_MISS_REASONS];
         for (m, a) in misses.iter_mut().zip(&c.refill_misses) {
             *m = get(a);
         }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use gpucache_cold::moto::{open, start};
@@ -21,6 +21,28 @@ use gpucache_dataplane::testing::fixture;
 
 /// Key digest -> (tenant, n, len) of every block the sink took.
 type Taken = BTreeMap<[u8; 32], (usize, u64, usize)>;
+
+/// A count of what happened (a block offered, a drain round done), to wait on with a deadline.
+#[derive(Debug, Default)]
+struct Events {
+    count: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Events {
+    fn seen(&self) -> u64 {
+        *self.count.lock().expect("events")
+    }
+    fn bump(&self) {
+        *self.count.lock().expect("events") += 1;
+        self.changed.notify_all();
+    }
+    /// Waits until something happened after `seen`, for at most `within`.
+    fn wait_past(&self, seen: u64, within: Duration) {
+        let count = self.count.lock().expect("events");
+        let _ = self.changed.wait_timeout_while(count, within, |c| *c == seen).expect("events");
+    }
+}
 
 fn seconds() -> u64 {
     std::env::var("GPUCACHE_COLD_SOAK_S").ok().and_then(|s| s.parse().ok()).unwrap_or(60)
@@ -62,11 +84,12 @@ fn a_sink_under_faults_loses_no_block_it_took() {
     let stop = Arc::new(AtomicBool::new(false));
     let taken: Arc<Mutex<Taken>> = Arc::default();
     let refused = Arc::new(Mutex::new(0u64));
+    let events = Arc::new(Events::default());
 
     let writers: Vec<_> = (0..2u64)
         .map(|w| {
             let (tier, sink, stop) = (tier.clone(), sink.clone(), stop.clone());
-            let (taken, refused) = (taken.clone(), refused.clone());
+            let (taken, refused, events) = (taken.clone(), refused.clone(), events.clone());
             std::thread::spawn(move || {
                 let mut rng = SplitMix64::new(1000 + w);
                 let mut n = w << 32;
@@ -75,15 +98,19 @@ fn a_sink_under_faults_loses_no_block_it_took() {
                     let tenant = (rng.next_u64() % 3) as usize;
                     let len = 1024 + (rng.next_u64() % (63 * 1024)) as usize;
                     let (key, bytes) = block(tenant, n, len);
+                    let seen = events.seen();
                     match sink.offer(&tier, &key, &bytes, Checksum::of(&bytes)) {
                         Ok(()) => {
                             taken.lock().expect("taken").insert(key.digest().0, (tenant, n, len));
+                            events.bump();
                         }
-                        Err(SinkRefused::Full { .. }) => *refused.lock().expect("refused") += 1,
+                        Err(SinkRefused::Full { .. }) => {
+                            *refused.lock().expect("refused") += 1;
+                            // Room comes with the next drain round: wait for it, or a second.
+                            events.wait_past(seen, Duration::from_secs(1));
+                        }
                         Err(e) => panic!("unexpected refusal {e:?}"),
                     }
-                    // Paces the writers: a workload's rate, not a wait for a condition.
-                    std::thread::sleep(Duration::from_millis(2));
                 }
             })
         })
@@ -92,14 +119,16 @@ fn a_sink_under_faults_loses_no_block_it_took() {
     let deadline = Instant::now() + Duration::from_secs(seconds());
     let (mut rounds, mut stored, mut retried, mut failed) = (0u64, 0usize, 0usize, 0usize);
     while Instant::now() < deadline {
+        let seen = events.seen();
         let r = sink.drain_round(&tier);
+        events.bump();
         rounds += 1;
         stored += r.stored;
         retried += r.retried;
         failed += r.failed;
         if r.attempted == 0 {
-            // An idle drainer's interval, as the tier's drain thread keeps.
-            std::thread::sleep(Duration::from_millis(10));
+            // Nothing was due: wait for a writer's next block (or a tenth of a second).
+            events.wait_past(seen, Duration::from_millis(100));
         }
         // Failed jobs go back for another set of tries while the faults go on.
         for f in sink.failed() {

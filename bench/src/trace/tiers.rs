@@ -161,7 +161,7 @@ pub struct RefillMisses {
 }
 
 impl RefillMisses {
-    pub(super) fn of(counts: &[u64; 8]) -> Self {
+    pub(super) fn of(counts: &[u64; gpucache_cold::COLD_MISS_REASONS]) -> Self {
         let n = |m: ColdMiss| ColdMiss::ALL.iter().position(|x| *x == m).map_or(0, |i| counts[i]);
         Self {
             absent: n(ColdMiss::Absent),

@@ -11,8 +11,11 @@
 #   redis       redis-server, redis-cli, redis-benchmark (RESP tests, the service bench's peer)
 #   fio         fio (the FileStore bench's peer)
 #   iperf3      iperf3 (the service bench's socket ceiling)
-#   etcd        etcd and etcdctl (the cluster tests start a 3-member etcd on loopback) and protoc
-#               with the protobuf headers (the etcd-client crate's build step)
+#   etcd        etcd and etcdctl (the cluster tests start a 3-member etcd on loopback)
+#
+# Nothing here is needed to build the default workspace: that takes only the Rust toolchain and
+# a C compiler. In particular protoc and the protobuf headers are not installed: the cluster's
+# etcd client uses gRPC stubs generated in pure Rust and checked in (cluster/proto/etcd.proto).
 #   mooncake    a venv with Mooncake Store (mooncake-transfer-engine-non-cuda) and the system
 #               libraries its binaries load (libibverbs1)
 #   nixl        a venv with the nixl-cu12 wheel (libnixl_capi.so, UCX, the POSIX plugin)
@@ -63,8 +66,6 @@ done
 wants() { case " ${pieces[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The engines go into the Python venv, so they need it.
 wants engines && ! wants python && pieces+=(python)
-# The wheel links the cluster client, whose etcd-client build step runs protoc.
-wants python && ! wants etcd && pieces+=(etcd)
 
 # Fails unless the disk holding $1 has $2 MiB free beyond the margin.
 need_disk() {
@@ -102,9 +103,6 @@ ok_redis() {
 ok_fio() { fio --version >/dev/null 2>&1; }
 ok_iperf3() { iperf3 --version >/dev/null 2>&1; }
 ok_etcd() { etcd --version >/dev/null 2>&1 && ETCDCTL_API=3 etcdctl version >/dev/null 2>&1; }
-# The etcd-client crate's build script runs protoc over etcd's .proto files, which import the
-# well-known types from the protobuf headers.
-ok_protoc() { protoc --version >/dev/null 2>&1 && [ -f /usr/include/google/protobuf/descriptor.proto ]; }
 ok_venv() {
     local d rc=0
     d="$(mktemp -d)"
@@ -134,8 +132,7 @@ wants prometheus && check_deb prometheus ok_prometheus prometheus
 wants redis && check_deb redis ok_redis redis-server redis-tools
 wants fio && check_deb fio ok_fio fio
 wants iperf3 && check_deb iperf3 ok_iperf3 iperf3
-wants etcd && { check_deb etcd ok_etcd etcd-server etcd-client
-    check_deb protoc ok_protoc protobuf-compiler libprotobuf-dev; }
+wants etcd && check_deb etcd ok_etcd etcd-server etcd-client
 { wants mooncake || wants nixl || wants moto || wants python; } && check_deb python3-venv ok_venv python3 python3-venv
 wants mooncake && check_deb libibverbs ok_ibverbs libibverbs1
 
@@ -165,8 +162,7 @@ if [ ${#debs[@]} -gt 0 ]; then
     wants redis && { ok_redis || die "redis does not run: $(redis-server --version 2>&1 | head -3)"; }
     wants fio && { ok_fio || die "fio does not run: $(fio --version 2>&1 | head -3)"; }
     wants iperf3 && { ok_iperf3 || die "iperf3 does not run: $(iperf3 --version 2>&1 | head -3)"; }
-    wants etcd && { ok_etcd || die "etcd/etcdctl do not run: $(etcd --version 2>&1 | head -3)"
-        ok_protoc || die "protoc or the protobuf headers are missing after installing them"; }
+    wants etcd && { ok_etcd || die "etcd/etcdctl do not run: $(etcd --version 2>&1 | head -3)"; }
     { wants mooncake || wants nixl || wants moto || wants python; } && { ok_venv || die "$python cannot make a venv"; }
     wants mooncake && { ok_ibverbs || die "libibverbs.so.1 is not known to the loader after installing libibverbs1"; }
 fi

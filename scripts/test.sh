@@ -23,8 +23,13 @@ fi
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 
+# No build step of the suite may need protoc: the cluster's etcd stubs are checked in. A PROTOC
+# that names no file makes any build script that still looked for it fail here, even on a
+# machine that has one installed.
+export PROTOC=/nonexistent/protoc
+
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# etcd and protoc, redis, fio, iperf3, moto (S3), the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is
+# etcd, redis, fio, iperf3, moto (S3), the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is
 # installed and proven to work by scripts/setup.sh. In CI a piece that cannot be made to work
 # stops the run here, with the installer's or the loader's own message; elsewhere its tests
 # skip and say why.

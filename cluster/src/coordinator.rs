@@ -14,10 +14,10 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use gpucache_dataplane::shard::{ClusterView, ControlError, NodeId, ViewMember};
 
 use crate::changes::Change;
+use crate::etcd::{Etcd, transient};
 use crate::record::{decode_member, decode_view, encode_member, encode_view};
 
 /// A call to etcd gives up after this long unless configured otherwise.
@@ -95,20 +95,8 @@ pub enum ClusterError {
 /// The cluster's record in etcd (see the module documentation).
 pub struct Coordinator {
     runtime: tokio::runtime::Runtime,
-    client: Client,
+    client: Etcd,
     config: EtcdConfig,
-}
-
-/// gRPC status codes worth another try: UNKNOWN (2), DEADLINE_EXCEEDED (4), UNAVAILABLE (14).
-const TRANSIENT_GRPC_CODES: [i32; 3] = [2, 4, 14];
-
-/// Whether an etcd error is one that another try (perhaps on another endpoint) may not meet.
-fn transient(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => TRANSIENT_GRPC_CODES.contains(&(s.code() as i32)),
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -127,14 +115,13 @@ impl Coordinator {
             .build()
             .map_err(ClusterError::Runtime)?;
         let timeout = Duration::from_millis(config.request_timeout_ms);
-        let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout)
-            .with_keep_alive(timeout, timeout);
-        let endpoints = config.endpoints.clone();
-        let client = runtime
-            .block_on(async { Client::connect(&endpoints, Some(options)).await })
-            .map_err(|e| ClusterError::Etcd { endpoints, detail: e.to_string() })?;
+        let client = {
+            let _in_runtime = runtime.enter();
+            Etcd::connect(&config.endpoints, timeout).map_err(|detail| ClusterError::Etcd {
+                endpoints: config.endpoints.clone(),
+                detail,
+            })?
+        };
         Ok(Self { runtime, client, config })
     }
 
@@ -150,8 +137,8 @@ impl Coordinator {
     /// deadline.
     pub(crate) fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, ClusterError>
     where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        F: FnMut(Etcd) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
     {
         self.runtime.block_on(self.call_async(what, f))
     }
@@ -162,8 +149,8 @@ impl Coordinator {
         mut f: F,
     ) -> Result<T, ClusterError>
     where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        F: FnMut(Etcd) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let budget = Duration::from_millis(self.config.request_timeout_ms);
         let start = Instant::now();
@@ -197,13 +184,13 @@ impl Coordinator {
         let got = self
             .call_async("get view", |mut c| {
                 let key = key.clone();
-                async move { c.get(key, None).await }
+                async move { c.get(&key).await }
             })
             .await?;
-        match got.kvs().first() {
+        match got {
             None => Ok((ClusterView::default(), 0)),
-            Some(kv) => decode_view(kv.value())
-                .map(|v| (v, kv.mod_revision()))
+            Some(kv) => decode_view(&kv.value)
+                .map(|v| (v, kv.mod_revision))
                 .map_err(|detail| ClusterError::Record { key, detail }),
         }
     }
@@ -218,14 +205,13 @@ impl Coordinator {
         let got = self
             .call_async("get members", |mut c| {
                 let prefix = prefix.clone();
-                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+                async move { c.get_prefix(&prefix).await }
             })
             .await?;
-        got.kvs()
-            .iter()
+        got.iter()
             .map(|kv| {
-                decode_member(kv.value()).map_err(|detail| ClusterError::Record {
-                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                decode_member(&kv.value).map_err(|detail| ClusterError::Record {
+                    key: String::from_utf8_lossy(&kv.key).into_owned(),
                     detail,
                 })
             })
@@ -257,23 +243,14 @@ impl Coordinator {
                 });
             }
             let bytes = encode_view(&next);
-            // An absent view has version 0; a present one must still be at the revision read.
-            let compare = if revision == 0 {
-                Compare::version(key.clone(), CompareOp::Equal, 0)
-            } else {
-                Compare::mod_revision(key.clone(), CompareOp::Equal, revision)
-            };
+            // Written only if the view is still at the revision read (absent when 0).
             let swapped = self
                 .call_async("change view", |mut c| {
-                    let txn = Txn::new().when([compare.clone()]).and_then([TxnOp::put(
-                        key.clone(),
-                        bytes.clone(),
-                        None,
-                    )]);
-                    async move { c.txn(txn).await }
+                    let (key, bytes) = (key.clone(), bytes.clone());
+                    async move { c.put_if_revision(&key, bytes, revision).await }
                 })
                 .await?;
-            if swapped.succeeded() {
+            if swapped {
                 tracing::info!(
                     epoch = next.epoch,
                     members = next.members.len(),
@@ -293,15 +270,14 @@ impl Coordinator {
         let got = self
             .call_async("get applied", |mut c| {
                 let prefix = prefix.clone();
-                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+                async move { c.get_prefix(&prefix).await }
             })
             .await?;
         let applied: Vec<(u64, u64, u64)> = got
-            .kvs()
             .iter()
             .filter_map(|kv| {
-                let node = std::str::from_utf8(kv.key()).ok()?.rsplit('/').next()?.parse().ok()?;
-                let text = std::str::from_utf8(kv.value()).ok()?;
+                let node = std::str::from_utf8(&kv.key).ok()?.rsplit('/').next()?.parse().ok()?;
+                let text = std::str::from_utf8(&kv.value).ok()?;
                 let (life, epoch) = text.split_once(' ')?;
                 Some((node, life.parse().ok()?, epoch.parse().ok()?))
             })
@@ -330,7 +306,7 @@ impl Coordinator {
         let value = format!("{node_epoch} {epoch}");
         self.call_async("put applied", |mut c| {
             let (key, value) = (key.clone(), value.clone());
-            async move { c.put(key, value, Some(PutOptions::new().with_lease(lease))).await }
+            async move { c.put(&key, value.into_bytes(), lease).await }
         })
         .await
         .map(drop)
@@ -345,12 +321,10 @@ impl Coordinator {
     ) -> Result<i64, ClusterError> {
         let key = self.config.member_key(member.node);
         let bytes = encode_member(member);
-        let put = self
-            .call_async("put member", |mut c| {
-                let (key, bytes) = (key.clone(), bytes.clone());
-                async move { c.put(key, bytes, Some(PutOptions::new().with_lease(lease))).await }
-            })
-            .await?;
-        Ok(put.header().map_or(0, |h| h.revision()))
+        self.call_async("put member", |mut c| {
+            let (key, bytes) = (key.clone(), bytes.clone());
+            async move { c.put(&key, bytes, lease).await }
+        })
+        .await
     }
 }

@@ -10,6 +10,7 @@
 
 mod changes;
 mod coordinator;
+mod etcd;
 mod hot;
 mod record;
 mod registration;

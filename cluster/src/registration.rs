@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use gpucache_dataplane::shard::{ClusterView, MemberState, NodeId, ViewMember};
 
 use crate::changes;
 use crate::coordinator::{ClusterError, Coordinator};
+use crate::etcd::LeaseKeeper;
 
 /// How often a node reads the view and checks its lease, unless configured otherwise.
 pub const POLL_MS_DEFAULT: u64 = 200;
@@ -96,7 +96,7 @@ struct Shared {
 struct Life {
     lease: i64,
     node_epoch: u64,
-    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    keeper: Option<LeaseKeeper>,
     renewed: Instant,
     /// The control plane took this life out of the view.
     removed: bool,
@@ -190,12 +190,8 @@ impl Shared {
         let ttl = self.config.lease_ttl_s.max(1) as i64;
         let granted = Instant::now();
         let lease = c
-            .call_async(
-                "grant lease",
-                |mut client| async move { client.lease_grant(ttl, None).await },
-            )
-            .await?
-            .id();
+            .call_async("grant lease", |mut client| async move { client.lease_grant(ttl).await })
+            .await?;
         let mut member = ViewMember {
             node: self.config.node,
             address: self.config.address.clone(),
@@ -323,17 +319,13 @@ impl Shared {
                     .await
                     .ok();
         }
-        let Some((keeper, stream)) = life.keeper.as_mut() else { return };
+        let Some(keeper) = life.keeper.as_mut() else { return };
         // The lease runs from when etcd took the renewal, which is after it was sent: counting
         // from the send, this node presumes its lease lapsed no later than etcd lets it lapse.
         let sent = Instant::now();
-        let answer = async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
         let deadline = Duration::from_millis(self.coordinator.config().request_timeout_ms);
-        match tokio::time::timeout(deadline, answer).await {
-            Ok(Ok(Some(a))) if a.ttl() > 0 => life.renewed = sent,
+        match tokio::time::timeout(deadline, keeper.renew()).await {
+            Ok(Ok(Some(ttl))) if ttl > 0 => life.renewed = sent,
             Ok(Ok(Some(_))) => {
                 // etcd no longer knows the lease: make the round see a lapse now.
                 life.renewed = Instant::now() - self.ttl();

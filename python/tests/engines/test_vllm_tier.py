@@ -6,6 +6,7 @@ hands it the CPU primary tier's memoryview (vLLM's shared offload region), again
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from gpucache.connectors import vllm as tiermod  # noqa: E402
 
 BLOCK_TOKENS, BLOCKS_PER_CHUNK, WORKER_BYTES_PER_BLOCK = 16, 1, 4096
 CHUNKS = 8
+# Liveness bound for a lookup's answer from a running server.
+ANSWER_PATIENCE_S = 60.0
 
 
 def documented_tier(url: str) -> dict:
@@ -76,6 +79,17 @@ def finished(tier):
     return {r.job_id: r for r in tier.get_finished_jobs()}
 
 
+def resolve(tier, key, ctx):
+    """The tier's answer for `key` once its lookup came back: it answers RETRY until then, and
+    sends what it was asked at the end of each scheduler step."""
+    deadline = time.monotonic() + ANSWER_PATIENCE_S
+    while (r := tier.lookup(key, ctx)) == vbase.LookupResult.RETRY:
+        assert time.monotonic() < deadline, "no lookup answer from a running server"
+        tier.on_schedule_end(None)
+        time.sleep(0.01)
+    return r
+
+
 def offload_key(unique, i):
     return vbase.make_offload_key(f"{unique}-{i}".encode().ljust(32, b"."), 0)
 
@@ -97,11 +111,12 @@ def test_chunks_cascade_out_and_promote_back(server, unique, managers):
     rows1[:3] = rng.integers(0, 256, size=rows1[:3].shape, dtype=np.uint8)
     keys = [offload_key(unique, i) for i in range(3)]
     ctx = vbase.ReqContext(req_id="r")
-    assert all(t2.lookup(k, ctx) == vbase.LookupResult.MISS for k in keys)
+    assert all(resolve(t2, k, ctx) == vbase.LookupResult.MISS for k in keys)
+    t2.on_request_finished(ctx)
     t1.submit_store(job(1, keys[:2], [0, 1], promotion=False))
     done = finished(t1)
     assert done[1].success and done[1].transfer_bytes == 2 * t1.block_size_bytes
-    assert [t2.lookup(k, ctx) for k in keys] == [vbase.LookupResult.HIT] * 2 + [
+    assert [resolve(t2, k, ctx) for k in keys] == [vbase.LookupResult.HIT] * 2 + [
         vbase.LookupResult.MISS]
     # Another engine's primary tier, at other slots.
     rows2[:] = 0
@@ -124,11 +139,11 @@ def test_other_models_dtypes_and_topologies_miss(server, unique, managers):
     t1.submit_store(job(1, [key], [0], promotion=False))
     assert finished(t1)[1].success
     ctx = vbase.ReqContext(req_id="r")
-    assert t1.lookup(key, ctx) == vbase.LookupResult.HIT
+    assert resolve(t1, key, ctx) == vbase.LookupResult.HIT
     for kw in ({"model": "org/other"}, {"dtype": "bfloat16"}, {"tp": 2}):
         m, t, _ = make_tier(server, unique + str(kw), **kw)
         managers.append(m)
-        assert t.lookup(key, ctx) == vbase.LookupResult.MISS, f"{kw} must miss"
+        assert resolve(t, key, ctx) == vbase.LookupResult.MISS, f"{kw} must miss"
 
 
 def test_a_tier_without_an_address_is_refused(server, unique):

@@ -28,6 +28,7 @@ import ctypes
 
 from gpucache._native import (
     BATCH_ITEMS_MAX,
+    BATCH_KEYS_MAX,
     PAYLOAD_BYTES_MAX,
     REGISTERED_BUFFERS_MAX,
     BufferTooSmallError,
@@ -45,6 +46,7 @@ from gpucache._native import (
 
 __all__ = [
     "BATCH_ITEMS_MAX",
+    "BATCH_KEYS_MAX",
     "PAYLOAD_BYTES_MAX",
     "REGISTERED_BUFFERS_MAX",
     "BufferTooSmallError",

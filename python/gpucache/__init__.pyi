@@ -2,6 +2,7 @@
 
 from gpucache._native import (
     BATCH_ITEMS_MAX as BATCH_ITEMS_MAX,
+    BATCH_KEYS_MAX as BATCH_KEYS_MAX,
     PAYLOAD_BYTES_MAX as PAYLOAD_BYTES_MAX,
     REGISTERED_BUFFERS_MAX as REGISTERED_BUFFERS_MAX,
     BufferTooSmallError as BufferTooSmallError,

@@ -5,6 +5,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 __version__: str
 PAYLOAD_BYTES_MAX: int
 BATCH_ITEMS_MAX: int
+# Most keys one batch call takes (split into frames of BATCH_ITEMS_MAX keys).
+BATCH_KEYS_MAX: int
 REGISTERED_BUFFERS_MAX: int
 
 class Error(Exception):

@@ -34,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(keys::plain_key, m)?)?;
     m.add("PAYLOAD_BYTES_MAX", gpucache_wire::PAYLOAD_BYTES_MAX)?;
     m.add("BATCH_ITEMS_MAX", gpucache_wire::BATCH_ITEMS_MAX)?;
+    m.add("BATCH_KEYS_MAX", client::BATCH_KEYS_MAX)?;
     m.add("REGISTERED_BUFFERS_MAX", client::REGISTERED_BUFFERS_MAX)?;
     Ok(())
 }

@@ -21,6 +21,14 @@ Keys: one ``gpucache.Identity`` per (model, world size, worker id, dtype) of LMC
 and tags). A chunk is stored as its raw bytes (``remote_serde: naive``); a shorter last chunk
 (``save_unfull_chunk``) comes back with its own length. Layerwise keys and other serdes are
 refused when the connector is made, with the reason.
+
+A configuration error (a missing or malformed ``url``, a layerwise or non-naive setting) is
+raised as LMCache's ``IrrecoverableException``, which LMCache lets stop the engine's start
+instead of running on without a remote tier; a server that does not answer yet is an ordinary
+error, after which LMCache tries to connect again. Every call to the server finishes within
+half of LMCache's ``blocking_timeout_secs`` (the address's ``timeout_s`` is lowered to that),
+and a read that LMCache can no longer be waiting for (it gave up on it) allocates nothing and
+hands back nothing.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import logging
 import threading
+import time
 from typing import List, Optional
 
 import gpucache
@@ -43,6 +53,7 @@ from lmcache.v1.storage_backend.connector import (
     ConnectorContext,
     extract_plugin_type,
 )
+from lmcache.v1.exceptions import IrrecoverableException
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 logger = logging.getLogger(__name__)
@@ -55,6 +66,12 @@ IDENTITIES_MAX = 64
 # Most keys remembered for list() (the newest; older ones are forgotten, not removed).
 LISTED_KEYS_MAX = 65536
 LAYOUT_VERSION = 1
+# LMCache's blocking_timeout_secs when its configuration has none.
+LMCACHE_WAIT_S_DEFAULT = 10.0
+
+
+class GPUCacheConfigError(IrrecoverableException, ValueError):
+    """A configuration the connector cannot run with: LMCache stops its start on it."""
 
 
 class GPUCacheConnectorAdapter(ConnectorAdapter):
@@ -77,9 +94,15 @@ class GPUCacheConnectorAdapter(ConnectorAdapter):
             field = f"remote_storage_plugin.{name}.url"
             extra = (context.config.extra_config if context.config else None) or {}
             if not extra.get(field):
-                raise ValueError(f'the LMCache extra_config needs {field}: "gpucache://HOST:PORT"')
+                raise GPUCacheConfigError(
+                    f'the LMCache extra_config needs {field}: "gpucache://HOST:PORT"'
+                )
             url = extra[field]
-        return GPUCacheConnector(_url.parse(url), context)
+        try:
+            address = _url.parse(url)
+        except ValueError as e:
+            raise GPUCacheConfigError(str(e)) from None
+        return GPUCacheConnector(address, context)
 
 
 class GPUCacheConnector(RemoteConnector):
@@ -90,13 +113,20 @@ class GPUCacheConnector(RemoteConnector):
         config = context.config if context.config is not None else backend.config
         metadata = context.metadata if context.metadata is not None else backend.metadata
         if config.use_layerwise:
-            raise ValueError("the gpucache LMCache connector does not store layerwise chunks")
+            raise GPUCacheConfigError(
+                "the gpucache LMCache connector does not store layerwise chunks"
+            )
         if config.remote_serde not in (None, "naive"):
-            raise ValueError(
+            raise GPUCacheConfigError(
                 f"the gpucache LMCache connector stores raw chunks: set remote_serde: naive "
                 f"(not {config.remote_serde!r})"
             )
         super().__init__(config, metadata)
+        # LMCache waits blocking_timeout_secs for a call, then cancels it: every call ends well
+        # before, and a read still running then is dropped (see _get_sync).
+        waits = float(getattr(config, "blocking_timeout_secs", None) or LMCACHE_WAIT_S_DEFAULT)
+        self.call_s = waits / 2
+        address = dataclasses.replace(address, timeout_s=min(address.timeout_s, self.call_s))
         self.address = address
         self.loop = context.loop
         self.local_cpu_backend = backend
@@ -187,7 +217,24 @@ class GPUCacheConnector(RemoteConnector):
     async def exists(self, key: CacheEngineKey) -> bool:
         return await self._off_loop(self.exists_sync, key)
 
-    def _get_sync(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+    def _deadline(self) -> float:
+        """When LMCache may stop waiting for a read asked for now (its clock starts first)."""
+        return time.monotonic() + self.call_s
+
+    def _late(self, deadline: float, objs) -> bool:
+        """Past the deadline: LMCache may have cancelled the read, so nobody would release
+        what it allocated. Releases ``objs`` and says so."""
+        if time.monotonic() <= deadline:
+            return False
+        for m in objs:
+            if m is not None:
+                m.ref_count_down()
+        logger.warning("a GPUCache read finished after LMCache's wait: dropped")
+        return True
+
+    def _get_sync(self, key: CacheEngineKey, deadline: float) -> Optional[MemoryObj]:
+        if self._late(deadline, ()):
+            return None
         memory_obj = self._allocate()
         if memory_obj is None:
             logger.warning("LMCache could not allocate a chunk for a GPUCache read")
@@ -197,10 +244,11 @@ class GPUCacheConnector(RemoteConnector):
         except gpucache.Error:
             memory_obj.ref_count_down()
             raise
-        return self._finish(memory_obj, got)
+        out = self._finish(memory_obj, got)
+        return None if self._late(deadline, [out]) else out
 
     async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
-        return await self._off_loop(self._get_sync, key)
+        return await self._off_loop(self._get_sync, key, self._deadline())
 
     def _put_sync(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]) -> None:
         self.client.batch_put_from(
@@ -218,7 +266,11 @@ class GPUCacheConnector(RemoteConnector):
     async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
         await self._off_loop(self._put_sync, list(keys), list(memory_objs))
 
-    def _batched_get_sync(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+    def _batched_get_sync(
+        self, keys: List[CacheEngineKey], deadline: float
+    ) -> List[Optional[MemoryObj]]:
+        if self._late(deadline, ()):
+            return [None] * len(keys)
         objs: List[Optional[MemoryObj]] = []
         for _ in keys:
             m = self._allocate()
@@ -238,13 +290,15 @@ class GPUCacheConnector(RemoteConnector):
                 m.ref_count_down()
             raise
         out = [self._finish(m, g) for m, g in zip(objs, got)]
+        if self._late(deadline, out):
+            return [None] * len(keys)
         return out + [None] * (len(keys) - len(out))
 
     def support_batched_get(self) -> bool:
         return True
 
     async def batched_get(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        return await self._off_loop(self._batched_get_sync, list(keys))
+        return await self._off_loop(self._batched_get_sync, list(keys), self._deadline())
 
     def support_batched_get_non_blocking(self) -> bool:
         return True

@@ -197,6 +197,12 @@ class GPUCacheHiCacheStorage(HiCacheStorage):
 
     # ---- the v1 (zero-copy) interface -------------------------------------------------------
 
+    def _spans(self, pages: int):
+        """[start, end) page ranges whose pieces fit one client call (BATCH_KEYS_MAX keys): a
+        request's pages may have many more (a long prompt, one piece per layer)."""
+        step = max(1, gpucache.BATCH_KEYS_MAX // len(self._piece_sizes))
+        return [(a, min(a + step, pages)) for a in range(0, pages, step)]
+
     def batch_exists(
         self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None
     ) -> int:
@@ -204,11 +210,12 @@ class GPUCacheHiCacheStorage(HiCacheStorage):
         if not keys:
             return 0
         self._require_pool()
-        found = self.client.batch_exists(self._keys_of(keys))
         per = len(self._piece_sizes)
-        for i in range(len(keys)):
-            if not all(found[i * per : (i + 1) * per]):
-                return i
+        for a, b in self._spans(len(keys)):
+            found = self.client.batch_exists(self._keys_of(keys[a:b]))
+            for i in range(b - a):
+                if not all(found[i * per : (i + 1) * per]):
+                    return a + i
         return len(keys)
 
     def batch_get_v1(
@@ -222,15 +229,19 @@ class GPUCacheHiCacheStorage(HiCacheStorage):
             return []
         pkeys, ptrs, sizes, per = self._page_pieces(keys, host_indices)
         start = time.perf_counter()
-        try:
-            got = self.client.batch_get_into(pkeys, ptrs, sizes)
-        except gpucache.Error as e:
-            logger.warning("GPUCache batch get of %d pages failed: %s", len(keys), e)
-            return [False] * len(keys)
-        ok = [
-            all(got[i * per + j] == sizes[i * per + j] for j in range(per))
-            for i in range(len(keys))
-        ]
+        ok: List[bool] = []
+        for a, b in self._spans(len(keys)):
+            lo, hi = a * per, b * per
+            try:
+                got = self.client.batch_get_into(pkeys[lo:hi], ptrs[lo:hi], sizes[lo:hi])
+            except gpucache.Error as e:
+                logger.warning("GPUCache batch get of pages %d..%d failed: %s", a, b, e)
+                ok += [False] * (b - a)
+                continue
+            ok += [
+                all(got[i * per + j] == sizes[lo + i * per + j] for j in range(per))
+                for i in range(b - a)
+            ]
         self._record(self._prefetch_pgs, self._prefetch_bw, ok, sizes, per, start)
         return ok
 
@@ -249,16 +260,24 @@ class GPUCacheHiCacheStorage(HiCacheStorage):
             return [True] * len(keys)
         pkeys, ptrs, sizes, per = self._page_pieces(keys, host_indices)
         start = time.perf_counter()
-        try:
-            self.client.batch_put_from(pkeys, ptrs, sizes)
-            ok = [True] * len(keys)
-        except gpucache.Error as e:
-            # Items before the failing one were answered; the page holding it and every
-            # later page are reported as not stored.
-            done = getattr(e, "index", 0) // per
-            logger.warning("GPUCache batch put stopped at page %d of %d: %s", done, len(keys), e)
-            ok = [i < done for i in range(len(keys))]
-        self._track(pkeys[: sum(ok) * per])
+        ok = [False] * len(keys)
+        for a, b in self._spans(len(keys)):
+            lo, hi = a * per, b * per
+            try:
+                self.client.batch_put_from(pkeys[lo:hi], ptrs[lo:hi], sizes[lo:hi])
+                ok[a:b] = [True] * (b - a)
+            except gpucache.Error as e:
+                # Every piece was answered; a refused one (Busy: another writer holds its
+                # reservation; a full store) fails its page only. Without per-piece answers
+                # (the call itself failed) the span's pages are not stored.
+                each = getattr(e, "results", None)
+                if each is None or len(each) != hi - lo:
+                    logger.warning("GPUCache batch put of pages %d..%d failed: %s", a, b, e)
+                    continue
+                for i in range(b - a):
+                    ok[a + i] = not any(isinstance(r, BaseException) for r in each[i * per : (i + 1) * per])
+                logger.warning("GPUCache stored %d of pages %d..%d: %s", sum(ok[a:b]), a, b, e)
+        self._track([k for i, good in enumerate(ok) if good for k in pkeys[i * per : (i + 1) * per]])
         self._record(self._backup_pgs, self._backup_bw, ok, sizes, per, start)
         return ok
 

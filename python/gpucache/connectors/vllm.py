@@ -165,11 +165,11 @@ class GPUCacheTier(SecondaryTierManager):
         try:
             self.piece_bytes = self._piece_bytes()
             self.pieces = -(-self.chunk_bytes // self.piece_bytes)
-            if self.pieces > gpucache.BATCH_ITEMS_MAX:
+            if self.pieces > gpucache.BATCH_KEYS_MAX:
                 raise ValueError(
                     f"GPUCacheTier: a chunk of {self.chunk_bytes} bytes needs {self.pieces} "
                     f"objects of at most {self.piece_bytes} bytes (the server's object_bytes_max); "
-                    f"at most {gpucache.BATCH_ITEMS_MAX} fit one batch: raise the server's "
+                    f"at most {gpucache.BATCH_KEYS_MAX} fit one batch: raise the server's "
                     "limits.object_bytes_max or use fewer blocks per chunk"
                 )
             dtype = str(cfg.model.dtype).removeprefix("torch.")

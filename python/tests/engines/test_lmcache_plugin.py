@@ -6,6 +6,7 @@ running `gpucache serve`."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from engine_require import require
@@ -171,3 +172,53 @@ def test_a_missing_or_bad_setting_is_refused_with_its_reason(tmp_path, server, l
         with pytest.raises(ValueError, match=reason):
             lm_connector.CreateConnector(
                 "plugin://gpucache", loop, local, config, md, plugin_name="gpucache")
+
+
+def test_a_bad_setting_stops_lmcaches_start_instead_of_running_without_the_tier(tmp_path, server, loop):
+    # LMCache's RemoteBackend swallows a connector's ordinary errors and runs with no remote
+    # tier; a configuration error must reach the engine's start.
+    url = f"gpucache://{server.native}?tenant=default"
+    path = tmp_path / "typo.yaml"
+    path.write_text(documented_yaml(url.replace("tenant=", "tenat=")))
+    config = lm_config.LMCacheEngineConfig.from_file(str(path))
+    md = metadata()
+    local = local_cpu.LocalCPUBackend(config, md, dst_device="cpu")
+    with pytest.raises(plugin.GPUCacheConfigError, match="unknown field"):
+        remote_backend.RemoteBackend(config, md, loop, local, dst_device="cpu", plugin_name="gpucache")
+
+
+def test_reads_end_before_lmcache_stops_waiting_and_a_late_one_keeps_nothing(
+        tmp_path, server, loop, unique, monkeypatch):
+    backend, local, md = make_backend(tmp_path, server, loop)
+    config = backend.config
+    # LMCache wraps the connector it made in its instrumented one.
+    conn = backend.connection._connector
+    assert isinstance(conn, plugin.GPUCacheConnector)
+    assert conn.address.timeout_s <= config.blocking_timeout_secs / 2
+    k = key(md, int(unique[2:], 16))
+    obj = chunk(local, md, torch.full((LAYERS, 2, CHUNK, HEADS, HEAD_DIM), 3.0))
+    conn._put_sync([k], [obj])
+    allocated = []
+    real = conn._allocate
+
+    def counting():
+        m = real()
+        allocated.append(m)
+        return m
+
+    conn._allocate = counting
+    # LMCache already gave up: nothing is allocated.
+    assert conn._get_sync(k, time.monotonic() - 1) is None
+    assert conn._batched_get_sync([k], time.monotonic() - 1) == [None]
+    assert allocated == []
+    # It gives up while the read runs (the plugin's clock reads 0 before the read and 10
+    # after it, the deadline is 5): what the read allocated is released, nothing returned.
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(plugin.time, "monotonic", lambda: next(clock))
+    assert conn._get_sync(k, 5.0) is None
+    monkeypatch.undo()
+    assert len(allocated) == 1 and allocated[0].get_ref_count() == 0
+    # In time, the chunk comes back.
+    got = conn._get_sync(k, time.monotonic() + 60)
+    assert got is not None and torch.equal(got.tensor, obj.tensor)
+    release([obj, got])

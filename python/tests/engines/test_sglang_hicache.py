@@ -122,6 +122,18 @@ def test_batch_exists_counts_the_leading_whole_pages(server, unique):
     assert got == [True, False]
 
 
+def test_a_request_with_more_pieces_than_one_client_call_takes_is_split(server, unique):
+    # A long request of a deep model (layer_first: one piece per layer and per K and V) names
+    # more piece keys than one client call may carry; its pages are asked about in spans.
+    pool = host_pool()
+    s = attach(storage_config(server), pool)
+    pages = gpucache.BATCH_KEYS_MAX // 2 + 5
+    keys = hashes(unique, pages)
+    assert len(s._keys_of(keys)) > gpucache.BATCH_KEYS_MAX
+    assert s.batch_set_v1(keys[:3], pool.alloc(3 * PAGE)) == [True] * 3
+    assert s.batch_exists(keys) == 3
+
+
 def test_keys_differ_by_model_shard_dtype_and_layout(server, unique):
     keys = hashes(unique, 2)
     base = host_pool()

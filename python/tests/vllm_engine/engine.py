@@ -84,7 +84,8 @@ class Completion:
 class Engine:
     """One `vllm.entrypoints.openai.api_server` process."""
 
-    def __init__(self, name: str, model: Path, workdir: Path, kv_config: Optional[dict]):
+    def __init__(self, name: str, model: Path, workdir: Path, kv_config: Optional[dict],
+                 max_model_len: int = 4096):
         self.name = name
         self.model = str(model)
         self.port = free_port()
@@ -95,7 +96,7 @@ class Engine:
         args = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+            "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
             "--block-size", str(BLOCK_TOKENS), "--seed", "0", "--enable-prompt-tokens-details",
         ]
         if kv_config is not None:
@@ -132,9 +133,9 @@ class Engine:
         raise AssertionError(f"engine {self.name} not ready within {ENGINE_START_S} s:\n"
                              f"{self.log_tail()}")
 
-    def complete(self, prompt: str) -> Completion:
+    def complete(self, prompt: str, max_tokens: int = MAX_TOKENS) -> Completion:
         body = json.dumps({
-            "model": self.model, "prompt": prompt, "max_tokens": MAX_TOKENS,
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "return_token_ids": True,
         }).encode()
         request = urllib.request.Request(

@@ -307,29 +307,44 @@ impl Shared {
         self.remove_dead(&view, &live).await;
     }
 
-    /// Renews the lease; a renewal etcd answers with no time left means it lapsed.
+    /// Renews the lease (opening its keep-alive stream first when there is none); a renewal
+    /// etcd answers with no time left means it lapsed.
     async fn renew(&self, life: &mut Life) {
-        if life.keeper.is_none() {
-            let lease = life.lease;
-            life.keeper =
-                self.coordinator
-                    .call_async("keep lease alive", |mut c| async move {
-                        c.lease_keep_alive(lease).await
-                    })
-                    .await
-                    .ok();
-        }
-        let Some(keeper) = life.keeper.as_mut() else { return };
         // The lease runs from when etcd took the renewal, which is after it was sent: counting
         // from the send, this node presumes its lease lapsed no later than etcd lets it lapse.
         let sent = Instant::now();
         let deadline = Duration::from_millis(self.coordinator.config().request_timeout_ms);
-        match tokio::time::timeout(deadline, keeper.renew()).await {
-            Ok(Ok(Some(ttl))) if ttl > 0 => life.renewed = sent,
-            Ok(Ok(Some(_))) => {
+        let answer = match life.keeper.as_mut() {
+            Some(keeper) => {
+                tokio::time::timeout(deadline, keeper.renew()).await.ok().and_then(Result::ok)
+            }
+            None => {
+                let lease = life.lease;
+                match self
+                    .coordinator
+                    .call_async("keep lease alive", |mut c| async move {
+                        c.lease_keep_alive(lease).await
+                    })
+                    .await
+                {
+                    Ok((keeper, first)) => {
+                        life.keeper = Some(keeper);
+                        Some(first)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "opening the lease keep-alive failed");
+                        None
+                    }
+                }
+            }
+        };
+        match answer {
+            Some(Some(ttl)) if ttl > 0 => life.renewed = sent,
+            Some(Some(_)) => {
                 // etcd no longer knows the lease: make the round see a lapse now.
                 life.renewed = Instant::now() - self.ttl();
             }
+            // No answer, or the stream ended: open it again next time.
             _ => life.keeper = None,
         }
     }

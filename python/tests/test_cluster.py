@@ -112,6 +112,32 @@ def test_a_cluster_client_routes_batches_and_a_dead_node_is_misses(etcd, tmp_pat
             stop(p)
 
 
+def test_a_connector_address_can_name_a_cluster(etcd, tmp_path):
+    from gpucache.connectors import _url
+
+    nodes = [node(tmp_path / f"n{n}", etcd, n) for n in (1, 2)]
+    try:
+        members = etcd.removeprefix("http://")
+        address = _url.parse(f"gpucache+etcd://{members}/py?tenant=default&timeout_s=10")
+        c = address.connect(client_name="connector-test")
+        assert c.transport == "cluster" and c.tenant == "default"
+        wait_until("both nodes in the view", lambda: len(c.offers()["members"]) == 2)
+        keys = [c.key(f"via-url-{i}") for i in range(16)]
+
+        def stored():
+            try:
+                return all(c.batch_put_from(keys, [bytes([i]) * 64 for i in range(16)]))
+            except gpucache.Error:
+                return False  # the view is settling: some writes are refused for a moment
+
+        wait_until("every block stored", lambda: all(c.batch_exists(keys)) or stored())
+        assert [c.get(k) for k in keys] == [bytes([i]) * 64 for i in range(16)]
+        c.close()
+    finally:
+        for p in nodes:
+            stop(p)
+
+
 def test_a_cluster_client_needs_an_etcd_that_answers():
     with pytest.raises(gpucache.UnavailableError):
         gpucache.Client.cluster([f"http://127.0.0.1:{free_port()}"], timeout_s=2.0)

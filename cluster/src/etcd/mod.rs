@@ -38,10 +38,15 @@ use pb::{
 /// sent one at a time, each waiting for its answer, so one slot is enough.
 const KEEP_ALIVE_QUEUE_MAX: usize = 1;
 
-/// gRPC status codes worth another try: UNKNOWN (a connection reset mid-call), DEADLINE_EXCEEDED,
-/// UNAVAILABLE (no endpoint answered, or the member lost its leader).
-const TRANSIENT_CODES: [tonic::Code; 3] =
-    [tonic::Code::Unknown, tonic::Code::DeadlineExceeded, tonic::Code::Unavailable];
+/// gRPC status codes worth another try: UNKNOWN (a connection reset mid-call), CANCELLED (the
+/// channel's own per-call timeout ran out), DEADLINE_EXCEEDED, UNAVAILABLE (no endpoint
+/// answered, or the member lost its leader).
+const TRANSIENT_CODES: [tonic::Code; 4] = [
+    tonic::Code::Unknown,
+    tonic::Code::Cancelled,
+    tonic::Code::DeadlineExceeded,
+    tonic::Code::Unavailable,
+];
 
 /// Whether a failed call may succeed when tried again (perhaps on another endpoint).
 pub(crate) fn transient(status: &tonic::Status) -> bool {
@@ -195,11 +200,23 @@ impl Etcd {
         self.lease.lease_revoke(LeaseRevokeRequest { id }).await.map(drop)
     }
 
-    /// Opens a keep-alive stream for lease `id`.
-    pub(crate) async fn lease_keep_alive(&mut self, id: i64) -> Result<LeaseKeeper, tonic::Status> {
+    /// Opens a keep-alive stream for lease `id` and renews the lease once through it; returns
+    /// the stream and what that renewal answered (see [`LeaseKeeper::renew`]).
+    ///
+    /// The first renewal is queued before the call is made: etcd sends the stream's response
+    /// headers only with its first answer, so a stream opened empty would wait for them forever.
+    pub(crate) async fn lease_keep_alive(
+        &mut self,
+        id: i64,
+    ) -> Result<(LeaseKeeper, Option<i64>), tonic::Status> {
         let (requests, queue) = mpsc::channel(KEEP_ALIVE_QUEUE_MAX);
-        let answers = self.lease.lease_keep_alive(ReceiverStream::new(queue)).await?.into_inner();
-        Ok(LeaseKeeper { id, requests, answers })
+        requests.try_send(LeaseKeepAliveRequest { id }).map_err(|_| {
+            tonic::Status::internal("a new keep-alive queue refused its first renewal")
+        })?;
+        let mut answers =
+            self.lease.lease_keep_alive(ReceiverStream::new(queue)).await?.into_inner();
+        let first = answers.message().await?.map(|a| a.ttl);
+        Ok((LeaseKeeper { id, requests, answers }, first))
     }
 }
 
@@ -223,13 +240,113 @@ mod tests {
     }
 
     #[test]
-    fn only_unavailable_deadline_and_unknown_are_tried_again() {
+    fn only_unavailable_deadline_cancelled_and_unknown_are_tried_again() {
         assert!(transient(&tonic::Status::unavailable("x")));
+        assert!(transient(&tonic::Status::cancelled("x")));
         assert!(transient(&tonic::Status::deadline_exceeded("x")));
         assert!(transient(&tonic::Status::unknown("x")));
         assert!(!transient(&tonic::Status::invalid_argument("x")));
         assert!(!transient(&tonic::Status::permission_denied("x")));
         assert!(!transient(&tonic::Status::failed_precondition("x")));
+    }
+
+    /// One etcd member on loopback in a temporary directory, stopped by its PID on drop; None
+    /// (the test skips) when etcd is not installed, unless GPUCACHE_REQUIRE_ETCD=1.
+    struct OneEtcd {
+        child: std::process::Child,
+        url: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for OneEtcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    fn etcd() -> Option<OneEtcd> {
+        if std::process::Command::new("etcd").arg("--version").output().is_err() {
+            assert!(
+                std::env::var("GPUCACHE_REQUIRE_ETCD").as_deref() != Ok("1"),
+                "etcd is required (GPUCACHE_REQUIRE_ETCD=1): scripts/setup.sh etcd"
+            );
+            eprintln!("skipped: no etcd here (scripts/setup.sh etcd installs it)");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("http://127.0.0.1:{}", free_port());
+        let peer = format!("http://127.0.0.1:{}", free_port());
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "e0", "--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("e0={peer}")])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn etcd");
+        Some(OneEtcd { child, url, _dir: dir })
+    }
+
+    /// Liveness bound for a call to a local etcd that has started.
+    const ANSWER: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_lease_is_renewed_through_its_keep_alive_stream_until_revoked() {
+        let Some(server) = etcd() else { return };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let mut c =
+                Etcd::connect(std::slice::from_ref(&server.url), Duration::from_secs(2)).unwrap();
+            // etcd takes a moment to answer after it starts.
+            let start = std::time::Instant::now();
+            let lease = loop {
+                match c.lease_grant(30).await {
+                    Ok(id) => break id,
+                    Err(e) => {
+                        assert!(start.elapsed() < ANSWER, "etcd never answered: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            };
+            // Opening the stream renews once (etcd answers a stream only after its first
+            // request), and each later renewal is answered on it.
+            let (mut keeper, first) = tokio::time::timeout(ANSWER, c.lease_keep_alive(lease))
+                .await
+                .expect("the keep-alive stream opens")
+                .expect("etcd renews the lease");
+            assert!(first.is_some_and(|ttl| ttl > 0), "{first:?}");
+            for _ in 0..3 {
+                let ttl = tokio::time::timeout(ANSWER, keeper.renew()).await.unwrap().unwrap();
+                assert!(ttl.is_some_and(|t| t > 0), "{ttl:?}");
+            }
+            // Keys under the lease, and a compare-and-put on one.
+            let revision = c.put("/t/k", b"v1".to_vec(), lease).await.unwrap();
+            assert!(revision > 0);
+            let kv = c.get("/t/k").await.unwrap().expect("written");
+            assert_eq!((kv.value.as_slice(), kv.lease), (&b"v1"[..], lease));
+            assert!(!c.put_if_revision("/t/k", b"v2".to_vec(), 0).await.unwrap());
+            assert!(c.put_if_revision("/t/k", b"v2".to_vec(), kv.mod_revision).await.unwrap());
+            assert!(c.put_if_revision("/t/new", b"n".to_vec(), 0).await.unwrap());
+            c.put("/t/leased", b"l".to_vec(), lease).await.unwrap();
+            c.put("/u/other", b"o".to_vec(), 0).await.unwrap();
+            let keys: Vec<Vec<u8>> =
+                c.get_prefix("/t/").await.unwrap().into_iter().map(|kv| kv.key).collect();
+            assert_eq!(keys, vec![b"/t/k".to_vec(), b"/t/leased".to_vec(), b"/t/new".to_vec()]);
+            // Revoked: the keys under it go (a compare-and-put wrote "/t/k" again without
+            // one), and a renewal says it has no time left.
+            c.lease_revoke(lease).await.unwrap();
+            assert!(c.get("/t/leased").await.unwrap().is_none());
+            assert!(c.get("/t/k").await.unwrap().is_some());
+            let ttl = tokio::time::timeout(ANSWER, keeper.renew()).await.unwrap().unwrap();
+            assert!(ttl.is_some_and(|t| t <= 0), "{ttl:?}");
+        });
     }
 
     #[test]

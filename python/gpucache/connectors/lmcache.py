@@ -81,7 +81,7 @@ class GPUCacheConnectorAdapter(ConnectorAdapter):
         super().__init__(f"{_url.SCHEME}://")
 
     def can_parse(self, url: str) -> bool:
-        if url.startswith(self.schema):
+        if url.startswith(self.schema) or url.startswith(f"{_url.CLUSTER_SCHEME}://"):
             return True
         if url.startswith("plugin://"):
             return extract_plugin_type(url[len("plugin://") :]) == PLUGIN_TYPE

@@ -60,6 +60,7 @@ def run_way(way, prompts, model, work: Path, server_bin: Path):
     stored = None
     if way == "gpucache":
         os.environ["GPUCACHE_BIN"] = str(server_bin)
+        (work / "serve").mkdir()
         server = FileServer(work / "serve")
         config = tier_config(server.url())
         stored = lambda: metric(server.metrics, "gpucache_committed_blocks")  # noqa: E731

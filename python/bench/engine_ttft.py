@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -59,9 +58,8 @@ def run_way(way, prompts, model, work: Path, server_bin: Path):
     server = None
     stored = None
     if way == "gpucache":
-        os.environ["GPUCACHE_BIN"] = str(server_bin)
         (work / "serve").mkdir()
-        server = FileServer(work / "serve")
+        server = FileServer(work / "serve", binary=server_bin)
         config = tier_config(server.url())
         stored = lambda: metric(server.metrics, "gpucache_committed_blocks")  # noqa: E731
     elif way == "fs":

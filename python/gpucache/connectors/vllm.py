@@ -164,7 +164,12 @@ class GPUCacheTier(SecondaryTierManager):
         self.client = self.address.connect(client_name="gpucache-vllm")
         try:
             self.piece_bytes = self._piece_bytes()
-            self.pieces = -(-self.chunk_bytes // self.piece_bytes)
+            # Byte lengths of a chunk's pieces, in order (the last may be shorter).
+            self.piece_lens = [
+                min(self.piece_bytes, self.chunk_bytes - at)
+                for at in range(0, self.chunk_bytes, self.piece_bytes)
+            ]
+            self.pieces = len(self.piece_lens)
             if self.pieces > gpucache.BATCH_KEYS_MAX:
                 raise ValueError(
                     f"GPUCacheTier: a chunk of {self.chunk_bytes} bytes needs {self.pieces} "
@@ -220,7 +225,8 @@ class GPUCacheTier(SecondaryTierManager):
         self._by_request: Dict[str, Set[Any]] = {}
         self._unasked: List[Any] = []
         self._queries: Dict[int, List[Any]] = {}
-        self._failed_loads: Dict[int, List[Any]] = {}
+        # Each load job's chunks until its result is handed to vLLM.
+        self._loads: Dict[int, List[Any]] = {}
 
     def _piece_bytes(self) -> int:
         """The most bytes one object may hold: the server's object_bytes_max (the wire's
@@ -244,9 +250,6 @@ class GPUCacheTier(SecondaryTierManager):
             row = memoryview(self._rows[int(c)])[: self.chunk_bytes]
             out.extend(row[i : i + self.piece_bytes] for i in range(0, self.chunk_bytes, self.piece_bytes))
         return out
-
-    def _piece_lens(self) -> List[int]:
-        return [min(self.piece_bytes, self.chunk_bytes - i) for i in range(0, self.chunk_bytes, self.piece_bytes)]
 
     # ---- lookups --------------------------------------------------------------------------
 
@@ -279,8 +282,8 @@ class GPUCacheTier(SecondaryTierManager):
     def _ask(self) -> None:
         """Sends the chunks asked about since the last call in QUERYs (never waits): a refused
         QUERY (a full queue, or the server down and cooling off) makes its chunks misses."""
+        per_query = max(1, QUERY_KEYS_MAX // self.pieces)
         while self._unasked:
-            per_query = max(1, QUERY_KEYS_MAX // self.pieces)
             batch, self._unasked = self._unasked[:per_query], self._unasked[per_query:]
             batch = [c for c in batch if c in self._lookups]
             if not batch:
@@ -365,11 +368,10 @@ class GPUCacheTier(SecondaryTierManager):
             raise ValueError(f"{len(keys)} keys but {len(job.chunk_ids)} chunks")
         start = time.perf_counter()
         got = self.client.batch_get_into(self._keys(keys), self._views(job.chunk_ids))
-        lens = self._piece_lens()
         whole = [
             k
             for i, k in enumerate(keys)
-            if all(g == n for g, n in zip(got[i * self.pieces : (i + 1) * self.pieces], lens))
+            if list(got[i * self.pieces : (i + 1) * self.pieces]) == self.piece_lens
         ]
         return JobResult(
             job_id=job.job_id,
@@ -383,7 +385,7 @@ class GPUCacheTier(SecondaryTierManager):
         self._submit(job_metadata, self._store)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self._failed_loads[job_metadata.job_id] = list(job_metadata.keys)
+        self._loads[job_metadata.job_id] = list(job_metadata.keys)
         self._submit(job_metadata, self._load)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
@@ -391,7 +393,7 @@ class GPUCacheTier(SecondaryTierManager):
             out = list(self._done)
             self._done.clear()
         for r in out:
-            asked = self._failed_loads.pop(r.job_id, None)
+            asked = self._loads.pop(r.job_id, None)
             if asked is None or r.success:
                 continue
             # The chunks that did not load are misses from now on for the requests that asked,

@@ -207,7 +207,8 @@ def wait_for(what: str, patience_s: float, done) -> None:
 class FileServer:
     """A `gpucache serve` on a FileStore under `root`, its native and metrics addresses."""
 
-    def __init__(self, workdir: Path, object_bytes_max: int = 64 << 20):
+    def __init__(self, workdir: Path, object_bytes_max: int = 64 << 20,
+                 binary: Optional[Path] = None):
         self.workdir = workdir
         self.root = workdir / "store"
         self.config = workdir / "gpucache.toml"
@@ -217,7 +218,7 @@ class FileServer:
             '[listen]\nnative = "127.0.0.1:0"\nresp = "127.0.0.1:0"\nmetrics = "127.0.0.1:0"\n\n'
             '[[tenants]]\nname = "default"\nrights = ["read", "write"]\n'
         )
-        self.proc, fields = launch(server_binary(), self.config, workdir)
+        self.proc, fields = launch(binary or server_binary(), self.config, workdir)
         self.native, self.metrics = fields["native"], fields["metrics"]
 
     def url(self, **fields: str) -> str:

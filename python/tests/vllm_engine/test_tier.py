@@ -40,13 +40,6 @@ ANSWER_PATIENCE_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = FileServer(tmp_path_factory.mktemp("serve"))
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def small_server(tmp_path_factory):
     """A server whose largest object is a quarter of the chunks the tests store."""
     srv = FileServer(tmp_path_factory.mktemp("serve-small"), object_bytes_max=16 * WORKER_BYTES_PER_BLOCK)
@@ -123,14 +116,14 @@ def resolve(tier, k, request="r"):
         time.sleep(0.01)
 
 
-def test_a_lookup_answers_retry_and_never_waits_on_the_server(server, unique, managers):
-    _, writer, rows = make_tier(server.url(), unique, managers)
+def test_a_lookup_answers_retry_and_never_waits_on_the_server(file_server, unique, managers):
+    _, writer, rows = make_tier(file_server.url(), unique, managers)
     rows[0] = 5
     stored = key(unique, 0)
     writer.submit_store(job(1, [stored], [0], promotion=False))
     assert finished(writer)[1].success
-    _, tier, _ = make_tier(server.url(timeout_s=str(SLOW_TIMEOUT_S)), unique, managers)
-    os.kill(server.proc.pid, signal.SIGSTOP)
+    _, tier, _ = make_tier(file_server.url(timeout_s=str(SLOW_TIMEOUT_S)), unique, managers)
+    os.kill(file_server.proc.pid, signal.SIGSTOP)
     try:
         for i in range(3):
             start = time.monotonic()
@@ -139,19 +132,19 @@ def test_a_lookup_answers_retry_and_never_waits_on_the_server(server, unique, ma
             assert time.monotonic() - start < LOOKUP_DEADLINE_S
         assert tier.has_pending_work()
     finally:
-        os.kill(server.proc.pid, signal.SIGCONT)
+        os.kill(file_server.proc.pid, signal.SIGCONT)
     assert resolve(tier, stored) == vbase.LookupResult.HIT
     assert resolve(tier, key(unique, 1)) == vbase.LookupResult.MISS
     tier.on_request_finished(ctx())
     assert not tier.has_pending_work()
 
 
-def test_every_kv_cache_dtype_vllm_names_starts_the_tier_under_its_own_identity(server, unique, managers):
+def test_every_kv_cache_dtype_vllm_names_starts_the_tier_under_its_own_identity(file_server, unique, managers):
     names = ["float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
              "fp8_ds_mla", "int8_per_token_head", "nvfp4", "a_dtype_from_a_later_vllm"]
     keys = {}
     for name in names:
-        _, tier, _ = make_tier(server.url(), unique, managers, dtype=name)
+        _, tier, _ = make_tier(file_server.url(), unique, managers, dtype=name)
         keys[name] = bytes(tier._keys([key(unique, 0)])[0])
     assert len(set(keys.values())) == len(names), keys
 
@@ -179,11 +172,11 @@ def metric_blocks(server):
     return metric(server.metrics, "gpucache_committed_blocks")
 
 
-def test_parallelism_agnostic_bytes_are_shared_across_topologies_and_layouts_stay_apart(server, unique, managers):
+def test_parallelism_agnostic_bytes_are_shared_across_topologies_and_layouts_stay_apart(file_server, unique, managers):
     k = key(unique, 0)
 
     def chunk_key(**kw):
-        _, tier, _ = make_tier(server.url(), unique, managers, **kw)
+        _, tier, _ = make_tier(file_server.url(), unique, managers, **kw)
         return bytes(tier._keys([k])[0])
 
     # The same model's chunk: one worker holds it all, or two hold half each.
@@ -194,20 +187,20 @@ def test_parallelism_agnostic_bytes_are_shared_across_topologies_and_layouts_sta
     assert chunk_key(canonical=True) != chunk_key()
 
 
-def test_locality_is_accepted_and_an_unknown_field_is_named(server, unique, managers):
-    _, tier, _ = make_tier(server.url(), unique, managers, locality="remote")
+def test_locality_is_accepted_and_an_unknown_field_is_named(file_server, unique, managers):
+    _, tier, _ = make_tier(file_server.url(), unique, managers, locality="remote")
     assert tier.locality == vbase.Locality.REMOTE
     with pytest.raises(ValueError, match="colour"):
-        make_tier(server.url(), unique, managers, colour="blue")
+        make_tier(file_server.url(), unique, managers, colour="blue")
 
 
-def test_shutdown_lets_vllm_release_the_primary_tier(server, unique, monkeypatch):
+def test_shutdown_lets_vllm_release_the_primary_tier(file_server, unique, monkeypatch):
     from vllm.v1.kv_offload.cpu import shared_offload_region as region
 
     warnings = []
     monkeypatch.setattr(region.logger, "warning", lambda msg, *a, **kw: warnings.append(msg % a))
     made = []
-    manager, tier, rows = make_tier(server.url(), unique, made)
+    manager, tier, rows = make_tier(file_server.url(), unique, made)
     rows[0] = 1
     tier.submit_store(job(1, [key(unique, 0)], [0], promotion=False))
     del rows
@@ -217,9 +210,9 @@ def test_shutdown_lets_vllm_release_the_primary_tier(server, unique, monkeypatch
     assert warnings == []
 
 
-def test_a_failed_load_makes_its_chunks_misses(server, unique, managers):
-    _, writer, rows = make_tier(server.url(), unique, managers)
-    _, reader, _ = make_tier(server.url(), unique, managers)
+def test_a_failed_load_makes_its_chunks_misses(file_server, unique, managers):
+    _, writer, rows = make_tier(file_server.url(), unique, managers)
+    _, reader, _ = make_tier(file_server.url(), unique, managers)
     rows[0] = 9
     k = key(unique, 0)
     writer.submit_store(job(1, [k], [0], promotion=False))

@@ -7,10 +7,12 @@ timed. The ways:
 
 - none: no connector (the fresh process computes every prompt: recomputation);
 - fs: vLLM's own file-system tier (`"type": "fs"`) under a temporary directory;
-- gpucache: GPUCacheTier over a `gpucache serve` on a FileStore in a temporary directory.
+- gpucache: GPUCacheTier over a `gpucache serve` on a FileStore in a temporary directory;
+- native: GPUCacheConnector (vLLM's KV connector interface) over such a server.
 
-Both tiers sit behind vLLM's CPU primary tier, loaded on this CPU platform by
-GPUCacheCPUTieringSpec. Time to first token is the latency of a completion of one token
+The two tiers sit behind vLLM's CPU primary tier, loaded on this CPU platform by
+GPUCacheCPUTieringSpec; the native connector moves blocks between the engine's KV cache and the
+server itself. Time to first token is the latency of a completion of one token
 (`max_tokens=1`, greedy). Prompts are made of the tiny test model's words, --prompts distinct
 ones per length. Prints a markdown table (p50 and p99 of the fresh process's latencies, the
 tokens it reported cached, the ratio of recomputation's p50 to the way's p50) and the load
@@ -32,7 +34,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_engine"))
 import tiny_model  # noqa: E402
-from engine import BLOCK_TOKENS, Engine, FileServer, metric, restorable, tier_config, wait_for  # noqa: E402
+from engine import (  # noqa: E402
+    BLOCK_TOKENS,
+    Engine,
+    FileServer,
+    metric,
+    native_config,
+    restorable,
+    tier_config,
+    wait_for,
+)
 
 STORED_PATIENCE_S = 600.0
 
@@ -57,10 +68,10 @@ def run_way(way, prompts, model, work: Path, server_bin: Path):
     writer)."""
     server = None
     stored = None
-    if way == "gpucache":
+    if way in ("gpucache", "native"):
         (work / "serve").mkdir()
         server = FileServer(work / "serve", binary=server_bin)
-        config = tier_config(server.url())
+        config = (tier_config if way == "gpucache" else native_config)(server.url())
         stored = lambda: metric(server.metrics, "gpucache_committed_blocks")  # noqa: E731
     elif way == "fs":
         root = work / "fs-tier"
@@ -94,7 +105,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="256,512,1024,2048,4096", help="prompt lengths in words")
     p.add_argument("--prompts", type=int, default=8, help="distinct prompts per length")
-    p.add_argument("--ways", default="none,fs,gpucache")
+    p.add_argument("--ways", default="none,fs,gpucache,native")
     p.add_argument("--bin", default="target/release/gpucache", help="the gpucache binary")
     p.add_argument("--json", help="write every sample here")
     args = p.parse_args()

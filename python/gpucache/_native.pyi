@@ -95,6 +95,9 @@ class Identity:
     def block_tokens(self) -> int: ...
     def chain_keys(self, block_hashes: Sequence[BlockHash]) -> List[Key]:
         """Key i names the prefix block_hashes[0..=i]."""
+    def block_keys(self, block_hashes: Sequence[BlockHash]) -> List[Key]:
+        """One key per hash, each naming that block alone (an engine hash that already covers
+        its prefix); key i equals chain_keys([block_hashes[i]])[0]. At most BATCH_KEYS_MAX."""
     def token_keys(self, token_ids: Sequence[int]) -> List[Key]:
         """One key per full block of token ids."""
 
@@ -207,6 +210,8 @@ class Executor:
         "epoch", "text"}, "quarantined": [{"operation", "kind", "ranges"}]}"""
     def write(self, offset: int, len: int, data: Buffer) -> None: ...
     def read(self, offset: int, len: int) -> bytes: ...
+    def read_into(self, offset: int, len: int, dst: Buffer) -> None:
+        """Copies the range's bytes into the front of a writable buffer (no bytes object)."""
     def close(self, join_deadline_s: float = 5.0) -> Dict[str, Any]:
         """{"restart_required", "workers_joined", "workers_stuck", "results", "quarantined",
         "text"}"""

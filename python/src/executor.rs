@@ -492,6 +492,35 @@ impl Executor {
         Ok(PyBytes::new(py, &bytes))
     }
 
+    /// Copies the bytes of the range `(offset, len)` into the front of `dst` (any writable
+    /// buffer: a bytearray, a NumPy array, a CPU torch tensor), which must hold them all.
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        len: u64,
+        dst: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let dst = range_of(dst, None, Access::Write)?;
+        if (dst.len as u64) < len {
+            return Err(PyValueError::new_err(format!(
+                "the {len}-byte range does not fit a {}-byte buffer",
+                dst.len
+            )));
+        }
+        let span = Span::of(&dst);
+        let host = &self.host;
+        py.detach(|| {
+            host.with_range(HostRange::new(offset, len), |src| {
+                // SAFETY: `dst` holds the writable buffer for this call, and no other range of
+                // this call aliases it.
+                let out = unsafe { span.bytes_mut() };
+                out[..src.len()].copy_from_slice(src);
+            })
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
     /// Stops the executor: refuses new work, drops queued jobs, waits up to `join_deadline_s`
     /// for the workers. Returns `{"restart_required", "workers_joined", "workers_stuck",
     /// "results", "quarantined", "text"}`; `restart_required` is true when a worker is stuck in

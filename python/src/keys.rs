@@ -20,6 +20,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyString};
 
+use crate::client::BATCH_KEYS_MAX;
+
 const MODEL_CONTEXT: &str = "gpucache python 2026-12 model config v1";
 const ADAPTER_CONTEXT: &str = "gpucache python 2026-12 adapter v1";
 const BLOCK_HASH_CONTEXT: &str = "gpucache python 2026-12 block hash v1";
@@ -280,6 +282,25 @@ impl Identity {
         self.keys_of(&links)
     }
 
+    /// One key per engine block hash, each naming that block alone: for engines whose block
+    /// hash already covers the whole prefix before it (vLLM's, SGLang's). The same key as
+    /// `chain_keys([h])[0]`, derived for all the hashes in one call, outside the GIL; at most
+    /// `BATCH_KEYS_MAX` hashes.
+    fn block_keys(
+        &self,
+        py: Python<'_>,
+        block_hashes: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Key>> {
+        if block_hashes.len() > BATCH_KEYS_MAX {
+            return Err(bad(format!(
+                "{} block hashes: one call derives at most {BATCH_KEYS_MAX}",
+                block_hashes.len()
+            )));
+        }
+        let links = block_hashes.iter().map(link_of).collect::<PyResult<Vec<_>>>()?;
+        py.detach(|| links.into_iter().map(|l| self.key_of_chain(vec![l])).collect())
+    }
+
     /// One key per full block of `token_ids` (a trailing partial block gets none), over this
     /// package's own chain: link `i` hashes link `i - 1` and the ids of block `i`.
     fn token_keys(&self, token_ids: Vec<i64>) -> PyResult<Vec<Key>> {
@@ -311,19 +332,20 @@ impl Identity {
                 links.len()
             )));
         }
-        (1..=links.len())
-            .map(|n| {
-                let id = self
-                    .base
-                    .clone()
-                    .chain(links[..n].to_vec())
-                    .block_tokens(self.block_tokens)
-                    .valid_tokens(self.block_tokens)
-                    .build()
-                    .map_err(bad)?;
-                Ok(Key { key: PhysicalKey::new(id) })
-            })
-            .collect()
+        (1..=links.len()).map(|n| self.key_of_chain(links[..n].to_vec())).collect()
+    }
+
+    /// The key of the block that ends the chain `links`.
+    fn key_of_chain(&self, links: Vec<ChainHash>) -> PyResult<Key> {
+        let id = self
+            .base
+            .clone()
+            .chain(links)
+            .block_tokens(self.block_tokens)
+            .valid_tokens(self.block_tokens)
+            .build()
+            .map_err(bad)?;
+        Ok(Key { key: PhysicalKey::new(id) })
     }
 }
 

@@ -51,6 +51,11 @@ def test_put_query_get_through_the_executor(client, unique):
     # Exactly the range's byte count or a failure: an 8 KiB range for a 4 KiB block.
     assert g["keys"][2]["ok"] is False and g["keys"][2]["reason"] == "short_read"
     assert ex.read(65536, 4096) == block
+    into = bytearray(4096 + 7)
+    ex.read_into(65536, 4096, into)
+    assert bytes(into[:4096]) == block and into[4096:] == bytes(7)
+    with pytest.raises(ValueError):
+        ex.read_into(65536, 4096, bytearray(4095))  # too small: nothing is written
     assert client.get(unique) == block  # the client reads what the executor wrote
     p = ex.poll()
     assert p["health"]["state"] == "healthy" and p["health"]["epoch"] == 0

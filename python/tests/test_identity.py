@@ -102,3 +102,14 @@ def test_plain_keys_differ_by_tenant_and_name():
     assert a == gpucache.plain_key("default", b"x")
     assert a != gpucache.plain_key("t1", "x")
     assert a != gpucache.plain_key("default", "y")
+
+
+def test_block_keys_name_each_block_alone_in_one_call():
+    idt = gpucache.Identity(**BASE)
+    hashes = [b"a", "b", 7, b"a"]
+    keys = idt.block_keys(hashes)
+    assert keys == [idt.chain_keys([h])[0] for h in hashes]
+    assert keys[0] == keys[3] and len(set(keys)) == 3
+    assert all(k.blocks == 1 for k in keys)
+    with pytest.raises(ValueError):
+        idt.block_keys([b"x"] * (gpucache.BATCH_KEYS_MAX + 1))

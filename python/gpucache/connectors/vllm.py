@@ -238,9 +238,12 @@ class GPUCacheTier(SecondaryTierManager):
     def _keys(self, keys) -> List[gpucache.Key]:
         """Every object's key of each chunk, chunk after chunk (``pieces`` per chunk)."""
         if self.pieces == 1:
-            return [self.identity.chain_keys([bytes(k)])[0] for k in keys]
-        names = [bytes(k) + struct.pack(">I", i) for k in keys for i in range(self.pieces)]
-        return [self.identity.chain_keys([n])[0] for n in names]
+            names = [bytes(k) for k in keys]
+        else:
+            names = [bytes(k) + struct.pack(">I", i) for k in keys for i in range(self.pieces)]
+        span = gpucache.BATCH_KEYS_MAX
+        return [k for at in range(0, len(names), span)
+                for k in self.identity.block_keys(names[at:at + span])]
 
     def _views(self, chunk_ids) -> List[memoryview]:
         """Each chunk's row cut into its pieces, in the order of ``_keys``."""

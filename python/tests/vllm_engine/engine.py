@@ -72,6 +72,18 @@ def tier_config(url: str) -> dict:
     }
 
 
+def native_config(url: str, **fields) -> dict:
+    """The kv-transfer-config of an engine running GPUCacheConnector (vLLM's native connector
+    interface, loaded by module path)."""
+    return {
+        "kv_connector": "GPUCacheConnector",
+        "kv_connector_module_path": "gpucache.connectors.vllm_native",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"url": url, **fields},
+    }
+
+
 @dataclass
 class Completion:
     prompt_tokens: int

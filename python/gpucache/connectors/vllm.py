@@ -13,7 +13,10 @@ them to secondary tiers; an out-of-tree tier is named by class and module in
 
 On vLLM's CPU platform, name ``"spec_name": "GPUCacheCPUTieringSpec", "spec_module_path":
 "gpucache.connectors.vllm_cpu"`` instead (see that module). The tier entry also takes
-``"locality": "LOCAL"`` or ``"REMOTE"`` (where the server is, for vLLM's tier filters).
+``"locality": "LOCAL"`` or ``"REMOTE"`` (where the server is, for vLLM's tier filters) and
+``"enable_kv_events": true`` (a stored event for every chunk the tier stores, handed to vLLM's
+KV event publisher when its KV cache events are on). vLLM's metrics of the tier come from each
+job's transfer time and bytes, which every result carries.
 
 The tier runs in vLLM's scheduler process and sees whole chunks of the primary tier (every
 worker's bytes of a chunk, in rank order, or the one replicated copy). Keys: one
@@ -53,6 +56,7 @@ from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     ReqContext,
     RequestOffloadingContext,
 )
@@ -73,6 +77,8 @@ QUERY_KEYS_MAX = 4_096
 QUERY_QUEUE_DEPTH = 64
 HEALTH_COOLDOWN_MS = 5_000
 LAYOUT_VERSION = 2
+# Most stored events kept until vLLM takes them; the oldest are dropped past it.
+EVENTS_MAX = 65_536
 
 # vLLM's KV cache dtype names (its --kv-cache-dtype, or the model dtype for "auto") and the
 # element type GPUCache records for each. Any other name, and the ones here whose bytes are not
@@ -123,13 +129,14 @@ class GPUCacheTier(SecondaryTierManager):
         tier_type: str,
         url: str = "",
         locality: Optional[str] = None,
+        enable_kv_events: bool = False,
         backpressure_detector: Any = None,
         **unknown: Any,
     ):
         if unknown:
             raise ValueError(
                 f"GPUCacheTier: unknown field(s) {sorted(unknown)} in its secondary_tiers entry; "
-                "known: url, locality"
+                "known: url, locality, enable_kv_events"
             )
         super().__init__(
             offloading_spec=offloading_spec,
@@ -227,6 +234,15 @@ class GPUCacheTier(SecondaryTierManager):
         self._queries: Dict[int, List[Any]] = {}
         # Each load job's chunks until its result is handed to vLLM.
         self._loads: Dict[int, List[Any]] = {}
+        # Stored events, and each store job's chunks while they are kept (events on only).
+        self._events: "Optional[collections.deque[OffloadingEvent]]" = None
+        self._stores: Dict[int, List[Any]] = {}
+        if enable_kv_events:
+            if offloading_spec.kv_events_config.enable_kv_cache_events:
+                self._events = collections.deque(maxlen=EVENTS_MAX)
+            else:
+                logger.warning("GPUCacheTier: enable_kv_events is set but vLLM's KV cache events "
+                               "are off; the tier emits none")
 
     def _piece_bytes(self) -> int:
         """The most bytes one object may hold: the server's object_bytes_max (the wire's
@@ -385,6 +401,8 @@ class GPUCacheTier(SecondaryTierManager):
         )
 
     def submit_store(self, job_metadata: TransferJob) -> None:
+        if self._events is not None:
+            self._stores[job_metadata.job_id] = list(job_metadata.keys)
         self._submit(job_metadata, self._store)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
@@ -396,6 +414,10 @@ class GPUCacheTier(SecondaryTierManager):
             out = list(self._done)
             self._done.clear()
         for r in out:
+            stored = self._stores.pop(r.job_id, None)
+            if stored and r.success and self._events is not None:
+                self._events.append(OffloadingEvent(
+                    keys=stored, medium=self.medium, removed=False, locality=self.locality))
             asked = self._loads.pop(r.job_id, None)
             if asked is None or r.success:
                 continue
@@ -407,6 +429,10 @@ class GPUCacheTier(SecondaryTierManager):
                 if chunk not in kept and state is not None:
                     state.found = False
         return out
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        while self._events:
+            yield self._events.popleft()
 
     def _prune(self) -> None:
         self._pending = {f for f in self._pending if not f.done()}

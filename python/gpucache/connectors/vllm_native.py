@@ -80,9 +80,10 @@ LOOKUPS_MAX = 4096
 # Liveness limits a request can be held to: its lookup, then its load.
 LOOKUP_WAIT_S_DEFAULT = 5.0
 LOAD_WAIT_S_DEFAULT = 30.0
-# The worker's executor: queue depth and threads per operation kind.
+# The worker's executor: queue depth and threads per operation kind (a step's loads are split
+# over the GET threads).
 TRANSFER_QUEUE_DEPTH = 256
-TRANSFER_WORKERS = 2
+TRANSFER_WORKERS = 4
 # Most blocks one GET or PUT job carries.
 TRANSFER_KEYS_MAX = 256
 
@@ -480,6 +481,9 @@ class _WorkerSide:
         self.num_blocks = int(kv_cache_config.num_blocks)
         self.staging_bytes = staging_bytes
         self.layers: List[Tuple[str, torch.Tensor, int]] = []
+        # Each layer's blocks as rows of bytes, when every layer is a contiguous host tensor:
+        # blocks then move between the staging slots and the KV cache in one copy.
+        self.rows: Optional[List[torch.Tensor]] = None
         self.block_bytes = 0
         self.executor: Any = None
         self.free: List[int] = []
@@ -504,6 +508,8 @@ class _WorkerSide:
             per = t[0].numel() * t.element_size()
             layers.append((name, t, per))
         self.layers = layers
+        if all(t.device.type == "cpu" and t.is_contiguous() for _, t, _ in layers):
+            self.rows = [t.view(t.shape[0], -1).view(torch.uint8) for _, t, _ in layers]
         self.block_bytes = sum(per for _, _, per in layers)
         if self.block_bytes <= 0:
             raise ValueError("GPUCacheConnector: the engine registered no KV cache bytes")
@@ -529,8 +535,9 @@ class _WorkerSide:
             cooldown_ms=HEALTH_COOLDOWN_MS,
         )
         self.free = list(range(self.slots))
-        logger.info("GPUCacheConnector worker: %d layers, %d bytes per block, %d staging slots",
-                    len(layers), self.block_bytes, self.slots)
+        logger.info("GPUCacheConnector worker: %d layers, %d bytes per block, %d staging slots, "
+                    "%s copies", len(layers), self.block_bytes, self.slots,
+                    "direct" if self.rows is not None else "staged")
 
     def _range(self, slot: int) -> Tuple[int, int]:
         return slot * self.block_bytes, self.block_bytes
@@ -545,10 +552,17 @@ class _WorkerSide:
         self._pump()
 
     def _pump(self) -> None:
-        """Sends waiting loads while slots are free."""
+        """Sends waiting loads while slots are free (all fail before the KV cache is
+        registered)."""
+        if self.executor is None:
+            while self.pending:
+                req_id, block_id, _ = self.pending.popleft()
+                self._loaded(req_id, block_id, ok=False)
+            return
+        per_op = max(1, min(TRANSFER_KEYS_MAX, -(-len(self.pending) // TRANSFER_WORKERS)))
         while self.pending and self.free:
             batch = []
-            while self.pending and self.free and len(batch) < TRANSFER_KEYS_MAX:
+            while self.pending and self.free and len(batch) < per_op:
                 req_id, block_id, h = self.pending.popleft()
                 if req_id in self.abandoned:
                     continue
@@ -583,6 +597,13 @@ class _WorkerSide:
 
     def _copy_in(self, blocks: List[Tuple[int, int]]) -> None:
         """Copies (block id, slot) pairs from the staging area into the KV tensors."""
+        if self.rows is not None:
+            for block_id, slot in blocks:
+                at = slot * self.block_bytes
+                for rows, (_, _, per) in zip(self.rows, self.layers):
+                    self.executor.read_into(at, per, rows[block_id])
+                    at += per
+            return
         n = len(blocks)
         host = torch.empty((n, self.block_bytes), dtype=torch.uint8)
         for i, (_, slot) in enumerate(blocks):
@@ -620,6 +641,13 @@ class _WorkerSide:
 
     def _copy_out(self, block_ids: List[int], slots: List[int]) -> None:
         """Copies blocks from the KV tensors into staging slots, layer after layer."""
+        if self.rows is not None:
+            for block_id, slot in zip(block_ids, slots):
+                at = slot * self.block_bytes
+                for rows, (_, _, per) in zip(self.rows, self.layers):
+                    self.executor.write(at, per, rows[block_id])
+                    at += per
+            return
         pieces = []
         for _, t, per in self.layers:
             idx = torch.tensor(block_ids, dtype=torch.long, device=t.device)

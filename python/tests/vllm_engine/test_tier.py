@@ -56,12 +56,12 @@ def managers():
 
 
 def make_tier(url, unique, managers, dtype="float32", tp=1, blocks_per_chunk=1, agnostic=False,
-              canonical=False, worker_bytes=WORKER_BYTES_PER_BLOCK, **tier_fields):
+              canonical=False, worker_bytes=WORKER_BYTES_PER_BLOCK, events=False, **tier_fields):
     cfg = vconfig.OffloadingConfig(
         groups=(vconfig.OffloadingGroupConfig(
             tokens_per_block=BLOCK_TOKENS, layer_names=("layer.0",), group_id=0),),
         worker_kv_bytes_per_block=worker_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={
             "spec_name": "TieringOffloadingSpec",
             "cpu_bytes_to_use": CHUNKS * 4096 * max(1, worker_bytes * tp * blocks_per_chunk // 4096),
@@ -224,3 +224,19 @@ def test_a_failed_load_makes_its_chunks_misses(file_server, unique, managers):
     done = finished(reader)
     assert not done[2].success
     assert reader.lookup(k, ctx()) == vbase.LookupResult.MISS
+
+
+def test_stored_chunks_are_announced_as_kv_events_when_asked(file_server, unique, managers):
+    _, quiet, _ = make_tier(file_server.url(), unique, managers)
+    _, tier, rows = make_tier(file_server.url(), unique, managers, events=True, enable_kv_events=True,
+                              locality="REMOTE")
+    rows[:2] = 3
+    stored = [key(unique, 100), key(unique, 101)]
+    tier.submit_store(job(1, stored, [0, 1], promotion=False))
+    assert finished(tier)[1].success
+    (event,) = list(tier.take_events())
+    assert list(event.keys) == stored and event.removed is False
+    assert event.medium == tiermod.GPUCacheTier.medium and event.locality == vbase.Locality.REMOTE
+    assert list(tier.take_events()) == []
+    quiet.submit_store(job(2, [key(unique, 102)], [0], promotion=False))
+    assert finished(quiet)[2].success and list(quiet.take_events()) == []

@@ -49,8 +49,8 @@ use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::shard::{FillLease, FillNotice, FillOutcome, FillStart, FillTicket};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
-    Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    Store, StoreError, StoreInfo, StoreStats, put_batch_verified,
+    Invalidate, Located, Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed, Reservation,
+    Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats, put_batch_verified,
 };
 
 use gpucache_storage::host::segment::{Pages, Segment, SharedArena, SharedBuf, send_with_fd};
@@ -72,6 +72,9 @@ const READ_CHUNK_BYTES: usize = 256 << 10;
 const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
 /// Default for [`ClientConfig::handshake_deadline`].
 pub const HANDSHAKE_DEADLINE_DEFAULT: Duration = Duration::from_secs(5);
+/// Most PURGE requests one [`TcpStore::purge`] sends (each removes at most
+/// `PURGE_BLOCKS_MAX` blocks): 4 Mi blocks, more than a server's default registrations.
+pub const PURGE_ROUNDS_MAX: usize = 64;
 
 /// How to reach a server.
 #[derive(Debug, Clone)]
@@ -640,6 +643,32 @@ impl TcpStore {
             Response::FillWait(notice) => Ok(notice),
             other => Err(unexpected("fill", &other)),
         }
+    }
+
+    /// Removes every committed block of `scope` from the server (PURGE; the caller needs the
+    /// write right on the scope's tenant): one request per [`PURGE_BLOCKS_MAX`] blocks, while
+    /// the server says more may remain and the last request removed some, at most
+    /// [`PURGE_ROUNDS_MAX`] requests. Answers the blocks removed and the busy answers (a
+    /// reader or writer held the block; summed over the requests), and `more` when the last
+    /// request still left some of the scope.
+    ///
+    /// [`PURGE_BLOCKS_MAX`]: gpucache_dataplane::store::PURGE_BLOCKS_MAX
+    pub fn purge(&self, caller: &Caller, scope: &PurgeScope) -> Result<Purged, StoreError> {
+        let mut total = Purged::default();
+        for _ in 0..PURGE_ROUNDS_MAX {
+            let request = Request::Purge { scope: Box::new(scope.clone()) };
+            let round = match self.call(caller, request, "purge")? {
+                Response::Purge(answer) => answer?,
+                other => return Err(unexpected("purge", &other)),
+            };
+            total.removed += round.removed;
+            total.busy += round.busy;
+            total.more = round.more;
+            if !round.more || round.removed == 0 {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     /// Says the cluster epoch on `conn` when it has not said the current one yet.

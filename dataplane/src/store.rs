@@ -504,6 +504,114 @@ pub fn authorize(caller: &Caller, key: &PhysicalKey, right: Right) -> Result<(),
     Ok(())
 }
 
+/// Most blocks one PURGE removes: a store lists at most this many keys of the scope per call,
+/// and the caller asks again while [`Purged::more`] says some may remain.
+pub const PURGE_BLOCKS_MAX: usize = 1 << 16;
+/// Longest layout-name prefix a [`PurgeScope`] may carry (a layout name's own limit).
+pub const PURGE_LAYOUT_PREFIX_BYTES_MAX: usize = crate::identity::NAME_BYTES_MAX;
+
+/// The blocks one purge removes: every key of the tenant of `sample` that shares its model
+/// fields (trust domain, model revision, model config digest, tokenizer revision and adapter)
+/// and whose layout name begins with `layout_prefix`, whatever its shard (TP/PP rank and
+/// size), dtype, quantization, layout version, block size, chain and the other per-block
+/// fields. That is one engine connector's namespace over all its ranks and instances: the
+/// fields a rank or a pool changes are the ones left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeScope {
+    sample: PhysicalKey,
+    layout_prefix: String,
+}
+
+/// Why a [`PurgeScope`] cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a purge layout prefix is {len} bytes, the limit is {max}")]
+pub struct PurgeScopeError {
+    pub len: usize,
+    pub max: usize,
+}
+
+impl PurgeScope {
+    /// The scope of `sample`'s model fields and layout names that begin with `layout_prefix`
+    /// (empty: every layout).
+    pub fn new(sample: PhysicalKey, layout_prefix: &str) -> Result<Self, PurgeScopeError> {
+        if layout_prefix.len() > PURGE_LAYOUT_PREFIX_BYTES_MAX {
+            return Err(PurgeScopeError {
+                len: layout_prefix.len(),
+                max: PURGE_LAYOUT_PREFIX_BYTES_MAX,
+            });
+        }
+        Ok(Self { sample, layout_prefix: layout_prefix.to_owned() })
+    }
+
+    /// The key whose model fields name the scope.
+    pub fn sample(&self) -> &PhysicalKey {
+        &self.sample
+    }
+
+    pub fn layout_prefix(&self) -> &str {
+        &self.layout_prefix
+    }
+
+    /// The tenant that owns every key of the scope.
+    pub fn tenant(&self) -> &TenantId {
+        self.sample.tenant()
+    }
+
+    /// Whether `key` lies in the scope.
+    pub fn contains(&self, key: &PhysicalKey) -> bool {
+        let (a, b) = (self.sample.identity(), key.identity());
+        a.tenant() == b.tenant()
+            && a.model_config() == b.model_config()
+            && a.model_revision() == b.model_revision()
+            && a.trust_domain() == b.trust_domain()
+            && a.tokenizer_revision() == b.tokenizer_revision()
+            && a.adapter() == b.adapter()
+            && b.layout().name.as_str().starts_with(&self.layout_prefix)
+    }
+}
+
+/// What one purge did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Blocks removed.
+    pub removed: u64,
+    /// Blocks of the scope left in place because a reader or writer held them.
+    pub busy: u64,
+    /// The store listed [`PURGE_BLOCKS_MAX`] keys: more of the scope may remain.
+    pub more: bool,
+}
+
+/// Removes the committed blocks of `scope` from `store`, at most [`PURGE_BLOCKS_MAX`] of them:
+/// the caller needs the write right on the scope's tenant. The store lists the keys
+/// ([`Store::scope_keys`]) and removes each as [`Store::invalidate_batch`] would, so a block a
+/// reader or writer holds now stays (counted in [`Purged::busy`]). A key that failed to go
+/// fails the purge with its error only when nothing was removed.
+pub fn purge<S: Store + ?Sized>(
+    store: &S,
+    caller: &Caller,
+    scope: &PurgeScope,
+) -> Result<Purged, StoreError> {
+    authorize(caller, scope.sample(), Right::Write)?;
+    let keys = store.scope_keys(caller, scope, PURGE_BLOCKS_MAX)?;
+    let refs: Vec<&PhysicalKey> = keys.iter().take(PURGE_BLOCKS_MAX).collect();
+    let mut done = Purged { more: keys.len() >= PURGE_BLOCKS_MAX, ..Purged::default() };
+    let mut first_error = None;
+    for answer in store.invalidate_batch(caller, &refs) {
+        match answer {
+            Ok(Invalidate::Removed) => done.removed += 1,
+            Ok(Invalidate::Absent) => {}
+            Ok(Invalidate::Busy) => done.busy += 1,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if done.removed == 0 => Err(e),
+        _ => Ok(done),
+    }
+}
+
 /// The data-plane store contract. Implementations are shared across threads.
 pub trait Store: Send + Sync {
     fn info(&self) -> StoreInfo;
@@ -661,6 +769,23 @@ pub trait Store: Send + Sync {
     /// read: no eviction policy hears of it. This default, for a store of one tier, names none.
     fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
         untiered(self.lookup_batch(caller, keys))
+    }
+
+    /// Up to `max` keys of committed blocks in `scope` (the caller needs the read right on
+    /// the scope's tenant), in no order: what [`purge`] removes. This default, for a store
+    /// that keeps no index it can walk, refuses.
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        let _ = (caller, scope, max);
+        Err(StoreError::Backend {
+            operation: "purge",
+            detail: format!("the {} store cannot list the keys of a namespace", self.info().name),
+            retirement: Retirement::Retired,
+        })
     }
 }
 
@@ -946,6 +1071,14 @@ pub trait StoreLayer: Send + Sync + Sized {
     fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
         untiered(StoreLayer::lookup_batch(self, caller, keys))
     }
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        self.inner().scope_keys(caller, scope, max)
+    }
 }
 
 /// Every layer is a store: each call is the layer's (its override, or the inner store's).
@@ -1060,6 +1193,14 @@ impl<L: StoreLayer> Store for L {
     }
     fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
         StoreLayer::locate(self, caller, keys)
+    }
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        StoreLayer::scope_keys(self, caller, scope, max)
     }
 }
 
@@ -1177,5 +1318,13 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
         (**self).locate(caller, keys)
+    }
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        (**self).scope_keys(caller, scope, max)
     }
 }

@@ -164,6 +164,10 @@ class Client:
         sizes: Optional[Sequence[Optional[int]]] = None,
     ) -> List[bool]: ...
     def remove(self, key: KeyLike) -> bool: ...
+    def purge(self, key: KeyLike, layout_prefix: str = "") -> Tuple[int, int, bool]:
+        """Removes every block of key's namespace on the server (same tenant and model fields,
+        layout name starting with layout_prefix, any shard, dtype or chain): (removed, busy,
+        more). Needs the write right; refused on a client of a cluster."""
     def register_buffer(self, dst_or_ptr: Buffer, size: Optional[int] = None) -> bool:
         """True when the range lies in the shared segment (no copy in this process)."""
     def unregister_buffer(self, ptr: Buffer) -> None: ...

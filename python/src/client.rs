@@ -15,8 +15,8 @@ use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::store::{
-    BatchGet, BatchPut, FullPolicy, Get, Implementation, Invalidate, Located, Lookup, Put, Store,
-    StoreError, Tier,
+    BatchGet, BatchPut, FullPolicy, Get, Implementation, Invalidate, Located, Lookup, PurgeScope,
+    Put, Store, StoreError, Tier,
 };
 use gpucache_storage::host::segment::{Pages, SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN, SharedBuf};
 use gpucache_wire::namespace::IdentityTemplate;
@@ -779,6 +779,34 @@ impl Client {
             Ok(Invalidate::Removed) => Ok(true),
             Ok(Invalidate::Absent) => Ok(false),
             Ok(Invalidate::Busy) => Err(refused("busy", "a writer or reader holds the key now")),
+            Err(e) => Err(from_store(&e)),
+        }
+    }
+
+    /// Removes from the server every committed block of the namespace `key` belongs to: the
+    /// blocks of this tenant whose model fields (model and its config, revisions, trust domain,
+    /// adapter) are `key`'s and whose layout name begins with `layout_prefix`, whatever their
+    /// shard (TP/PP rank and size), dtype, block size or chain: what every rank and instance of
+    /// one engine connector stored. One PURGE request per PURGE_BLOCKS_MAX blocks, sent until
+    /// none remain. Needs the write right. Returns (removed, busy, more): blocks removed,
+    /// blocks a reader or writer held (they stay), and whether some of the namespace may
+    /// remain. Not on a client of a cluster (RefusedError "purge").
+    #[pyo3(signature = (key, layout_prefix = ""))]
+    fn purge(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        layout_prefix: &str,
+    ) -> PyResult<(u64, u64, bool)> {
+        self.check_open()?;
+        let Some(tcp) = self.tcp.as_ref() else {
+            return Err(refused("purge", "a client of a cluster cannot purge a namespace"));
+        };
+        let key = key_of(&self.namespace, key)?.into_owned();
+        let scope = PurgeScope::new(key, layout_prefix)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        match py.detach(|| tcp.purge(&self.caller, &scope)) {
+            Ok(p) => Ok((p.removed, p.busy, p.more)),
             Err(e) => Err(from_store(&e)),
         }
     }

@@ -33,7 +33,7 @@ use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::FillOutcome;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Get, Retirement, Store, StoreError, authorize,
+    BatchAnswers, BatchGet, BatchPut, Get, Retirement, Store, StoreError, authorize, purge,
 };
 use subtle::ConstantTimeEq;
 
@@ -839,6 +839,8 @@ fn answer<'a>(
         Request::Invalidate { keys } => {
             Response::Invalidate(store.invalidate_batch(who, &keys.iter().collect::<Vec<_>>()))
         }
+        // The write right on the scope's tenant; at most PURGE_BLOCKS_MAX blocks per request.
+        Request::Purge { scope } => Response::Purge(purge(store, who, &scope)),
         Request::Reserve { key, len, request } => {
             Response::Reserve(store.reserve(who, &key, len, request))
         }

@@ -23,8 +23,8 @@ use gpucache_dataplane::registry::{
 };
 use gpucache_dataplane::store::{
     Abort, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get, Invalidate,
-    Lookup, MissReason, Reclaimed, Reservation, Reserve, Retirement, StoreError, StoreStats,
-    WrittenRanges, authorize,
+    Lookup, MissReason, PurgeScope, Reclaimed, Reservation, Reserve, Retirement, StoreError,
+    StoreStats, WrittenRanges, authorize,
 };
 
 /// One block and the payload the store keeps for it.
@@ -225,6 +225,24 @@ impl<P> Catalog<P> {
     /// Every block the catalog holds, in no order.
     pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry<P>> {
         self.blocks.values()
+    }
+
+    /// Up to `max` keys of committed blocks in `scope`, in no order (the caller needs the
+    /// read right on the scope's tenant). Walks the catalog once.
+    pub(crate) fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        authorize(caller, scope.sample(), Right::Read)?;
+        Ok(self
+            .blocks
+            .values()
+            .filter(|b| b.life.state() == BlockState::Committed && scope.contains(&b.key))
+            .take(max)
+            .map(|b| b.key.clone())
+            .collect())
     }
 
     pub(crate) fn stats(&self) -> StoreStats {

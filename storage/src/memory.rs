@@ -23,8 +23,8 @@ use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptReason, FullPolicy, Get,
-    Implementation, Invalidate, LendTo, Lookup, Put, Reclaimed, Reservation, Reserve, Retirement,
-    Store, StoreError, StoreInfo, StoreStats, authorize, put_damaged, put_reserved,
+    Implementation, Invalidate, LendTo, Lookup, PurgeScope, Put, Reclaimed, Reservation, Reserve,
+    Retirement, Store, StoreError, StoreInfo, StoreStats, authorize, put_damaged, put_reserved,
 };
 
 use crate::catalog::{Catalog, ReadPin};
@@ -800,5 +800,14 @@ impl Store for MemoryStore {
                 Ok(answer)
             })
             .collect()
+    }
+
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        self.lock().catalog.scope_keys(caller, scope, max)
     }
 }

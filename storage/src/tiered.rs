@@ -42,8 +42,8 @@ use gpucache_dataplane::registry::LocalEpochs;
 pub use gpucache_dataplane::store::Tier;
 use gpucache_dataplane::store::{
     BatchAnswers, BatchGet, BatchPut, CorruptPhase, CorruptReason, Get, Implementation, Invalidate,
-    LendTo, Located, Lookup, MissReason, Put, Reserve, Retirement, Store, StoreError, StoreInfo,
-    StoreLayer, put_damaged,
+    LendTo, Located, Lookup, MissReason, PurgeScope, Put, Reserve, Retirement, Store, StoreError,
+    StoreInfo, StoreLayer, put_damaged,
 };
 
 use crate::evict::PolicyKind;
@@ -823,6 +823,25 @@ impl StoreLayer for TieredStore {
         // Whatever the file tier answered, memory keeps no copy the file tier does not hold.
         let _ = self.memory.invalidate(&owner(key), key);
         Ok(answer)
+    }
+
+    /// The file tier's keys of the scope, then memory's that the file tier did not list (a
+    /// block not written back yet).
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        let mut keys = self.file.scope_keys(caller, scope, max)?;
+        if keys.len() < max {
+            // By digest: a key's digest names its full encoding.
+            let listed: std::collections::HashSet<_> = keys.iter().map(|k| k.digest()).collect();
+            let more = self.memory.scope_keys(caller, scope, max)?;
+            let room = max - keys.len();
+            keys.extend(more.into_iter().filter(|k| !listed.contains(&k.digest())).take(room));
+        }
+        Ok(keys)
     }
 }
 

@@ -197,13 +197,16 @@ pub enum Op {
     FillFinish,
     /// Waits (bounded) for the outcome of a fill.
     FillWait,
+    /// Removes the committed blocks of one namespace (a model's keys over every shard),
+    /// at most `PURGE_BLOCKS_MAX` per request.
+    Purge,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 32] = [
+    pub const ALL: [Op; 33] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -235,6 +238,7 @@ impl Op {
         Self::FillBegin,
         Self::FillFinish,
         Self::FillWait,
+        Self::Purge,
         Self::Error,
     ];
 
@@ -271,6 +275,7 @@ impl Op {
             Self::FillBegin => 29,
             Self::FillFinish => 30,
             Self::FillWait => 31,
+            Self::Purge => 32,
             Self::Error => 255,
         }
     }
@@ -317,6 +322,7 @@ impl Op {
             Self::FillBegin => "FILL_BEGIN",
             Self::FillFinish => "FILL_FINISH",
             Self::FillWait => "FILL_WAIT",
+            Self::Purge => "PURGE",
             Self::Error => "ERROR",
         }
     }

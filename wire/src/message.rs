@@ -10,8 +10,8 @@ use gpucache_dataplane::shard::{
 };
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
-    Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StoreError, StoreInfo, StoreStats,
+    Invalidate, Located, Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed, Reservation,
+    Reserve, Retirement, StoreError, StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer, wide};
@@ -252,6 +252,12 @@ pub enum Request {
         ticket: FillTicket,
         wait_ms: u64,
     },
+    /// Removes the committed blocks of `scope` (the caller needs the write right on its
+    /// tenant), at most [`gpucache_dataplane::store::PURGE_BLOCKS_MAX`] of them. Boxed: a key
+    /// is large.
+    Purge {
+        scope: Box<PurgeScope>,
+    },
 }
 
 /// Why a node did not begin a fill (the wire's form of the directory's refusal).
@@ -339,6 +345,7 @@ pub enum Response {
     FillBegin(Result<FillStart, FillRefused>),
     FillFinish(FillNotice),
     FillWait(FillNotice),
+    Purge(Result<Purged, StoreError>),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -398,6 +405,7 @@ impl Request {
             Self::FillBegin { .. } => Op::FillBegin,
             Self::FillFinish { .. } => Op::FillFinish,
             Self::FillWait { .. } => Op::FillWait,
+            Self::Purge { .. } => Op::Purge,
         }
     }
 
@@ -518,6 +526,10 @@ impl Request {
             Self::FillWait { ticket, wait_ms } => {
                 put_fill_ticket(w, ticket);
                 w.u64(*wait_ms);
+            }
+            Self::Purge { scope } => {
+                w.key(scope.sample());
+                w.text(scope.layout_prefix());
             }
             Self::StageGet { items } => {
                 w.count(items.len());
@@ -676,6 +688,16 @@ impl Request {
                     });
                 }
                 Self::PutShared { items }
+            }
+            Op::Purge => {
+                let sample = r.key(0)?;
+                let prefix = r.text(text::PURGE_SCOPE)?;
+                let scope = PurgeScope::new(sample, &prefix).map_err(|e| WireError::TooMany {
+                    what: text::PURGE_SCOPE,
+                    count: wide(e.len),
+                    max: wide(e.max),
+                })?;
+                Self::Purge { scope: Box::new(scope) }
             }
             Op::Error => return Err(WireError::UnknownOp { op: op.code() }),
         })
@@ -1203,6 +1225,7 @@ impl Response {
             Self::FillBegin(_) => Op::FillBegin,
             Self::FillFinish(_) => Op::FillFinish,
             Self::FillWait(_) => Op::FillWait,
+            Self::Purge(_) => Op::Purge,
             Self::Error(_) => Op::Error,
         }
     }
@@ -1284,6 +1307,12 @@ impl Response {
                 });
             }
             Self::Attest(result) => put_result(w, result, put_reclaimed),
+            Self::Purge(result) => put_result(w, result, |w, p| {
+                w.u64(p.removed);
+                w.u64(p.busy);
+                w.bool(p.more);
+                Ok(())
+            }),
             Self::BumpEpoch(result) => put_result(w, result, |w, e| {
                 w.u64(e.0);
                 Ok(())
@@ -1440,6 +1469,9 @@ impl Response {
             Op::Limits => {
                 Self::Limits(ServerLimits { object_bytes_max: r.option_u64(text::INTEGER)? })
             }
+            Op::Purge => Self::Purge(get_result(r, |r| {
+                Ok(Purged { removed: r.u64(N)?, busy: r.u64(N)?, more: r.bool(text::BOOL)? })
+            })?),
             Op::Error => Self::Error(get_wire_error(r)?),
         })
     }

@@ -35,6 +35,7 @@ pub const DATAPLANE_TEXT: &[&str] = &[
     "bump_epoch",
     "reclaim_fenced",
     "stats",
+    "purge",
     // File-system steps (StoreError::Storage.step).
     "unlink",
     "directory sync",
@@ -134,6 +135,7 @@ whats! {
     FILL_NOTICE = "fill notice",
     FILL_START = "fill start",
     NOT_ADMITTING = "not-admitting reason",
+    PURGE_SCOPE = "purge scope",
 }
 
 /// The static string equal to `text`, if it is in [`DATAPLANE_TEXT`] or [`WHAT_TEXT`].

@@ -17,8 +17,8 @@ use gpucache_dataplane::shard::{
 };
 use gpucache_dataplane::store::{
     Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
-    Implementation, Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve,
-    Retirement, StorageEffect, StoreError, StoreStats, Tier,
+    Implementation, Invalidate, Located, Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed,
+    Reservation, Reserve, Retirement, StorageEffect, StoreError, StoreStats, Tier,
 };
 use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
@@ -471,6 +471,9 @@ fn request() -> impl Strategy<Value = Request> {
             .prop_map(|(lease, stored)| Request::FillFinish { lease, stored }),
         (fill_ticket(), any::<u64>())
             .prop_map(|(ticket, wait_ms)| Request::FillWait { ticket, wait_ms }),
+        (key(), "[a-z-]{0,16}").prop_map(|(key, prefix)| Request::Purge {
+            scope: Box::new(PurgeScope::new(key, &prefix).unwrap_or_else(|e| panic!("{e}")))
+        }),
         vec((key(), 0u64..=PAYLOAD_BYTES_MAX / 8), 0..8).prop_map(|items| Request::Get {
             items: items.into_iter().map(|(key, capacity)| GetItem { key, capacity }).collect()
         }),
@@ -672,6 +675,11 @@ fn response() -> impl Strategy<Value = Response> {
         fill_begun().prop_map(Response::FillBegin),
         fill_notice().prop_map(Response::FillFinish),
         fill_notice().prop_map(Response::FillWait),
+        result(
+            (any::<u64>(), any::<u64>(), any::<bool>())
+                .prop_map(|(removed, busy, more)| { Purged { removed, busy, more } })
+        )
+        .prop_map(Response::Purge),
         vec(result(fetched()), 0..8).prop_map(Response::Get),
         vec(result(put_outcome()), 0..8).prop_map(Response::Put),
         vec(result(invalidate), 0..8).prop_map(Response::Invalidate),
@@ -1241,6 +1249,11 @@ fn sample_requests() -> Vec<Request> {
             stored: true,
         },
         Request::FillWait { ticket: FillTicket { fill: 3, epoch: Epoch(2) }, wait_ms: 500 },
+        Request::Purge {
+            scope: Box::new(
+                PurgeScope::new(k2.clone(), "sglang-").unwrap_or_else(|e| panic!("{e}")),
+            ),
+        },
         Request::Hello {
             tenant: fixture::tenant(0),
             client_name: "vllm-worker-3".into(),
@@ -1427,6 +1440,7 @@ fn sample_responses() -> Vec<Response> {
         Response::FillBegin(Err(FillRefused::Epoch { asked: 1, current: 2 })),
         Response::FillFinish(FillNotice::Finished),
         Response::FillWait(FillNotice::Fenced),
+        Response::Purge(Ok(Purged { removed: 12, busy: 1, more: true })),
         Response::Cluster(Some(NodeStatus {
             node: NodeId(3),
             epoch: 9,
@@ -1723,7 +1737,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 32), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 33), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;

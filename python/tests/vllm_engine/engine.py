@@ -72,15 +72,23 @@ def tier_config(url: str) -> dict:
     }
 
 
+# The native connector's liveness limits in these tests: a lookup or a load slower than these
+# becomes a miss. Stated deadlines well inside REQUEST_DEADLINE_S, so that a busy machine slows
+# a restore down but does not turn it into a miss the test would count as a failure.
+LOOKUP_WAIT_S = 30.0
+LOAD_WAIT_S = 60.0
+
+
 def native_config(url: str, **fields) -> dict:
     """The kv-transfer-config of an engine running GPUCacheConnector (vLLM's native connector
     interface, loaded by module path)."""
+    extra = {"url": url, "lookup_wait_s": LOOKUP_WAIT_S, "load_wait_s": LOAD_WAIT_S, **fields}
     return {
         "kv_connector": "GPUCacheConnector",
         "kv_connector_module_path": "gpucache.connectors.vllm_native",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"url": url, **fields},
+        "kv_connector_extra_config": extra,
     }
 
 

@@ -34,9 +34,9 @@ use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason,
-    FullPolicy, Get, Implementation, Invalidate, Lookup, Put, Reclaimed, Reservation, Reserve,
-    Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats, authorize,
-    put_damaged,
+    FullPolicy, Get, Implementation, Invalidate, Lookup, PurgeScope, Put, Reclaimed, Reservation,
+    Reserve, Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats,
+    authorize, put_damaged,
 };
 
 use crate::catalog::{Catalog, Restored};
@@ -1097,6 +1097,15 @@ impl Store for FileStore {
     /// one group flush), one lock to finish; see [`removals`].
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
         self.invalidate_many(caller, keys)
+    }
+
+    fn scope_keys(
+        &self,
+        caller: &Caller,
+        scope: &PurgeScope,
+        max: usize,
+    ) -> Result<Vec<PhysicalKey>, StoreError> {
+        self.lock().scope_keys(caller, scope, max)
     }
 
     fn expire_leases(&self) -> Result<usize, StoreError> {

@@ -17,7 +17,8 @@ vLLM's model name or path by default), ``staging_bytes`` (each worker's host sta
 ``STAGING_BYTES_DEFAULT``), ``lookup_wait_s`` (how long a request may wait for its lookup
 before it is scheduled as a miss, ``LOOKUP_WAIT_S_DEFAULT``) and ``load_wait_s`` (how long a
 request may wait for its blocks before the missing ones are recomputed,
-``LOAD_WAIT_S_DEFAULT``). Any other field is refused.
+``LOAD_WAIT_S_DEFAULT``). Any other field is refused, and so is a server that cannot be
+reached when the engine starts (the start fails with the address and the reason).
 
 How it works. One object per engine block per worker: the block's bytes in every attention
 layer of that worker, layer after layer in name order, under the key of the block's hash (vLLM's
@@ -209,7 +210,11 @@ class GPUCacheConnector(KVConnectorBase_V1):
         self.lookup_wait_s = float(extra.get("lookup_wait_s", LOOKUP_WAIT_S_DEFAULT))
         self.load_wait_s = float(extra.get("load_wait_s", LOAD_WAIT_S_DEFAULT))
         staging = int(extra.get("staging_bytes", STAGING_BYTES_DEFAULT))
-        self.client = self.address.connect(client_name="gpucache-vllm-native")
+        try:
+            self.client = self.address.connect(client_name="gpucache-vllm-native")
+        except gpucache.Error as e:
+            raise ValueError(f"GPUCacheConnector: cannot reach the GPUCache server of "
+                             f"{extra['url']!r} ({type(e).__name__}: {e})") from e
         try:
             if role == KVConnectorRole.SCHEDULER:
                 self._scheduler: Optional[_SchedulerSide] = _SchedulerSide(self)
@@ -220,6 +225,12 @@ class GPUCacheConnector(KVConnectorBase_V1):
         except BaseException:
             self.client.close()
             raise
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A save is best effort (one dropped is a later miss), and every save copies its blocks
+        # before the step ends: a preempted request owes nothing.
+        return False
 
     # ---- scheduler side -------------------------------------------------------------------
 

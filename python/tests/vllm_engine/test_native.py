@@ -181,11 +181,18 @@ def test_hits_become_load_plans_and_full_blocks_save_plans(file_server, unique, 
     ({"policy": "fail"}, "kv_load_failure_policy"),
     ({"groups": 2}, "one KV cache group"),
     ({"stray": 1}, "unknown kv_connector_extra_config"),
+    ({"url": "gpucache://127.0.0.1:1?tenant=default"}, "cannot reach the GPUCache server"),
 ])
 def test_a_config_it_cannot_serve_safely_stops_the_start(file_server, change, reason):
+    url = change.pop("url", address(file_server))
     with pytest.raises(ValueError, match=reason):
-        vllm_config, kv_cache_config = config(address(file_server), **change)
+        vllm_config, kv_cache_config = config(url, **change)
         vllm_native.GPUCacheConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+
+
+def test_a_save_is_best_effort_so_preemption_owes_nothing(file_server, connectors):
+    c = scheduler(address(file_server), connectors)
+    assert c.requires_kv_delivery is False
 
 
 def test_every_kv_cache_dtype_name_is_its_own_identity(file_server, connectors):

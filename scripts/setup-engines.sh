@@ -103,7 +103,7 @@ if [ "$avail" -lt "$NEED_MIB" ]; then
 fi
 
 before="$(site_mib)"
-pip=("$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir)
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir)
 log "pip install ${WITH_DEPS[*]} (with dependencies)"
 "${pip[@]}" "${WITH_DEPS[@]}" "${keep[@]}" >&2 || die "pip install ${WITH_DEPS[*]} failed (pip's message above)"
 log "pip install --no-deps ${NO_DEPS[*]}"

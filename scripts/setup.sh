@@ -244,7 +244,7 @@ ensure_venv() {
     need_disk "$(dirname "$v")" "$mib" "the $label venv"
     "$python" -m venv "$v" >&2 || die "$python -m venv $v failed"
     log "pip install $* into $v"
-    if ! "$v/bin/pip" install --quiet --disable-pip-version-check "$@" >&2; then
+    if ! "$v/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2; then
         die "pip install $* failed (pip's message above); the next run makes $v again"
     fi
     why="$("$problem" "$v")"
@@ -348,7 +348,7 @@ install_py_wheel() {
     local v="$1" want have
     want="$(awk -F'"' '/^\[workspace.package\]/ { p = 1 } p && /^version/ { print $2; exit }' Cargo.toml)"
     if [ "$(cat "$v/.gpucache-wheel.sha256" 2>/dev/null)" != "$py_wheel_sum" ]; then
-        "$v/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+        "$v/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
             "$py_wheel" >&2 || die "pip install $py_wheel into $v failed (pip's message above)"
         printf '%s\n' "$py_wheel_sum" >"$v/.gpucache-wheel.sha256"
         installed+=("gpucache wheel in $(basename "$v")")

@@ -4,25 +4,34 @@ pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// Parses `64K`, `256k`, `1M`, `4MiB`, `1G` or a plain byte count. K, M and G are binary
-/// (1024-based), as in fio.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub const TIB: u64 = 1 << 40;
+
+/// The one grammar of byte counts, on the command line and in the configuration: a plain count
+/// (`4096`) or a number with a binary unit, `K`, `M`, `G` or `T` (1024-based, as fio reads
+/// them), optionally followed by `B` or `iB` and in any case (`64K`, `256k`, `4MiB`, `1T`).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let upper = t.to_ascii_uppercase();
-    let digits_end = upper.find(|c: char| !c.is_ascii_digit()).unwrap_or(upper.len());
-    let (number, suffix) = upper.split_at(digits_end);
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits_end);
     if number.is_empty() {
-        return Err(format!("{text:?} is not a size (expected e.g. 64K, 1M, 4096)"));
+        return Err(format!("{text:?} is not a byte count (expected e.g. 64K, 1M, 4096)"));
     }
     let n: u64 = number.parse().map_err(|e| format!("{text:?}: {e}"))?;
-    let unit = match suffix.trim() {
+    let unit = match suffix.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,
         "K" | "KB" | "KIB" => KIB,
         "M" | "MB" | "MIB" => MIB,
         "G" | "GB" | "GIB" => GIB,
-        other => return Err(format!("{text:?}: unknown unit {other:?} (use K, M or G)")),
+        "T" | "TB" | "TIB" => TIB,
+        other => return Err(format!("{text:?}: unknown unit {other:?} (use K, M, G or T)")),
     };
-    let bytes = n.checked_mul(unit).ok_or_else(|| format!("{text:?} is too large"))?;
+    n.checked_mul(unit).ok_or_else(|| format!("{text:?} does not fit in 64 bits"))
+}
+
+/// A size that must be positive (a block or a buffer on the command line): [`parse_bytes`],
+/// refusing 0.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(text)?;
     if bytes == 0 {
         return Err(format!("{text:?}: a size must be positive"));
     }
@@ -102,6 +111,11 @@ mod tests {
         assert!(parse_size("0K").is_err());
         assert!(parse_size("K").is_err());
         assert!(parse_size("3X").is_err());
+        // One grammar with the configuration's byte counts: T, and 0 where 0 is allowed.
+        assert_eq!(parse_size("2T"), Ok(2 * TIB));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("1 GiB"), Ok(GIB));
+        assert!(parse_bytes("99999999T").is_err());
         assert_eq!(parse_size_list("64K,1M"), Ok(vec![64 * KIB, MIB]));
         assert_eq!(size_label(64 * KIB), "64K");
         assert_eq!(size_label(4 * MIB), "4M");

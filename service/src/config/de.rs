@@ -86,7 +86,7 @@ pub(super) fn byte_count<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Erro
             u64::try_from(v).map_err(|_| E::custom(format!("{v} is negative")))
         }
         fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
-            parse_bytes(v).map_err(E::custom)
+            crate::units::parse_bytes(v).map_err(E::custom)
         }
     }
     d.deserialize_any(ByteCount)
@@ -102,23 +102,6 @@ pub(super) fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr,
              host names are not resolved"
         ))
     })
-}
-
-/// `4096`, `"64K"`, `"64KiB"`, `"1M"`, `"4GiB"`, `"1T"`: binary units, as fio reads them.
-fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count"))?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        other => return Err(format!("{text:?}: unknown unit {other:?} (use K, M, G or T)")),
-    };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} does not fit in 64 bits"))
 }
 
 /// A byte count that may be left out.

@@ -20,11 +20,11 @@ LAYERS, HEADS, HEAD_DIM, PAGE, DEVICE_TOKENS = 2, 2, 8, 4, 64
 _seeds = iter(range(1, 1 << 30))
 
 
-def host_pool(layout="page_first", dtype=torch.float16, layers=LAYERS):
+def host_pool(layout="page_first", dtype=torch.float16, layers=LAYERS, device_tokens=DEVICE_TOKENS):
     """SGLang's MHA host pool on CPU, over CPU 'device' buffers, filled with random K/V
     (another draw for every pool, so no two pools hold the same bytes)."""
-    k = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
-    v = tuple(torch.zeros(DEVICE_TOKENS, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
+    k = tuple(torch.zeros(device_tokens, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
+    v = tuple(torch.zeros(device_tokens, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
     bufs = pool_info.KVBuffers(
         k=k,
         v=v,
@@ -38,7 +38,7 @@ def host_pool(layout="page_first", dtype=torch.float16, layers=LAYERS):
     )
     pool = mha_pool.MHATokenToKVPoolHost(
         info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-        device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=layers,
+        device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers,
     )
     g = torch.Generator().manual_seed(next(_seeds))
     flat = pool.kv_buffer.view(-1)

@@ -18,44 +18,23 @@ torch = require("torch")
 hicache_storage = require("sglang.srt.mem_cache.hicache_storage")
 factory = require("sglang.srt.mem_cache.storage.backend_factory")
 pool_info = require("sglang.srt.mem_cache.device_pool_info")
-mha_pool = require("sglang.srt.mem_cache.pool_host.mha")
 mamba_pool = require("sglang.srt.mem_cache.pool_host.mamba")
 base_ctrl = require("sglang.srt.managers.cache_controller")
 hybrid_ctrl = require("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
 import gpucache  # noqa: E402
 from gpucache.connectors import sglang as conn  # noqa: E402
+from test_sglang_hicache import HEAD_DIM, HEADS, PAGE, host_pool  # noqa: E402
 
 PoolName = hicache_storage.PoolName
 PoolTransfer = hicache_storage.PoolTransfer
 Policy = hicache_storage.PoolHitPolicy
 
-HEADS, HEAD_DIM, PAGE = 2, 8, 4
 _seeds = iter(range(1000, 1 << 30))
 
 
 def mha_host_pool(layout="page_first", layers=2, device_tokens=64):
     """SGLang's MHA host pool on CPU over CPU 'device' buffers, filled with random bytes."""
-    dtype = torch.float16
-    k = tuple(torch.zeros(device_tokens, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
-    v = tuple(torch.zeros(device_tokens, HEADS, HEAD_DIM, dtype=dtype) for _ in range(layers))
-    bufs = pool_info.KVBuffers(
-        k=k, v=v,
-        k_data_ptrs=torch.tensor([t.data_ptr() for t in k], dtype=torch.uint64),
-        v_data_ptrs=torch.tensor([t.data_ptr() for t in v], dtype=torch.uint64),
-        layout=pool_info.KVBufferLayout.NHD,
-    )
-    info = pool_info.MHABufferInfo(
-        buffers=bufs, page_size=PAGE, head_num=HEADS, head_dim=HEAD_DIM,
-        v_head_dim=HEAD_DIM, dtype=dtype, device=torch.device("cpu"),
-    )
-    pool = mha_pool.MHATokenToKVPoolHost(
-        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-        device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers,
-    )
-    g = torch.Generator().manual_seed(next(_seeds))
-    flat = pool.kv_buffer.view(-1)
-    flat.copy_(torch.randn(flat.numel(), generator=g).to(dtype))
-    return pool
+    return host_pool(layout, layers=layers, device_tokens=device_tokens)
 
 
 def mamba_host_pool(slots=8, layers=2):

@@ -70,6 +70,29 @@ LAYOUT_VERSION = 1
 LMCACHE_WAIT_S_DEFAULT = 10.0
 
 
+class IdentityCache:
+    """The identities of the keys met lately, each made once: at most ``IDENTITIES_MAX``, the
+    least recently used dropped first. Safe across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: "collections.OrderedDict[tuple, gpucache.Identity]" = collections.OrderedDict()
+
+    def get(self, who: tuple, make) -> gpucache.Identity:
+        """The identity of `who`, made by `make()` the first time it is asked for."""
+        with self._lock:
+            ident = self._made.get(who)
+            if ident is not None:
+                self._made.move_to_end(who)
+                return ident
+        ident = make()
+        with self._lock:
+            self._made[who] = ident
+            while len(self._made) > IDENTITIES_MAX:
+                self._made.popitem(last=False)
+        return ident
+
+
 class GPUCacheConfigError(IrrecoverableException, ValueError):
     """A configuration the connector cannot run with: LMCache stops its start on it."""
 
@@ -141,21 +164,14 @@ class GPUCacheConnector(RemoteConnector):
         self._layout = f"lmcache-{self.meta_fmt.name.lower()}-{digest}"
         self._chunk_tokens = int(metadata.chunk_size)
         self._lock = threading.Lock()
-        self._identities: "collections.OrderedDict[tuple, gpucache.Identity]" = (
-            collections.OrderedDict()
-        )
+        self._identities = IdentityCache()
         self._stored: "collections.OrderedDict[str, None]" = collections.OrderedDict()
 
     # ---- keys -------------------------------------------------------------------------------
 
     def _identity(self, key: CacheEngineKey) -> gpucache.Identity:
         who = (key.model_name, key.world_size, key.worker_id, str(key.dtype))
-        with self._lock:
-            ident = self._identities.get(who)
-            if ident is not None:
-                self._identities.move_to_end(who)
-                return ident
-        ident = gpucache.Identity(
+        return self._identities.get(who, lambda: gpucache.Identity(
             tenant=self.address.tenant,
             model=key.model_name,
             kv_dtype=_url.kv_dtype_name(key.dtype),
@@ -164,12 +180,7 @@ class GPUCacheConnector(RemoteConnector):
             tp_rank=key.worker_id,
             tp_size=key.world_size,
             block_tokens=self._chunk_tokens,
-        )
-        with self._lock:
-            self._identities[who] = ident
-            while len(self._identities) > IDENTITIES_MAX:
-                self._identities.popitem(last=False)
-        return ident
+        ))
 
     def _key(self, key: CacheEngineKey) -> gpucache.Key:
         return self._identity(key).chain_keys([key.to_string()])[0]

@@ -55,7 +55,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gpucache
 from gpucache.connectors import _url
-from gpucache.connectors.lmcache import IDENTITIES_MAX, LAYOUT_VERSION, GPUCacheConfigError
+from gpucache.connectors.lmcache import LAYOUT_VERSION, GPUCacheConfigError, IdentityCache
 
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.internal_api import L2StoreResult
@@ -192,9 +192,7 @@ class GPUCacheL2Adapter(L2AdapterInterface):
         self._results: Dict[str, "collections.OrderedDict[int, Any]"] = {
             k: collections.OrderedDict() for k in (STORE, LOOKUP, LOAD)
         }
-        self._identities: "collections.OrderedDict[tuple, gpucache.Identity]" = (
-            collections.OrderedDict()
-        )
+        self._identities = IdentityCache()
         self._stats = collections.Counter()
         self._last_error = ""
         self._queues = {
@@ -221,23 +219,13 @@ class GPUCacheL2Adapter(L2AdapterInterface):
 
     def _identity(self, key: Any) -> gpucache.Identity:
         who = (key.model_name, key.kv_rank, key.object_group_id, key.cache_salt)
-        with self._lock:
-            ident = self._identities.get(who)
-            if ident is not None:
-                self._identities.move_to_end(who)
-                return ident
-        ident = gpucache.Identity(
+        return self._identities.get(who, lambda: gpucache.Identity(
             tenant=self.address.tenant,
             model=key.model_name,
             layout=f"{LAYOUT_PREFIX}-r{key.kv_rank}-g{key.object_group_id}",
             layout_version=LAYOUT_VERSION,
             trust_domain=SALT_DOMAIN_PREFIX + key.cache_salt,
-        )
-        with self._lock:
-            self._identities[who] = ident
-            while len(self._identities) > IDENTITIES_MAX:
-                self._identities.popitem(last=False)
-        return ident
+        ))
 
     def gpucache_key(self, key: Any) -> gpucache.Key:
         """The GPUCache key an LMCache ``ObjectKey`` is stored under."""

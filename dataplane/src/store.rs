@@ -115,9 +115,45 @@ pub struct BatchPut<'a> {
     pub request: Option<RequestId>,
 }
 
-/// Where [`Store::get_lent`] sends a lent block: given its bytes and committed checksum, it
-/// returns the checksum it computed over those bytes, or none when it did not hash them.
+/// Where a store sends a lent block: given its bytes and committed checksum, it returns the
+/// checksum it computed over those bytes, or none when it did not hash them.
 pub type LendTo<'a> = dyn FnMut(&[u8], Checksum) -> Option<Checksum> + 'a;
+
+/// Where [`Store::get_one`] delivers a block: lent, or copied into a buffer the caller lays
+/// out only when the store asks for it.
+pub trait GetTo {
+    /// Sends a lent block, as [`LendTo`] does.
+    fn lend(&mut self, bytes: &[u8], checksum: Checksum) -> Option<Checksum>;
+
+    /// The buffer a copied block lands in, of the GET's capacity.
+    fn buffer(&mut self) -> &mut [u8];
+}
+
+/// How [`Store::get_one`] delivered a hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The store's own bytes went to the sender; the destination buffer holds nothing.
+    Lent,
+    /// The bytes were copied into the front of the destination buffer and verified there.
+    Copied,
+}
+
+/// Answer to [`Store::get_one`]: what the GET found, how a hit was delivered (a miss is
+/// [`Delivery::Copied`] with nothing copied), and which tier held a hit (`None` for a store of
+/// one tier, and for a miss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GotOne {
+    pub get: Get,
+    pub delivery: Delivery,
+    pub tier: Option<Tier>,
+}
+
+impl GotOne {
+    /// A GET answered by copying (or missing) in a store of one tier.
+    pub fn copied(get: Get) -> Self {
+        Self { get, delivery: Delivery::Copied, tier: None }
+    }
+}
 
 /// The answers of a batch call: one per item, in the items' order.
 pub type BatchAnswers<T> = Vec<Result<T, StoreError>>;
@@ -740,24 +776,24 @@ pub trait Store: Send + Sync {
         put_batch_verified(items, expected, |sound| self.put_batch(caller, sound))
     }
 
-    /// A GET that lends the block instead of copying it: the store pins the committed block
-    /// under `key` (at most `capacity` bytes, as `get_into` with a buffer of that size) and
-    /// calls `send` with its bytes and committed checksum, holding the pin (not a lock) while
-    /// `send` runs, so `send` should not wait long. `send` hashes the bytes (a sender sends
-    /// them only when they match) and returns that checksum, or none when it did not hash
-    /// them; the store checks it, or hashes the bytes itself when there is none, and a block
-    /// whose bytes do not match is dropped and answered as `get_into` answers it. `Ok(None)`,
-    /// calling nothing, when the store does not keep its blocks in memory it can lend: use
-    /// `get_into`. This default lends nothing.
-    fn get_lent(
+    /// One GET, asking each tier once, that lends the block where the store can and copies it
+    /// where it cannot. A store that keeps the block in memory it can lend pins it (at most
+    /// `capacity` bytes, as `get_into` with a buffer of that size) and calls [`GetTo::lend`]
+    /// with its bytes and committed checksum, holding the pin (not a lock) while it runs, so it
+    /// should not wait long. The sender hashes the bytes (it sends them only when they match)
+    /// and returns that checksum, or none when it did not hash them; the store checks it, or
+    /// hashes the bytes itself when there is none, and a block whose bytes do not match is
+    /// dropped and answered as `get_into` answers it. Otherwise the block is read into
+    /// [`GetTo::buffer`] as `get_into` reads it. This default copies: `get_into`.
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        let _ = (caller, key, capacity, send);
-        Ok(None)
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        let _ = capacity;
+        self.get_into(caller, key, to.buffer()).map(GotOne::copied)
     }
 
     /// [`Store::invalidate`] for each key, in order.
@@ -932,399 +968,279 @@ impl WrittenRanges {
 }
 
 /// A store that wraps another and changes only some of its calls: a metrics layer, a transport
-/// that moves payloads another way, a test hook. A layer names its inner store and overrides the
-/// calls it changes; [`Store`] is implemented for every layer, and each call it does not override
-/// goes to the inner store unchanged.
+/// that moves payloads another way, a test hook. A layer names its inner store here and
+/// implements [`Store`] itself: it writes the calls it changes, and lists in
+/// [`forward_store!`] the calls that go to the inner store unchanged.
 ///
-/// The calls made of other calls are the exception: by default they are composed of the
-/// layer's own calls, as the plain [`Store`] defaults are. `put` is the layer's reserve, write
-/// and commit; a batch call is the layer's single-key call per item; `failures_retire` is what
-/// the layer's `info` says. So a layer that changes `get_into` or `reserve` also changes what
-/// `get_batch` or `put` does and is never bypassed. A layer that keeps the inner store's answers
-/// (a metrics layer, a test hook) overrides them to forward, keeping the inner store's own `put`
-/// and batch paths.
-///
-/// Where a module also calls a layer's methods (its tests, say), name the trait by its path in
-/// the `impl` instead of importing it: with both traits in scope, a method call on the layer
-/// finds two candidates.
-pub trait StoreLayer: Send + Sync + Sized {
+/// A call it neither writes nor lists keeps the [`Store`] default, which is made of the
+/// layer's own calls: `put` is the layer's reserve, write and commit; a batch call is the
+/// layer's single-key call per item; `get_one` is the layer's `get_into`. So a layer that
+/// changes `get_into` or `reserve` also changes what `get_batch` or `put` does and is never
+/// bypassed. A layer that keeps the inner store's answers (a metrics layer, a test hook) lists
+/// those calls too, keeping the inner store's own `put`, batch and lending paths.
+pub trait StoreLayer: Send + Sync {
     type Inner: Store + ?Sized;
 
     /// The store this layer wraps.
     fn inner(&self) -> &Self::Inner;
+}
 
-    fn info(&self) -> StoreInfo {
-        self.inner().info()
-    }
-    fn failures_retire(&self) -> bool {
-        StoreLayer::info(self).failures_retire
-    }
-    fn epoch(&self) -> Epoch {
-        self.inner().epoch()
-    }
-    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        self.inner().lookup(caller, key)
-    }
-    fn get_into(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        dst: &mut [u8],
-    ) -> Result<Get, StoreError> {
-        self.inner().get_into(caller, key, dst)
-    }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        self.inner().reserve(caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        r: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        self.inner().write(caller, r, offset, src)
-    }
-    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-        self.inner().commit(caller, r)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        r: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        self.inner().abort(caller, r, outcome)
-    }
-    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        self.inner().invalidate(caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        self.inner().expire_leases()
-    }
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        self.inner().attest_drained(caller, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        self.inner().bump_epoch()
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        self.inner().reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner().stats()
-    }
-    fn condition(&self) -> StoreCondition {
-        self.inner().condition()
-    }
-    fn put(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        src: &[u8],
-        request: Option<RequestId>,
-    ) -> Result<Put, StoreError> {
-        put_reserved(self, caller, key, src.len() as u64, request, |r| {
-            StoreLayer::write(self, caller, r, 0, src)
-                .and_then(|()| StoreLayer::commit(self, caller, r))
-        })
-    }
-    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
-        keys.iter().map(|key| StoreLayer::lookup(self, caller, key)).collect()
-    }
-    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
-        items.iter_mut().map(|i| StoreLayer::get_into(self, caller, i.key, i.dst)).collect()
-    }
-    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-        items.iter().map(|i| StoreLayer::put(self, caller, i.key, i.src, i.request)).collect()
-    }
-    fn put_batch_checked(
-        &self,
-        caller: &Caller,
-        items: &[BatchPut<'_>],
-        expected: &[Checksum],
-    ) -> BatchAnswers<Put> {
-        put_batch_verified(items, expected, |sound| StoreLayer::put_batch(self, caller, sound))
-    }
-    /// Lends nothing by default: a layer may change what a GET answers, so it lends only
-    /// when it says so.
-    fn get_lent(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        let _ = (caller, key, capacity, send);
-        Ok(None)
-    }
-    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
-        keys.iter().map(|key| StoreLayer::invalidate(self, caller, key)).collect()
-    }
-    /// Names no tier by default: a layer's lookups are its own unless it says where they are.
-    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
-        untiered(StoreLayer::lookup_batch(self, caller, keys))
-    }
-    fn scope_keys(
-        &self,
-        caller: &Caller,
-        scope: &PurgeScope,
-        max: usize,
-    ) -> Result<Vec<PhysicalKey>, StoreError> {
-        self.inner().scope_keys(caller, scope, max)
+/// Writes, inside an `impl Store for` a [`StoreLayer`], each named [`Store`] call as a call of
+/// the same name on the layer's inner store: `forward_store!(fences, lookup, stats);`. Every
+/// call of the contract can be named, and two groups: `fences` (`epoch`, `expire_leases`,
+/// `attest_drained`, `bump_epoch`, `reclaim_fenced`) and `reports` (`stats`, `condition`). The
+/// signatures are the trait's, spelled out once here.
+#[macro_export]
+macro_rules! forward_store {
+    ($($call:ident),+ $(,)?) => {
+        $($crate::forward_store!(@ $call);)+
+    };
+    // The fencing calls: the epoch, leases, attestations and fences.
+    (@ fences) => {
+        $crate::forward_store!(epoch, expire_leases, attest_drained, bump_epoch, reclaim_fenced);
+    };
+    // What the store reports of itself.
+    (@ reports) => {
+        $crate::forward_store!(stats, condition);
+    };
+    (@ info) => {
+        fn info(&self) -> $crate::store::StoreInfo {
+            $crate::store::StoreLayer::inner(self).info()
+        }
+    };
+    (@ failures_retire) => {
+        fn failures_retire(&self) -> bool {
+            $crate::store::StoreLayer::inner(self).failures_retire()
+        }
+    };
+    (@ epoch) => {
+        fn epoch(&self) -> $crate::Epoch {
+            $crate::store::StoreLayer::inner(self).epoch()
+        }
+    };
+    (@ lookup) => {
+        fn lookup(
+            &self,
+            caller: &$crate::Caller,
+            key: &$crate::PhysicalKey,
+        ) -> Result<$crate::store::Lookup, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).lookup(caller, key)
+        }
+    };
+    (@ get_into) => {
+        fn get_into(
+            &self,
+            caller: &$crate::Caller,
+            key: &$crate::PhysicalKey,
+            dst: &mut [u8],
+        ) -> Result<$crate::store::Get, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).get_into(caller, key, dst)
+        }
+    };
+    (@ reserve) => {
+        fn reserve(
+            &self,
+            caller: &$crate::Caller,
+            key: &$crate::PhysicalKey,
+            len: u64,
+            request: Option<$crate::RequestId>,
+        ) -> Result<$crate::store::Reserve, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).reserve(caller, key, len, request)
+        }
+    };
+    (@ write) => {
+        fn write(
+            &self,
+            caller: &$crate::Caller,
+            r: &$crate::store::Reservation,
+            offset: u64,
+            src: &[u8],
+        ) -> Result<(), $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).write(caller, r, offset, src)
+        }
+    };
+    (@ commit) => {
+        fn commit(
+            &self,
+            caller: &$crate::Caller,
+            r: &$crate::store::Reservation,
+        ) -> Result<$crate::store::Committed, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).commit(caller, r)
+        }
+    };
+    (@ abort) => {
+        fn abort(
+            &self,
+            caller: &$crate::Caller,
+            r: $crate::store::Reservation,
+            outcome: $crate::store::Retirement,
+        ) -> Result<$crate::store::Abort, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).abort(caller, r, outcome)
+        }
+    };
+    (@ invalidate) => {
+        fn invalidate(
+            &self,
+            caller: &$crate::Caller,
+            key: &$crate::PhysicalKey,
+        ) -> Result<$crate::store::Invalidate, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).invalidate(caller, key)
+        }
+    };
+    (@ expire_leases) => {
+        fn expire_leases(&self) -> Result<usize, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).expire_leases()
+        }
+    };
+    (@ attest_drained) => {
+        fn attest_drained(
+            &self,
+            caller: &$crate::Caller,
+            region: $crate::RegionId,
+        ) -> Result<$crate::store::Reclaimed, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).attest_drained(caller, region)
+        }
+    };
+    (@ bump_epoch) => {
+        fn bump_epoch(&self) -> Result<$crate::Epoch, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).bump_epoch()
+        }
+    };
+    (@ reclaim_fenced) => {
+        fn reclaim_fenced(&self, epoch: $crate::Epoch) -> Result<usize, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).reclaim_fenced(epoch)
+        }
+    };
+    (@ stats) => {
+        fn stats(&self) -> $crate::store::StoreStats {
+            $crate::store::StoreLayer::inner(self).stats()
+        }
+    };
+    (@ condition) => {
+        fn condition(&self) -> $crate::store::StoreCondition {
+            $crate::store::StoreLayer::inner(self).condition()
+        }
+    };
+    (@ put) => {
+        fn put(
+            &self,
+            caller: &$crate::Caller,
+            key: &$crate::PhysicalKey,
+            src: &[u8],
+            request: Option<$crate::RequestId>,
+        ) -> Result<$crate::store::Put, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).put(caller, key, src, request)
+        }
+    };
+    (@ lookup_batch) => {
+        fn lookup_batch(
+            &self,
+            caller: &$crate::Caller,
+            keys: &[&$crate::PhysicalKey],
+        ) -> $crate::store::BatchAnswers<$crate::store::Lookup> {
+            $crate::store::StoreLayer::inner(self).lookup_batch(caller, keys)
+        }
+    };
+    (@ get_batch) => {
+        fn get_batch(
+            &self,
+            caller: &$crate::Caller,
+            items: &mut [$crate::store::BatchGet<'_>],
+        ) -> $crate::store::BatchAnswers<$crate::store::Get> {
+            $crate::store::StoreLayer::inner(self).get_batch(caller, items)
+        }
+    };
+    (@ put_batch) => {
+        fn put_batch(
+            &self,
+            caller: &$crate::Caller,
+            items: &[$crate::store::BatchPut<'_>],
+        ) -> $crate::store::BatchAnswers<$crate::store::Put> {
+            $crate::store::StoreLayer::inner(self).put_batch(caller, items)
+        }
+    };
+    (@ put_batch_checked) => {
+        fn put_batch_checked(
+            &self,
+            caller: &$crate::Caller,
+            items: &[$crate::store::BatchPut<'_>],
+            expected: &[$crate::Checksum],
+        ) -> $crate::store::BatchAnswers<$crate::store::Put> {
+            $crate::store::StoreLayer::inner(self).put_batch_checked(caller, items, expected)
+        }
+    };
+    (@ get_one) => {
+        fn get_one(
+            &self,
+            caller: &$crate::Caller,
+            key: &$crate::PhysicalKey,
+            capacity: usize,
+            to: &mut dyn $crate::store::GetTo,
+        ) -> Result<$crate::store::GotOne, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).get_one(caller, key, capacity, to)
+        }
+    };
+    (@ invalidate_batch) => {
+        fn invalidate_batch(
+            &self,
+            caller: &$crate::Caller,
+            keys: &[&$crate::PhysicalKey],
+        ) -> $crate::store::BatchAnswers<$crate::store::Invalidate> {
+            $crate::store::StoreLayer::inner(self).invalidate_batch(caller, keys)
+        }
+    };
+    (@ locate) => {
+        fn locate(
+            &self,
+            caller: &$crate::Caller,
+            keys: &[&$crate::PhysicalKey],
+        ) -> $crate::store::BatchAnswers<$crate::store::Located> {
+            $crate::store::StoreLayer::inner(self).locate(caller, keys)
+        }
+    };
+    (@ scope_keys) => {
+        fn scope_keys(
+            &self,
+            caller: &$crate::Caller,
+            scope: &$crate::store::PurgeScope,
+            max: usize,
+        ) -> Result<Vec<$crate::PhysicalKey>, $crate::store::StoreError> {
+            $crate::store::StoreLayer::inner(self).scope_keys(caller, scope, max)
+        }
+    };
+}
+
+/// A shared store is its inner store: servers, executors and tests hold stores behind `Arc`.
+impl<S: Store + ?Sized> StoreLayer for std::sync::Arc<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        self
     }
 }
 
-/// Every layer is a store: each call is the layer's (its override, or the inner store's).
-impl<L: StoreLayer> Store for L {
-    fn info(&self) -> StoreInfo {
-        StoreLayer::info(self)
-    }
-    fn failures_retire(&self) -> bool {
-        StoreLayer::failures_retire(self)
-    }
-    fn epoch(&self) -> Epoch {
-        StoreLayer::epoch(self)
-    }
-    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        StoreLayer::lookup(self, caller, key)
-    }
-    fn get_into(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        dst: &mut [u8],
-    ) -> Result<Get, StoreError> {
-        StoreLayer::get_into(self, caller, key, dst)
-    }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        StoreLayer::reserve(self, caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        r: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        StoreLayer::write(self, caller, r, offset, src)
-    }
-    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-        StoreLayer::commit(self, caller, r)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        r: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        StoreLayer::abort(self, caller, r, outcome)
-    }
-    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        StoreLayer::invalidate(self, caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        StoreLayer::expire_leases(self)
-    }
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        StoreLayer::attest_drained(self, caller, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        StoreLayer::bump_epoch(self)
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        StoreLayer::reclaim_fenced(self, epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        StoreLayer::stats(self)
-    }
-    fn condition(&self) -> StoreCondition {
-        StoreLayer::condition(self)
-    }
-    fn put(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        src: &[u8],
-        request: Option<RequestId>,
-    ) -> Result<Put, StoreError> {
-        StoreLayer::put(self, caller, key, src, request)
-    }
-    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
-        StoreLayer::lookup_batch(self, caller, keys)
-    }
-    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
-        StoreLayer::get_batch(self, caller, items)
-    }
-    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-        StoreLayer::put_batch(self, caller, items)
-    }
-    fn put_batch_checked(
-        &self,
-        caller: &Caller,
-        items: &[BatchPut<'_>],
-        expected: &[Checksum],
-    ) -> BatchAnswers<Put> {
-        StoreLayer::put_batch_checked(self, caller, items, expected)
-    }
-    fn get_lent(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        StoreLayer::get_lent(self, caller, key, capacity, send)
-    }
-    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
-        StoreLayer::invalidate_batch(self, caller, keys)
-    }
-    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
-        StoreLayer::locate(self, caller, keys)
-    }
-    fn scope_keys(
-        &self,
-        caller: &Caller,
-        scope: &PurgeScope,
-        max: usize,
-    ) -> Result<Vec<PhysicalKey>, StoreError> {
-        StoreLayer::scope_keys(self, caller, scope, max)
-    }
-}
-
-/// A shared store is a store: servers, executors and tests hold stores behind `Arc`. Every call,
-/// the batch calls included, is the inner store's. (`Arc` is not a [`StoreLayer`]: a method call
-/// on an `Arc` of a store would then find two traits' methods wherever both are in scope.)
+/// Every call, the batch and lending calls included, is the inner store's.
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
-    fn info(&self) -> StoreInfo {
-        (**self).info()
-    }
-    fn failures_retire(&self) -> bool {
-        (**self).failures_retire()
-    }
-    fn epoch(&self) -> Epoch {
-        (**self).epoch()
-    }
-    fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
-        (**self).lookup(caller, key)
-    }
-    fn get_into(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        dst: &mut [u8],
-    ) -> Result<Get, StoreError> {
-        (**self).get_into(caller, key, dst)
-    }
-    fn reserve(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        len: u64,
-        request: Option<RequestId>,
-    ) -> Result<Reserve, StoreError> {
-        (**self).reserve(caller, key, len, request)
-    }
-    fn write(
-        &self,
-        caller: &Caller,
-        r: &Reservation,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<(), StoreError> {
-        (**self).write(caller, r, offset, src)
-    }
-    fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-        (**self).commit(caller, r)
-    }
-    fn abort(
-        &self,
-        caller: &Caller,
-        r: Reservation,
-        outcome: Retirement,
-    ) -> Result<Abort, StoreError> {
-        (**self).abort(caller, r, outcome)
-    }
-    fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        (**self).invalidate(caller, key)
-    }
-    fn expire_leases(&self) -> Result<usize, StoreError> {
-        (**self).expire_leases()
-    }
-    fn attest_drained(&self, caller: &Caller, region: RegionId) -> Result<Reclaimed, StoreError> {
-        (**self).attest_drained(caller, region)
-    }
-    fn bump_epoch(&self) -> Result<Epoch, StoreError> {
-        (**self).bump_epoch()
-    }
-    fn reclaim_fenced(&self, epoch: Epoch) -> Result<usize, StoreError> {
-        (**self).reclaim_fenced(epoch)
-    }
-    fn stats(&self) -> StoreStats {
-        (**self).stats()
-    }
-    fn condition(&self) -> StoreCondition {
-        (**self).condition()
-    }
-    fn put(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        src: &[u8],
-        request: Option<RequestId>,
-    ) -> Result<Put, StoreError> {
-        (**self).put(caller, key, src, request)
-    }
-    fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
-        (**self).lookup_batch(caller, keys)
-    }
-    fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
-        (**self).get_batch(caller, items)
-    }
-    fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
-        (**self).put_batch(caller, items)
-    }
-    fn put_batch_checked(
-        &self,
-        caller: &Caller,
-        items: &[BatchPut<'_>],
-        expected: &[Checksum],
-    ) -> BatchAnswers<Put> {
-        (**self).put_batch_checked(caller, items, expected)
-    }
-    fn get_lent(
-        &self,
-        caller: &Caller,
-        key: &PhysicalKey,
-        capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        (**self).get_lent(caller, key, capacity, send)
-    }
-    fn invalidate_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Invalidate> {
-        (**self).invalidate_batch(caller, keys)
-    }
-    fn locate(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Located> {
-        (**self).locate(caller, keys)
-    }
-    fn scope_keys(
-        &self,
-        caller: &Caller,
-        scope: &PurgeScope,
-        max: usize,
-    ) -> Result<Vec<PhysicalKey>, StoreError> {
-        (**self).scope_keys(caller, scope, max)
-    }
+    crate::forward_store!(
+        fences,
+        reports,
+        info,
+        failures_retire,
+        lookup,
+        get_into,
+        reserve,
+        write,
+        commit,
+        abort,
+        invalidate,
+        put,
+        lookup_batch,
+        get_batch,
+        put_batch,
+        put_batch_checked,
+        get_one,
+        invalidate_batch,
+        locate,
+        scope_keys
+    );
 }

@@ -266,7 +266,9 @@ impl StoreLayer for DpuStore {
     fn inner(&self) -> &Self::Inner {
         &*self.backing
     }
+}
 
+impl Store for DpuStore {
     fn info(&self) -> StoreInfo {
         let inner = self.backing.info();
         let implementation = match self.agent.offload() {
@@ -422,7 +424,7 @@ impl StoreLayer for DpuStore {
             .iter()
             .map(|item| {
                 if item.src.len() > max {
-                    return StoreLayer::put(self, caller, item.key, item.src, item.request);
+                    return Store::put(self, caller, item.key, item.src, item.request);
                 }
                 let job = Item {
                     index: 0,
@@ -476,4 +478,5 @@ impl StoreLayer for DpuStore {
             .map_err(|e| backend_err("reclaim_fenced", e))?;
         Ok(self.backing.reclaim_fenced(epoch)? + slab)
     }
+    gpucache_dataplane::forward_store!(reports, epoch, attest_drained, scope_keys);
 }

@@ -22,8 +22,8 @@ use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::{ClusterView, FenceRefusal, NodeFence, NodeId, NotAdmitting};
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Get, Invalidate, LendTo, Located, Lookup, MissReason, Put,
-    Reserve, Store, StoreError, StoreLayer,
+    BatchAnswers, BatchGet, BatchPut, Get, GetTo, GotOne, Invalidate, Located, Lookup, MissReason,
+    Put, Reserve, Store, StoreError, StoreLayer,
 };
 use gpucache_wire::{NodeStatus, Op};
 
@@ -359,7 +359,9 @@ impl StoreLayer for FencedStore {
     fn inner(&self) -> &Self::Inner {
         &*self.inner
     }
+}
 
+impl Store for FencedStore {
     fn reserve(
         &self,
         caller: &Caller,
@@ -415,17 +417,17 @@ impl StoreLayer for FencedStore {
         self.inner.get_into(caller, key, dst)
     }
 
-    fn get_lent(
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
         if !self.node.read().servable(&key.digest()) {
-            return Ok(Some(Get::Miss(MissReason::Absent)));
+            return Ok(GotOne::copied(Get::Miss(MissReason::Absent)));
         }
-        self.inner.get_lent(caller, key, capacity, send)
+        self.inner.get_one(caller, key, capacity, to)
     }
 
     fn lookup_batch(&self, caller: &Caller, keys: &[&PhysicalKey]) -> BatchAnswers<Lookup> {
@@ -465,6 +467,7 @@ impl StoreLayer for FencedStore {
         }
         answer
     }
+    gpucache_dataplane::forward_store!(fences, reports, info, write, commit, abort, scope_keys);
 }
 
 #[cfg(test)]
@@ -547,13 +550,13 @@ mod tests {
         let caller = fixture::caller(0);
         let keys = keys();
         assert_eq!(
-            StoreLayer::put(&store, &caller, &keys[0], b"early", None),
+            Store::put(&store, &caller, &keys[0], b"early", None),
             Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::Settling))),
             "nothing is served before the first view settles"
         );
         node.settled(1);
         for (i, k) in keys.iter().enumerate() {
-            let put = StoreLayer::put(&store, &caller, k, &fixture::payload(i as u64, 64), None);
+            let put = Store::put(&store, &caller, k, &fixture::payload(i as u64, 64), None);
             assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
         }
         assert_eq!(node.held_keys(), keys.len());
@@ -566,7 +569,7 @@ mod tests {
         NodeEvents::view(&*node, &two);
         let mut buf = vec![0u8; 64];
         for (i, k) in keys.iter().enumerate() {
-            let got = StoreLayer::get_into(&store, &caller, k, &mut buf).expect("get");
+            let got = Store::get_into(&store, &caller, k, &mut buf).expect("get");
             assert_eq!(matches!(got, Get::Hit { .. }), !moved.contains(&i), "key {i}");
         }
         assert_eq!(node.counters().moved_away.load(Ordering::Relaxed), moved.len() as u64);
@@ -574,10 +577,7 @@ mod tests {
         // PUT here is taken as a hot block's copy, which the next view drops even though this
         // node then owns the key again.
         let k = &keys[*moved.iter().next().expect("one moved")];
-        assert!(matches!(
-            StoreLayer::put(&store, &caller, k, b"copy", None),
-            Ok(Put::Committed(_))
-        ));
+        assert!(matches!(Store::put(&store, &caller, k, b"copy", None), Ok(Put::Committed(_))));
         assert_eq!(node.counters().replicas.load(Ordering::Relaxed), 1);
         // Node 2 leaves: the keys come back to this node as misses, not the old copies; until
         // node 2 has applied that view too they are not served at all (node 2 may still take
@@ -585,21 +585,18 @@ mod tests {
         NodeEvents::view(&*node, &ClusterView::new(3, [member(1)]));
         node.settled(2);
         for &i in &moved {
-            let got = StoreLayer::get_into(&store, &caller, &keys[i], &mut buf).expect("get");
+            let got = Store::get_into(&store, &caller, &keys[i], &mut buf).expect("get");
             assert!(matches!(got, Get::Miss(_)), "key {i} came back with its old copy");
         }
         let back = &keys[*moved.iter().next().expect("one moved")];
         let settling = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::Settling)));
-        assert_eq!(StoreLayer::put(&store, &caller, back, b"new", None), settling);
+        assert_eq!(Store::put(&store, &caller, back, b"new", None), settling);
         let kept = (0..keys.len()).find(|i| !moved.contains(i)).expect("one kept");
-        let got = StoreLayer::get_into(&store, &caller, &keys[kept], &mut buf).expect("get");
+        let got = Store::get_into(&store, &caller, &keys[kept], &mut buf).expect("get");
         assert!(matches!(got, Get::Hit { .. }), "a key that never moved is served while settling");
         node.settled(3);
-        assert!(matches!(
-            StoreLayer::put(&store, &caller, back, b"new", None),
-            Ok(Put::Committed(_))
-        ));
-        let got = StoreLayer::get_into(&store, &caller, back, &mut buf).expect("get");
+        assert!(matches!(Store::put(&store, &caller, back, b"new", None), Ok(Put::Committed(_))));
+        let got = Store::get_into(&store, &caller, back, &mut buf).expect("get");
         assert!(matches!(got, Get::Hit { len: 3, .. }), "{got:?}");
     }
 
@@ -611,7 +608,7 @@ mod tests {
         node.settled(1);
         let caller = fixture::caller(0);
         for k in keys().iter().take(8) {
-            StoreLayer::put(&store, &caller, k, b"block", None).expect("put");
+            Store::put(&store, &caller, k, b"block", None).expect("put");
         }
         NodeEvents::view(&*node, &ClusterView::new(5, [member(1)]));
         assert_eq!(node.held_keys(), 0);
@@ -633,13 +630,13 @@ mod tests {
         });
         let k = k.expect("a key of node 1");
         let refused = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::Draining)));
-        assert_eq!(StoreLayer::put(&store, &caller, &k, b"x", None), refused);
+        assert_eq!(Store::put(&store, &caller, &k, b"x", None), refused);
         NodeEvents::view(&*node, &ClusterView::new(2, [member(1), member(2)]));
         node.settled(2);
-        assert!(StoreLayer::put(&store, &caller, &k, b"x", None).is_ok());
+        assert!(Store::put(&store, &caller, &k, b"x", None).is_ok());
         node.registration(None);
         let lapsed = Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::LeaseLost)));
-        assert_eq!(StoreLayer::put(&store, &caller, &keys()[0], b"y", None), lapsed);
+        assert_eq!(Store::put(&store, &caller, &keys()[0], b"y", None), lapsed);
     }
 
     #[test]
@@ -661,22 +658,22 @@ mod tests {
             .find(|k| placement.choices(&k.digest(), 3)[2] == NodeId(1))
             .expect("a key whose third choice is node 1");
         assert!(matches!(
-            StoreLayer::put(&store, &caller, second, b"copy", None),
+            Store::put(&store, &caller, second, b"copy", None),
             Ok(Put::Committed(_))
         ));
         assert_eq!(node.counters().replicas.load(Ordering::Relaxed), 1);
         assert_eq!(
-            StoreLayer::put(&store, &caller, third, b"x", None),
+            Store::put(&store, &caller, third, b"x", None),
             Err(StoreError::Fenced(FenceRefusal::NotAdmitting(NotAdmitting::NotOwner))),
             "only the second choice takes a copy"
         );
         let mut buf = [0u8; 8];
-        let got = StoreLayer::get_into(&store, &caller, second, &mut buf).expect("get");
+        let got = Store::get_into(&store, &caller, second, &mut buf).expect("get");
         assert!(matches!(got, Get::Hit { len: 4, .. }), "{got:?}");
         // The same members at the next epoch: the copy is gone, its key a miss.
         NodeEvents::view(&*node, &ClusterView::new(2, [member(1), member(2), member(3)]));
         node.settled(2);
-        let got = StoreLayer::get_into(&store, &caller, second, &mut buf).expect("get");
+        let got = Store::get_into(&store, &caller, second, &mut buf).expect("get");
         assert!(matches!(got, Get::Miss(_)), "a copy outlived its view: {got:?}");
     }
 

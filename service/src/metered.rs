@@ -27,9 +27,9 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, RegionId};
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, Implementation, Invalidate, LendTo,
-    Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement, Store,
-    StoreError, StoreStats,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, Get, GetTo, GotOne, Implementation,
+    Invalidate, Located, Lookup, MissReason, Put, Reclaimed, Reservation, Reserve, Retirement,
+    Store, StoreError, StoreStats,
 };
 
 /// Upper bounds of the latency buckets, in seconds: 1-2.5-5 steps from 10 µs to 10 s.
@@ -807,7 +807,9 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
     fn inner(&self) -> &S {
         &self.inner
     }
+}
 
+impl<S: Store> gpucache_dataplane::store::Store for MeteredStore<S> {
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         let started = Instant::now();
         let result = self.inner.lookup(caller, key);
@@ -828,23 +830,16 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
     }
 
     /// Lends when the inner store does, recorded as a GET.
-    fn get_lent(
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
         let started = Instant::now();
-        let result = self.inner.get_lent(caller, key, capacity, send);
-        let answered = match &result {
-            Ok(None) => None,
-            Ok(Some(got)) => Some(Ok(*got)),
-            Err(e) => Some(Err(e.clone())),
-        };
-        if let Some(answered) = answered {
-            self.metrics.record_get(&answered, started);
-        }
+        let result = self.inner.get_one(caller, key, capacity, to);
+        self.metrics.record_get(&result.as_ref().map(|got| got.get).map_err(Clone::clone), started);
         result
     }
 
@@ -1024,6 +1019,7 @@ impl<S: Store> gpucache_dataplane::store::StoreLayer for MeteredStore<S> {
         answers.iter().for_each(|a| self.metrics.record_invalidate(a, started));
         answers
     }
+    gpucache_dataplane::forward_store!(reports, info, epoch, scope_keys);
 }
 
 #[cfg(test)]

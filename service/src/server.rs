@@ -30,10 +30,12 @@ use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
+use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::FillOutcome;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, Get, Retirement, Store, StoreError, authorize, purge,
+    BatchGet, BatchPut, Delivery, Get, GetTo, GotOne, Retirement, Store, StoreError, authorize,
+    purge,
 };
 use subtle::ConstantTimeEq;
 
@@ -53,8 +55,9 @@ use gpucache_wire::seal::{self, NONCE_BYTES, SealKey};
 use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 use gpucache_wire::{
     AuthFailure, Fetched, FillRefused, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind,
-    Op, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError,
-    decode_put_request, encode_get_response, get_hit_frame_parts, write_all_vectored,
+    Op, PutRef, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError,
+    begin_get_response, decode_put_request, finish_get_response, get_hit_frame_parts,
+    write_all_vectored,
 };
 
 /// How often a blocked read wakes to check for shutdown and idleness.
@@ -264,114 +267,52 @@ fn refuse_busy<C: Write>(stream: &mut C, why: TurnedAway) {
     }
 }
 
+/// Largest response buffer a connection keeps between responses.
+const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
+
+/// Where the answer to one frame goes: the connection's stream (behind its write deadline),
+/// its reused response buffer, and the id and seal of the frame answered.
+struct Reply<'r, W: Write> {
+    stream: &'r mut W,
+    out: &'r mut Vec<u8>,
+    request_id: u64,
+    seal: Option<&'r SealKey>,
+}
+
+impl<W: Write> Reply<'_, W> {
+    /// Encodes `response` into the buffer and writes it (an answer that cannot be encoded is
+    /// answered with why).
+    fn send(&mut self, response: &Response) -> io::Result<()> {
+        self.out.clear();
+        if let Err(e) = response.encode_sealed_frame(self.request_id, self.seal, self.out) {
+            self.out.clear();
+            Response::Error(e)
+                .encode_sealed_frame(self.request_id, self.seal, self.out)
+                .map_err(io::Error::other)?;
+        }
+        self.write_out()
+    }
+
+    /// Writes the frame the buffer holds; a buffer grown past [`OUT_BUFFER_KEEP_BYTES`] is let
+    /// go.
+    fn write_out(&mut self) -> io::Result<()> {
+        let written = self.stream.write_all(self.out);
+        if self.out.capacity() > OUT_BUFFER_KEEP_BYTES {
+            *self.out = Vec::new();
+        }
+        written
+    }
+}
+
+/// Sends one response on a connection that has no reply buffer at hand (refusals, frames that
+/// did not decode).
 fn send<C: Write>(
     stream: &mut C,
     response: &Response,
     request_id: u64,
     seal: Option<&SealKey>,
 ) -> io::Result<()> {
-    let mut out = Vec::new();
-    send_answer(stream, &mut out, Answer::Plain(response), request_id, seal, |_| Vec::new())
-}
-
-/// Largest response buffer a connection keeps between responses.
-const OUT_BUFFER_KEEP_BYTES: usize = 8 << 20;
-
-/// Encodes an answer into the connection's reused buffer and writes it. A GET is encoded in
-/// place: `fetch` reads the frame's blocks, as one batch, straight into the frame, into the
-/// bytes of the last answer sent on this connection (not zeroed first: only what the store
-/// reports it wrote is sent, see [`encode_get_response`]).
-fn send_answer<C: Write>(
-    stream: &mut C,
-    out: &mut Vec<u8>,
-    answer: Answer<'_>,
-    request_id: u64,
-    seal: Option<&SealKey>,
-    fetch: impl FnOnce(&mut [BatchGet<'_>]) -> BatchAnswers<Get>,
-) -> io::Result<()> {
-    let encoded = match answer {
-        Answer::Plain(response) => {
-            out.clear();
-            response.encode_sealed_frame(request_id, seal, out)
-        }
-        Answer::Get(items) => encode_get_response(request_id, seal, items, out, fetch),
-    };
-    if let Err(e) = encoded {
-        Response::Error(e).encode_sealed_frame(request_id, seal, out).map_err(io::Error::other)?;
-    }
-    let written = stream.write_all(out);
-    if out.capacity() > OUT_BUFFER_KEEP_BYTES {
-        *out = Vec::new();
-    }
-    written
-}
-
-/// Answers a one-key GET from the store's own bytes ([`Store::get_lent`]): the block is hashed
-/// where it lies and, only when it matches its committed checksum, goes out with the frame's
-/// header and trailer in one vectored write, so the server copies nothing itself. A block that
-/// does not match is never sent: the store drops it and the answer is a corrupt miss. None when
-/// the store does not lend, or the item's capacity is over the protocol's limit: the caller
-/// reads the block into a frame instead.
-fn send_lent<C: Write>(
-    stream: &mut C,
-    store: &dyn Store,
-    who: &Caller,
-    item: &GetItem,
-    request_id: u64,
-) -> Option<io::Result<()>> {
-    let capacity = usize::try_from(item.capacity)
-        .ok()
-        .filter(|_| item.capacity <= gpucache_wire::PAYLOAD_BYTES_MAX)?;
-    let mut sent = None;
-    let got = store.get_lent(who, &item.key, capacity, &mut |bytes, checksum| {
-        let hashed = Checksum::of(bytes);
-        if hashed == checksum {
-            let (mut head, mut tail) = (Vec::new(), Vec::new());
-            sent = Some(
-                get_hit_frame_parts(request_id, bytes.len(), checksum, &mut head, &mut tail)
-                    .map_err(io::Error::other)
-                    .and_then(|()| {
-                        let mut parts =
-                            [IoSlice::new(&head), IoSlice::new(bytes), IoSlice::new(&tail)];
-                        write_all_vectored(stream, &mut parts)
-                    }),
-            );
-        }
-        Some(hashed)
-    });
-    let answer = match got {
-        Ok(None) => return None,
-        Ok(Some(Get::Hit { .. })) => {
-            return Some(sent.unwrap_or_else(|| Err(io::Error::other("a lent hit was not sent"))));
-        }
-        Ok(Some(Get::Miss(reason))) => Ok(Fetched::Miss(reason)),
-        Err(e) => Err(e),
-    };
-    Some(send(stream, &Response::Get(vec![answer]), request_id, None))
-}
-
-/// What a frame is answered with: a response, or GET items to read straight into the frame.
-enum Answer<'r> {
-    Plain(&'r Response),
-    Get(&'r [GetItem]),
-}
-
-/// [`Answer`], owning its response.
-enum Served {
-    Plain(Response),
-    Get(Vec<GetItem>),
-}
-
-impl Served {
-    fn closes(&self) -> bool {
-        matches!(self, Self::Plain(Response::Error(e)) if e.closes_connection())
-    }
-}
-
-impl From<Response> for Served {
-    fn from(r: Response) -> Self {
-        Self::Plain(r)
-    }
+    Reply { stream, out: &mut Vec::new(), request_id, seal }.send(response)
 }
 
 /// Who a connection acts for, once HELLO succeeded.
@@ -495,50 +436,25 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared, front: Front)
             match fed {
                 Ok(Some(frame)) => {
                     last_request = Instant::now();
-                    let request_id = frame.request_id;
-                    let served = serve_frame(&frame, &mut session, &mut local, shared);
+                    let mut writer = DeadlineWriter::new(&mut stream, write_timeout);
+                    let served = serve_frame(
+                        &frame,
+                        &mut session,
+                        &mut local,
+                        shared,
+                        &mut writer,
+                        &mut out,
+                    );
+                    if writer.timed_out {
+                        guard.count(front, Reason::WriteTimeout);
+                    }
                     decoder.recycle(frame.body);
                     // The body is served and its buffer kept for reuse or freed: not in flight.
                     charge.release();
                     if session.is_some() {
                         deadlines.authenticated();
                     }
-                    let closes = served.closes();
-                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
-                    let who = session.as_ref().map(|s| &s.caller);
-                    let answer = match &served {
-                        Served::Plain(r) => Answer::Plain(r),
-                        Served::Get(items) => Answer::Get(items),
-                    };
-                    let fetch = |items: &mut [BatchGet<'_>]| match who {
-                        Some(who) => shared.store.get_batch(who, items),
-                        None => items
-                            .iter()
-                            .map(|item| {
-                                Err(StoreError::Forbidden {
-                                    tenant: item.key.identity().tenant().clone(),
-                                    right: Right::Read,
-                                })
-                            })
-                            .collect(),
-                    };
-                    let mut writer = DeadlineWriter::new(&mut stream, write_timeout);
-                    // A one-key GET on an unsealed session goes out from the store's own
-                    // bytes when the store lends them; otherwise it is read into the frame.
-                    let lent = match (&served, who) {
-                        (Served::Get(items), Some(who)) if seal.is_none() && items.len() == 1 => {
-                            send_lent(&mut writer, &*shared.store, who, &items[0], request_id)
-                        }
-                        _ => None,
-                    };
-                    let sent = match lent {
-                        Some(sent) => sent,
-                        None => send_answer(&mut writer, &mut out, answer, request_id, seal, fetch),
-                    };
-                    if writer.timed_out {
-                        guard.count(front, Reason::WriteTimeout);
-                    }
-                    if sent.is_err() || closes {
+                    if !matches!(served, Ok(true)) {
                         return;
                     }
                 }
@@ -600,111 +516,386 @@ fn close_refused<C: Connection>(
     }
 }
 
-/// One whole frame: HELLO before a session, otherwise (for a sealed session, once its seal and
-/// request id pass) the request it carries.
-fn serve_frame<'a>(
+/// A request as the dispatch serves it: a PUT's blocks stay in the frame's body, borrowed;
+/// every other op is decoded whole.
+enum Call<'f> {
+    Put(Vec<PutRef<'f>>),
+    Request(Request),
+}
+
+/// Serves one whole frame and writes its answer; whether the connection goes on. Every frame
+/// takes the same steps: HELLO opens the session (no other op before it); for a sealed
+/// session, the seal and the request id; on a node of a cluster, the fence; then the frame is
+/// decoded and [`dispatch`]ed. A step that refuses answers with its error.
+fn serve_frame<'a, W: Write>(
     frame: &Frame,
     session: &mut Option<Session>,
     local: &mut Local<'a>,
     shared: &'a Shared,
-) -> Served {
-    let Some(s) = session.as_mut() else {
-        return Served::Plain(match Request::from_frame(frame) {
-            Ok(Request::Hello { tenant, rights, auth, .. }) => {
-                match hello(frame, tenant, rights, auth, local.offer.as_deref(), shared) {
-                    Ok((opened, answer)) => {
-                        *session = Some(opened);
-                        answer
+    stream: &mut W,
+    out: &mut Vec<u8>,
+) -> io::Result<bool> {
+    let request_id = frame.request_id;
+    let answer = match session.as_mut() {
+        None => open_session(frame, session, local, shared),
+        Some(s) => {
+            let Session { caller, seal, replay, cluster_epoch } = s;
+            let call = check_seal(frame, seal.as_ref(), replay)
+                .and_then(|()| check_fence(frame, *cluster_epoch, shared))
+                .and_then(|()| decode(frame));
+            let mut reply =
+                Reply { stream: &mut *stream, out: &mut *out, request_id, seal: seal.as_ref() };
+            match call {
+                Ok(call) => {
+                    match dispatch(call, caller, cluster_epoch, local, shared, &mut reply) {
+                        Answer::Sent(sent) => return sent.map(|()| true),
+                        Answer::Reply(response) => response,
                     }
-                    Err(e) => Response::Error(e),
                 }
-            }
-            Ok(_) => Response::Error(WireError::NotAuthenticated),
-            Err(e) => Response::Error(e),
-        });
-    };
-    if let Some(key) = &s.seal {
-        if let Err(e) = frame.verify_seal(key) {
-            return Response::Error(e).into();
-        }
-        if let Err(e) = s.replay.accept(frame.request_id) {
-            return Response::Error(e).into();
-        }
-    }
-    if let Some(node) = &shared.config.cluster
-        && frame.kind == Kind::Request
-    {
-        if frame.op == Op::Cluster {
-            return Served::Plain(match Request::from_frame(frame) {
-                Ok(Request::Cluster { epoch }) => {
-                    s.cluster_epoch = epoch;
-                    Response::Cluster(Some(node.status()))
-                }
-                Ok(_) => Response::Error(WireError::Malformed { what: "CLUSTER request" }),
                 Err(e) => Response::Error(e),
-            });
-        }
-        if let Err(refusal) = node.check(frame.op, s.cluster_epoch) {
-            return Response::Error(WireError::Fenced(refusal)).into();
-        }
-    }
-    if frame.kind == Kind::Request
-        && matches!(frame.op, Op::FillBegin | Op::FillFinish | Op::FillWait)
-    {
-        return Served::Plain(match Request::from_frame(frame) {
-            Ok(request) => answer_fill(request, s, shared),
-            Err(e) => Response::Error(e),
-        });
-    }
-    if frame.kind == Kind::Request && frame.op == Op::Put {
-        // Stored straight from the frame body, the frame's items as one batch; the store
-        // checks each item against the checksum the client sent as it copies it.
-        return Served::Plain(match decode_put_request(&frame.body) {
-            Ok(items) => {
-                let batch: Vec<BatchPut<'_>> = items
-                    .iter()
-                    .map(|i| BatchPut { key: &i.key, src: i.data, request: i.request })
-                    .collect();
-                let sums: Vec<Checksum> = items.iter().map(|i| i.checksum).collect();
-                Response::Put(shared.store.put_batch_checked(&s.caller, &batch, &sums))
             }
-            Err(e) => Response::Error(e),
-        });
-    }
+        }
+    };
+    let closes = matches!(&answer, Response::Error(e) if e.closes_connection());
+    // A HELLO that opened a sealed session is answered under the new session's seal.
+    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
+    Reply { stream, out, request_id, seal }.send(&answer)?;
+    Ok(!closes)
+}
+
+/// The first step: before a session, only HELLO.
+fn open_session(
+    frame: &Frame,
+    session: &mut Option<Session>,
+    local: &Local<'_>,
+    shared: &Shared,
+) -> Response {
     match Request::from_frame(frame) {
-        Ok(Request::Hello { .. }) => Response::Error(WireError::AlreadyAuthenticated).into(),
-        Ok(Request::Get { items }) => Served::Get(items),
-        Ok(request) => answer(request, &s.caller, local, shared).into(),
-        Err(e) => Response::Error(e).into(),
+        Ok(Request::Hello { tenant, rights, auth, .. }) => {
+            match hello(frame, tenant, rights, auth, local.offer.as_deref(), shared) {
+                Ok((opened, answer)) => {
+                    *session = Some(opened);
+                    answer
+                }
+                Err(e) => Response::Error(e),
+            }
+        }
+        Ok(_) => Response::Error(WireError::NotAuthenticated),
+        Err(e) => Response::Error(e),
     }
 }
 
-/// FILL_BEGIN, FILL_FINISH and FILL_WAIT. A fill begins at the connection's cluster epoch on
-/// a node of a cluster (0 alone); the caller needs the write right on the key it will fill.
-fn answer_fill(request: Request, s: &Session, shared: &Shared) -> Response {
-    let fills = &shared.config.fills;
-    match request {
-        Request::FillBegin { key } => {
-            if let Err(e) = authorize(&s.caller, &key, Right::Write) {
-                return Response::FillBegin(Err(FillRefused::Forbidden { detail: e.to_string() }));
-            }
-            // On a node of a cluster the fence has checked the connection's epoch against the
-            // view; fills begin at the epoch of the view's last change of members, which a
-            // drain does not advance.
-            let epoch = if shared.config.cluster.is_some() { fills.epoch() } else { Epoch(0) };
-            Response::FillBegin(fills.begin(key.digest(), epoch).map_err(|r| FillRefused::from(&r)))
+/// A sealed session's frames carry the session's seal and a request id not seen before.
+fn check_seal(
+    frame: &Frame,
+    seal: Option<&SealKey>,
+    replay: &mut ReplayWindow,
+) -> Result<(), WireError> {
+    let Some(key) = seal else { return Ok(()) };
+    frame.verify_seal(key)?;
+    replay.accept(frame.request_id)
+}
+
+/// On a node of a cluster, a keyed request at a stale epoch, or one the node does not admit
+/// now, is refused ([`ClusterNode::check`]).
+fn check_fence(frame: &Frame, epoch: u64, shared: &Shared) -> Result<(), WireError> {
+    match &shared.config.cluster {
+        Some(node) if frame.kind == Kind::Request => {
+            node.check(frame.op, epoch).map_err(WireError::Fenced)
         }
+        _ => Ok(()),
+    }
+}
+
+fn decode(frame: &Frame) -> Result<Call<'_>, WireError> {
+    if frame.kind == Kind::Request && frame.op == Op::Put {
+        return decode_put_request(&frame.body).map(Call::Put);
+    }
+    Request::from_frame(frame).map(Call::Request)
+}
+
+/// What [`dispatch`] did: an answer to send, or a GET it has sent itself.
+enum Answer {
+    Reply(Response),
+    Sent(io::Result<()>),
+}
+
+impl From<Response> for Answer {
+    fn from(r: Response) -> Self {
+        Self::Reply(r)
+    }
+}
+
+/// Serves one request as `who`, every op in this one match. Keyed operations (and ATTEST,
+/// which the registry checks against the region's owner) are authorised by the store itself;
+/// the store-wide operations that take no caller need the admin right, checked here.
+fn dispatch<'a, W: Write>(
+    call: Call<'_>,
+    who: &Caller,
+    cluster_epoch: &mut u64,
+    local: &mut Local<'a>,
+    shared: &'a Shared,
+    reply: &mut Reply<'_, W>,
+) -> Answer {
+    let store = &*shared.store;
+    let config = &shared.config;
+    let request = match call {
+        Call::Put(items) => return put(store, who, &items).into(),
+        Call::Request(request) => request,
+    };
+    let owner = || StageOwner { connection: local.connection, tenant: who.tenant.clone() };
+    match request {
+        Request::Get { items } => return Answer::Sent(get(store, who, &items, reply)),
+        // Whole blocks from a decoded request (the frames this server reads decode PUT as
+        // above, borrowing their bytes).
+        Request::Put { items } => {
+            let batch: Vec<BatchPut<'_>> = items
+                .iter()
+                .map(|i| BatchPut { key: &i.key, src: &i.data, request: i.request })
+                .collect();
+            Response::Put(store.put_batch(who, &batch))
+        }
+        Request::Hello { .. } => Response::Error(WireError::AlreadyAuthenticated),
+        Request::Info => Response::Info(store.info().into()),
+        Request::Epoch => Response::Epoch(store.epoch()),
+        Request::Stats => Response::Stats(store.stats()),
+        Request::Limits => {
+            Response::Limits(ServerLimits { object_bytes_max: config.object_bytes_max })
+        }
+        Request::Locate { keys } => {
+            Response::Locate(store.locate(who, &keys.iter().collect::<Vec<_>>()))
+        }
+        Request::Lookup { keys } => {
+            Response::Lookup(store.lookup_batch(who, &keys.iter().collect::<Vec<_>>()))
+        }
+        Request::Invalidate { keys } => {
+            Response::Invalidate(store.invalidate_batch(who, &keys.iter().collect::<Vec<_>>()))
+        }
+        // The write right on the scope's tenant; at most PURGE_BLOCKS_MAX blocks per request.
+        Request::Purge { scope } => Response::Purge(purge(store, who, &scope)),
+        // A node of a cluster routes by the epoch a connection says; a server alone has no
+        // standing.
+        Request::Cluster { epoch } => Response::Cluster(config.cluster.as_ref().map(|node| {
+            *cluster_epoch = epoch;
+            node.status()
+        })),
+        Request::FillBegin { key } => fill_begin(&key, who, shared),
         Request::FillFinish { lease, stored } => {
             let outcome = if stored { FillOutcome::Stored } else { FillOutcome::GaveUp };
-            Response::FillFinish(fills.finish(&lease, outcome))
+            Response::FillFinish(config.fills.finish(&lease, outcome))
         }
         Request::FillWait { ticket, wait_ms } => {
-            Response::FillWait(fills.wait(&ticket, Duration::from_millis(wait_ms)))
+            Response::FillWait(config.fills.wait(&ticket, Duration::from_millis(wait_ms)))
         }
-        other => Response::Error(WireError::Internal {
-            detail: format!("{} is not a fill request", other.op()),
+        Request::Reserve { key, len, request } => {
+            Response::Reserve(store.reserve(who, &key, len, request))
+        }
+        Request::Write { reservation, offset, data } => {
+            Response::Write(store.write(who, &reservation, offset, &data))
+        }
+        Request::Commit { reservation } => Response::Commit(store.commit(who, &reservation)),
+        Request::Abort { reservation, outcome } => {
+            Response::Abort(store.abort(who, reservation, outcome))
+        }
+        Request::ExpireLeases => {
+            Response::ExpireLeases(require(who, Right::Admin).and_then(|()| {
+                let staged = config.staging.as_ref().map_or(0, |s| s.expire(config.clock.now_ms()));
+                store.expire_leases().map(|n| (n + staged) as u64)
+            }))
+        }
+        Request::Attest { region } => Response::Attest(store.attest_drained(who, region)),
+        Request::BumpEpoch => {
+            Response::BumpEpoch(require(who, Right::Admin).and_then(|()| store.bump_epoch()))
+        }
+        Request::ReclaimFenced { epoch } => {
+            Response::ReclaimFenced(require(who, Right::Admin).and_then(|()| {
+                let reclaimed = store.reclaim_fenced(epoch)?;
+                // The store's fence passed: fence the staging memory too (its own epoch).
+                let staged = match &config.staging {
+                    Some(s) => s.fence().map_err(|e| StoreError::Backend {
+                        operation: "reclaim_fenced",
+                        detail: e.to_string(),
+                        retirement: Retirement::Retired,
+                    })?,
+                    None => 0,
+                };
+                Ok((reclaimed + staged) as u64)
+            }))
+        }
+        Request::ShmAttach { len } => attach(len, local, shared),
+        Request::GetShared { items } => match &local.segment {
+            None => shm_error("no segment is attached to this connection"),
+            Some(m) => get_shared(store, who, &m.segment, &items),
+        },
+        Request::PutShared { items } => match &local.segment {
+            None => shm_error("no segment is attached to this connection"),
+            Some(m) => put_shared(store, who, &m.segment, &items),
+        },
+        Request::NixlAttach { metadata } => {
+            staged(shared, |st| Ok(Response::NixlAttach(st.attach(&owner(), &metadata)?)))
+        }
+        Request::StageGet { items } => {
+            staged(shared, |st| stage_get(st, &owner(), config.clock.now_ms(), store, who, &items))
+        }
+        Request::ReservePut { key, len, checksum, request } => staged(shared, |st| {
+            if let Err(e) = authorize(who, &key, Right::Write) {
+                return Ok(Response::ReservePut(Err(e)));
+            }
+            if len == 0 {
+                return Ok(Response::ReservePut(Err(StoreError::EmptyObject)));
+            }
+            let intent = PutIntent { key: *key, len, checksum, request };
+            Ok(Response::ReservePut(Ok(st.reserve_put(&owner(), config.clock.now_ms(), intent)?)))
         }),
+        Request::CommitPut { stage } => staged(shared, |st| {
+            let mut put = |intent: &PutIntent, bytes: &[u8]| {
+                store.put(who, &intent.key, bytes, intent.request)
+            };
+            Ok(Response::CommitPut(st.commit_put(&owner(), stage, &mut put)?))
+        }),
+        Request::Release { stages } => {
+            staged(shared, |st| Ok(Response::Release(st.release(&owner(), &stages))))
+        }
+        Request::StageStats => staged(shared, |st| Ok(Response::StageStats(st.stats()))),
     }
+    .into()
+}
+
+/// PUT: stored straight from the frame body, the frame's items as one batch; the store checks
+/// each item against the checksum the client sent as it copies it.
+fn put(store: &dyn Store, who: &Caller, items: &[PutRef<'_>]) -> Response {
+    let batch: Vec<BatchPut<'_>> =
+        items.iter().map(|i| BatchPut { key: &i.key, src: i.data, request: i.request }).collect();
+    let sums: Vec<Checksum> = items.iter().map(|i| i.checksum).collect();
+    Response::Put(store.put_batch_checked(who, &batch, &sums))
+}
+
+/// GET. A one-key GET on an unsealed session asks the store once ([`Store::get_one`]): a
+/// lent block goes out from the store's own bytes ([`OneGet`]); a copied one is read into the
+/// frame. Any other GET reads its blocks, as one batch, straight into the frame, into the
+/// bytes of the last answer sent on this connection (see [`begin_get_response`]).
+fn get<W: Write>(
+    store: &dyn Store,
+    who: &Caller,
+    items: &[GetItem],
+    reply: &mut Reply<'_, W>,
+) -> io::Result<()> {
+    if let [item] = items
+        && reply.seal.is_none()
+        && item.capacity <= gpucache_wire::PAYLOAD_BYTES_MAX
+    {
+        return get_one(store, who, item, reply);
+    }
+    let encoded = begin_get_response(items, reply.out)
+        .map(|slots| {
+            let mut batch: Vec<BatchGet<'_>> = items
+                .iter()
+                .zip(slots)
+                .map(|(item, dst)| BatchGet { key: &item.key, dst })
+                .collect();
+            store.get_batch(who, &mut batch)
+        })
+        .and_then(|answers| {
+            finish_get_response(reply.request_id, reply.seal, items, answers, reply.out)
+        });
+    match encoded {
+        Ok(()) => reply.write_out(),
+        Err(e) => reply.send(&Response::Error(e)),
+    }
+}
+
+/// The reply side of a one-key GET, as the store delivers it ([`GetTo`]). A lent block is
+/// hashed where it lies and, only when it matches its committed checksum, goes out with the
+/// frame's header and trailer in one vectored write, so the server copies nothing itself; a
+/// block that does not match is never sent (the store drops it and answers a corrupt miss).
+/// A copied block lands in a frame laid out in the reply's buffer when the store asks for it.
+struct OneGet<'g, 'r, W: Write> {
+    reply: &'g mut Reply<'r, W>,
+    item: &'g GetItem,
+    /// The write of a lent hit.
+    sent: Option<io::Result<()>>,
+    /// Whether the store asked for the buffer.
+    laid_out: bool,
+}
+
+impl<W: Write> GetTo for OneGet<'_, '_, W> {
+    fn lend(&mut self, bytes: &[u8], checksum: Checksum) -> Option<Checksum> {
+        let hashed = Checksum::of(bytes);
+        if hashed == checksum {
+            let (mut head, mut tail) = (Vec::new(), Vec::new());
+            let id = self.reply.request_id;
+            self.sent = Some(
+                get_hit_frame_parts(id, bytes.len(), checksum, &mut head, &mut tail)
+                    .map_err(io::Error::other)
+                    .and_then(|()| {
+                        let mut parts =
+                            [IoSlice::new(&head), IoSlice::new(bytes), IoSlice::new(&tail)];
+                        write_all_vectored(self.reply.stream, &mut parts)
+                    }),
+            );
+        }
+        Some(hashed)
+    }
+
+    fn buffer(&mut self) -> &mut [u8] {
+        self.laid_out = true;
+        match begin_get_response(std::slice::from_ref(self.item), self.reply.out) {
+            Ok(mut slots) => slots.pop().unwrap_or_default(),
+            Err(_) => &mut [],
+        }
+    }
+}
+
+fn get_one<W: Write>(
+    store: &dyn Store,
+    who: &Caller,
+    item: &GetItem,
+    reply: &mut Reply<'_, W>,
+) -> io::Result<()> {
+    let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+    let mut to = OneGet { reply, item, sent: None, laid_out: false };
+    let got = store.get_one(who, &item.key, capacity, &mut to);
+    let OneGet { reply, sent, laid_out, .. } = to;
+    let answer = match got {
+        Ok(GotOne { get: Get::Hit { .. }, delivery: Delivery::Lent, .. }) => {
+            return sent.unwrap_or_else(|| Err(io::Error::other("a lent hit was not sent")));
+        }
+        Ok(GotOne { get: get @ Get::Hit { .. }, .. }) if laid_out => {
+            let items = std::slice::from_ref(item);
+            return match finish_get_response(
+                reply.request_id,
+                None,
+                items,
+                vec![Ok(get)],
+                reply.out,
+            ) {
+                Ok(()) => reply.write_out(),
+                Err(e) => reply.send(&Response::Error(e)),
+            };
+        }
+        Ok(GotOne { get: Get::Hit { .. }, .. }) => Err(StoreError::Backend {
+            operation: "get",
+            detail: "the store answered a copied hit without copying it".into(),
+            retirement: Retirement::Retired,
+        }),
+        Ok(GotOne { get: Get::Miss(reason), .. }) => Ok(Fetched::Miss(reason)),
+        Err(e) => Err(e),
+    };
+    reply.send(&Response::Get(vec![answer]))
+}
+
+/// FILL_BEGIN: a fill begins at the connection's cluster epoch on a node of a cluster (0
+/// alone); the caller needs the write right on the key it will fill.
+fn fill_begin(key: &PhysicalKey, who: &Caller, shared: &Shared) -> Response {
+    if let Err(e) = authorize(who, key, Right::Write) {
+        return Response::FillBegin(Err(FillRefused::Forbidden { detail: e.to_string() }));
+    }
+    let fills = &shared.config.fills;
+    // On a node of a cluster the fence has checked the connection's epoch against the view;
+    // fills begin at the epoch of the view's last change of members, which a drain does not
+    // advance.
+    let epoch = if shared.config.cluster.is_some() { fills.epoch() } else { Epoch(0) };
+    Response::FillBegin(fills.begin(key.digest(), epoch).map_err(|r| FillRefused::from(&r)))
 }
 
 fn refuse(reason: AuthFailure) -> WireError {
@@ -800,106 +991,6 @@ fn require(who: &Caller, right: Right) -> Result<(), StoreError> {
     }
 }
 
-/// Serves one request as `who`. Keyed operations (and ATTEST, which the registry checks
-/// against the region's owner) are authorised by the store itself; the store-wide operations
-/// that take no caller need the admin right, checked here.
-fn answer<'a>(
-    request: Request,
-    who: &Caller,
-    local: &mut Local<'a>,
-    shared: &'a Shared,
-) -> Response {
-    let store = &*shared.store;
-    match request {
-        Request::Hello { .. } => Response::Error(WireError::AlreadyAuthenticated),
-        Request::Info => Response::Info(store.info().into()),
-        Request::Epoch => Response::Epoch(store.epoch()),
-        Request::Stats => Response::Stats(store.stats()),
-        Request::Limits => {
-            Response::Limits(ServerLimits { object_bytes_max: shared.config.object_bytes_max })
-        }
-        Request::Locate { keys } => {
-            Response::Locate(store.locate(who, &keys.iter().collect::<Vec<_>>()))
-        }
-        // A node of a cluster answers it before this; a server alone has no standing.
-        Request::Cluster { .. } => Response::Cluster(None),
-        // Served by `answer_fill`, never here.
-        request @ (Request::FillBegin { .. }
-        | Request::FillFinish { .. }
-        | Request::FillWait { .. }) => Response::Error(WireError::Internal {
-            detail: format!("{} is served before this", request.op()),
-        }),
-        Request::Lookup { keys } => {
-            Response::Lookup(store.lookup_batch(who, &keys.iter().collect::<Vec<_>>()))
-        }
-        // Served in place by `serve_frame` and `send_answer`, never here.
-        Request::Get { .. } | Request::Put { .. } => Response::Error(WireError::Internal {
-            detail: "GET and PUT are served in place".into(),
-        }),
-        Request::Invalidate { keys } => {
-            Response::Invalidate(store.invalidate_batch(who, &keys.iter().collect::<Vec<_>>()))
-        }
-        // The write right on the scope's tenant; at most PURGE_BLOCKS_MAX blocks per request.
-        Request::Purge { scope } => Response::Purge(purge(store, who, &scope)),
-        Request::Reserve { key, len, request } => {
-            Response::Reserve(store.reserve(who, &key, len, request))
-        }
-        Request::Write { reservation, offset, data } => {
-            Response::Write(store.write(who, &reservation, offset, &data))
-        }
-        Request::Commit { reservation } => Response::Commit(store.commit(who, &reservation)),
-        Request::Abort { reservation, outcome } => {
-            Response::Abort(store.abort(who, reservation, outcome))
-        }
-        Request::ExpireLeases => {
-            Response::ExpireLeases(require(who, Right::Admin).and_then(|()| {
-                let staged = shared
-                    .config
-                    .staging
-                    .as_ref()
-                    .map_or(0, |s| s.expire(shared.config.clock.now_ms()));
-                store.expire_leases().map(|n| (n + staged) as u64)
-            }))
-        }
-        Request::Attest { region } => Response::Attest(store.attest_drained(who, region)),
-        Request::BumpEpoch => {
-            Response::BumpEpoch(require(who, Right::Admin).and_then(|()| store.bump_epoch()))
-        }
-        Request::ReclaimFenced { epoch } => {
-            Response::ReclaimFenced(require(who, Right::Admin).and_then(|()| {
-                let reclaimed = store.reclaim_fenced(epoch)?;
-                // The store's fence passed: fence the staging memory too (its own epoch).
-                let staged = match &shared.config.staging {
-                    Some(s) => s.fence().map_err(|e| StoreError::Backend {
-                        operation: "reclaim_fenced",
-                        detail: e.to_string(),
-                        retirement: Retirement::Retired,
-                    })?,
-                    None => 0,
-                };
-                Ok((reclaimed + staged) as u64)
-            }))
-        }
-        Request::ShmAttach { len } => attach(len, local, shared),
-        Request::GetShared { items } => match &local.segment {
-            None => shm_error("no segment is attached to this connection"),
-            Some(m) => get_shared(store, who, &m.segment, &items),
-        },
-        Request::PutShared { items } => match &local.segment {
-            None => shm_error("no segment is attached to this connection"),
-            Some(m) => put_shared(store, who, &m.segment, &items),
-        },
-        request @ (Request::NixlAttach { .. }
-        | Request::StageGet { .. }
-        | Request::ReservePut { .. }
-        | Request::CommitPut { .. }
-        | Request::Release { .. }
-        | Request::StageStats) => {
-            answer_staging(request, who, local.connection, shared).unwrap_or_else(Response::Error)
-        }
-    }
-}
-
 /// Settles a connection's open stages when it ends ([`BlockStaging::connection_closed`]).
 struct StagesAtClose<'a> {
     staging: Option<&'a dyn BlockStaging>,
@@ -923,63 +1014,39 @@ fn staging_of(shared: &Shared) -> Result<&dyn BlockStaging, WireError> {
     })
 }
 
-/// The stage ops: NIXL_ATTACH, STAGE_GET, RESERVE_PUT, COMMIT_PUT, RELEASE, STAGE_STATS.
-/// Keys are authorised exactly as GET and PUT authorise them (by the store, or by
-/// [`authorize`] before a slot is leased); stages belong to the tenant that opened them.
-fn answer_staging(
-    request: Request,
-    who: &Caller,
-    connection: u64,
+/// Runs a stage op (NIXL_ATTACH, STAGE_GET, RESERVE_PUT, COMMIT_PUT, RELEASE, STAGE_STATS)
+/// against the server's staging memory; refused when the server runs without it. Keys are
+/// authorised exactly as GET and PUT authorise them (by the store, or by [`authorize`] before
+/// a slot is leased); stages belong to the tenant that opened them.
+fn staged(
     shared: &Shared,
+    op: impl FnOnce(&dyn BlockStaging) -> Result<Response, WireError>,
+) -> Response {
+    staging_of(shared).and_then(op).unwrap_or_else(Response::Error)
+}
+
+/// STAGE_GET: each block read from the store into its leased slot.
+fn stage_get(
+    staging: &dyn BlockStaging,
+    owner: &StageOwner,
+    now_ms: u64,
+    store: &dyn Store,
+    who: &Caller,
+    items: &[GetItem],
 ) -> Result<Response, WireError> {
-    let staging = staging_of(shared)?;
-    let store = &*shared.store;
-    let owner = StageOwner { connection, tenant: who.tenant.clone() };
-    let now_ms = shared.config.clock.now_ms();
-    Ok(match request {
-        Request::NixlAttach { metadata } => {
-            Response::NixlAttach(staging.attach(&owner, &metadata)?)
-        }
-        Request::StageGet { items } => {
-            let mut fills: Vec<_> = items
-                .iter()
-                .map(|item| {
-                    move |slot: &mut [u8]| {
-                        let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
-                        let end = capacity.min(slot.len());
-                        let dst = &mut slot[..end];
-                        store.get_into(who, &item.key, dst)
-                    }
-                })
-                .collect();
-            let mut refs: Vec<&mut gpucache_wire::staging::FillSlot<'_>> =
-                fills.iter_mut().map(|f| f as &mut gpucache_wire::staging::FillSlot<'_>).collect();
-            Response::StageGet(staging.stage_get(&owner, now_ms, &mut refs)?)
-        }
-        Request::ReservePut { key, len, checksum, request } => {
-            if let Err(e) = authorize(who, &key, Right::Write) {
-                return Ok(Response::ReservePut(Err(e)));
+    let mut fills: Vec<_> = items
+        .iter()
+        .map(|item| {
+            move |slot: &mut [u8]| {
+                let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+                let end = capacity.min(slot.len());
+                store.get_into(who, &item.key, &mut slot[..end])
             }
-            if len == 0 {
-                return Ok(Response::ReservePut(Err(StoreError::EmptyObject)));
-            }
-            let intent = PutIntent { key: *key, len, checksum, request };
-            Response::ReservePut(Ok(staging.reserve_put(&owner, now_ms, intent)?))
-        }
-        Request::CommitPut { stage } => {
-            let mut put = |intent: &PutIntent, bytes: &[u8]| {
-                store.put(who, &intent.key, bytes, intent.request)
-            };
-            Response::CommitPut(staging.commit_put(&owner, stage, &mut put)?)
-        }
-        Request::Release { stages } => Response::Release(staging.release(&owner, &stages)),
-        Request::StageStats => Response::StageStats(staging.stats()),
-        other => {
-            return Err(WireError::Internal {
-                detail: format!("{} is not a stage op", other.op()),
-            });
-        }
-    })
+        })
+        .collect();
+    let mut refs: Vec<&mut gpucache_wire::staging::FillSlot<'_>> =
+        fills.iter_mut().map(|f| f as &mut gpucache_wire::staging::FillSlot<'_>).collect();
+    Ok(Response::StageGet(staging.stage_get(owner, now_ms, &mut refs)?))
 }
 
 fn shm_error(detail: impl std::fmt::Display) -> Response {

@@ -22,9 +22,10 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochSource, LocalEpochs, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptReason, FullPolicy, Get,
-    Implementation, Invalidate, LendTo, Lookup, PurgeScope, Put, Reclaimed, Reservation, Reserve,
-    Retirement, Store, StoreError, StoreInfo, StoreStats, authorize, put_damaged, put_reserved,
+    Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptReason, Delivery, FullPolicy, Get,
+    GetTo, GotOne, Implementation, Invalidate, LendTo, Lookup, MissReason, PurgeScope, Put,
+    Reclaimed, Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
+    authorize, put_damaged, put_reserved,
 };
 
 use crate::catalog::{Catalog, ReadPin};
@@ -436,6 +437,74 @@ impl MemoryStore {
         self.lock().commit_buffer(caller, r, buf, filled, now)
     }
 
+    /// Pins the block under the lock, then lends its own bytes to `send` without it (no copy on
+    /// this side at all) and checks the checksum the sender computed over them. A block whose
+    /// bytes no longer match is dropped as `get_into` drops it. With `version`, a block
+    /// committed under another checksum is neither lent nor touched: `None`.
+    pub fn lend(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        version: Option<Checksum>,
+        send: &mut LendTo<'_>,
+    ) -> Result<Option<Get>, StoreError> {
+        authorize(caller, key, Right::Read)?;
+        let (pin, payload) = {
+            let mut inner = self.lock();
+            let pin = match inner.catalog.pin_read(key, capacity)? {
+                Ok(pin) => pin,
+                Err(miss) => return Ok(Some(Get::Miss(miss))),
+            };
+            if version.is_some_and(|v| v != pin.checksum) {
+                let released = inner.catalog.unpin_read(pin.region, None);
+                inner.spare.give(released);
+                return Ok(None);
+            }
+            let payload = inner.catalog.entry(pin.region).map(|b| Arc::clone(&b.payload));
+            (pin, payload)
+        };
+        let bytes = payload.as_deref().and_then(|p| p.get(..pin.len_bytes()));
+        let damage = match (bytes, pin.answer(false)) {
+            (Some(bytes), Get::Hit { checksum, .. }) => {
+                let intact = match send(bytes, checksum) {
+                    Some(sent) => pin.intact_by(sent),
+                    None => pin.delivered_intact(bytes),
+                };
+                (!intact).then_some(CorruptReason::Checksum)
+            }
+            _ => Some(CorruptReason::Truncated),
+        };
+        drop(payload);
+        let mut inner = self.lock();
+        let released = inner.catalog.unpin_read(pin.region, damage);
+        inner.spare.give(released);
+        Ok(Some(pin.answer(damage.is_some())))
+    }
+
+    /// [`Store::put`] of bytes whose checksum `verified` the caller computed in the pass that
+    /// produced or read them (the tier below hashed them to write them, or checked them as it
+    /// read them): they are copied without being hashed again and committed under `verified`.
+    /// Every read checks a block against its committed checksum, so bytes that changed in
+    /// between are a corrupt miss, never a wrong hit.
+    pub fn put_verified(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        verified: Checksum,
+    ) -> Result<Put, StoreError> {
+        put_reserved(self, caller, key, src.len() as u64, None, |r| {
+            let mut buf = self.lock().take_buffer(caller, r, src.len() as u64)?;
+            let filled = Arc::get_mut(&mut buf).filter(|b| b.len() == src.len()).map(|b| {
+                b.copy_from_slice(src);
+                verified
+            });
+            let now = self.clock.now_ms();
+            self.lock().commit_buffer(caller, r, buf, filled, now)
+        })
+    }
+
     /// Starts one PUT of a batch under the held lock: its reservation and its buffer, or the
     /// PUT's final answer when there is nothing to write.
     fn start_put(
@@ -607,42 +676,20 @@ impl Store for MemoryStore {
         Ok(pin.answer(corrupt))
     }
 
-    /// Pins the block under the lock, then lends its own bytes without it (no copy on this
-    /// side at all) and checks the checksum the sender computed over them. A block whose bytes
-    /// no longer match is dropped as `get_into` drops it.
-    fn get_lent(
+    /// Lends the block: see [`MemoryStore::lend`]. Memory always lends a hit.
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        authorize(caller, key, Right::Read)?;
-        let (pin, payload) = {
-            let mut inner = self.lock();
-            let pin = match inner.catalog.pin_read(key, capacity)? {
-                Ok(pin) => pin,
-                Err(miss) => return Ok(Some(Get::Miss(miss))),
-            };
-            let payload = inner.catalog.entry(pin.region).map(|b| Arc::clone(&b.payload));
-            (pin, payload)
-        };
-        let bytes = payload.as_deref().and_then(|p| p.get(..pin.len_bytes()));
-        let damage = match (bytes, pin.answer(false)) {
-            (Some(bytes), Get::Hit { checksum, .. }) => {
-                let intact = match send(bytes, checksum) {
-                    Some(sent) => pin.intact_by(sent),
-                    None => pin.delivered_intact(bytes),
-                };
-                (!intact).then_some(CorruptReason::Checksum)
-            }
-            _ => Some(CorruptReason::Truncated),
-        };
-        drop(payload);
-        let mut inner = self.lock();
-        let released = inner.catalog.unpin_read(pin.region, damage);
-        inner.spare.give(released);
-        Ok(Some(pin.answer(damage.is_some())))
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        let get = self.lend(caller, key, capacity, None, &mut |bytes, sum| to.lend(bytes, sum))?;
+        // Without a version to match, `lend` always answers.
+        let get = get.unwrap_or(Get::Miss(MissReason::Absent));
+        let delivery =
+            if matches!(get, Get::Hit { .. }) { Delivery::Lent } else { Delivery::Copied };
+        Ok(GotOne { get, delivery, tier: None })
     }
 
     fn reserve(

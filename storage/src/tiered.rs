@@ -41,9 +41,9 @@ use gpucache_dataplane::registry::LocalEpochs;
 /// Which tier served a hit, or holds a block.
 pub use gpucache_dataplane::store::Tier;
 use gpucache_dataplane::store::{
-    BatchAnswers, BatchGet, BatchPut, CorruptPhase, CorruptReason, Get, Implementation, Invalidate,
-    LendTo, Located, Lookup, MissReason, PurgeScope, Put, Reserve, Retirement, Store, StoreError,
-    StoreInfo, StoreLayer, put_damaged,
+    BatchAnswers, BatchGet, BatchPut, CorruptPhase, CorruptReason, Delivery, Get, GetTo, GotOne,
+    Implementation, Invalidate, Located, Lookup, MissReason, PurgeScope, Put, Reserve, Retirement,
+    Store, StoreError, StoreInfo, StoreLayer, put_damaged,
 };
 
 use crate::evict::PolicyKind;
@@ -336,7 +336,9 @@ impl TieredStore {
 
     /// Copies `bytes` of `key`, whose checksum is `checksum`, into memory while the file tier
     /// holds that very version of the block: a key written again after it left has another
-    /// checksum, and an older copy must never shadow it.
+    /// checksum, and an older copy must never shadow it. The bytes were hashed in the pass that
+    /// wrote or read them in the file tier, so memory takes them as verified, without hashing
+    /// them again.
     fn copy_up(&self, key: &PhysicalKey, bytes: &[u8], checksum: Checksum) -> bool {
         let _order = self.stripe(key);
         let caller = owner(key);
@@ -345,7 +347,7 @@ impl TieredStore {
         }
         // Best effort: a memory tier that is full of blocks being read, or refuses the size,
         // leaves the block in the file tier only.
-        matches!(self.memory.put(&caller, key, bytes, None), Ok(Put::Committed(_)))
+        matches!(self.memory.put_verified(&caller, key, bytes, checksum), Ok(Put::Committed(_)))
     }
 
     fn write_up(&self, key: &PhysicalKey, bytes: &[u8], checksum: Checksum) {
@@ -406,8 +408,11 @@ impl TieredStore {
     /// yet, leaves the block to be written now, as under write-through; a block whose write
     /// fails leaves the books, and the PUT fails with the write's error.
     fn hold(&self, key: &PhysicalKey, src: &[u8], checksum: Checksum) -> Result<(), StoreError> {
-        if matches!(self.memory.put(&owner(key), key, src, None), Ok(Put::Committed(c)) if c == checksum)
-        {
+        // The file tier hashed `src` as it recorded it: memory takes the bytes as verified.
+        if matches!(
+            self.memory.put_verified(&owner(key), key, src, checksum),
+            Ok(Put::Committed(_))
+        ) {
             bump(&self.counters.written_up);
             return Ok(());
         }
@@ -544,11 +549,16 @@ impl TieredStore {
         if self.file.committed_checksum(key) == Some(*checksum) {
             return true;
         }
+        self.drop_stale(key);
+        false
+    }
+
+    /// Drops the memory copy of `key`, which the file tier no longer backs.
+    fn drop_stale(&self, key: &PhysicalKey) {
         let _order = self.stripe(key);
         if let Ok(Invalidate::Removed) = self.memory.invalidate(&owner(key), key) {
             bump(&self.counters.dropped_with_file);
         }
-        false
     }
 
     /// [`Store::get_into`], and which tier served a hit (memory first, then the file tier).
@@ -693,7 +703,9 @@ impl StoreLayer for TieredStore {
     fn inner(&self) -> &FileStore {
         &self.file
     }
+}
 
+impl Store for TieredStore {
     fn info(&self) -> StoreInfo {
         StoreInfo {
             name: "tiered",
@@ -712,30 +724,40 @@ impl StoreLayer for TieredStore {
         self.get_with_tier(caller, key, dst).map(|(got, _)| got)
     }
 
-    fn get_lent(
+    /// Each tier asked once: memory lends a hit on the version the file tier's catalog holds
+    /// now (a copy of another version is dropped, never sent); on anything else the file tier
+    /// reads the block into the caller's buffer and a hit is promoted. A key written again
+    /// between the version check and the send is the one case served from the older copy.
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        // Only a memory hit is lent, and only of a block the file tier holds; anything else is
-        // answered by `get_into`, which asks the file tier (a lent read that found its bytes
-        // damaged sent nothing). The version is checked before the bytes go out: a key written
-        // again between that check and the send is the one case served from the older copy.
-        if self.file.committed_checksum(key).is_none() {
-            return Ok(None);
-        }
-        match self.memory.get_lent(caller, key, capacity, send) {
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        let upper = match self.file.committed_checksum(key) {
+            Some(version) => {
+                let send = &mut |bytes: &[u8], sum| to.lend(bytes, sum);
+                self.memory.lend(caller, key, capacity, Some(version), send)
+            }
+            None => Ok(Some(Get::Miss(MissReason::Absent))),
+        };
+        let upper = match upper {
             Ok(Some(hit @ Get::Hit { .. })) => {
                 bump(&self.counters.memory_hits);
-                Ok(Some(hit))
+                return Ok(GotOne { get: hit, delivery: Delivery::Lent, tier: Some(Tier::Memory) });
             }
-            Ok(Some(miss @ Get::Miss(MissReason::Corrupt))) if self.lost_damaged(key) => {
-                Ok(Some(miss))
+            Ok(Some(other)) => Ok(other),
+            Ok(None) => {
+                self.drop_stale(key);
+                Ok(Get::Miss(MissReason::Absent))
             }
-            _ => Ok(None),
-        }
+            Err(e) => Err(e),
+        };
+        let dst = to.buffer();
+        let got = self.file.get_into(caller, key, dst);
+        let (got, tier) = self.file_answer(key, &upper, got, dst);
+        got.map(|get| GotOne { get, delivery: Delivery::Copied, tier })
     }
 
     fn get_batch(&self, caller: &Caller, items: &mut [BatchGet<'_>]) -> BatchAnswers<Get> {
@@ -843,6 +865,7 @@ impl StoreLayer for TieredStore {
         }
         Ok(keys)
     }
+    gpucache_dataplane::forward_store!(fences, reports, lookup, write, commit, abort);
 }
 
 impl TieredStore {

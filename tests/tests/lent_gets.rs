@@ -1,5 +1,5 @@
-//! `Store::get_lent`: a GET that hands the store's own bytes to the sender instead of copying
-//! them. The memory store checks the checksum its sender computed as it sent them, and drops a
+//! `Store::get_one` lending: a GET that hands the store's own bytes to the sender instead of
+//! copying them. The memory store checks the checksum its sender computed as it sent them, and drops a
 //! block that does not match, as `get_into` would; a store that keeps its blocks elsewhere
 //! lends nothing; and the service's one-key GET, which sends a lent block without copying it,
 //! answers exactly what the copying path answers.
@@ -15,7 +15,7 @@ use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Get, Lookup, MissReason, Store, StoreError};
-use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_dataplane::testing::fixture::{get_lent, key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::file::{Durability, FileStoreConfig};
@@ -33,10 +33,10 @@ fn k(i: u8) -> PhysicalKey {
     key(0, &[i, 3], KvDtype::F16, 16)
 }
 
-/// Each call of `send` in one `get_lent`: the bytes lent and their checksum.
+/// Each call of `send` in one lending GET: the bytes lent and their checksum.
 type Lent = Vec<(Vec<u8>, Checksum)>;
 
-/// What one `get_lent` call answered and lent.
+/// What one lending GET answered (`None`: the store copied instead) and lent.
 fn lend(
     store: &dyn Store,
     key: &PhysicalKey,
@@ -53,7 +53,7 @@ fn lend_with(
     sent: impl Fn(&[u8]) -> Checksum,
 ) -> (Result<Option<Get>, StoreError>, Lent) {
     let mut lent = Vec::new();
-    let got = store.get_lent(&caller(), key, capacity, &mut |bytes, sum| {
+    let got = get_lent(store, &caller(), key, capacity, |bytes, sum| {
         lent.push((bytes.to_vec(), sum));
         Some(sent(bytes))
     });
@@ -78,7 +78,7 @@ fn the_memory_store_checks_what_its_sender_hashed() {
     assert!(lent.is_empty());
     // A sender that could not send it all leaves the check to the store, which still finds
     // the block intact.
-    let got = store.get_lent(&c, &k(1), data.len(), &mut |_, _| None);
+    let got = get_lent(&*store, &c, &k(1), data.len(), |_, _| None);
     assert!(matches!(got, Ok(Some(Get::Hit { .. }))), "{got:?}");
     // Damaged bytes go out only under the committed checksum, which the receiver checks;
     // the sender's checksum shows the damage, and the block is dropped and counted.

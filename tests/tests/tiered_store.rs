@@ -22,7 +22,7 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
-use gpucache_dataplane::testing::fixture::{caller, key, payload};
+use gpucache_dataplane::testing::fixture::{caller, get_lent, key, payload};
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
 use gpucache_storage::file::{Durability, FileStoreConfig};
@@ -245,18 +245,17 @@ fn a_block_being_read_from_memory_is_never_evicted_there() {
     let held = payload(1, 4 * KIB_LEN);
     store.put(&caller(0), &block_key(0), &held, None).expect("put");
     let mut during = Vec::new();
-    let lent = store
-        .get_lent(&caller(0), &block_key(0), held.len(), &mut |bytes, _| {
-            // While the memory tier lends the block, more blocks arrive and evict there.
-            for k in 1..6u8 {
-                let data = payload(u64::from(k), 4 * KIB_LEN);
-                let put = store.put(&caller(0), &block_key(k), &data, None).expect("put");
-                assert!(matches!(put, Put::Committed(_)), "{put:?}");
-            }
-            during.extend_from_slice(bytes);
-            Some(Checksum::of(bytes))
-        })
-        .expect("lent get");
+    let lent = get_lent(&store, &caller(0), &block_key(0), held.len(), |bytes, _| {
+        // While the memory tier lends the block, more blocks arrive and evict there.
+        for k in 1..6u8 {
+            let data = payload(u64::from(k), 4 * KIB_LEN);
+            let put = store.put(&caller(0), &block_key(k), &data, None).expect("put");
+            assert!(matches!(put, Put::Committed(_)), "{put:?}");
+        }
+        during.extend_from_slice(bytes);
+        Some(Checksum::of(bytes))
+    })
+    .expect("lent get");
     assert!(matches!(lent, Some(Get::Hit { .. })), "{lent:?}");
     assert_eq!(during, held, "the lent bytes changed while they were read");
     assert!(store.memory().stats().evictions >= 3, "the puts made the memory tier evict");
@@ -625,4 +624,81 @@ fn a_memory_tier_on_huge_pages_holds_its_blocks_in_the_pool() {
     let (got, tier) = store.get_with_tier(&caller(0), &block_key(0), &mut dst).expect("get");
     assert!(matches!(got, Get::Hit { .. }) && dst == data, "{got:?}");
     assert_eq!(tier, Some(gpucache_storage::tiered::Tier::Memory));
+}
+
+/// A one-key GET asks each tier once and says how it went: a memory copy of the version the
+/// file tier holds is lent; without one the file tier's copy lands in the caller's buffer and
+/// is promoted; a key neither holds is a miss. The tier counters move by exactly one each time.
+#[test]
+fn a_one_key_get_asks_each_tier_once_and_says_how_it_delivered() {
+    use gpucache_dataplane::store::{Delivery, GotOne, MissReason, Tier};
+    use gpucache_dataplane::testing::fixture::Deliver;
+    let dir = shm_dir();
+    let store = open(dir.path(), limits(1 << 20, 1 << 20), 64 * KIB, Durability::None);
+    let data = payload(7, 3 * KIB_LEN);
+    let sum = Checksum::of(&data);
+    store.put(&caller(0), &block_key(0), &data, None).expect("put");
+    let get = |key: &PhysicalKey| {
+        let mut lent = Vec::new();
+        let mut to = Deliver {
+            lend: |bytes: &[u8], _| {
+                lent.extend_from_slice(bytes);
+                Some(Checksum::of(bytes))
+            },
+            copy: vec![0u8; 4 * KIB_LEN],
+        };
+        let got = store.get_one(&caller(0), key, 4 * KIB_LEN, &mut to).expect("get");
+        let copied = to.copy;
+        (got, lent, copied)
+    };
+    let hit = Get::Hit { len: data.len() as u64, checksum: sum };
+    let before = store.counters();
+    let (got, lent, _) = get(&block_key(0));
+    assert_eq!(got, GotOne { get: hit, delivery: Delivery::Lent, tier: Some(Tier::Memory) });
+    assert_eq!(lent, data);
+    assert_eq!(store.counters().memory_hits, before.memory_hits + 1);
+    assert_eq!(store.counters().file_hits, before.file_hits);
+
+    // Only the file tier holds it now: copied into the buffer, counted once, promoted.
+    let removed = store.memory().invalidate(&caller(0), &block_key(0)).expect("drop");
+    assert_eq!(removed, Invalidate::Removed);
+    let (got, lent, copied) = get(&block_key(0));
+    assert_eq!(got, GotOne { get: hit, delivery: Delivery::Copied, tier: Some(Tier::File) });
+    assert!(lent.is_empty());
+    assert_eq!(&copied[..data.len()], &data[..]);
+    let after = store.counters();
+    assert_eq!((after.file_hits, after.promotions), (before.file_hits + 1, before.promotions + 1));
+    assert_eq!(after.memory_hits, before.memory_hits + 1);
+    let (got, _, _) = get(&block_key(0));
+    assert_eq!(got.delivery, Delivery::Lent, "the promoted copy is lent next");
+
+    let (got, lent, _) = get(&block_key(9));
+    assert_eq!(
+        got,
+        GotOne { get: Get::Miss(MissReason::Absent), delivery: Delivery::Copied, tier: None }
+    );
+    assert!(lent.is_empty());
+    assert_eq!(store.counters().misses, before.misses + 1);
+}
+
+/// A block the memory tier takes as already verified (a copy-up or a write-through) is still
+/// checked on every read: bytes that do not match the checksum it was committed under are a
+/// corrupt miss, never a hit, however they are read.
+#[test]
+fn bytes_taken_as_verified_that_do_not_match_are_a_corrupt_miss() {
+    use gpucache_dataplane::store::MissReason;
+    let dir = shm_dir();
+    let store = open(dir.path(), limits(1 << 20, 1 << 20), 64 * KIB, Durability::None);
+    let memory = store.memory();
+    let data = payload(8, 2 * KIB_LEN);
+    let wrong = Checksum(Checksum::of(&data).0 ^ 1);
+    let put = memory.put_verified(&caller(0), &block_key(1), &data, wrong).expect("put");
+    assert_eq!(put, Put::Committed(wrong));
+    let mut dst = vec![0u8; data.len()];
+    let got = memory.get_into(&caller(0), &block_key(1), &mut dst).expect("get");
+    assert_eq!(got, Get::Miss(MissReason::Corrupt));
+    memory.put_verified(&caller(0), &block_key(2), &data, wrong).expect("put");
+    let lent =
+        get_lent(memory, &caller(0), &block_key(2), data.len(), |b, _| Some(Checksum::of(b)));
+    assert_eq!(lent, Ok(Some(Get::Miss(MissReason::Corrupt))));
 }

@@ -9,9 +9,9 @@ use gpucache_dataplane::shard::{
     FillLease, FillNotice, FillRefusal, FillStart, FillTicket, NodeId, NotAdmitting,
 };
 use gpucache_dataplane::store::{
-    Abort, BatchAnswers, BatchGet, BatchPut, Committed, FullPolicy, Get, Implementation,
-    Invalidate, Located, Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed, Reservation,
-    Reserve, Retirement, StoreError, StoreInfo, StoreStats,
+    Abort, BatchAnswers, BatchPut, Committed, FullPolicy, Get, Implementation, Invalidate, Located,
+    Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed, Reservation, Reserve, Retirement,
+    StoreError, StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer, wide};
@@ -793,7 +793,7 @@ pub fn encode_put_request(
 /// The two parts around the payload of a GET answer to one item that hit with `len` bytes
 /// hashing to `checksum`, for a sender that writes the payload from where it lies instead of
 /// copying it into a frame: `head` gets the frame header, `tail` the trailer, and `head`, the
-/// payload and `tail`, in that order, are the bytes [`encode_get_response`] writes for the same
+/// payload and `tail`, in that order, are the bytes [`finish_get_response`] writes for the same
 /// answer. Unsealed frames only: a seal covers the payload too.
 pub fn get_hit_frame_parts(
     request_id: u64,
@@ -881,26 +881,22 @@ fn put_payload_error(total: u64) -> WireError {
     WireError::TooLarge { len: total, max: PAYLOAD_BYTES_MAX }
 }
 
-/// Writes a GET response frame answering `items` into `out`, replacing what `out` held, with
-/// every block read in place by one call of `fetch`: it gets one destination per item, in
-/// order, each `capacity` bytes of the frame's payload part, and answers per item as
-/// [`gpucache_dataplane::store::Store::get_batch`] does. The hits are then moved together, back
-/// to back in item order, and the trailer written after them: the same bytes as
-/// [`Response::Get`].
+/// Lays out a GET response frame answering `items` in `out`, replacing what `out` held: room
+/// for the header, then one destination per item, in order, each `capacity` bytes of the
+/// frame's payload part, which it returns. The caller reads each block into its destination
+/// (as [`gpucache_dataplane::store::Store::get_batch`] does), then calls
+/// [`finish_get_response`] with the answers. The wire crate reads no store itself.
 ///
 /// The destinations are not zeroed first: they reuse the bytes `out` already holds (a server
-/// passes the buffer of the last frame it sent on the connection, so a fetch overwrites that
+/// passes the buffer of the last frame it sent on the connection, so a read overwrites that
 /// connection's own earlier answer), and only what is grown past them is zero-filled. That is
-/// safe because nothing but the front `len` bytes of a hit, which the store reports it wrote,
+/// safe because nothing but the front `len` bytes of a hit, which the reader reports it wrote,
 /// goes into the frame; a miss or error contributes no bytes, and a hit longer than its
 /// destination is answered as an error. On error `out` is left empty.
-pub fn encode_get_response(
-    request_id: u64,
-    seal: Option<&SealKey>,
+pub fn begin_get_response<'o>(
     items: &[GetItem],
-    out: &mut Vec<u8>,
-    fetch: impl FnOnce(&mut [BatchGet<'_>]) -> BatchAnswers<Get>,
-) -> Result<(), WireError> {
+    out: &'o mut Vec<u8>,
+) -> Result<Vec<&'o mut [u8]>, WireError> {
     let total = items.iter().try_fold(0u64, |sum, item| sum.checked_add(item.capacity));
     let total = match total.filter(|t| *t <= PAYLOAD_BYTES_MAX).map(usize::try_from) {
         Some(Ok(t)) => t,
@@ -915,19 +911,30 @@ pub fn encode_get_response(
     } else {
         out.truncate(frame_len);
     }
-    let mut answers = {
-        let (_, mut rest) = out.split_at_mut(HEADER_BYTES);
-        let mut batch = Vec::with_capacity(items.len());
-        for item in items {
-            // Within `total`, which fits a usize.
-            let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
-            let at = capacity.min(rest.len());
-            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(at);
-            batch.push(BatchGet { key: &item.key, dst });
-            rest = tail;
-        }
-        fetch(&mut batch)
-    };
+    let (_, mut rest) = out.split_at_mut(HEADER_BYTES);
+    let mut slots = Vec::with_capacity(items.len());
+    for item in items {
+        // Within `total`, which fits a usize.
+        let capacity = usize::try_from(item.capacity).unwrap_or(usize::MAX);
+        let at = capacity.min(rest.len());
+        let (dst, tail) = std::mem::take(&mut rest).split_at_mut(at);
+        slots.push(dst);
+        rest = tail;
+    }
+    Ok(slots)
+}
+
+/// Finishes the GET response frame [`begin_get_response`] laid out in `out` for `items`, given
+/// one answer per item: the hits are moved together, back to back in item order, and the
+/// trailer written after them, giving the same bytes as [`Response::Get`]. An item without an
+/// answer is answered as a failed read.
+pub fn finish_get_response(
+    request_id: u64,
+    seal: Option<&SealKey>,
+    items: &[GetItem],
+    mut answers: BatchAnswers<Get>,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
     answers.truncate(items.len());
     // Move each hit's bytes down to the end of the hits before it.
     let (mut slot, mut packed) = (HEADER_BYTES, HEADER_BYTES);
@@ -942,7 +949,7 @@ pub fn encode_get_response(
         };
         if let Ok(Get::Hit { len, .. }) = answer {
             match usize::try_from(*len) {
-                Ok(n) if n <= capacity => {
+                Ok(n) if n <= capacity && slot + n <= out.len() => {
                     if slot != packed {
                         out.copy_within(slot..slot + n, packed);
                     }

@@ -28,9 +28,9 @@ use gpucache_wire::{
     GetItem, HEADER_BYTES, HelloAuth, HelloSession, InflightScope, Kind, MAGIC, NodeStatus, Op,
     PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response,
     SEAL_BYTES, SOLE_HIT_TAIL_BYTES, SealAlgorithm, SealKey, ServerLimits, SharedGetItem,
-    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, decode_get_response,
-    decode_put_request, encode_get_response, encode_put_request, get_hit_frame_parts,
-    header_checksum, intern, offset, put_request_parts, sole_hit,
+    SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, begin_get_response,
+    decode_get_response, decode_put_request, encode_put_request, finish_get_response,
+    get_hit_frame_parts, header_checksum, intern, offset, put_request_parts, sole_hit,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -891,6 +891,28 @@ fn get_items() -> impl Strategy<Value = Vec<(GetItem, Result<Get, StoreError>, V
             })
             .collect()
     })
+}
+
+/// A GET response built as a server builds it: the frame laid out, each block read into its
+/// destination by `fetch` (one batch), then finished.
+fn encode_get_response(
+    id: u64,
+    seal: Option<&SealKey>,
+    items: &[GetItem],
+    out: &mut Vec<u8>,
+    fetch: impl FnOnce(
+        &mut [gpucache_dataplane::store::BatchGet<'_>],
+    ) -> gpucache_dataplane::store::BatchAnswers<Get>,
+) -> Result<(), WireError> {
+    let slots = begin_get_response(items, out)?;
+    let mut batch: Vec<gpucache_dataplane::store::BatchGet<'_>> = items
+        .iter()
+        .zip(slots)
+        .map(|(item, dst)| gpucache_dataplane::store::BatchGet { key: &item.key, dst })
+        .collect();
+    let answers = fetch(&mut batch);
+    drop(batch);
+    finish_get_response(id, seal, items, answers, out)
 }
 
 /// A GET answer reuses its buffer without zeroing it: the store sees the bytes of the frame

@@ -20,7 +20,7 @@ use gpucache_dataplane::clock::{MonotonicClock, UnixClock};
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::store::{
-    BatchAnswers, Get, LendTo, Located, Lookup, Put, Store, StoreError, StoreLayer,
+    BatchAnswers, Get, GetTo, GotOne, Located, Lookup, Put, Store, StoreError, StoreLayer,
 };
 use gpucache_storage::file::FileStoreConfig;
 use gpucache_storage::tiered::{MemoryTier, TieredStore};
@@ -310,7 +310,9 @@ impl StoreLayer for Timed {
     fn inner(&self) -> &ColdTiered {
         &self.layer
     }
+}
 
+impl Store for Timed {
     fn get_into(
         &self,
         caller: &Caller,
@@ -345,15 +347,18 @@ impl StoreLayer for Timed {
         Store::locate(&self.layer, caller, keys)
     }
 
-    fn get_lent(
+    fn get_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         capacity: usize,
-        send: &mut LendTo<'_>,
-    ) -> Result<Option<Get>, StoreError> {
-        Store::get_lent(&self.layer, caller, key, capacity, send)
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        Store::get_one(&self.layer, caller, key, capacity, to)
     }
+    gpucache_dataplane::forward_store!(
+        fences, reports, info, reserve, write, commit, abort, invalidate, scope_keys
+    );
 }
 
 #[cfg(test)]

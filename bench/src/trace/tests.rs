@@ -88,6 +88,9 @@ impl StoreLayer for Flipping {
     fn inner(&self) -> &MemoryStore {
         &self.0
     }
+}
+
+impl Store for Flipping {
     fn get_into(
         &self,
         caller: &Caller,
@@ -100,6 +103,9 @@ impl StoreLayer for Flipping {
         }
         got
     }
+    gpucache_dataplane::forward_store!(
+        fences, reports, info, lookup, reserve, write, commit, abort, invalidate, scope_keys
+    );
 }
 
 #[test]

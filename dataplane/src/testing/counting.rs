@@ -23,6 +23,8 @@ pub enum Call {
     GetBatch,
     PutBatch,
     InvalidateBatch,
+    /// [`Store::get_one`]: one key, lent or copied.
+    GetOne,
 }
 
 /// One recorded call: which, with how many items, on which thread.
@@ -84,7 +86,9 @@ impl<S: Store> crate::store::StoreLayer for Counting<S> {
     fn inner(&self) -> &S {
         &self.inner
     }
+}
 
+impl<S: Store> crate::store::Store for Counting<S> {
     fn lookup(&self, caller: &Caller, key: &PhysicalKey) -> Result<Lookup, StoreError> {
         self.saw(Call::Lookup, 1);
         self.inner.lookup(caller, key)
@@ -123,6 +127,16 @@ impl<S: Store> crate::store::StoreLayer for Counting<S> {
         }
         self.inner.get_batch(caller, items)
     }
+    fn get_one(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        to: &mut dyn crate::store::GetTo,
+    ) -> Result<crate::store::GotOne, StoreError> {
+        self.saw(Call::GetOne, 1);
+        self.inner.get_one(caller, key, capacity, to)
+    }
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {
         self.saw(Call::PutBatch, items.len());
         self.inner.put_batch(caller, items)
@@ -131,4 +145,5 @@ impl<S: Store> crate::store::StoreLayer for Counting<S> {
         self.saw(Call::InvalidateBatch, keys.len());
         self.inner.invalidate_batch(caller, keys)
     }
+    crate::forward_store!(fences, reports, info, reserve, write, commit, abort, scope_keys);
 }

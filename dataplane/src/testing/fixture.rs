@@ -145,7 +145,13 @@ where
     fn inner(&self) -> &S {
         &self.inner
     }
+}
 
+impl<S, F> crate::store::Store for BeforeGet<S, F>
+where
+    S: crate::store::Store,
+    F: Fn(&[u8]) + Send + Sync,
+{
     fn get_into(
         &self,
         caller: &Caller,
@@ -189,4 +195,48 @@ where
     ) -> crate::store::BatchAnswers<crate::store::Invalidate> {
         self.inner.invalidate_batch(caller, keys)
     }
+    crate::forward_store!(
+        fences, reports, info, lookup, reserve, write, commit, abort, invalidate, scope_keys
+    );
+}
+
+/// A [`crate::store::GetTo`] for tests: lends to `lend`, copies into `copy` (sized to the
+/// GET's capacity by the caller).
+#[derive(Debug)]
+pub struct Deliver<F> {
+    pub lend: F,
+    pub copy: Vec<u8>,
+}
+
+impl<F: FnMut(&[u8], crate::checksum::Checksum) -> Option<crate::checksum::Checksum>>
+    crate::store::GetTo for Deliver<F>
+{
+    fn lend(
+        &mut self,
+        bytes: &[u8],
+        checksum: crate::checksum::Checksum,
+    ) -> Option<crate::checksum::Checksum> {
+        (self.lend)(bytes, checksum)
+    }
+
+    fn buffer(&mut self) -> &mut [u8] {
+        &mut self.copy
+    }
+}
+
+/// [`crate::store::Store::get_one`] with a lending closure, answered as a lending-only GET
+/// would be: `Some` for a lent hit or a miss, `None` for a hit the store copied instead.
+pub fn get_lent(
+    store: &dyn crate::store::Store,
+    caller: &Caller,
+    key: &PhysicalKey,
+    capacity: usize,
+    lend: impl FnMut(&[u8], crate::checksum::Checksum) -> Option<crate::checksum::Checksum>,
+) -> Result<Option<crate::store::Get>, crate::store::StoreError> {
+    use crate::store::{Delivery, Get};
+    let mut to = Deliver { lend, copy: vec![0; capacity] };
+    store.get_one(caller, key, capacity, &mut to).map(|got| match (got.get, got.delivery) {
+        (Get::Hit { .. }, Delivery::Copied) => None,
+        (get, _) => Some(get),
+    })
 }

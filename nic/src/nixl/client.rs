@@ -415,7 +415,9 @@ impl StoreLayer for NixlClient {
     fn inner(&self) -> &TcpStore {
         &self.store
     }
+}
 
+impl Store for NixlClient {
     fn info(&self) -> StoreInfo {
         StoreInfo { name: "nixl", ..self.store.info() }
     }
@@ -450,6 +452,9 @@ impl StoreLayer for NixlClient {
             Err(e) => Err(store_error("put", e)),
         }
     }
+    gpucache_dataplane::forward_store!(
+        fences, reports, lookup, reserve, write, commit, abort, invalidate, scope_keys
+    );
 }
 
 /// A PUT the server's staging slots cannot hold. A block over the store's own limit gets the

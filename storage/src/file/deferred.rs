@@ -20,9 +20,7 @@ use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
-use gpucache_dataplane::store::{
-    CorruptPhase, CorruptReason, Put, Retirement, StorageEffect, StoreError, put_damaged,
-};
+use gpucache_dataplane::store::{CorruptPhase, CorruptReason, Put, StorageEffect, StoreError};
 
 use super::{FilePayload, FileStore, layout};
 
@@ -39,21 +37,15 @@ impl FileStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Put, StoreError> {
-        let r = match self.start_put(caller, key, src.len() as u64, request)? {
-            Ok(r) => r,
+        let admitted = match self.admit_put(caller, key, src, request, expected)? {
+            Ok(admitted) => admitted,
             Err(answer) => return Ok(answer),
         };
-        let checksum = Checksum::of(src);
-        if let Some(e) = expected.filter(|&e| e != checksum) {
-            let released = self.lock().fail_commit(r.region, Retirement::Retired);
-            self.dispose(released);
-            return Err(put_damaged(checksum, Some(e)));
-        }
+        let (seq, epoch) = admitted.seq_epoch;
         let now = self.clock.now_ms();
         let mut catalog = self.lock();
-        let (seq, epoch) = (catalog.next_seq_reserve(), catalog.epoch().0);
-        let committed = catalog.finish_commit_at(r.region, checksum, seq, now)?;
-        if let Some(b) = catalog.entry_mut(r.region) {
+        let committed = catalog.finish_commit_at(admitted.region, admitted.checksum, seq, now)?;
+        if let Some(b) = catalog.entry_mut(admitted.region) {
             b.payload = FilePayload::Deferred { epoch, writing: false };
         }
         Ok(Put::Committed(committed.checksum))

@@ -14,6 +14,7 @@ pub mod layout;
 mod open_files;
 mod reads;
 mod removals;
+mod room;
 mod sync;
 
 use std::collections::BTreeMap;
@@ -30,7 +31,7 @@ use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::Clock;
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::limits::{LimitsError, RequestId, ResourceLimits};
+use gpucache_dataplane::limits::{LimitsError, Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason,
@@ -46,6 +47,7 @@ pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
 use open_files::OpenFiles;
 pub use open_files::OpenFilesStats;
+use room::{DiskRoom, free_bytes};
 
 /// Most blocks of a batch read pinned and read together; a longer batch runs in several windows.
 pub const BATCH_WINDOW_ITEMS: usize = 256;
@@ -224,19 +226,6 @@ fn read_store_record(root: &Path) -> Option<u64> {
 /// Free space kept beyond a block's own bytes when admitting it (directory growth, metadata).
 const DISK_SLACK_BYTES: u64 = 1 << 20;
 
-/// Bytes available to this process on the filesystem holding `root`, when the kernel says.
-fn free_bytes(root: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
-    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: path is NUL-terminated and st is a valid, writable statvfs.
-    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
 /// How long opening waits for the store's lock before it answers [`FileStoreError::Locked`]. A
 /// lock is also held, briefly, by a child process of the previous holder between its fork and
 /// its exec (the descriptor is close-on-exec, but the child holds the lock until then), so a
@@ -286,7 +275,27 @@ pub struct FileStore {
     files: OpenFiles,
     /// Which `blocks/<xx>` directories are known to exist (created on first use).
     subdirs: [AtomicBool; 256],
+    /// The free space a reservation is admitted against.
+    room: DiskRoom,
     _lock: File,
+}
+
+/// What [`FileStore::admit_put`] asks of the catalog: a PUT of `len` bytes under `key` whose
+/// bytes hash to `checksum`, or whose bytes did not match the writer's (`damaged`).
+struct PutAsk<'k> {
+    key: &'k PhysicalKey,
+    len: u64,
+    request: Option<RequestId>,
+    checksum: Checksum,
+    damaged: Option<StoreError>,
+}
+
+/// A PUT admitted by [`FileStore::admit_put`]: its region, the checksum of its bytes, and the
+/// commit sequence and epoch its file is written under.
+struct AdmittedPut {
+    region: RegionId,
+    checksum: Checksum,
+    seq_epoch: (u64, u64),
 }
 
 /// What a store with eviction policy `policy` reports: FIFO is the oldest-first order the
@@ -409,6 +418,7 @@ impl FileStore {
             sync::GroupSync::new(&root, Duration::from_millis(config.group_commit_deadline_ms))
                 .map_err(io_at(&root))?;
         Ok(Self {
+            room: DiskRoom::new(&root),
             root,
             engine,
             engine_reason: "given by the caller".to_owned(),
@@ -559,28 +569,17 @@ impl FileStore {
         Ok(())
     }
 
-    /// Commit the reservation whose payload is `payload` (taken out of the catalog, or the
-    /// caller's own buffer for `put`).
+    /// Writes the block whose commit has started (under `seq`, the commit sequence that names
+    /// its file, and `epoch`, which goes into its header) and publishes it under a second and
+    /// last catalog lock. `payload` was hashed once, to `checksum`, by the caller.
     fn commit_payload(
         &self,
         region: RegionId,
         key: &PhysicalKey,
         payload: &[u8],
-        expected: Option<Checksum>,
+        checksum: Checksum,
+        (seq, epoch): (u64, u64),
     ) -> Result<Committed, StoreError> {
-        // Hashed once: compared with the writer's checksum when there is one, and written into
-        // the block file's header.
-        let checksum = Checksum::of(payload);
-        if let Some(e) = expected.filter(|&e| e != checksum) {
-            let released = self.lock().fail_commit(region, Retirement::Retired);
-            self.dispose(released);
-            return Err(put_damaged(checksum, Some(e)));
-        }
-        // The commit sequence names the file; the epoch goes into its header. One lock for both.
-        let (seq, epoch) = {
-            let mut catalog = self.lock();
-            (catalog.next_seq_reserve(), catalog.epoch().0)
-        };
         match self.persist(key, region, (seq, epoch), payload, checksum) {
             Ok((path, header_len, checksum)) => {
                 let now = self.clock.now_ms();
@@ -828,8 +827,9 @@ fn scan_blocks(
 }
 
 impl FileStore {
-    /// [`Store::put`], the block compared with `expected` (the writer's checksum) before it is
-    /// committed when there is one.
+    /// [`Store::put`], the block compared with `expected` (the writer's checksum) before any
+    /// of it is reserved when there is one: [`Self::admit_put`], the write without the lock,
+    /// and a second lock that publishes the block.
     fn put_expecting(
         &self,
         caller: &Caller,
@@ -838,40 +838,94 @@ impl FileStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Put, StoreError> {
-        let r = match self.start_put(caller, key, src.len() as u64, request)? {
-            Ok(r) => r,
-            Err(answer) => return Ok(answer),
-        };
-        self.commit_payload(r.region, key, src, expected).map(|c| Put::Committed(c.checksum))
+        match self.admit_put(caller, key, src, request, expected)? {
+            Err(answer) => Ok(answer),
+            Ok(admitted) => self
+                .commit_payload(admitted.region, key, src, admitted.checksum, admitted.seq_epoch)
+                .map(|c| Put::Committed(c.checksum)),
+        }
     }
 
-    /// The first half of a PUT of `len` bytes: admission and a reservation whose whole payload
-    /// counts as written and whose commit has started (the bytes come from the caller's buffer,
-    /// never staged), or the answer when there is nothing to write.
-    fn start_put(
+    /// The first half of a PUT of `src`, whose bytes come from the caller's buffer (never
+    /// staged): hashed once, before the catalog is locked, and compared with `expected`; then
+    /// one lock for the reservation, the free space (from [`DiskRoom`]), the start of the
+    /// commit and the sequence that names the block's file. The answer instead when there is
+    /// nothing to write.
+    fn admit_put(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
-        len: u64,
+        src: &[u8],
         request: Option<RequestId>,
-    ) -> Result<Result<Reservation, Put>, StoreError> {
-        let r = match self.reserve(caller, key, len, request)?.into_reservation() {
+        expected: Option<Checksum>,
+    ) -> Result<Result<AdmittedPut, Put>, StoreError> {
+        let checksum = Checksum::of(src);
+        let ask = PutAsk {
+            key,
+            len: src.len() as u64,
+            request,
+            checksum,
+            damaged: expected.filter(|&e| e != checksum).map(|e| put_damaged(checksum, Some(e))),
+        };
+        let mut released = Vec::new();
+        let admitted = self.admit_locked(&mut self.lock(), caller, ask, &mut released);
+        self.dispose(released);
+        admitted
+    }
+
+    /// [`Self::admit_put`]'s part under the catalog lock. A PUT whose bytes did not match the
+    /// writer's checksum (`damaged`) is answered as any PUT would be when there is nothing to
+    /// write, and fails with that error once it has a reservation, which ends. What the
+    /// catalog gives up on the way (evicted blocks, an ended reservation) goes to `released`,
+    /// to be disposed of after the lock.
+    fn admit_locked(
+        &self,
+        catalog: &mut Catalog<FilePayload>,
+        caller: &Caller,
+        ask: PutAsk<'_>,
+        released: &mut Vec<FilePayload>,
+    ) -> Result<Result<AdmittedPut, Put>, StoreError> {
+        let PutAsk { key, len, request, checksum, damaged } = ask;
+        let now = self.clock.now_ms();
+        let (answer, freed) = catalog
+            .reserve(caller, key, len, request, now, |_| Ok(FilePayload::Staged(Vec::new())))?;
+        released.extend(freed);
+        let r = match answer.into_reservation() {
             Ok(r) => r,
             Err(answer) => return Ok(Err(answer)),
         };
-        let recorded = {
-            let mut catalog = self.lock();
-            match catalog.write_into(caller, &r, 0, len) {
-                Ok(_) => catalog.start_commit(caller, &r).map(|_| ()),
-                Err(e) => Err(e),
-            }
+        if let Err(refused) = self.admit_room(key, len) {
+            let (_, freed) = catalog.abort(caller, r, Retirement::Retired)?;
+            released.extend(freed);
+            return Ok(Err(Put::Refused(refused)));
+        }
+        let started = match (damaged, catalog.write_into(caller, &r, 0, len)) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(_)) => catalog.start_commit(caller, &r).map(|_| ()),
         };
-        if let Err(e) = recorded {
-            // Nothing was written: end the reservation the way the default `put` would.
-            let _ = self.abort(caller, r, e.retirement());
+        if let Err(e) = started {
+            // Nothing was written: end the reservation as the default `put` would.
+            if let Ok((_, freed)) = catalog.abort(caller, r, e.retirement()) {
+                released.extend(freed);
+            }
             return Err(e);
         }
-        Ok(Ok(r))
+        let seq_epoch = (catalog.next_seq_reserve(), catalog.epoch().0);
+        Ok(Ok(AdmittedPut { region: r.region, checksum, seq_epoch }))
+    }
+
+    /// Whether a block of `len` payload bytes under `key` fits on the device, from the store's
+    /// own account of free space; the refusal when it does not.
+    fn admit_room(&self, key: &PhysicalKey, len: u64) -> Result<(), Refusal> {
+        let needed = len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES;
+        self.room
+            .admit(&self.root, needed)
+            .map_err(|free_bytes| Refusal::DiskFull { free_bytes, requested: needed })
+    }
+
+    /// How many times the store asked the kernel for its free space since it opened.
+    pub fn free_space_counts(&self) -> u64 {
+        self.room.counts()
     }
 }
 
@@ -945,11 +999,7 @@ impl Store for FileStore {
         self.dispose(released);
         if let Reserve::Reserved(r) = &answer {
             // A full device is a refusal before any byte is written, not a failed commit.
-            let needed =
-                len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES;
-            if let Some(free_bytes) = free_bytes(&self.root)
-                && free_bytes < needed
-            {
+            if let Err(refused) = self.admit_room(key, len) {
                 let r = Reservation {
                     region: r.region,
                     epoch: r.epoch,
@@ -958,10 +1008,7 @@ impl Store for FileStore {
                 };
                 let (_, released) = self.lock().abort(caller, r, Retirement::Retired)?;
                 self.dispose(released);
-                return Ok(Reserve::Refused(gpucache_dataplane::limits::Refusal::DiskFull {
-                    free_bytes,
-                    requested: needed,
-                }));
+                return Ok(Reserve::Refused(refused));
             }
         }
         Ok(answer)
@@ -987,17 +1034,20 @@ impl Store for FileStore {
         Ok(())
     }
 
+    /// The staged bytes are taken out, and the commit's file sequence drawn, under one lock.
     fn commit(&self, caller: &Caller, r: &Reservation) -> Result<Committed, StoreError> {
-        let (key, staged) = {
+        let (key, staged, seq_epoch) = {
             let mut catalog = self.lock();
             let b = catalog.start_commit(caller, r)?;
             let staged = match &mut b.payload {
                 FilePayload::Staged(buf) => std::mem::take(buf),
                 FilePayload::Stored { .. } | FilePayload::Deferred { .. } => Vec::new(),
             };
-            (b.key.clone(), staged)
+            let key = b.key.clone();
+            (key, staged, (catalog.next_seq_reserve(), catalog.epoch().0))
         };
-        self.commit_payload(r.region, &key, &staged, None)
+        let checksum = Checksum::of(&staged);
+        self.commit_payload(r.region, &key, &staged, checksum, seq_epoch)
     }
 
     fn put(

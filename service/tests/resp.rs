@@ -6,8 +6,8 @@
 //! installed, the real `redis-cli` and `redis-benchmark` run against it too
 //! (`GPUCACHE_REQUIRE_REDIS_CLI=1` makes their absence a failure instead of a skip).
 //!
-//! A corrupt block reading as nil is tested next to the server, in `resp.rs`'s unit tests, where
-//! `MemoryStore::corrupt_for_test` is available.
+//! A corrupt block reading as nil is tested next to the server, in the RESP front's unit tests
+//! (`service/src/resp/tests.rs`), where `MemoryStore::corrupt_for_test` is available.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

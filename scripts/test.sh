@@ -219,9 +219,9 @@ cargo clippy -p gpucache-nic -p gpucache-service -p gpucache-bench -p gpucache-c
     cargo test -p gpucache-gpu --features nixl --locked --test nixl_vram
 )
 
-# loom swaps the executor's locks for its model checker's, so this build differs from the one
-# above; its own target folder keeps the main build's artifacts valid.
-step "loom model checks (executor health monitor, admission credits)"
+# loom swaps the credit pools' atomics and the executor's locks for its model checker's, so this
+# build differs from the one above; its own target folder keeps the main build's artifacts valid.
+step "loom model checks (credit pools, executor health monitor, admission leases)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-    cargo test -p gpucache-dataplane --release --locked --lib loom
+    cargo test -p gpucache-dataplane -p gpucache-executor --release --locked --lib loom
 printf '\n(build folder %s at the end)\n' "$(du -sh "$target_dir" 2>/dev/null | cut -f1)"

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use gpucache_bench::fixtures::{caller, keys, put, to_u64};
 use gpucache_dataplane::clock::MonotonicClock;
-use gpucache_dataplane::executor::{Executor, ExecutorConfig, HostBuffer, KeyResult, Poll};
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{Lookup, Store};
+use gpucache_executor::{Executor, ExecutorConfig, HostBuffer, KeyResult, Poll};
 use gpucache_storage::MemoryStore;
 
 const BATCHES: [usize; 3] = [1, 16, 256];

@@ -2,21 +2,21 @@
 //!
 //! Owns what every backend must agree on: the identity of a KV block ([`identity`]), its logical
 //! and physical keys ([`key`]), its lifecycle ([`lifecycle`]), the payload checksum
-//! ([`checksum`]), resource limits and admission ([`limits`]), registered regions with
-//! quarantine and epoch fences ([`registry`]), callers ([`caller`]), the [`store::Store`]
-//! trait, and the engine-facing asynchronous path: the executor with its bounded queues and
-//! workers, health monitor and owner agreement ([`executor`]), and the scheduler-side admission
-//! ([`admission`]). [`shard`] holds a shard's single-flight fills under an epoch fence and
-//! the control plane around it. [`rng`] is the seeded generator that simulations, fault
+//! ([`checksum`]), resource limits and admission ([`limits`]), the operation and Host-block
+//! credit pools ([`credits`]), registered regions with quarantine and epoch fences
+//! ([`registry`]), callers ([`caller`]), the injected clock ([`clock`]) and the
+//! [`store::Store`] trait. [`shard`] holds a shard's single-flight fills under an epoch fence
+//! and the control plane around it. [`rng`] is the seeded generator that simulations, fault
 //! schedules and tests draw from.
 //! With the `testing` feature it also exports the conformance suite every backend runs
-//! ([`testing`]). It depends on no backend, transport or device library.
+//! ([`testing`]). It depends on no backend, transport or device library. The engine-facing
+//! asynchronous path (the executor and its admission) is built on this contract in the
+//! `gpucache-executor` crate.
 
-pub mod admission;
 pub mod caller;
 pub mod checksum;
 pub mod clock;
-pub mod executor;
+pub mod credits;
 pub mod identity;
 pub mod key;
 pub mod lifecycle;

@@ -20,15 +20,16 @@ use std::time::Duration;
 
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::executor::{
-    Ending, Executor, HostBuffer, HostRange, KeyResult, OperationId, OperationResult,
-};
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::registry::{Completion, LocalEpochs, RegisteredPool, SlotLease};
 use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Invalidate, MissReason, Store};
-use gpucache_dataplane::testing::fixture::{self, key, tenant};
+use gpucache_dataplane::testing::fixture::{key, tenant};
+use gpucache_executor::testing;
+use gpucache_executor::{
+    Ending, Executor, HostBuffer, HostRange, KeyResult, OperationId, OperationResult,
+};
 use gpucache_gpu::retire::{IN_FLIGHT_MAX, RetireLimits};
 use gpucache_gpu::{Direction, GpuDevice, GpuSlots, GpuStream, PinnedStaging, REQUIRE_GPU_ENV};
 use gpucache_storage::file::engine::EngineChoice;
@@ -76,7 +77,7 @@ fn store(dir: &Path) -> Arc<dyn Store> {
 }
 
 fn executor(store: Arc<dyn Store>, host_slots: usize) -> (Executor, Arc<HostBuffer>) {
-    fixture::executor(store, host_slots, BLOCK_BYTES)
+    testing::executor(store, host_slots, BLOCK_BYTES)
 }
 
 fn host_range(slot: usize) -> HostRange {
@@ -84,7 +85,7 @@ fn host_range(slot: usize) -> HostRange {
 }
 
 fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
-    let result = fixture::wait_for(exec, operation, WAIT);
+    let result = testing::wait_for(exec, operation, WAIT);
     assert_eq!(result.ending, Ending::Ran);
     assert!(result.retired, "{operation} retired");
     result

@@ -1,4 +1,4 @@
-//! `Executor`: the data plane's asynchronous L3 executor (`gpucache_dataplane::executor`) for a
+//! `Executor`: the data plane's asynchronous L3 executor (`gpucache_executor`) for a
 //! Python engine, over a `Client`'s store and caller. Submissions return operation ids at once
 //! (or raise a refusal); worker threads make the store calls; `poll` hands back per-key results,
 //! retirement facts, the pressure snapshot and the health state; `close` reports whether a
@@ -14,14 +14,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpucache_dataplane::clock::UnixClock;
-use gpucache_dataplane::executor::HealthState;
-use gpucache_dataplane::executor::{
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::store::{MissReason, Store};
+use gpucache_executor::HealthState;
+use gpucache_executor::{
     CancelOutcome, CloseReport, Ending, Executor as Core, ExecutorConfig, HostBuffer, HostRange,
     KeyFailure, KeyResult, OperationId, OperationKind, OperationResult, PressureSnapshot,
     QuarantinedOperation, SubmitRefusal,
 };
-use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::store::{MissReason, Store};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};

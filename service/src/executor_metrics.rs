@@ -1,4 +1,4 @@
-//! Prometheus series of an engine-facing executor (`gpucache_dataplane::executor::Executor`),
+//! Prometheus series of an engine-facing executor (`gpucache_executor::Executor`),
 //! registered into the same registry as the store's metrics ([`crate::metered::Metrics`]).
 //!
 //! Everything is read at scrape time from the executor's own snapshots: its pressure snapshot
@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-use gpucache_dataplane::executor::{Executor, HealthState, OperationKind};
+use gpucache_executor::{Executor, HealthState, OperationKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -222,7 +222,7 @@ impl Collector for ExecutorSeries {
             "Host bytes quarantined by unretired operations",
             quarantined.iter().flat_map(|q| &q.ranges).map(|r| r.len).sum::<u64>(),
         )?;
-        let kinds = |f: fn(&gpucache_dataplane::executor::KindCounters) -> u64| {
+        let kinds = |f: fn(&gpucache_executor::KindCounters) -> u64| {
             [
                 ("query", f(c.of(OperationKind::Query))),
                 ("get", f(c.of(OperationKind::Get))),

@@ -13,8 +13,8 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpucache_dataplane::admission::{CreditPool, Credits};
 use gpucache_dataplane::clock::Clock;
+use gpucache_dataplane::credits::{CreditPool, Credits};
 use gpucache_dataplane::key::KeyDigest;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::{

@@ -10,9 +10,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use gpucache_dataplane::executor::{Executor, HealthState};
 use gpucache_dataplane::store::Store;
 use gpucache_dpu::Agent;
+use gpucache_executor::{Executor, HealthState};
 use gpucache_wire::staging::BlockStaging;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -248,6 +248,7 @@ mod tests {
     use gpucache_dataplane::identity::KvDtype;
     use gpucache_dataplane::limits::ResourceLimits;
     use gpucache_dataplane::testing::fixture;
+    use gpucache_executor::testing;
     use gpucache_storage::MemoryStore;
 
     use super::*;
@@ -287,12 +288,12 @@ mod tests {
         // Nothing listens on port 1: every call is a transport failure, an outage.
         let config = ClientConfig::new("127.0.0.1:1".parse().expect("addr"), fixture::caller(0));
         let unreachable: Arc<dyn Store> = Arc::new(TcpStore::new(config));
-        let (exec, _host) = fixture::executor(unreachable, 1, 64);
+        let (exec, _host) = testing::executor(unreachable, 1, 64);
         let exec = Arc::new(exec);
         let check = Check::executor(Arc::clone(&exec));
         assert_eq!((check.probe)(), Ok(()), "a fresh executor admits work");
         let op = exec.submit_query(vec![fixture::key(0, &[1], KvDtype::F16, 16)]).expect("queued");
-        let _ = fixture::wait_for(&exec, op, Duration::from_secs(30));
+        let _ = testing::wait_for(&exec, op, Duration::from_secs(30));
         let why = (check.probe)().expect_err("an executor cooling down is not ready");
         assert!(why.contains("cooling down"), "{why}");
     }

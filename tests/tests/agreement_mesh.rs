@@ -13,11 +13,11 @@ use std::num::{NonZeroU16, NonZeroUsize};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gpucache_dataplane::executor::{
+use gpucache_dataplane::rng::SplitMix64;
+use gpucache_executor::{
     Agreement, AgreementLimits, CompletionRecord, OperationId, OperationKind, OwnerIndex,
     OwnerReport, Pressure,
 };
-use gpucache_dataplane::rng::SplitMix64;
 
 const OWNERS: u16 = 4;
 const OPERATIONS: u64 = 12;

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::executor::HostRange;
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
-use gpucache_dataplane::testing::fixture::{self, key, payload};
+use gpucache_dataplane::testing::fixture::{key, payload};
 use gpucache_dataplane::testing::process::promtool;
+use gpucache_executor::HostRange;
+use gpucache_executor::testing;
 use gpucache_service::executor_metrics::{ExecutorLabels, register_executor};
 use gpucache_service::metered::{ExpositionFormat, Metrics};
 use gpucache_storage::MemoryStore;
@@ -31,7 +32,7 @@ fn executor_series_follow_its_work_and_vanish_with_it() {
         MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
             .expect("store"),
     );
-    let (exec, host) = fixture::executor(store, 4, 4096);
+    let (exec, host) = testing::executor(store, 4, 4096);
     let exec = Arc::new(exec);
     let mut registry = Registry::default();
     let labels =
@@ -106,7 +107,7 @@ fn promtool_accepts_the_executor_series_without_a_warning() {
         MemoryStore::new(ResourceLimits::default(), Arc::new(ManualClock::default()))
             .expect("store"),
     );
-    let (exec, host) = fixture::executor(store, 2, 4096);
+    let (exec, host) = testing::executor(store, 2, 4096);
     let exec = Arc::new(exec);
     let mut registry = Registry::default();
     let labels =

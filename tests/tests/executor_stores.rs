@@ -9,13 +9,14 @@ use std::time::Duration;
 use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::executor::{
-    Ending, Executor, HostRange, KeyFailure, KeyResult, OperationId, OperationResult,
-};
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{MissReason, Store};
-use gpucache_dataplane::testing::fixture::{self, key, payload, tenant};
+use gpucache_dataplane::testing::fixture::{key, payload, tenant};
+use gpucache_executor::testing;
+use gpucache_executor::{
+    Ending, Executor, HostRange, KeyFailure, KeyResult, OperationId, OperationResult,
+};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
 use gpucache_storage::file::engine::EngineChoice;
@@ -36,7 +37,7 @@ fn slot(n: usize, len: u64) -> HostRange {
 }
 
 fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
-    let result = fixture::wait_for(exec, operation, WAIT);
+    let result = testing::wait_for(exec, operation, WAIT);
     assert_eq!(result.ending, Ending::Ran);
     assert!(result.retired, "{operation} retired");
     result
@@ -45,7 +46,7 @@ fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
 /// PUT four objects from slots 0..4, QUERY them and one absent key, GET them into slots 8..12
 /// and compare every byte, then PUT them again: create-only duplicates are idempotent success.
 fn workload(store: Arc<dyn Store>) {
-    let (exec, host) = fixture::executor(store, SLOTS, SLOT_BYTES);
+    let (exec, host) = testing::executor(store, SLOTS, SLOT_BYTES);
     let keys: Vec<_> = (0..SIZES.len())
         .map(|i| key(0, &[u8::try_from(i).expect("small") + 1], KvDtype::F16, 16))
         .collect();

@@ -18,13 +18,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::clock::ManualClock;
-use gpucache_dataplane::executor::{Executor, HostRange, KeyResult, OperationId, OperationResult};
 use gpucache_dataplane::identity::KvDtype;
 use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::store::{
     Get, Invalidate, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
 use gpucache_dataplane::testing::{Subject, fixture, rules};
+use gpucache_executor::testing;
+use gpucache_executor::{Executor, HostRange, KeyResult, OperationId, OperationResult};
 use gpucache_mooncake::{
     MooncakeConfig, MooncakeError, MooncakeStore, MooncakeVenv, Op, Raw, SidecarConfig, object_key,
     wire,
@@ -235,11 +236,11 @@ fn assert_mounted(store: &MooncakeStore) {
 }
 
 fn wait_for(exec: &Executor, operation: OperationId) -> OperationResult {
-    fixture::wait_for(exec, operation, Duration::from_millis(LISTEN_MS))
+    testing::wait_for(exec, operation, Duration::from_millis(LISTEN_MS))
 }
 
 fn executor_round_trip(store: &Arc<MooncakeStore>) {
-    let (exec, host) = fixture::executor(Arc::clone(store) as Arc<dyn Store>, 4, PAGE_BYTES);
+    let (exec, host) = testing::executor(Arc::clone(store) as Arc<dyn Store>, 4, PAGE_BYTES);
     let slot = |i: u64, len: usize| HostRange::new(i * PAGE_BYTES as u64, len as u64);
     let data = page(7);
     host.write(slot(0, PAGE_BYTES), &data).expect("source");

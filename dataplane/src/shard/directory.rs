@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use crate::admission::{CreditClass, CreditGrant, CreditPool, CreditRefusal, Credits};
+use crate::credits::{CreditClass, CreditGrant, CreditPool, CreditRefusal, Credits};
 use crate::key::KeyDigest;
 #[cfg(doc)]
 use crate::key::PhysicalKey;

@@ -58,7 +58,7 @@ use super::{
     ClusterView, FenceRefusal, FillLease, FillNotice, FillOutcome, FillStart, FillTicket,
     MemberState, NodeFence, NodeId, NotAdmitting, Placement, ShardDirectory, ShardId, ViewMember,
 };
-use crate::admission::{CreditPool, Credits};
+use crate::credits::{CreditPool, Credits};
 use crate::key::KeyDigest;
 use crate::registry::Epoch;
 use crate::rng::SplitMix64;

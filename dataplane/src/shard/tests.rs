@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::admission::{CreditPool, Credits};
+use crate::credits::{CreditPool, Credits};
 use crate::key::KeyDigest;
 use crate::registry::Epoch;
 

@@ -74,47 +74,6 @@ pub fn payload(seed: u64, len: usize) -> Vec<u8> {
     crate::rng::SplitMix64::bytes(seed, len)
 }
 
-/// An executor with the default configuration over `store`, acting for tenant 0 with every
-/// right, on a fresh host buffer of `slots` slots of `slot_bytes` and a manual clock.
-pub fn executor(
-    store: std::sync::Arc<dyn crate::store::Store>,
-    slots: usize,
-    slot_bytes: usize,
-) -> (crate::executor::Executor, std::sync::Arc<crate::executor::HostBuffer>) {
-    use crate::executor::{Executor, ExecutorConfig, HostBuffer};
-    use std::num::NonZeroUsize;
-    let n = |v| NonZeroUsize::new(v).expect("executor fixture: sizes must be nonzero");
-    let host = std::sync::Arc::new(HostBuffer::new(n(slots), n(slot_bytes)).expect("host buffer"));
-    let exec = Executor::start(
-        ExecutorConfig::default(),
-        store,
-        Caller::new(tenant(0), Rights::ALL),
-        std::sync::Arc::clone(&host),
-        std::sync::Arc::new(crate::clock::ManualClock::default()),
-    )
-    .expect("executor starts");
-    (exec, host)
-}
-
-/// Waits for `operation`'s result from `exec`, failing the test once `patience` has passed.
-/// Results of other operations that arrive meanwhile are dropped: use it for one operation at a
-/// time.
-pub fn wait_for(
-    exec: &crate::executor::Executor,
-    operation: crate::executor::OperationId,
-    patience: std::time::Duration,
-) -> crate::executor::OperationResult {
-    let deadline = std::time::Instant::now() + patience;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        assert!(!left.is_zero(), "no result for {operation} within {patience:?}");
-        let poll = exec.poll_wait(left);
-        if let Some(result) = poll.results.into_iter().find(|r| r.operation == operation) {
-            return result;
-        }
-    }
-}
-
 /// A store that runs `before` on every GET's destination, then hands every call, that GET
 /// included, to `inner` unchanged: a test observes or holds up GETs (records their size, waits
 /// at a gate) without forwarding the whole trait itself.

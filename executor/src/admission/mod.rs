@@ -1,6 +1,7 @@
 //! Admission of the asynchronous L3 path: the scheduler-side owner of storage preparation.
 //!
-//! Owns the operation and Host-block credits ([`credits`]), the storage tickets and the leases
+//! Holds the operation and Host-block credits (a [`CreditPool`] from the contract's
+//! `gpucache_dataplane::credits`, re-exported here), the storage tickets and the leases
 //! that attach requests to them ([`lease`]), soft deadlines and Ready holds driven by ticks on an
 //! injected clock ([`controller`]), the bounded non-owning backup-candidate queue ([`backup`]) and
 //! the pressure gate with hysteresis ([`gate`]). It is pure logic: no threads, no sleeps, no
@@ -10,7 +11,6 @@
 pub mod backup;
 mod config;
 pub mod controller;
-pub mod credits;
 pub mod gate;
 pub mod lease;
 mod sync;
@@ -26,12 +26,12 @@ pub use controller::{
     AdmissionController, AdmissionCounters, AdmissionError, Bypass, Completion, GetStart,
     NativeRetirement, OperationId, Prepare, Resolved, TickReport,
 };
-pub use credits::{
-    CreditBound, CreditClass, CreditGrant, CreditKind, CreditPool, CreditRefusal, CreditUsage,
-    Credits,
-};
 pub use gate::{
     AdmissionGate, GateChange, GateState, Observation, PressureSnapshot, PressureWatermarks,
     Watermark, WatermarkError,
+};
+pub use gpucache_dataplane::credits::{
+    CreditBound, CreditClass, CreditGrant, CreditKind, CreditPool, CreditRefusal, CreditUsage,
+    Credits,
 };
 pub use lease::{LocalReason, RequestKey, StorageLease, TicketId, WaitOutcome, WaitPhase};

@@ -2,8 +2,8 @@
 
 use std::num::NonZeroUsize;
 
-use super::credits::Credits;
 use super::gate::{PressureWatermarks, WatermarkError};
+use gpucache_dataplane::credits::Credits;
 
 /// The read-only scheduling contract: credits, deadlines, the candidate bound and watermarks.
 /// Units are last in each name.

@@ -8,7 +8,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::health::{BackendOutcome, HealthMonitor, HealthState, Rejected};
-use crate::clock::ManualClock;
+use gpucache_dataplane::clock::ManualClock;
 
 const COOLDOWN_MS: u64 = 100;
 

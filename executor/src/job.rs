@@ -10,7 +10,7 @@ use std::fmt;
 use super::agreement::{CompletionRecord, OperationId, OperationKind, Pressure};
 use super::health::Rejected;
 use super::host::{HostRange, RangeError};
-use crate::store::{MissReason, StoreError};
+use gpucache_dataplane::store::{MissReason, StoreError};
 
 /// Why a submission was refused. Nothing was queued and no id was spent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,12 +3,8 @@
 //! the module names `std::sync` for shared state, so a loom run checks every interleaving of it.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
-#[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
-#[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 

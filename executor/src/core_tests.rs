@@ -10,13 +10,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::caller::{Caller, Rights};
-use crate::checksum::Checksum;
-use crate::clock::ManualClock;
-use crate::identity::{CacheIdentity, Digest32, KvDtype, PositionEncoding, QuantFormat, Shard};
-use crate::key::PhysicalKey;
-use crate::registry::{Epoch, RegionId};
-use crate::store::{
+use gpucache_dataplane::caller::{Caller, Rights};
+use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::clock::ManualClock;
+use gpucache_dataplane::identity::{
+    CacheIdentity, Digest32, KvDtype, PositionEncoding, QuantFormat, Shard,
+};
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::registry::{Epoch, RegionId};
+use gpucache_dataplane::store::{
     Abort, Committed, Get, Implementation, Invalidate, Lookup, MissReason, Put, Reclaimed,
     Reservation, Reserve, Retirement, Store, StoreError, StoreInfo, StoreStats,
 };
@@ -114,7 +116,7 @@ impl Store for FakeStore {
             name: "scripted",
             implementation: Implementation::Simulated { seed: 0 },
             failures_retire: self.failures_retire,
-            full_policy: crate::store::FullPolicy::Refuse,
+            full_policy: gpucache_dataplane::store::FullPolicy::Refuse,
         }
     }
     fn epoch(&self) -> Epoch {
@@ -145,7 +147,7 @@ impl Store for FakeStore {
         _: &Caller,
         key: &PhysicalKey,
         _src: &[u8],
-        _: Option<crate::limits::RequestId>,
+        _: Option<gpucache_dataplane::limits::RequestId>,
     ) -> Result<Put, StoreError> {
         match self.enter(key) {
             Some(Script::Put(answer)) => Ok(answer),
@@ -158,7 +160,7 @@ impl Store for FakeStore {
         _: &Caller,
         _: &PhysicalKey,
         _: u64,
-        _: Option<crate::limits::RequestId>,
+        _: Option<gpucache_dataplane::limits::RequestId>,
     ) -> Result<Reserve, StoreError> {
         unused()
     }
@@ -249,7 +251,10 @@ fn rig_with(config: ExecutorConfig, failures_retire: bool) -> Rig {
     let exec = Executor::start(
         config,
         Arc::clone(&store) as Arc<dyn Store>,
-        Caller::new(crate::identity::TenantId::parse("tenant-a").expect("tenant"), Rights::ALL),
+        Caller::new(
+            gpucache_dataplane::identity::TenantId::parse("tenant-a").expect("tenant"),
+            Rights::ALL,
+        ),
         host,
         Arc::new(clock.clone()),
     )
@@ -343,7 +348,10 @@ fn only_confirmed_misses_are_object_evidence() {
     let mut r = rig_with(c, true);
     r.store.script(1, Script::Miss(MissReason::Absent));
     r.store.script(2, Script::Miss(MissReason::Incompatible));
-    r.store.script(3, Script::Miss(MissReason::NotReadable(crate::lifecycle::BlockState::Writing)));
+    r.store.script(
+        3,
+        Script::Miss(MissReason::NotReadable(gpucache_dataplane::lifecycle::BlockState::Writing)),
+    );
     r.store.script(4, Script::Fail(backend(Retirement::Retired)));
     r.store.script(5, Script::Hit { len: 8, fill: 1 });
     let reads = (1..=5).map(|k| (key(k), slot(u64::from(k), 8))).collect();
@@ -379,7 +387,10 @@ fn already_committed_put_is_idempotent_success_counted_apart() {
     r.store.script(2, Script::Put(Put::AlreadyCommitted));
     r.store.script(
         3,
-        Script::Put(Put::Refused(crate::limits::Refusal::InflightRequests { current: 1, max: 1 })),
+        Script::Put(Put::Refused(gpucache_dataplane::limits::Refusal::InflightRequests {
+            current: 1,
+            max: 1,
+        })),
     );
     let op = r
         .exec
@@ -464,7 +475,7 @@ fn submissions_are_validated() {
         r.exec.submit_get(vec![(key(1), slot(0, 8)), (key(2), HostRange::new(60, 8))]),
         Err(SubmitRefusal::BadRange {
             index: 1,
-            error: crate::executor::RangeError::CrossesSlot {
+            error: crate::RangeError::CrossesSlot {
                 range: HostRange::new(60, 8),
                 slot_bytes: SLOT_BYTES
             }
@@ -680,11 +691,7 @@ fn pressure_counts_queued_work_and_ages_the_oldest_job() {
     assert_eq!(p.oldest_job_age_ms, 15, "the running GET submitted at 0");
     assert_eq!(
         p.observation(),
-        crate::executor::Pressure {
-            queued_jobs: 3,
-            queued_payload_bytes: 72,
-            oldest_job_age_ms: 15
-        }
+        crate::Pressure { queued_jobs: 3, queued_payload_bytes: 72, oldest_job_age_ms: 15 }
     );
 
     release(&g1_call);
@@ -708,7 +715,7 @@ fn pressure_counts_queued_work_and_ages_the_oldest_job() {
     let get = *r.exec.counters().of(OperationKind::Get);
     assert_eq!(
         get,
-        crate::executor::KindCounters {
+        crate::KindCounters {
             completed_jobs: 2,
             completed_payload_bytes: 64 + 48,
             queued_ms: 5,
@@ -791,7 +798,7 @@ fn seeded_walk_keeps_the_executor_invariants() {
 }
 
 fn walk(seed: u64) {
-    let mut rng = crate::rng::SplitMix64::new(seed);
+    let mut rng = gpucache_dataplane::rng::SplitMix64::new(seed);
     let mut next = move |n: u64| rng.below(n);
     let failures_retire = next(2) == 0;
     let mut c = config();
@@ -948,7 +955,7 @@ impl Store for Recorder {
         c: &Caller,
         key: &PhysicalKey,
         src: &[u8],
-        request: Option<crate::limits::RequestId>,
+        request: Option<gpucache_dataplane::limits::RequestId>,
     ) -> Result<Put, StoreError> {
         self.note("put", 1);
         self.inner.put(c, key, src, request)
@@ -957,23 +964,23 @@ impl Store for Recorder {
         &self,
         c: &Caller,
         keys: &[&PhysicalKey],
-    ) -> crate::store::BatchAnswers<Lookup> {
+    ) -> gpucache_dataplane::store::BatchAnswers<Lookup> {
         self.note("lookup_batch", keys.len());
         self.inner.lookup_batch(c, keys)
     }
     fn get_batch(
         &self,
         c: &Caller,
-        items: &mut [crate::store::BatchGet<'_>],
-    ) -> crate::store::BatchAnswers<Get> {
+        items: &mut [gpucache_dataplane::store::BatchGet<'_>],
+    ) -> gpucache_dataplane::store::BatchAnswers<Get> {
         self.note("get_batch", items.len());
         self.inner.get_batch(c, items)
     }
     fn put_batch(
         &self,
         c: &Caller,
-        items: &[crate::store::BatchPut<'_>],
-    ) -> crate::store::BatchAnswers<Put> {
+        items: &[gpucache_dataplane::store::BatchPut<'_>],
+    ) -> gpucache_dataplane::store::BatchAnswers<Put> {
         self.note("put_batch", items.len());
         self.inner.put_batch(c, items)
     }
@@ -982,7 +989,7 @@ impl Store for Recorder {
         c: &Caller,
         key: &PhysicalKey,
         len: u64,
-        request: Option<crate::limits::RequestId>,
+        request: Option<gpucache_dataplane::limits::RequestId>,
     ) -> Result<Reserve, StoreError> {
         self.note("reserve", 1);
         self.inner.reserve(c, key, len, request)
@@ -1028,7 +1035,10 @@ fn recorded(config: ExecutorConfig) -> (Executor, Arc<Recorder>, Arc<FakeStore>)
     let exec = Executor::start(
         config,
         Arc::clone(&recorder) as Arc<dyn Store>,
-        Caller::new(crate::identity::TenantId::parse("tenant-a").expect("tenant"), Rights::ALL),
+        Caller::new(
+            gpucache_dataplane::identity::TenantId::parse("tenant-a").expect("tenant"),
+            Rights::ALL,
+        ),
         host,
         Arc::new(ManualClock::default()),
     )

@@ -6,8 +6,8 @@
 //! Ready hold's credits. Credits of operations still in flight are not the lease's: native I/O
 //! keeps them until it retires, however the request ended.
 
-use super::credits::CreditGrant;
 use super::sync::{Arc, Mutex, lock};
+use gpucache_dataplane::credits::CreditGrant;
 
 /// The scheduler's handle for a request; the admission side only hands it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

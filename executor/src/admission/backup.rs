@@ -10,8 +10,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 
-use super::credits::{CreditClass, CreditGrant, CreditPool, Credits};
 use super::sync::Arc;
+use gpucache_dataplane::credits::{CreditClass, CreditGrant, CreditPool, Credits};
 
 /// The scheduler's name for one Host block that could be backed up. The queue never
 /// dereferences it.

@@ -33,10 +33,10 @@ use super::job::{
     CancelOutcome, CloseReport, Ending, ExecutorCounters, KeyFailure, KeyResult, OperationResult,
     Poll, PressureSnapshot, QuarantinedOperation, QueueLoad, SubmitRefusal,
 };
-use crate::caller::Caller;
-use crate::clock::Clock;
-use crate::key::PhysicalKey;
-use crate::store::{
+use gpucache_dataplane::caller::Caller;
+use gpucache_dataplane::clock::Clock;
+use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::store::{
     BatchAnswers, BatchGet, BatchPut, Get, Lookup, MissReason, Put, Retirement, Store, StoreError,
 };
 

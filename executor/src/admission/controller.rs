@@ -9,15 +9,15 @@ use std::collections::BTreeMap;
 
 use super::backup::{BackupQueue, CandidateId, DropReason, Offer, PendingPut};
 use super::config::{AdmissionConfig, ConfigError};
-use super::credits::{
-    CreditBound, CreditClass, CreditGrant, CreditKind, CreditPool, CreditRefusal, Credits,
-};
 use super::gate::{AdmissionGate, GateChange, PressureSnapshot};
 use super::lease::{
     LocalReason, RequestKey, StorageLease, Ticket, TicketId, WaitOutcome, WaitPhase,
 };
 use super::sync::Arc;
-use crate::clock::Clock;
+use gpucache_dataplane::clock::Clock;
+use gpucache_dataplane::credits::{
+    CreditBound, CreditClass, CreditGrant, CreditKind, CreditPool, CreditRefusal, Credits,
+};
 
 /// A storage operation's id: increasing, never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

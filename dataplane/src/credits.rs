@@ -5,8 +5,25 @@
 //! a [`CreditGrant`] guard whose drop returns what it took. The accounting is lock-free: each
 //! budget is one atomic word holding the charged total and the backup share, so both bounds are
 //! checked and charged in one compare-and-swap and can never be seen exceeded.
+//!
+//! Two owners charge them: a shard's fill directory ([`crate::shard`]) for each fill it leads,
+//! and the admission of the engine-facing path (`gpucache_executor::admission`) for each
+//! QUERY, GET and backup PUT it starts.
 
-use super::sync::{Arc, AtomicU64, Ordering};
+// loom's primitives under `--cfg loom`, so that its model checks explore every interleaving.
+#[cfg(loom)]
+use loom::sync::Arc;
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::Arc;
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+#[cfg(all(test, not(loom)))]
+mod tests;
 
 /// A pair of credit amounts: a budget, a charge or a usage. Units are the names: operations and
 /// logical Host-block references.

@@ -20,8 +20,8 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::sync::{Mutex, lock};
-use crate::clock::Clock;
-use crate::store::{Retirement, StoreError};
+use gpucache_dataplane::clock::Clock;
+use gpucache_dataplane::store::{Retirement, StoreError};
 
 /// What one admitted backend call ended with, as far as health is concerned. The executor maps
 /// each store answer to exactly one of these.
@@ -306,7 +306,7 @@ impl HealthMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use gpucache_dataplane::clock::ManualClock;
 
     const COOLDOWN_MS: u64 = 1_000;
 
@@ -562,7 +562,7 @@ mod tests {
             path: "/cache/blocks/ab/x.blk".into(),
             kind: std::io::ErrorKind::PermissionDenied,
             detail: "permission denied".into(),
-            effect: crate::store::StorageEffect::Unchanged,
+            effect: gpucache_dataplane::store::StorageEffect::Unchanged,
             retirement: Retirement::Retired,
         };
         assert_eq!(BackendOutcome::from_store_error(&storage), BackendOutcome::BackendError);
@@ -603,7 +603,7 @@ mod tests {
         for seed in 0..32_u64 {
             let (m, clock) = monitor();
             // The seed reproduces the walk.
-            let mut rng = crate::rng::SplitMix64::new(seed);
+            let mut rng = gpucache_dataplane::rng::SplitMix64::new(seed);
             let mut next = || rng.next_u64();
             let mut out: Vec<Admission> = Vec::new();
             let mut last_epoch = 0;

@@ -691,10 +691,6 @@ fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
             "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = 0\n",
             "holds no block",
         ),
-        (
-            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\n[[store.tiers]]\nkind = \"file\"\nwrite = \"back\"\n",
-            "tiers[1].write: a key of the memory tier only",
-        ),
     ] {
         let e = refused_at(bad, "store.tiers");
         assert!(e.to_string().contains(says), "{bad}: {e}");
@@ -703,6 +699,15 @@ fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
         "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\nwrite = \"behind\"\n";
     let e = refused_at(bad, "store.tiers[0].write");
     assert!(e.to_string().contains("expected \"through\" or \"back\""), "{e}");
+    assert!(e.to_string().ends_with("(line 5, column 9)"), "the place of the value: {e}");
+    // A key of another kind's tier is refused by the parser, at its line.
+    let bad = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\n[[store.tiers]]\nkind = \"file\"\nwrite = \"back\"\n";
+    let e = refused_at(bad, "store.tiers[1].write");
+    assert!(matches!(e, ConfigError::Parse { line: 7, column: 1, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("unknown field `write`, expected `capacity` or `eviction`"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -712,8 +717,8 @@ fn an_s3_tier_takes_its_own_keys_below_both_upper_tiers_and_names_each_mistake()
         "{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:9\"\nprefix = \"team/a\"\nrefill_bytes_max = \"8MiB\"\nqueue_bytes_max = \"64MiB\"\npack_bytes = \"4MiB\"\n"
     );
     let c = ValidConfig::from_toml_str(&good).unwrap();
-    let s3 = c.store.tier(gpucache_service::config::TierKind::S3).expect("the s3 section");
-    assert_eq!((s3.bucket.as_deref(), s3.refill_bytes_max), (Some("b"), Some(8 << 20)));
+    let s3 = c.store.s3_tier().expect("the s3 section");
+    assert_eq!((s3.bucket.as_str(), s3.refill_bytes_max), ("b", Some(8 << 20)));
     let with_tenant = format!(
         "{good}[[tenants]]\nname = \"tenant-a\"\nrights = [\"read\"]\ncold_retention_s = 60\n"
     );
@@ -730,12 +735,8 @@ fn an_s3_tier_takes_its_own_keys_below_both_upper_tiers_and_names_each_mistake()
             "then optionally an s3 tier",
         ),
         (
-            format!("{upper}[[store.tiers]]\nkind = \"s3\"\n"),
+            format!("{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"\"\n"),
             "tiers[2].bucket: the s3 tier needs a bucket",
-        ),
-        (
-            format!("{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\ncapacity = \"1GiB\"\n"),
-            "tiers[2].capacity: the s3 tier has no such key",
         ),
         (
             format!("{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nprefix = \"/x\"\n"),
@@ -759,15 +760,193 @@ fn an_s3_tier_takes_its_own_keys_below_both_upper_tiers_and_names_each_mistake()
             ),
             "more than queue_bytes_max",
         ),
-        (
-            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\nbucket = \"b\"\n"
-                .to_owned(),
-            "tiers[0].bucket: a key of the s3 tier only",
-        ),
     ] {
         let e = refused_at(&bad, "store.tiers");
         assert!(e.to_string().contains(says), "{bad}: {e}");
     }
+    // The parser refuses a tier it cannot read: no bucket, a key of the tiers above, a value
+    // of the wrong type, a kind that is none, no kind.
+    for (bad, key, says) in [
+        (
+            format!("{upper}[[store.tiers]]\nkind = \"s3\"\n"),
+            "store.tiers[2].bucket",
+            "missing field `bucket`",
+        ),
+        (
+            format!("{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\ncapacity = \"1GiB\"\n"),
+            "store.tiers[2].capacity",
+            "unknown field `capacity`",
+        ),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\nbucket = \"b\"\n"
+                .to_owned(),
+            "store.tiers[0].bucket",
+            "unknown field `bucket`",
+        ),
+        (
+            format!(
+                "{upper}[[store.tiers]]\nkind = \"s3\"\nbucket = \"b\"\nqueue_jobs_max = \"8\"\n"
+            ),
+            "store.tiers[2].queue_jobs_max",
+            "invalid type: string \"8\"",
+        ),
+        (
+            format!("{upper}[[store.tiers]]\nkind = \"disk\"\n"),
+            "store.tiers[2].kind",
+            "unknown variant `disk`",
+        ),
+        (
+            "[store]\nkind = \"tiered\"\n[[store.tiers]]\ncapacity = 1\n".to_owned(),
+            "store.tiers[0].kind",
+            "missing field `kind`",
+        ),
+    ] {
+        let e = refused_at(&bad, key);
+        let parsed = matches!(e, ConfigError::Parse { .. });
+        assert!(parsed && e.to_string().contains(says), "{bad}: {e}");
+    }
+}
+
+/// Each tier kind's keys, with a value of each.
+const TIER_KEYS: [(&str, &str, &str); 22] = [
+    ("memory", "capacity", "\"64MiB\""),
+    ("memory", "eviction", "\"lru\""),
+    ("memory", "promote", "false"),
+    ("memory", "write", "\"back\""),
+    ("memory", "memory", "\"heap\""),
+    ("file", "capacity", "\"1G\""),
+    ("file", "eviction", "\"arc\""),
+    ("s3", "bucket", "\"b\""),
+    ("s3", "endpoint", "\"http://127.0.0.1:9000\""),
+    ("s3", "region", "\"eu-west-1\""),
+    ("s3", "prefix", "\"team/a\""),
+    ("s3", "request_timeout_ms", "5000"),
+    ("s3", "retention_s", "60"),
+    ("s3", "refill_bytes_max", "\"8MiB\""),
+    ("s3", "refill_within_ms", "100"),
+    ("s3", "degrade_ms", "100"),
+    ("s3", "queue_jobs_max", "16"),
+    ("s3", "queue_bytes_max", "\"64MiB\""),
+    ("s3", "pack_bytes", "\"4M\""),
+    ("s3", "drain_interval_ms", "50"),
+    ("s3", "pack_open_ms", "500"),
+    ("s3", "reclaim_interval_s", "0"),
+];
+
+#[test]
+fn each_tier_kind_takes_its_own_keys_and_the_parser_refuses_every_other_kinds() {
+    let store = "[store]\nkind = \"tiered\"\n";
+    let memory = format!("{store}[[store.tiers]]\nkind = \"memory\"\n");
+    let file = format!("{memory}[[store.tiers]]\nkind = \"file\"\n");
+    // Each kind at its place (so that a refusal is the parser's, not the order's), with what it
+    // requires.
+    let kinds =
+        [("memory", store.to_owned(), ""), ("file", memory, ""), ("s3", file, "bucket = \"b\"\n")];
+    for (i, (kind, above, required)) in kinds.iter().enumerate() {
+        let tier = format!("{above}[[store.tiers]]\nkind = \"{kind}\"\n{required}");
+        for (_, key, value) in TIER_KEYS {
+            if required.starts_with(key) {
+                continue;
+            }
+            let text = format!("{tier}{key} = {value}\n");
+            if TIER_KEYS.iter().any(|(owner, k, _)| owner == kind && *k == key) {
+                ValidConfig::from_toml_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                continue;
+            }
+            let e = ServeConfig::parse(&text).expect_err(&text);
+            assert_eq!(e.key(), Some(format!("store.tiers[{i}].{key}").as_str()), "{text}: {e}");
+            assert!(e.to_string().contains(&format!("unknown field `{key}`")), "{text}: {e}");
+        }
+    }
+    // Every key at once, each byte count through the one grammar of sizes.
+    let all = |kind: &str| -> String {
+        let keys = TIER_KEYS.iter().filter(|(o, _, _)| *o == kind);
+        keys.map(|(_, k, v)| format!("{k} = {v}\n")).collect()
+    };
+    let text = format!(
+        "{store}[[store.tiers]]\nkind = \"memory\"\n{}[[store.tiers]]\nkind = \"file\"\n{}\
+         [[store.tiers]]\nkind = \"s3\"\n{}",
+        all("memory"),
+        all("file"),
+        all("s3")
+    );
+    let c = ValidConfig::from_toml_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let m = c.store.memory_tier();
+    assert_eq!(
+        (m.capacity_bytes, c.file_store_config().limits.retained_bytes_max),
+        (64 << 20, 1 << 30)
+    );
+    let s3 = c.store.s3_tier().expect("the s3 tier");
+    let bytes = (s3.refill_bytes_max, s3.queue_bytes_max, s3.pack_bytes);
+    assert_eq!(bytes, (Some(8 << 20), Some(64 << 20), Some(4 << 20)));
+}
+
+#[test]
+fn every_tiers_example_parses_to_the_tiers_it_spells() {
+    use gpucache_service::config::{
+        Eviction, FileTierSection, MemoryTierSection, S3TierSection, TierMemoryName, TierSection,
+    };
+    use gpucache_storage::evict::PolicyKind;
+    use gpucache_storage::tiered::WriteMode;
+    let s3 = |endpoint: &str, bucket: &str, retention_s| {
+        TierSection::S3(S3TierSection {
+            bucket: bucket.to_owned(),
+            endpoint: Some(endpoint.to_owned()),
+            region: None,
+            prefix: None,
+            request_timeout_ms: None,
+            retention_s: Some(retention_s),
+            refill_bytes_max: None,
+            refill_within_ms: None,
+            degrade_ms: None,
+            queue_jobs_max: None,
+            queue_bytes_max: None,
+            pack_bytes: None,
+            drain_interval_ms: None,
+            pack_open_ms: None,
+            reclaim_interval_s: None,
+        })
+    };
+    let bare_file = TierSection::File(FileTierSection::default());
+    // The example file's commented tiers, uncommented.
+    let example = include_str!("../../gpucache.example.toml");
+    let (head, tiers) = example.split_once("# [[store.tiers]]").expect("the example's tiers");
+    let (tiers, tail) = tiers.split_once("\n\n").expect("the end of the [store] section");
+    let tiers = format!("# [[store.tiers]]{tiers}").replace("\n# ", "\n");
+    let text = format!("{head}{}\n\n{tail}", tiers.trim_start_matches("# "));
+    let c = ValidConfig::from_toml_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let memory = MemoryTierSection {
+        write: Some(WriteMode::Through),
+        memory: Some(TierMemoryName::Mapped),
+        ..MemoryTierSection::default()
+    };
+    let want =
+        [TierSection::Memory(memory), bare_file.clone(), s3("http://127.0.0.1:9000", "kv-cold", 0)];
+    assert_eq!(c.store.tiers, want, "gpucache.example.toml");
+    // The cold tier's example in docs/OPERATIONS.md.
+    let docs = include_str!("../../docs/OPERATIONS.md");
+    let block = docs.split("### The cold tier on S3").nth(1).expect("the section");
+    let block = block.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("toml");
+    let c = ValidConfig::from_toml_str(&format!("[store]\nkind = \"tiered\"\n{block}"))
+        .unwrap_or_else(|e| panic!("{block}: {e}"));
+    let memory = TierSection::Memory(MemoryTierSection::default());
+    assert_eq!(c.store.tiers, [memory, bare_file, s3("http://127.0.0.1:9000", "kv-cold", 604_800)]);
+    // The tiers scripts/bench-tiers.sh writes, its shell values filled in.
+    let script = include_str!("../../scripts/bench-tiers.sh");
+    let tiers =
+        script.split("tiers() {\n    cat <<EOF\n").nth(1).and_then(|t| t.split("EOF").next());
+    let tiers = tiers.expect("the script's tiers").replace("$memory_bytes", "4096");
+    let text = format!("[store]\n{}", tiers.replace("$file_bytes", "8192").replace("$1", "back"));
+    let c = ValidConfig::from_toml_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let prefix = Some(Eviction::Policy(PolicyKind::Prefix));
+    let memory = MemoryTierSection {
+        capacity: Some(4096),
+        eviction: prefix,
+        write: Some(WriteMode::Back),
+        ..MemoryTierSection::default()
+    };
+    let file = FileTierSection { capacity: Some(8192), eviction: prefix };
+    assert_eq!(c.store.tiers, [TierSection::Memory(memory), TierSection::File(file)]);
 }
 
 /// A documented byte count (`"64MiB"`, `1024`) as bytes.

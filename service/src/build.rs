@@ -41,7 +41,7 @@ use crate::bounds::{ConnectionBounds, Guard, GuardGauges, Refusals, fix_malloc_m
 use crate::cluster::{ClusterNode, FencedStore};
 use crate::cold_metrics::ColdSeries;
 use crate::config::{
-    ClusterSection, Eviction, StoreKind, TenantConfig, TierKind, TierSection, ValidConfig,
+    ClusterSection, Eviction, S3TierSection, StoreKind, TenantConfig, ValidConfig,
 };
 use crate::dpu::{self, DpuStartError};
 use crate::fills::Fills;
@@ -64,10 +64,10 @@ pub const COLD_CLOSE_WITHIN: Duration = Duration::from_secs(10);
 /// The cold tier the s3 section describes, opened on its bucket (listed, every manifest read
 /// and checked) with each tenant's `cold_retention_s` recorded; its refill budget.
 fn open_cold_tier(
-    section: &TierSection,
+    section: &S3TierSection,
     tenants: &[TenantConfig],
 ) -> Result<(ColdTier, gpucache_cold::OpenReport, RefillBudget), StoreOpenError> {
-    let bucket = section.bucket.clone().unwrap_or_default();
+    let bucket = section.bucket.clone();
     let failed = |source| StoreOpenError::Cold { bucket: bucket.clone(), source };
     let mut s3 = S3Config::new(bucket.clone());
     s3.endpoint = section.endpoint.clone();
@@ -103,11 +103,11 @@ fn open_cold_tier(
 /// read and checked) before the service starts, so an unreachable or unreadable bucket stops
 /// the start with its reason.
 fn open_cold(
-    section: &TierSection,
+    section: &S3TierSection,
     tenants: &[TenantConfig],
     upper: Arc<TieredStore>,
 ) -> Result<ColdTiered, StoreOpenError> {
-    let bucket = section.bucket.clone().unwrap_or_default();
+    let bucket = section.bucket.clone();
     let failed = |source| StoreOpenError::Cold { bucket: bucket.clone(), source };
     let (tier, report, refill) = open_cold_tier(section, tenants)?;
     tracing::info!(
@@ -317,7 +317,7 @@ impl ValidConfig {
                 });
                 let store = Arc::new(store);
                 let tiered = Some(Arc::clone(&store));
-                match self.store.tier(TierKind::S3) {
+                match self.store.s3_tier() {
                     Some(section) => {
                         let cold = Arc::new(open_cold(section, &self.tenants, store)?);
                         Ok(OpenedStore {
@@ -367,7 +367,7 @@ impl ValidConfig {
     pub fn open_cold_tier(
         &self,
     ) -> Option<Result<(ColdTier, gpucache_cold::OpenReport), StoreOpenError>> {
-        let section = self.store.tier(TierKind::S3)?;
+        let section = self.store.s3_tier()?;
         Some(open_cold_tier(section, &self.tenants).map(|(tier, report, _)| (tier, report)))
     }
 

@@ -19,11 +19,12 @@ pub use error::ConfigError;
 pub use schema::{
     ClusterSection, DPU_QUEUE_DEPTH_DEFAULT, DPU_SLAB_SLOTS_DEFAULT, DPU_SLOT_BYTES_DEFAULT,
     DPU_STATE_DIR_DEFAULT, DpuBackendName, DpuReactorConfig, DpuSection, DurabilityName,
-    EngineName, Eviction, LOCAL_SOCKET_NAME, LimitsSection, ListenSection, MEMORY_TIER_BYTES_MAX,
-    MEMORY_TIER_BYTES_UNKNOWN_RAM, METRICS_ADDR_DEFAULT, NATIVE_ADDR_DEFAULT,
-    NIXL_POOL_BYTES_DEFAULT, NIXL_SLOT_BYTES_DEFAULT, NixlSection, PinName, RESP_ADDR_DEFAULT,
-    RightName, STORE_ROOT_DEFAULT, ServeConfig, StoreKind, StoreSection, TENANT_DEFAULT,
-    TenantConfig, TierKind, TierSection, memory_tier_default_bytes,
+    EngineName, Eviction, FileTierSection, LOCAL_SOCKET_NAME, LimitsSection, ListenSection,
+    MEMORY_TIER_BYTES_MAX, MEMORY_TIER_BYTES_UNKNOWN_RAM, METRICS_ADDR_DEFAULT, MemoryTierSection,
+    NATIVE_ADDR_DEFAULT, NIXL_POOL_BYTES_DEFAULT, NIXL_SLOT_BYTES_DEFAULT, NixlSection, PinName,
+    RESP_ADDR_DEFAULT, RightName, S3TierSection, STORE_ROOT_DEFAULT, ServeConfig, StoreKind,
+    StoreSection, TENANT_DEFAULT, TenantConfig, TierKind, TierMemoryName, TierSection,
+    memory_tier_default_bytes,
 };
 pub use valid::{
     CLOCK_SKEW_MAX_LIMIT_MS, CLUSTER_TEXT_BYTES_MAX, CONFIG_BYTES_MAX, CONNECTIONS_MAX_LIMIT,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use super::de::{byte_count, parse_error, socket_addr};
+use super::de::{byte_count, parse_error, socket_addr, tagged};
 use super::error::ConfigError;
 use crate::bounds::ConnectionBounds;
 use crate::server::ServerConfig;
@@ -112,99 +112,157 @@ pub enum StoreKind {
     Tiered,
 }
 
-/// One `[[store.tiers]]` section of a tiered store, the memory tier first.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One `[[store.tiers]]` section of a tiered store, the memory tier first: its `kind` and the
+/// keys of that kind only. A key of another kind's tier is refused when the file is read, as an
+/// unknown field of this tier.
+#[allow(clippy::large_enum_variant)] // read once, at most three of them: the size is nothing
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TierSection {
+    Memory(MemoryTierSection),
+    File(FileTierSection),
+    S3(S3TierSection),
+}
+
+impl TierSection {
+    pub fn kind(&self) -> TierKind {
+        match self {
+            Self::Memory(_) => TierKind::Memory,
+            Self::File(_) => TierKind::File,
+            Self::S3(_) => TierKind::S3,
+        }
+    }
+
+    /// The tier's `capacity`; the s3 tier has none (it holds what its bucket holds).
+    pub fn capacity(&self) -> Option<u64> {
+        match self {
+            Self::Memory(t) => t.capacity,
+            Self::File(t) => t.capacity,
+            Self::S3(_) => None,
+        }
+    }
+
+    /// The tier's `eviction`; the s3 tier has none.
+    pub fn eviction(&self) -> Option<Eviction> {
+        match self {
+            Self::Memory(t) => t.eviction,
+            Self::File(t) => t.eviction,
+            Self::S3(_) => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TierSection {
+    /// Tagged by `kind`, as `#[serde(tag = "kind")]` would read it, but keeping the position of
+    /// an error: serde's tagged enums read the table whole and report a bad value at the whole
+    /// `tiers` array, naming neither the tier nor the key (see `de::tagged`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Tier;
+        impl<'de> serde::de::Visitor<'de> for Tier {
+            type Value = TierSection;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a tier's table, with its `kind`")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<TierSection, A::Error> {
+                let (kind, keys) = tagged(map, "kind")?;
+                match kind {
+                    TierKind::Memory => keys.read().map(TierSection::Memory),
+                    TierKind::File => keys.read().map(TierSection::File),
+                    TierKind::S3 => keys.read().map(TierSection::S3),
+                }
+            }
+        }
+        d.deserialize_map(Tier)
+    }
+}
+
+/// `[[store.tiers]] kind = "memory"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TierSection {
-    pub kind: TierKind,
-    /// Bytes the tier holds at most. Memory: a quarter of the machine's RAM, at most 4 GiB;
-    /// file: `limits.retained_bytes_max`.
+pub struct MemoryTierSection {
+    /// Bytes the tier holds at most (default: a quarter of the machine's RAM, at most 4 GiB).
     #[serde(default, deserialize_with = "super::de::optional_byte_count")]
     pub capacity: Option<u64>,
     /// The tier's eviction policy (default `"prefix"`); `"refuse"` is not a tier's choice.
     #[serde(default, deserialize_with = "eviction")]
     pub eviction: Option<Eviction>,
-    /// Memory only: copy a block up when a GET finds it in the file tier (default true).
+    /// Copy a block up when a GET finds it in the file tier (default true).
     #[serde(default)]
     pub promote: Option<bool>,
-    /// Memory only: how a PUT reaches the file tier, `"through"` (default) or `"back"`.
+    /// How a PUT reaches the file tier, `"through"` (default) or `"back"`.
     #[serde(default, deserialize_with = "write_mode")]
     pub write: Option<WriteMode>,
-    /// Memory only: what holds the blocks, `"mapped"` (default), `"huge-pages"` or `"heap"`.
+    /// What holds the blocks, `"mapped"` (default), `"huge-pages"` or `"heap"`.
     #[serde(default)]
     pub memory: Option<TierMemoryName>,
-    /// S3 only: the bucket's endpoint (`http://127.0.0.1:9000`); AWS itself when left out.
-    #[serde(default)]
-    pub endpoint: Option<String>,
-    /// S3 only: the region (default `"us-east-1"`).
-    #[serde(default)]
-    pub region: Option<String>,
-    /// S3 only, required: the bucket. Credentials come from the environment
-    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
-    #[serde(default)]
-    pub bucket: Option<String>,
-    /// S3 only: the folder of the tier's objects in the bucket (default `"gpucache"`).
-    #[serde(default)]
-    pub prefix: Option<String>,
-    /// S3 only: how long one object store call may take (default 10,000).
-    #[serde(default)]
-    pub request_timeout_ms: Option<u64>,
-    /// S3 only: how long blocks are kept after their pack is written; 0 (default) keeps them
-    /// until reclaimed.
-    #[serde(default)]
-    pub retention_s: Option<u64>,
-    /// S3 only: bytes one GET's refill may bring down (default 64 MiB).
-    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
-    pub refill_bytes_max: Option<u64>,
-    /// S3 only: how long one GET's refill may take (default 2,000).
-    #[serde(default)]
-    pub refill_within_ms: Option<u64>,
-    /// S3 only: how long refills stay misses, calling nothing, after the store failed one
-    /// (default 1,000).
-    #[serde(default)]
-    pub degrade_ms: Option<u64>,
-    /// S3 only: jobs (open packs, queued and failed) the sink holds at most (default 1,024).
-    #[serde(default)]
-    pub queue_jobs_max: Option<usize>,
-    /// S3 only: bytes the sink holds at most (default 1 GiB).
-    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
-    pub queue_bytes_max: Option<u64>,
-    /// S3 only: a pack is sealed at this size (default 8 MiB).
-    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
-    pub pack_bytes: Option<u64>,
-    /// S3 only: pause between drain rounds (default 200).
-    #[serde(default)]
-    pub drain_interval_ms: Option<u64>,
-    /// S3 only: how long a pack may fill before a drain round seals it (default 1,000).
-    #[serde(default)]
-    pub pack_open_ms: Option<u64>,
-    /// S3 only: pause between reclaims of expired packs; 0 reclaims never (default 600).
-    #[serde(default)]
-    pub reclaim_interval_s: Option<u64>,
 }
 
-impl TierSection {
-    /// The keys set in this section that only an S3 tier takes.
-    pub(crate) fn s3_keys_set(&self) -> Vec<&'static str> {
-        let keys = [
-            ("endpoint", self.endpoint.is_some()),
-            ("region", self.region.is_some()),
-            ("bucket", self.bucket.is_some()),
-            ("prefix", self.prefix.is_some()),
-            ("request_timeout_ms", self.request_timeout_ms.is_some()),
-            ("retention_s", self.retention_s.is_some()),
-            ("refill_bytes_max", self.refill_bytes_max.is_some()),
-            ("refill_within_ms", self.refill_within_ms.is_some()),
-            ("degrade_ms", self.degrade_ms.is_some()),
-            ("queue_jobs_max", self.queue_jobs_max.is_some()),
-            ("queue_bytes_max", self.queue_bytes_max.is_some()),
-            ("pack_bytes", self.pack_bytes.is_some()),
-            ("drain_interval_ms", self.drain_interval_ms.is_some()),
-            ("pack_open_ms", self.pack_open_ms.is_some()),
-            ("reclaim_interval_s", self.reclaim_interval_s.is_some()),
-        ];
-        keys.iter().filter(|(_, set)| *set).map(|(k, _)| *k).collect()
-    }
+/// `[[store.tiers]] kind = "file"`: the file store under `store.root` (the `[store]` file keys
+/// apply to it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTierSection {
+    /// Bytes the tier holds at most (default `limits.retained_bytes_max`).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub capacity: Option<u64>,
+    /// The tier's eviction policy (default `"prefix"`); `"refuse"` is not a tier's choice.
+    #[serde(default, deserialize_with = "eviction")]
+    pub eviction: Option<Eviction>,
+}
+
+/// `[[store.tiers]] kind = "s3"`: packs on an S3-compatible object store, below the file tier.
+/// Credentials come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3TierSection {
+    /// The bucket (required).
+    pub bucket: String,
+    /// The bucket's endpoint (`http://127.0.0.1:9000`); AWS itself when left out.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The region (default `"us-east-1"`).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// The folder of the tier's objects in the bucket (default `"gpucache"`).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// How long one object store call may take (default 10,000).
+    #[serde(default)]
+    pub request_timeout_ms: Option<u64>,
+    /// How long blocks are kept after their pack is written; 0 (default) keeps them until
+    /// reclaimed.
+    #[serde(default)]
+    pub retention_s: Option<u64>,
+    /// Bytes one GET's refill may bring down (default 64 MiB).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub refill_bytes_max: Option<u64>,
+    /// How long one GET's refill may take (default 2,000).
+    #[serde(default)]
+    pub refill_within_ms: Option<u64>,
+    /// How long refills stay misses, calling nothing, after the store failed one (default
+    /// 1,000).
+    #[serde(default)]
+    pub degrade_ms: Option<u64>,
+    /// Jobs (open packs, queued and failed) the sink holds at most (default 1,024).
+    #[serde(default)]
+    pub queue_jobs_max: Option<usize>,
+    /// Bytes the sink holds at most (default 1 GiB).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub queue_bytes_max: Option<u64>,
+    /// A pack is sealed at this size (default 8 MiB).
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub pack_bytes: Option<u64>,
+    /// Pause between drain rounds (default 200).
+    #[serde(default)]
+    pub drain_interval_ms: Option<u64>,
+    /// How long a pack may fill before a drain round seals it (default 1,000).
+    #[serde(default)]
+    pub pack_open_ms: Option<u64>,
+    /// Pause between reclaims of expired packs; 0 reclaims never (default 600).
+    #[serde(default)]
+    pub reclaim_interval_s: Option<u64>,
 }
 
 /// `[[store.tiers]] memory`: what backs the memory tier's blocks.
@@ -232,7 +290,7 @@ fn write_mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<WriteMode>, D::E
     name.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
-/// What a tier keeps its blocks in.
+/// What a tier keeps its blocks in: a `[[store.tiers]]` section's `kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TierKind {
@@ -348,7 +406,7 @@ impl StoreSection {
     /// For a tiered store this is the file tier's policy: its `[[store.tiers]]` section's,
     /// else `store.eviction`, else `"prefix"`.
     pub fn eviction(&self) -> Eviction {
-        let tier = self.tier(TierKind::File).and_then(|t| t.eviction);
+        let tier = self.tier(TierKind::File).and_then(TierSection::eviction);
         match self.kind {
             StoreKind::Memory => self.eviction.unwrap_or(Eviction::Refuse),
             StoreKind::File | StoreKind::Dpu => {
@@ -362,27 +420,33 @@ impl StoreSection {
 
     /// The section of the tier of `kind`, when the configuration has one.
     pub fn tier(&self, kind: TierKind) -> Option<&TierSection> {
-        self.tiers.iter().find(|t| t.kind == kind)
+        self.tiers.iter().find(|t| t.kind() == kind)
     }
 
-    fn tier_policy(&self, kind: TierKind) -> PolicyKind {
-        match self.tier(kind).and_then(|t| t.eviction) {
-            Some(Eviction::Policy(p)) => p,
-            _ => PolicyKind::Prefix,
-        }
+    /// The s3 tier's section, when the configuration has one.
+    pub fn s3_tier(&self) -> Option<&S3TierSection> {
+        self.tiers.iter().find_map(|t| match t {
+            TierSection::S3(s3) => Some(s3),
+            _ => None,
+        })
     }
 
     /// The memory tier of a tiered store, defaults applied.
     pub fn memory_tier(&self) -> MemoryTier {
-        let section = self.tier(TierKind::Memory);
+        let unset = MemoryTierSection::default();
+        let section = match self.tier(TierKind::Memory) {
+            Some(TierSection::Memory(m)) => m,
+            _ => &unset,
+        };
         MemoryTier {
-            capacity_bytes: section
-                .and_then(|t| t.capacity)
-                .unwrap_or_else(memory_tier_default_bytes),
-            policy: self.tier_policy(TierKind::Memory),
-            promote: section.and_then(|t| t.promote).unwrap_or(true),
-            write: section.and_then(|t| t.write).unwrap_or_default(),
-            backing: section.and_then(|t| t.memory).map(TierMemory::from).unwrap_or_default(),
+            capacity_bytes: section.capacity.unwrap_or_else(memory_tier_default_bytes),
+            policy: match section.eviction {
+                Some(Eviction::Policy(p)) => p,
+                _ => PolicyKind::Prefix,
+            },
+            promote: section.promote.unwrap_or(true),
+            write: section.write.unwrap_or_default(),
+            backing: section.memory.map(TierMemory::from).unwrap_or_default(),
         }
     }
 }
@@ -853,7 +917,7 @@ impl ServeConfig {
         config.durability = s.durability.into();
         config.limits = self.limits();
         if s.kind == StoreKind::Tiered
-            && let Some(capacity) = s.tier(TierKind::File).and_then(|t| t.capacity)
+            && let Some(capacity) = s.tier(TierKind::File).and_then(TierSection::capacity)
         {
             let l = &mut config.limits;
             l.retained_bytes_max = capacity;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::error::{ConfigError, join};
 use super::schema::{
-    ClusterSection, DpuBackendName, DpuSection, Eviction, NixlSection, ServeConfig, StoreKind,
-    StoreSection, TierKind, TierSection,
+    ClusterSection, DpuBackendName, DpuSection, Eviction, NixlSection, S3TierSection, ServeConfig,
+    StoreKind, StoreSection, TierKind, TierSection,
 };
 use crate::auth::{TenantAuth, TenantKeys};
 use gpucache_dataplane::caller::Caller;
@@ -416,7 +416,7 @@ fn check_tenants(
         if t.rights.is_empty() {
             return Err(ConfigError::NoRights { key: key("rights") });
         }
-        if t.cold_retention_s.is_some() && c.store.tier(TierKind::S3).is_none() {
+        if t.cold_retention_s.is_some() && c.store.s3_tier().is_none() {
             return Err(ConfigError::ColdRetentionWithoutTier { key: key("cold_retention_s") });
         }
         let accepted = t
@@ -462,24 +462,11 @@ fn resp_tenant(c: &ServeConfig) -> Result<usize, ConfigError> {
 }
 
 /// `[[store.tiers]] kind = "s3"`: a bucket, a name prefix that is a plain folder, nonzero
-/// budgets and bounds, and none of the keys of the tiers above.
-fn check_s3_tier(i: usize, t: &TierSection) -> Result<(), ConfigError> {
+/// budgets and bounds. (The keys of the tiers above are refused by the parser.)
+fn check_s3_tier(i: usize, t: &S3TierSection) -> Result<(), ConfigError> {
     let refuse = |why: String| Err(ConfigError::Tiers { why });
-    let upper_only = [
-        ("capacity", t.capacity.is_some()),
-        ("eviction", t.eviction.is_some()),
-        ("promote", t.promote.is_some()),
-        ("write", t.write.is_some()),
-        ("memory", t.memory.is_some()),
-    ];
-    if let Some((key, _)) = upper_only.iter().find(|(_, set)| *set) {
-        return refuse(format!(
-            "tiers[{i}].{key}: the s3 tier has no such key (it holds what its bucket holds)"
-        ));
-    }
-    match t.bucket.as_deref() {
-        None | Some("") => return refuse(format!("tiers[{i}].bucket: the s3 tier needs a bucket")),
-        Some(_) => {}
+    if t.bucket.is_empty() {
+        return refuse(format!("tiers[{i}].bucket: the s3 tier needs a bucket"));
     }
     if let Some(p) = &t.prefix
         && (p.is_empty() || p.starts_with('/') || p.ends_with('/') || p.contains("//"))
@@ -526,7 +513,7 @@ fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
         }
         return Ok(());
     }
-    let kinds: Vec<TierKind> = s.tiers.iter().map(|t| t.kind).collect();
+    let kinds: Vec<TierKind> = s.tiers.iter().map(TierSection::kind).collect();
     if !matches!(
         kinds.as_slice(),
         [] | [TierKind::Memory]
@@ -539,30 +526,16 @@ fn check_tiers(s: &StoreSection) -> Result<(), ConfigError> {
         ));
     }
     for (i, t) in s.tiers.iter().enumerate() {
-        if t.eviction == Some(Eviction::Refuse) {
+        if t.eviction() == Some(Eviction::Refuse) {
             return refuse(format!(
                 "tiers[{i}].eviction: a tier evicts; \"refuse\" is not a policy"
             ));
         }
-        if t.capacity == Some(0) {
+        if t.capacity() == Some(0) {
             return refuse(format!("tiers[{i}].capacity: 0 bytes holds no block"));
         }
-        if t.kind == TierKind::S3 {
-            check_s3_tier(i, t)?;
-            continue;
-        }
-        if let Some(key) = t.s3_keys_set().first() {
-            return refuse(format!("tiers[{i}].{key}: a key of the s3 tier only"));
-        }
-        if t.kind == TierKind::File {
-            let memory_only = [
-                ("promote", t.promote.is_some()),
-                ("write", t.write.is_some()),
-                ("memory", t.memory.is_some()),
-            ];
-            if let Some((key, _)) = memory_only.iter().find(|(_, set)| *set) {
-                return refuse(format!("tiers[{i}].{key}: a key of the memory tier only"));
-            }
+        if let TierSection::S3(s3) = t {
+            check_s3_tier(i, s3)?;
         }
     }
     Ok(())

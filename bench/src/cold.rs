@@ -1,4 +1,4 @@
-//! `gpucache bench cold`: the cold tier against a real S3 endpoint, beside plain objects on the
+//! `gpucache-bench cold`: the cold tier against a real S3 endpoint, beside plain objects on the
 //! same endpoint and bucket, per block size.
 //!
 //! Per block size (`--blocks`), `--bytes` of payload in blocks of that size, one caller, one
@@ -113,7 +113,7 @@ pub fn run(args: &ColdBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench cold: {e}");
+            eprintln!("gpucache-bench cold: {e}");
             ExitCode::from(2)
         }
     }

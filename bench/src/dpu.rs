@@ -1,4 +1,4 @@
-//! `gpucache bench dpu`: PUT and GET through the DPU agent beside the FileStore used directly
+//! `gpucache-bench dpu`: PUT and GET through the DPU agent beside the FileStore used directly
 //! and beside fio, in one run, on the same directory kind, engine (io_uring) and block sizes.
 //!
 //! Paths, each measured per block size with one caller (queue depth one), PUTs first, then GETs
@@ -126,7 +126,7 @@ pub fn run(args: &DpuBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench dpu: {e}");
+            eprintln!("gpucache-bench dpu: {e}");
             ExitCode::from(2)
         }
     }
@@ -182,7 +182,7 @@ fn run_inner(args: &DpuBenchArgs) -> Result<bool, String> {
             if r.verified_bytes != expected {
                 all_ok = false;
                 eprintln!(
-                    "gpucache bench dpu: {} {name}: verified {} of {expected} bytes",
+                    "gpucache-bench dpu: {} {name}: verified {} of {expected} bytes",
                     size_label(size),
                     r.verified_bytes
                 );
@@ -349,8 +349,8 @@ fn timed_path(
         lat.push(t.elapsed());
         match got {
             Ok(len) if len == size && pattern.matches(&buf, i) => verified += len,
-            Ok(len) => eprintln!("gpucache bench dpu: get {i}: {len} bytes or wrong bytes"),
-            Err(other) => eprintln!("gpucache bench dpu: get {i}: {other}"),
+            Ok(len) => eprintln!("gpucache-bench dpu: get {i}: {len} bytes or wrong bytes"),
+            Err(other) => eprintln!("gpucache-bench dpu: get {i}: {other}"),
         }
     }
     let get = Phase::from_latencies(ctx.blocks * size, lat);

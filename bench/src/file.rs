@@ -1,4 +1,4 @@
-//! `gpucache bench file`: FileStore PUT and GET per engine and block size, with fio run in the
+//! `gpucache-bench file`: FileStore PUT and GET per engine and block size, with fio run in the
 //! same process run on the same directory with the same block size, queue depth, total size
 //! and direct flag, so that the two can be read as a ratio on a noisy machine.
 //!
@@ -291,7 +291,7 @@ pub fn run(args: &FileBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench file: {e}");
+            eprintln!("gpucache-bench file: {e}");
             ExitCode::from(2)
         }
     }
@@ -434,7 +434,7 @@ fn describe_setup(ctx: &Ctx<'_>, fio_version: Option<&str>) -> String {
     let a = ctx.args;
     let mut s = String::new();
     let fs_type = filesystem_of(&ctx.root).unwrap_or_else(|| "unknown".to_owned());
-    let _ = writeln!(s, "# gpucache bench file");
+    let _ = writeln!(s, "# gpucache-bench file");
     let _ = writeln!(s, "dir: {} ({fs_type})", ctx.root.display());
     let _ = writeln!(
         s,

@@ -1,4 +1,5 @@
-//! GPUCache benchmarks, as a library the `gpucache bench` subcommands call.
+//! GPUCache benchmarks, as a library the subcommands of the `gpucache-bench` binary (package
+//! gpucache-cli) call.
 //!
 //! - [`file`]: the FileStore beside fio on the same files; [`fio`] drives fio.
 //! - [`dpu`]: the DPU agent beside the FileStore and fio.

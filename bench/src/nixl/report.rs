@@ -51,7 +51,7 @@ pub(super) fn text(ctx: &Context, plan: &Plan, runs: &[PathRun]) -> String {
     let m = &ctx.machine;
     let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
     // Writing to a String cannot fail.
-    let _ = writeln!(out, "# gpucache bench nixl");
+    let _ = writeln!(out, "# gpucache-bench nixl");
     let _ = writeln!(out, "command: {}", ctx.command.join(" "));
     let _ = writeln!(
         out,

@@ -1,4 +1,4 @@
-//! `gpucache bench python`: the `gpucache` Python package's batch calls beside the Rust client
+//! `gpucache-bench python`: the `gpucache` Python package's batch calls beside the Rust client
 //! they wrap and beside Mooncake Store's Python client, in one run.
 //!
 //! One `gpucache serve` (memory store, Unix socket on) serves every row of ours. For each
@@ -18,7 +18,7 @@
 //!   embedded driver `bench/peers/gpucache_py_bench.py` from the venv scripts/setup.sh's
 //!   `python` component makes;
 //! - `mooncake`: Mooncake Store's `batch_put_from` / `batch_get_into` with the segment in a
-//!   separate `mooncake_client` process (as `gpucache bench service` runs it), through the
+//!   separate `mooncake_client` process (as `gpucache-bench service` runs it), through the
 //!   embedded `bench/peers/mooncake_bench.py --batch`.
 //!
 //! It prints a table (median and range over the repetitions), the same-repetition ratios
@@ -302,13 +302,13 @@ pub fn run(args: &PythonBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench python: {e}");
+            eprintln!("gpucache-bench python: {e}");
             ExitCode::from(2)
         }
     }
 }
 
-/// `<target>/<profile>/gpucache` -> `<target>/<name>`.
+/// `<target>/<profile>/gpucache-bench` -> `<target>/<name>`.
 fn beside_target(name: &str) -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -584,7 +584,7 @@ fn run_inner(args: &PythonBenchArgs) -> Result<bool, String> {
     let date = utc_now();
 
     let mut out = String::new();
-    let _ = writeln!(out, "# gpucache bench python");
+    let _ = writeln!(out, "# gpucache-bench python");
     let _ = writeln!(out, "command: {}", command.join(" "));
     let _ = writeln!(
         out,

@@ -1,4 +1,4 @@
-//! The Rust client's rows of `gpucache bench python`: one [`TcpStore`] in this process, over
+//! The Rust client's rows of `gpucache-bench python`: one [`TcpStore`] in this process, over
 //! TCP or the same-host path, moving a pool batch by batch with `put_batch` / `get_batch` the
 //! way the Python driver (`bench/peers/gpucache_py_bench.py`) moves it with `batch_put_from` /
 //! `batch_get_into`: the same names, the same pool and destination, the same phases.

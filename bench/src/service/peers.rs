@@ -312,7 +312,7 @@ pub(crate) struct MooncakePoint {
     error: Option<String>,
 }
 
-/// One phase as a Python driver reports it (the Mooncake one and `gpucache bench python`'s).
+/// One phase as a Python driver reports it (the Mooncake one and `gpucache-bench python`'s).
 #[derive(Debug, Deserialize)]
 pub(crate) struct MooncakePhase {
     ops: u64,

@@ -1,4 +1,4 @@
-//! The report of `gpucache bench service`: the ratio table, the aims at 1 MiB, and a grouped
+//! The report of `gpucache-bench service`: the ratio table, the aims at 1 MiB, and a grouped
 //! bar chart as hand-written SVG.
 
 use std::fmt::Write as _;

@@ -1,4 +1,4 @@
-//! `gpucache bench trace`: prefix-reuse request traces replayed through a real store, measuring
+//! `gpucache-bench trace`: prefix-reuse request traces replayed through a real store, measuring
 //! the hit ratio each eviction policy gives at a capacity, beside two offline references computed
 //! over the same reference sequence: Belady's bound and plain LRU.
 //!
@@ -287,7 +287,7 @@ pub fn run(args: &TraceBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench trace: {e}");
+            eprintln!("gpucache-bench trace: {e}");
             ExitCode::from(2)
         }
     }
@@ -596,7 +596,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     let date = utc_now();
     let machine = machine(&load_start);
     let mut out = String::new();
-    let _ = writeln!(out, "# gpucache bench trace");
+    let _ = writeln!(out, "# gpucache-bench trace");
     let _ = writeln!(out, "command: {}", command.join(" "));
     let _ = writeln!(
         out,
@@ -701,7 +701,7 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     if let Some(path) = &args.svg {
         let labels: Vec<String> = svg_capacities.iter().map(|c| c.label()).collect();
         let title = format!(
-            "gpucache bench trace — {date}, block {}, load average {} to {}",
+            "gpucache-bench trace — {date}, block {}, load average {} to {}",
             size_label(args.block_size),
             load_start.split_whitespace().next().unwrap_or("?"),
             loadavg().split_whitespace().next().unwrap_or("?")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cold tier against a real S3 server on loopback (moto): `gpucache bench cold` packs and
+# The cold tier against a real S3 server on loopback (moto): `gpucache-bench cold` packs and
 # stores blocks of 64 KiB and 1 MiB through the cold sink, refills them in batches (every block
 # checked byte for byte), and does the same with one plain object per block on the same bucket,
 # then reports throughputs, refill p50/p99 and the ratios cold / plain.
@@ -27,7 +27,7 @@ if [ ! -x "$moto" ]; then
 fi
 
 cargo build --release -p gpucache-cli >&2
-bin="$target_dir/release/gpucache"
+bin="$target_dir/release/gpucache-bench"
 mkdir -p "$out"
 
 # A free loopback port: bound and let go here, then taken by moto (a server that loses the
@@ -59,7 +59,7 @@ done
 echo "bench-cold: moto at $endpoint (pid $moto_pid), bucket $bucket; $(uptime)" >&2
 
 set +e
-"$bin" bench cold --endpoint "$endpoint" --bucket "$bucket" --json "$out/result.json" "$@" \
+"$bin" cold --endpoint "$endpoint" --bucket "$bucket" --json "$out/result.json" "$@" \
     > /dev/null
 status=$?
 set -e

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The DPU agent beside the FileStore and fio on this machine: builds the release CLI, runs
-# `gpucache bench dpu` at 64K, 256K, 1M and 4M blocks and writes its JSON to one output file
+# `gpucache-bench dpu` at 64K, 256K, 1M and 4M blocks and writes its JSON to one output file
 # (the table goes to stderr).
 #
-# Usage: scripts/bench-dpu.sh [OUTPUT] [-- extra `gpucache bench dpu` arguments]
+# Usage: scripts/bench-dpu.sh [OUTPUT] [-- extra `gpucache-bench dpu` arguments]
 #   OUTPUT              where to write the JSON
 #                       (default: $CARGO_TARGET_DIR or target, /bench-dpu-<UTC time>.json)
 #   BENCH_DIR=/path     file system to measure (default: the system temp directory)
@@ -31,10 +31,10 @@ fi
 
 step "building the release CLI"
 cargo build --release --locked -p gpucache-cli >&2
-bin="$target_dir/release/gpucache"
+bin="$target_dir/release/gpucache-bench"
 
 args=(
-    bench dpu
+    dpu
     --sizes 64K,256K,1M,4M
     --mib "${BENCH_DPU_MIB:-256}"
     --reactors "${BENCH_REACTORS:-2}"
@@ -45,6 +45,6 @@ fi
 args+=("$@")
 
 mkdir -p "$(dirname "$out")"
-step "running: gpucache ${args[*]} (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+step "running: gpucache-bench ${args[*]} (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
 "$bin" "${args[@]}" >"$out"
 step "report written to $out"

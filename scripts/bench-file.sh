@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # FileStore against fio on this machine: installs fio when it is missing (scripts/setup.sh),
-# builds the release CLI, then runs `gpucache bench file` on both engines at 64K, 256K, 1M and
+# builds the release CLI, then runs `gpucache-bench file` on both engines at 64K, 256K, 1M and
 # 4M blocks, plus a reopen of 100,000 small blocks, and writes everything to one output file.
 #
-# Usage: scripts/bench-file.sh [OUTPUT] [-- extra `gpucache bench file` arguments]
+# Usage: scripts/bench-file.sh [OUTPUT] [-- extra `gpucache-bench file` arguments]
 #   OUTPUT                 where to write the report
 #                          (default: $CARGO_TARGET_DIR or target, /bench-file-<UTC time>.txt)
 #   BENCH_DIR=/path        file system to measure (default: the system temp directory)
@@ -36,10 +36,10 @@ scripts/setup.sh fio >&2
 
 step "building the release CLI"
 cargo build --release --locked -p gpucache-cli >&2
-bin="$target_dir/release/gpucache"
+bin="$target_dir/release/gpucache-bench"
 
 args=(
-    bench file
+    file
     --engine both
     --sizes 64K,256K,1M,4M
     --file-mib "${BENCH_FILE_MIB:-1024}"
@@ -58,10 +58,10 @@ fi
 args+=("$@")
 
 mkdir -p "$(dirname "$out")"
-step "running: gpucache ${args[*]}"
+step "running: gpucache-bench ${args[*]}"
 {
     echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
-    echo "# command: gpucache ${args[*]}"
+    echo "# command: gpucache-bench ${args[*]}"
     "$bin" "${args[@]}"
 } >"$out"
 step "report written to $out"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tiered store against a single FileStore of the same capacity, all behind `gpucache serve`
-# on loopback: a trace replay (`gpucache bench trace --addr`) through each, with 64 KiB blocks.
+# on loopback: a trace replay (`gpucache-bench trace --addr`) through each, with 64 KiB blocks.
 # The tiered servers hold MEMORY_SHARE of the trace's distinct blocks in memory over FILE_SHARE
 # in their file tier, one writing through ("tiered") and one writing back ("back"); the
 # FileStore server holds FILE_SHARE. All evict by `prefix`, with no flushes (durability
@@ -26,6 +26,7 @@ dir="${BENCH_DIR:-$target_dir/tmp}/bench-tiers"
 [ -r "$trace" ] || { echo "bench-tiers: cannot read the trace $trace" >&2; exit 2; }
 cargo build --release -p gpucache-cli >&2
 bin="$target_dir/release/gpucache"
+bench="$target_dir/release/gpucache-bench"
 
 # Distinct blocks of the trace: the bench's own count, from a replay of no request... the
 # distinct ids are what the trace's lines name, so count them here the same way.
@@ -122,6 +123,6 @@ for name in tiered file back; do
         back) port=17490 metrics=(--metrics 127.0.0.1:17492) ;;
     esac
     echo "bench-tiers: replaying $trace through the $name server (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    "$bin" bench trace --addr "127.0.0.1:$port" "${metrics[@]}" --trace "$trace" \
+    "$bench" trace --addr "127.0.0.1:$port" "${metrics[@]}" --trace "$trace" \
         --block-size 64K --capacity "${file_share}%" --json "$out/$name.json"
 done

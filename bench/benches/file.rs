@@ -9,7 +9,7 @@
 //!
 //! Both at 64 KiB, 256 KiB, 1 MiB and 4 MiB, reported in bytes per second. The stores live in a
 //! temporary directory on the system temp file system; the page cache is kept, so these are the
-//! store's costs over page-cache I/O, not device figures (`gpucache bench file` sets them beside
+//! store's costs over page-cache I/O, not device figures (`gpucache-bench file` sets them beside
 //! fio). Run: `cargo bench -p gpucache-bench --bench file`. Results: docs/PERFORMANCE.md.
 
 use std::hint::black_box;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpucache Python driver for `gpucache bench python`.
+"""gpucache Python driver for `gpucache-bench python`.
 
 One measurement of the `gpucache` package against a running `gpucache serve`: one client
 (`gpucache.Client`, TCP or the same-host path), a source pool of `--working-set` bytes cut into

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mooncake Store driver for `gpucache bench service`.
+"""Mooncake Store driver for `gpucache-bench service`.
 
 Starts, on 127.0.0.1 and free ports, the standalone HTTP metadata server, mooncake_master and a
 separate mooncake_client process that holds the memory segment (the fair peer of a TCP service:

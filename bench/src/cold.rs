@@ -1,4 +1,4 @@
-//! `gpucache bench cold`: the cold tier against a real S3 endpoint, beside plain objects on the
+//! `gpucache-bench cold`: the cold tier against a real S3 endpoint, beside plain objects on the
 //! same endpoint and bucket, per block size.
 //!
 //! Per block size (`--blocks`), `--bytes` of payload in blocks of that size, one caller, one
@@ -52,8 +52,8 @@ use serde_json::{Value, json};
 
 use crate::file::{TENANT, solo_identity};
 use crate::fixtures::digest;
-use crate::service::load::percentile;
 use crate::service::{git_commit, loadavg, machine, utc_now, write_file};
+use crate::stats::{self, cell, percentile_ms, sorted_nanos};
 
 /// Most blocks one block size may move (the payloads are held in memory).
 pub const BLOCKS_MAX: u64 = 1 << 20;
@@ -113,7 +113,7 @@ pub fn run(args: &ColdBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench cold: {e}");
+            eprintln!("gpucache-bench cold: {e}");
             ExitCode::from(2)
         }
     }
@@ -224,9 +224,8 @@ pub(crate) struct Rate {
 }
 
 impl Rate {
-    #[allow(clippy::cast_precision_loss)]
     pub(crate) fn per_second(self) -> f64 {
-        if self.seconds > 0.0 { self.bytes as f64 / self.seconds } else { 0.0 }
+        stats::per_second(self.bytes, self.seconds)
     }
 
     fn json(self) -> Value {
@@ -235,13 +234,9 @@ impl Rate {
 }
 
 /// Nearest-rank p50 and p99 of some latencies, in milliseconds.
-#[allow(clippy::cast_precision_loss)]
 fn p50_p99_ms(lat: &[Duration]) -> (Option<f64>, Option<f64>) {
-    let mut ns: Vec<u64> =
-        lat.iter().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).collect();
-    ns.sort_unstable();
-    let ms = |p: f64| percentile(&ns, p).map(|n| n as f64 / 1e6);
-    (ms(50.0), ms(99.0))
+    let ns = sorted_nanos(lat);
+    (percentile_ms(&ns, 50.0), percentile_ms(&ns, 99.0))
 }
 
 /// What one block size measured.
@@ -560,10 +555,6 @@ fn mbps(r: Rate) -> String {
     format!("{:.1}", r.per_second() / 1e6)
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
-}
-
 /// The summary table (MB/s = 1e6 payload bytes per second).
 fn summary(runs: &[SizeRun]) -> String {
     let mut s = String::new();
@@ -597,12 +588,12 @@ fn summary(runs: &[SizeRun]) -> String {
             mbps(r.unpack),
             mbps(r.store),
             mbps(r.plain_put),
-            opt(r.store_ratio(), 2),
+            cell(r.store_ratio(), 2),
             mbps(r.refill),
             mbps(r.plain_get),
-            opt(r.refill_ratio(), 2),
-            format!("{}/{}", opt(rp50, 1), opt(rp99, 1)),
-            format!("{}/{}", opt(pp50, 1), opt(pp99, 1)),
+            cell(r.refill_ratio(), 2),
+            format!("{}/{}", cell(rp50, 1), cell(rp99, 1)),
+            format!("{}/{}", cell(pp50, 1), cell(pp99, 1)),
         );
     }
     s

@@ -1,4 +1,4 @@
-//! `gpucache bench dpu`: PUT and GET through the DPU agent beside the FileStore used directly
+//! `gpucache-bench dpu`: PUT and GET through the DPU agent beside the FileStore used directly
 //! and beside fio, in one run, on the same directory kind, engine (io_uring) and block sizes.
 //!
 //! Paths, each measured per block size with one caller (queue depth one), PUTs first, then GETs
@@ -34,7 +34,8 @@ use serde_json::{Value, json};
 
 use crate::file::{TENANT, bench_key, limits_for};
 use crate::fio;
-use crate::service::load::{ValuePattern, percentile};
+use crate::service::load::ValuePattern;
+use crate::stats::{self, percentile_us, ratio, sorted_nanos};
 use gpucache_service::units::{SizeList, narrow, size_label, size_list};
 
 /// Longest a single agent call may wait for its completion.
@@ -80,17 +81,15 @@ struct Phase {
 impl Phase {
     /// `bytes` moved by calls that took `lat`: the rate is over the calls' own time (payload
     /// stamping and byte checks between calls are not in it), the percentiles nearest-rank.
-    fn from_latencies(bytes: u64, mut lat: Vec<Duration>) -> Self {
+    fn from_latencies(bytes: u64, lat: Vec<Duration>) -> Self {
         let secs = lat.iter().map(Duration::as_secs_f64).sum();
-        lat.sort_unstable();
-        let nanos: Vec<u64> =
-            lat.iter().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).collect();
-        let pick = |p| percentile(&nanos, p).map_or(0.0, |n| n as f64 / 1e3);
+        let nanos = sorted_nanos(&lat);
+        let pick = |p| percentile_us(&nanos, p).unwrap_or(0.0);
         Self { bytes, secs, p50_us: pick(50.0), p99_us: pick(99.0) }
     }
 
     fn gbps(&self) -> f64 {
-        if self.secs > 0.0 { self.bytes as f64 / self.secs / 1e9 } else { 0.0 }
+        stats::gbps(self.bytes, self.secs)
     }
 
     fn json(&self) -> Value {
@@ -126,7 +125,7 @@ pub fn run(args: &DpuBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench dpu: {e}");
+            eprintln!("gpucache-bench dpu: {e}");
             ExitCode::from(2)
         }
     }
@@ -182,7 +181,7 @@ fn run_inner(args: &DpuBenchArgs) -> Result<bool, String> {
             if r.verified_bytes != expected {
                 all_ok = false;
                 eprintln!(
-                    "gpucache bench dpu: {} {name}: verified {} of {expected} bytes",
+                    "gpucache-bench dpu: {} {name}: verified {} of {expected} bytes",
                     size_label(size),
                     r.verified_bytes
                 );
@@ -226,10 +225,6 @@ struct Row {
     queue: PathRun,
     file: PathRun,
     fio: Result<(Phase, Phase), String>,
-}
-
-fn ratio(a: f64, b: f64) -> Option<f64> {
-    (b > 0.0).then(|| a / b)
 }
 
 impl Row {
@@ -349,8 +344,8 @@ fn timed_path(
         lat.push(t.elapsed());
         match got {
             Ok(len) if len == size && pattern.matches(&buf, i) => verified += len,
-            Ok(len) => eprintln!("gpucache bench dpu: get {i}: {len} bytes or wrong bytes"),
-            Err(other) => eprintln!("gpucache bench dpu: get {i}: {other}"),
+            Ok(len) => eprintln!("gpucache-bench dpu: get {i}: {len} bytes or wrong bytes"),
+            Err(other) => eprintln!("gpucache-bench dpu: get {i}: {other}"),
         }
     }
     let get = Phase::from_latencies(ctx.blocks * size, lat);

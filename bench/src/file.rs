@@ -1,4 +1,4 @@
-//! `gpucache bench file`: FileStore PUT and GET per engine and block size, with fio run in the
+//! `gpucache-bench file`: FileStore PUT and GET per engine and block size, with fio run in the
 //! same process run on the same directory with the same block size, queue depth, total size
 //! and direct flag, so that the two can be read as a ratio on a noisy machine.
 //!
@@ -50,6 +50,7 @@ use gpucache_storage::file::{Durability, FileStore, FileStoreConfig, OpenReport}
 
 use crate::fio;
 use crate::fixtures::{digest, payload};
+use crate::stats::{self, median};
 use gpucache_service::units::{
     KIB, MIB, SizeList, human_bytes, narrow, parse_size, size_label, size_list, wide,
 };
@@ -243,9 +244,7 @@ struct Phase {
 
 impl Phase {
     fn gbps(&self) -> f64 {
-        let secs = self.elapsed.as_secs_f64();
-        // Display only: the rounding of a u64 to f64 does not matter here.
-        if secs > 0.0 { self.bytes as f64 / secs / 1e9 } else { 0.0 }
+        stats::gbps(self.bytes, self.elapsed.as_secs_f64())
     }
 }
 
@@ -291,7 +290,7 @@ pub fn run(args: &FileBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench file: {e}");
+            eprintln!("gpucache-bench file: {e}");
             ExitCode::from(2)
         }
     }
@@ -434,7 +433,7 @@ fn describe_setup(ctx: &Ctx<'_>, fio_version: Option<&str>) -> String {
     let a = ctx.args;
     let mut s = String::new();
     let fs_type = filesystem_of(&ctx.root).unwrap_or_else(|| "unknown".to_owned());
-    let _ = writeln!(s, "# gpucache bench file");
+    let _ = writeln!(s, "# gpucache-bench file");
     let _ = writeln!(s, "dir: {} ({fs_type})", ctx.root.display());
     let _ = writeln!(
         s,
@@ -698,11 +697,7 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
             report.loaded, second_report.loaded
         ));
     }
-    let rate = |d: Duration| {
-        let s = d.as_secs_f64();
-        // Display only.
-        if s > 0.0 { n as f64 / s } else { 0.0 }
-    };
+    let rate = |d: Duration| stats::per_second(n, d.as_secs_f64());
     let mut s = String::new();
     let _ = writeln!(s, "## open of {n} blocks of {}", size_label(size));
     let _ = writeln!(
@@ -741,17 +736,6 @@ fn fmt_gbps(v: f64) -> String {
     if v >= 10.0 { format!("{v:.1}") } else { format!("{v:.2}") }
 }
 
-/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
 /// Per-round GB/s of one row: (put, get, fio write, fio read), each `None` where that phase
 /// failed or did not run.
 type RoundRates = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
@@ -780,22 +764,21 @@ fn table(rows: &[Row]) -> String {
         "| size | engine | put GB/s | get GB/s | fio write GB/s | fio read GB/s | put/fio | get/fio |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
-    let cell = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), fmt_gbps);
-    let ratio = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+    let ratio = |v: Option<f64>| stats::cell(v, 2);
     for r in rows {
         let rates: Vec<RoundRates> = r.rounds.iter().map(round_rates).collect();
-        let column =
-            |pick: fn(&RoundRates) -> Option<f64>| median(rates.iter().filter_map(pick).collect());
+        let column = |pick: fn(&RoundRates) -> Option<f64>| {
+            median(&rates.iter().filter_map(pick).collect::<Vec<_>>())
+        };
         let ratios = |pick: fn(&RoundRates) -> (Option<f64>, Option<f64>)| {
-            median(
-                rates
-                    .iter()
-                    .filter_map(|x| match pick(x) {
-                        (Some(n), Some(d)) if d > 0.0 => Some(n / d),
-                        _ => None,
-                    })
-                    .collect(),
-            )
+            let per_round: Vec<f64> = rates
+                .iter()
+                .filter_map(|x| {
+                    let (n, d) = pick(x);
+                    stats::ratio(n?, d?)
+                })
+                .collect();
+            median(&per_round)
         };
         let _ = writeln!(
             s,
@@ -878,9 +861,8 @@ impl Passes {
     /// Bytes of every pass over the time of every pass.
     fn gbps(&self) -> Option<f64> {
         let secs: f64 = self.times.iter().map(Duration::as_secs_f64).sum();
-        // Display only: the rounding of a u64 to f64 does not matter here.
-        let bytes = self.bytes_per_pass as f64 * self.times.len() as f64;
-        (secs > 0.0).then(|| bytes / secs / 1e9)
+        let passes = u64::try_from(self.times.len()).unwrap_or(u64::MAX);
+        (secs > 0.0).then(|| stats::gbps(self.bytes_per_pass.saturating_mul(passes), secs))
     }
 
     fn describe(&self) -> String {
@@ -891,7 +873,7 @@ impl Passes {
             self.times.len(),
             human_bytes(self.bytes_per_pass),
             ms.join(" "),
-            self.gbps().map_or_else(|| "-".to_owned(), fmt_gbps)
+            cell(self.gbps())
         )
     }
 }
@@ -1264,15 +1246,13 @@ fn tcp_passes(
     measured
 }
 
+/// A GB/s cell: `-`, or the figure as [`fmt_gbps`] writes it.
 fn cell(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_owned(), fmt_gbps)
+    stats::cell_with(v, fmt_gbps)
 }
 
 fn ratio_cell(n: Option<f64>, d: Option<f64>) -> String {
-    match (n, d) {
-        (Some(n), Some(d)) if d > 0.0 => format!("{:.2}", n / d),
-        _ => "-".to_owned(),
-    }
+    stats::cell(n.zip(d).and_then(|(n, d)| stats::ratio(n, d)), 2)
 }
 
 /// The batch table (markdown): GB/s over all passes of each side, and the ratios.
@@ -1497,8 +1477,8 @@ mod tests {
         assert!(t.contains("| 64K | psync | 0.50 | 0.50 | - | - | - | - |"), "{t}");
         let d = details(&rows);
         assert!(d.contains("64K psync r2: store error: boom"), "{d}");
-        assert_eq!(median(vec![3.0, 1.0]), Some(2.0));
-        assert_eq!(median(Vec::new()), None);
+        assert_eq!(median(&[3.0, 1.0]), Some(2.0));
+        assert_eq!(median(&[]), None);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! GPUCache benchmarks, as a library the `gpucache bench` subcommands call.
+//! GPUCache benchmarks, as a library the subcommands of the `gpucache-bench` binary (package
+//! gpucache-cli) call.
 //!
 //! - [`file`]: the FileStore beside fio on the same files; [`fio`] drives fio.
 //! - [`dpu`]: the DPU agent beside the FileStore and fio.
@@ -10,6 +11,8 @@
 //!   beside Belady's bound and an offline LRU (with the cold tier below a tiered store too).
 //! - [`cold`]: the cold tier (packs, sink, refill) on an S3 endpoint beside plain objects on
 //!   the same bucket.
+//! - [`stats`]: the figures every harness reports, computed one way (rates, ratios,
+//!   nearest-rank percentiles, medians and spreads) and the table cells that show them.
 //! - [`fixtures`]: what the criterion benches in `benches/` share (production-looking keys,
 //!   deterministic payloads, the timed-put loop).
 //!
@@ -23,4 +26,5 @@ pub mod fixtures;
 pub mod nixl;
 pub mod python;
 pub mod service;
+pub mod stats;
 pub mod trace;

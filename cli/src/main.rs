@@ -1,13 +1,11 @@
 //! The `gpucache` command-line tool.
 //!
 //! Owns argument parsing and wiring backends together from validated configuration; no data
-//! path logic lives here: it runs the service (`serve`), inspects keys (`key`), checks a FileStore
-//! directory (`fsck`), measures the FileStore against fio (`bench file`), the DPU agent beside both (`bench dpu`) and the service beside
-//! its peers (`bench service`), NIXL beside our TCP path and memcpy (`bench nixl`), the
-//! Python package beside the Rust client and Mooncake (`bench python`), eviction policies on
-//! prefix-reuse traces (`bench trace`), the cold tier on S3 beside plain objects (`bench cold`),
-//! works on an s3 tier's bucket (`cold`), and talks to a running service (`put`, `get`, `stat`).
-
+//! path logic lives here: it runs the service (`serve`) and the DPU agent (`dpu-agent`),
+//! inspects keys (`key`), checks a FileStore directory (`fsck`), shows or changes a cluster's
+//! view (`cluster`), works on an s3 tier's bucket (`cold`), and talks to a running service
+//! (`put`, `get`, `stat`). The benchmarks are a binary of their own, `gpucache-bench`
+//! (src/bin/gpucache-bench.rs), so none of them is linked into this one.
 mod client_cmd;
 mod cluster_cmd;
 mod cold_cmd;
@@ -18,15 +16,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use gpucache_dataplane::key::{KeyDecodeError, LogicalKey, PhysicalKey};
-use gpucache_service::logging::{self, LogFormat};
+use gpucache_service::logging::{self, LogArgs};
 
 #[derive(Debug, Parser)]
 #[command(name = "gpucache", version, about = "GPUCache: a shared tier for LLM KV-cache blocks")]
 struct Cli {
-    /// How log lines on standard error are written: text, or one JSON object per line. What is
-    /// logged follows RUST_LOG (an EnvFilter directive, e.g. `warn`); info without it.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -110,36 +106,6 @@ enum Command {
     /// tenant, reclaim (exit status 1 when a reclaim left objects, 2 when the bucket cannot be
     /// reached).
     Cold(cold_cmd::ColdArgs),
-    /// Measure a backend.
-    #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// FileStore PUT and GET per engine and block size, beside fio with the same parameters.
-    File(gpucache_bench::file::FileBenchArgs),
-    /// GET and PUT through the DPU agent (DpuStore and its own io_uring queues) beside the
-    /// FileStore used directly and fio, 64 KiB to 4 MiB; JSON on stdout, a table on stderr.
-    Dpu(gpucache_bench::dpu::DpuBenchArgs),
-    /// Our service beside Redis, Mooncake Store, iperf3 and memcpy, with ratios and aims.
-    Service(gpucache_bench::service::ServiceBenchArgs),
-    /// Blocks over NIXL (ours and bare) beside our TCP path and memcpy, 64 KiB to 4 MiB.
-    /// Needs a build with the `nixl` feature and libnixl_capi.so; exit status 2 without them.
-    Nixl(gpucache_bench::nixl::NixlBenchArgs),
-    /// The peer process of `bench nixl` (started by it).
-    #[command(hide = true)]
-    NixlPeer(gpucache_bench::nixl::NixlPeerArgs),
-    /// The Python package's batch calls beside the Rust client and Mooncake Store's Python
-    /// client, 128 x 64 KiB and 16 x 1 MiB, over TCP and the same-host path.
-    Python(gpucache_bench::python::PythonBenchArgs),
-    /// Prefix-reuse traces replayed through a store per eviction policy and capacity, beside
-    /// Belady's bound and an offline LRU: hit ratios, verified GET GB/s and requests/s.
-    Trace(gpucache_bench::trace::TraceBenchArgs),
-    /// The cold tier on an S3 endpoint beside plain objects in the same bucket, 64 KiB and
-    /// 1 MiB blocks: pack/unpack, store and refill throughput, refill p50/p99, ratios; every
-    /// refilled block checked. JSON on stdout, a summary on stderr.
-    Cold(gpucache_bench::cold::ColdBenchArgs),
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
@@ -187,7 +153,7 @@ fn main() -> ExitCode {
         Command::Serve { .. } | Command::DpuAgent { .. } => logging::SERVICE_FILTER,
         _ => logging::TOOL_FILTER,
     };
-    if let Err(e) = logging::init(cli.log_format, default_filter) {
+    if let Err(e) = cli.log.init(default_filter) {
         eprintln!("gpucache: {e}");
         return ExitCode::from(2);
     }
@@ -201,13 +167,5 @@ fn main() -> ExitCode {
         Command::Stat { target } => client_cmd::stat(&target),
         Command::Cluster(args) => cluster_cmd::run(&args),
         Command::Cold(args) => cold_cmd::run(&args),
-        Command::Bench(BenchCommand::File(args)) => gpucache_bench::file::run(&args),
-        Command::Bench(BenchCommand::Dpu(args)) => gpucache_bench::dpu::run(&args),
-        Command::Bench(BenchCommand::Service(args)) => gpucache_bench::service::run(&args),
-        Command::Bench(BenchCommand::Nixl(args)) => gpucache_bench::nixl::run(&args),
-        Command::Bench(BenchCommand::NixlPeer(args)) => gpucache_bench::nixl::peer(&args),
-        Command::Bench(BenchCommand::Python(args)) => gpucache_bench::python::run(&args),
-        Command::Bench(BenchCommand::Trace(args)) => gpucache_bench::trace::run(&args),
-        Command::Bench(BenchCommand::Cold(args)) => gpucache_bench::cold::run(&args),
     }
 }

@@ -1,4 +1,4 @@
-//! `gpucache bench dpu` end to end on a tiny working set: a smoke check of the harness. It
+//! `gpucache-bench dpu` end to end on a tiny working set: a smoke check of the harness. It
 //! asserts the JSON's structure and that every GET was verified, never a speed.
 
 mod common;
@@ -6,8 +6,7 @@ mod common;
 #[test]
 fn tiny_run_names_every_path_and_verifies_every_byte() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (code, out, err) = common::gpucache(&[
-        "bench",
+    let (code, out, err) = common::gpucache_bench(&[
         "dpu",
         "--sizes",
         "64K,256K",
@@ -59,10 +58,10 @@ fn tiny_run_names_every_path_and_verifies_every_byte() {
 
 #[test]
 fn bad_arguments_exit_2() {
-    let (code, _, err) = common::gpucache(&["bench", "dpu", "--mib", "0", "--no-fio"]);
+    let (code, _, err) = common::gpucache_bench(&["dpu", "--mib", "0", "--no-fio"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--mib"), "{err}");
-    let (code, _, err) = common::gpucache(&["bench", "dpu", "--reactors", "0", "--no-fio"]);
+    let (code, _, err) = common::gpucache_bench(&["dpu", "--reactors", "0", "--no-fio"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--reactors"), "{err}");
 }

@@ -1,10 +1,10 @@
-//! `gpucache bench file` runs end to end on a small working set and prints its table. This is a
+//! `gpucache-bench file` runs end to end on a small working set and prints its table. This is a
 //! smoke check of the harness: it asserts the output's structure, never a speed.
 
 mod common;
 
 fn bench(args: &[&str]) -> (i32, String, String) {
-    common::gpucache(&[&["bench", "file"], args].concat())
+    common::gpucache_bench(&[&["file"], args].concat())
 }
 
 fn cells(line: &str) -> Vec<String> {

@@ -1,4 +1,4 @@
-//! `gpucache bench nixl`: argument errors and the fail-closed path exit 2 with their reason;
+//! `gpucache-bench nixl`: argument errors and the fail-closed path exit 2 with their reason;
 //! with the `nixl` feature and NIXL present, a tiny run checks its bytes on every path and
 //! writes JSON naming every path. No speed is asserted.
 //!
@@ -10,7 +10,7 @@ use std::process::Command;
 mod common;
 
 fn bench(args: &[&str]) -> (i32, String, String) {
-    common::gpucache(&[&["bench", "nixl"], args].concat())
+    common::gpucache_bench(&[&["nixl"], args].concat())
 }
 
 #[test]
@@ -31,8 +31,8 @@ fn without_the_feature_it_fails_closed() {
     assert!(err.contains("NIXL unavailable: built without the nixl feature"), "{err}");
     assert!(out.is_empty(), "no partial report: {out}");
     // The hidden peer role refuses the same way.
-    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["bench", "nixl-peer", "--connect", "1", "--slot-bytes", "4096"])
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucache-bench"))
+        .args(["nixl-peer", "--connect", "1", "--slot-bytes", "4096"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -42,8 +42,8 @@ fn without_the_feature_it_fails_closed() {
 #[cfg(feature = "nixl")]
 #[test]
 fn without_the_library_it_fails_closed_with_the_typed_reason() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-        .args(["bench", "nixl", "--sizes", "64K", "--iterations", "2"])
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucache-bench"))
+        .args(["nixl", "--sizes", "64K", "--iterations", "2"])
         .env_remove("LD_LIBRARY_PATH")
         .output()
         .unwrap();

@@ -1,4 +1,4 @@
-//! `gpucache bench python`: argument and setup errors exit 2 with their reason; a tiny run of
+//! `gpucache-bench python`: argument and setup errors exit 2 with their reason; a tiny run of
 //! every row of ours (the Python rows through the venv scripts/setup.sh's `python` component
 //! makes) verifies its bytes, counts the same-host items where they should be, and writes JSON
 //! with the ratios and aims; a tiny Mooncake batch row does the same. No speed is asserted.
@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 mod common;
 
 fn bench(args: &[&str]) -> (i32, String, String) {
-    common::gpucache(&[&["bench", "python"], args].concat())
+    common::gpucache_bench(&[&["python"], args].concat())
 }
 
-/// `<target>/<profile>/gpucache` -> `<target>/<name>`, as the harness finds its venvs.
+/// `<target>/<profile>/gpucache-bench` -> `<target>/<name>`, as the harness finds its venvs.
 fn beside_target(name: &str) -> PathBuf {
-    let exe = Path::new(env!("CARGO_BIN_EXE_gpucache"));
+    let exe = Path::new(env!("CARGO_BIN_EXE_gpucache-bench"));
     exe.parent().and_then(Path::parent).expect("target dir").join(name)
 }
 

@@ -1,4 +1,4 @@
-//! `gpucache bench trace` end to end on a handmade trace whose hit ratios are worked out by
+//! `gpucache-bench trace` end to end on a handmade trace whose hit ratios are worked out by
 //! hand: the wiring of the subcommand, its JSON, its chart, and its refusals.
 
 mod common;
@@ -32,8 +32,7 @@ fn a_handmade_trace_gives_its_worked_out_ratios_in_both_stores() {
     for store in ["memory", "file"] {
         let json = dir.path().join(format!("{store}.json"));
         let svg = dir.path().join(format!("{store}.svg"));
-        let (code, out, err) = common::gpucache(&[
-            "bench",
+        let (code, out, err) = common::gpucache_bench(&[
             "trace",
             "--trace",
             trace.to_str().expect("utf-8"),
@@ -88,15 +87,15 @@ fn nonsense_is_refused_with_exit_status_2() {
         (vec!["--block-size", "0"], "--block-size"),
         (vec!["--limit-requests", "0"], "--limit-requests"),
     ] {
-        let mut all = vec!["bench", "trace", "--trace", path];
+        let mut all = vec!["trace", "--trace", path];
         all.extend(args.iter().copied());
-        let (code, _, err) = common::gpucache(&all);
+        let (code, _, err) = common::gpucache_bench(&all);
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
     let missing = dir.path().join("absent.jsonl");
     let (code, _, err) =
-        common::gpucache(&["bench", "trace", "--trace", missing.to_str().expect("utf-8")]);
+        common::gpucache_bench(&["trace", "--trace", missing.to_str().expect("utf-8")]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("absent.jsonl"), "{err}");
 }

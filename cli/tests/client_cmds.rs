@@ -287,26 +287,34 @@ fn help_names_listeners_arguments_and_only_the_options_that_apply() {
     }
     assert_eq!(d.store.kind, StoreKind::Tiered, "serve --help calls the default a tiered store");
 
-    let subcommands: &[&[&str]] = &[
-        &["key"],
-        &["fsck"],
-        &["serve"],
-        &["dpu-agent"],
-        &["put"],
-        &["get"],
-        &["stat"],
-        &["bench", "file"],
-        &["bench", "dpu"],
-        &["bench", "service"],
-        &["bench", "nixl"],
-        &["bench", "python"],
-    ];
+    let subcommands: &[&[&str]] =
+        &[&["key"], &["fsck"], &["serve"], &["dpu-agent"], &["put"], &["get"], &["stat"]];
     for args in subcommands {
         let text = help(args);
         for (name, said) in arguments(&text) {
             assert!(!said.is_empty(), "{args:?}: argument {name} has no help:\n{text}");
         }
     }
+    // The harnesses are gpucache-bench's, not the operators' binary's.
+    let bench_help = |args: &[&str]| {
+        let mut argv = args.to_vec();
+        argv.push("--help");
+        let (code, out, err) = common::gpucache_bench(&argv);
+        assert_eq!(code, 0, "gpucache-bench {argv:?}: {err}");
+        out
+    };
+    let harnesses = ["file", "dpu", "service", "nixl", "python", "trace", "cold"];
+    let listed = bench_help(&[]);
+    for harness in harnesses {
+        assert!(listed.contains(&format!("  {harness} ")), "gpucache-bench lacks {harness}");
+        let text = bench_help(&[harness]);
+        for (name, said) in arguments(&text) {
+            assert!(!said.is_empty(), "{harness}: argument {name} has no help:\n{text}");
+        }
+    }
+    assert!(!help(&[]).contains("  bench "), "gpucache still lists bench:\n{}", help(&[]));
+    let (code, _, err) = gpucache(&["bench", "file", "--help"]);
+    assert_eq!(code, 2, "gpucache bench is gone: {err}");
     assert_eq!(arguments(&help(&["put"])).len(), 2, "put takes NAME and FILE");
 
     let stat_help = help(&["stat"]);

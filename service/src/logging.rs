@@ -1,4 +1,4 @@
-//! Where the `gpucache` binary's log goes: every `tracing` event of this crate and of the
+//! Where the `gpucache` and `gpucache-bench` binaries' log goes: every `tracing` event of this crate and of the
 //! libraries below it (the FileStore's engine fallback, a key file that failed to reload, a pool
 //! that could not lock its pages, DPU reactors that did not stop, NIXL quarantines) is written to
 //! standard error, as text or as one JSON object per line. `RUST_LOG` selects what is written
@@ -22,8 +22,25 @@ pub enum LogFormat {
 
 /// The filter `serve` and `dpu-agent` use when `RUST_LOG` is unset.
 pub const SERVICE_FILTER: &str = "info";
-/// The filter the other commands (put, get, stat, fsck, key, bench) use when `RUST_LOG` is unset.
+/// The filter the other commands (put, get, stat, fsck, key, and gpucache-bench's harnesses) use
+/// when `RUST_LOG` is unset.
 pub const TOOL_FILTER: &str = "warn";
+
+/// The `--log-format` option of every binary, flattened into its arguments.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct LogArgs {
+    /// How log lines on standard error are written: text, or one JSON object per line. What is
+    /// logged follows RUST_LOG (an EnvFilter directive, e.g. `warn`); info without it.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl LogArgs {
+    /// [`init`] in the format asked for.
+    pub fn init(self, default: &str) -> Result<(), LoggingError> {
+        init(self.log_format, default)
+    }
+}
 
 /// Why the log could not be set up.
 #[derive(Debug, thiserror::Error)]

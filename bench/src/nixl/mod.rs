@@ -1,10 +1,10 @@
-//! `gpucache bench nixl`: one block moved over NIXL, beside the same block through our TCP
+//! `gpucache-bench nixl`: one block moved over NIXL, beside the same block through our TCP
 //! service and beside memcpy, in one run.
 //!
 //! For each block size it measures, one path after another on the same machine:
 //!
 //! - **nixl-write** / **nixl-read**: our [`NixlTransfers`] between this process and a peer
-//!   process (this executable re-executed as the hidden `gpucache bench nixl-peer`), with the
+//!   process (this executable re-executed as the hidden `gpucache-bench nixl-peer`), with the
 //!   registration contract's bookkeeping in every iteration: check a slot out, move the block,
 //!   return the slot. The peer's block stays lent for the whole run; metadata and block
 //!   descriptors travel over a loopback TCP control connection.
@@ -57,7 +57,7 @@ pub use plan::{
 /// Largest number of timed iterations per size and path.
 const ITERATIONS_MAX: u32 = 100_000;
 
-/// The hidden peer role: `gpucache bench nixl-peer --connect PORT --slot-bytes N`.
+/// The hidden peer role: `gpucache-bench nixl-peer --connect PORT --slot-bytes N`.
 #[derive(Debug, Args)]
 pub struct NixlPeerArgs {
     /// The parent's control port on 127.0.0.1.
@@ -107,7 +107,7 @@ pub fn run(args: &NixlBenchArgs) -> ExitCode {
     let plan = match plan(args) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("gpucache bench nixl: {e}");
+            eprintln!("gpucache-bench nixl: {e}");
             return ExitCode::from(2);
         }
     };
@@ -117,14 +117,14 @@ pub fn run(args: &NixlBenchArgs) -> ExitCode {
         unsafe { std::env::set_var("UCX_TLS", tls) };
     }
     if let Err(reason) = gpucache_nic::nixl::probe() {
-        eprintln!("gpucache bench nixl: NIXL unavailable: {reason}");
+        eprintln!("gpucache-bench nixl: NIXL unavailable: {reason}");
         return ExitCode::from(2);
     }
     match built::run_inner(args, &plan) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench nixl: {e}");
+            eprintln!("gpucache-bench nixl: {e}");
             ExitCode::from(2)
         }
     }
@@ -135,7 +135,7 @@ pub fn peer(args: &NixlPeerArgs) -> ExitCode {
     match built::peer_main(args.connect, args.slot_bytes) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpucache bench nixl-peer: {e}");
+            eprintln!("gpucache-bench nixl-peer: {e}");
             ExitCode::from(2)
         }
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::plan::Plan;
-use crate::service::load::percentile;
+use crate::stats::{gib_per_s, nanos, percentile_us};
 use gpucache_service::units::narrow;
 
 /// One path at one block size.
@@ -43,13 +43,13 @@ impl Point {
         samples.sort_unstable();
         let total: f64 = samples.iter().map(Duration::as_secs_f64).sum();
         let n = samples.len();
-        let nanos: Vec<u64> =
-            samples.iter().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).collect();
-        let at = |p| percentile(&nanos, p).map(|v| v as f64 / 1e3);
+        let nanos: Vec<u64> = samples.iter().copied().map(nanos).collect();
+        let at = |p| percentile_us(&nanos, p);
+        let bytes = size.saturating_mul(u64::try_from(n).unwrap_or(u64::MAX));
         Self {
             size,
             iterations: u32::try_from(n).unwrap_or(u32::MAX),
-            gib_s: (total > 0.0).then(|| size as f64 * n as f64 / total / (1u64 << 30) as f64),
+            gib_s: (total > 0.0).then(|| gib_per_s(bytes, total)),
             p50_us: at(50.0),
             p99_us: at(99.0),
             verified,

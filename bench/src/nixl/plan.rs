@@ -1,5 +1,5 @@
-//! What a run of `bench nixl` measures (its plan: sizes, iterations, paths) and the bounds every
-//! path and the peer keep to; the paths, the report and the transfers all read it.
+//! What a run of `gpucache-bench nixl` measures (its plan: sizes, iterations, paths) and the
+//! bounds every path and the peer keep to; the paths, the report and the transfers all read it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,7 +56,7 @@ pub const PEER_METADATA_MAX: usize = 8;
 /// How long every control step (peer start, one control frame, service start) may take.
 pub const CONTROL_DEADLINE: Duration = Duration::from_secs(60);
 
-/// `gpucache bench nixl`: what to run.
+/// `gpucache-bench nixl`: what to run.
 #[derive(Debug, Args)]
 pub struct NixlBenchArgs {
     /// Block sizes, comma-separated (K, M, G are binary); at most 64M each.

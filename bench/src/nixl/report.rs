@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::paths::PathRun;
 use super::plan::Plan;
+use crate::stats::{self, cell};
 use gpucache_service::units::size_label;
 
 /// What the run was, beside its figures.
@@ -38,12 +39,7 @@ fn gib(runs: &[PathRun], name: &str, size: u64) -> Option<f64> {
 }
 
 fn ratio(runs: &[PathRun], num: &str, den: &str, size: u64) -> Option<f64> {
-    let (n, d) = (gib(runs, num, size)?, gib(runs, den, size)?);
-    (d > 0.0).then(|| n / d)
-}
-
-fn cell(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+    stats::ratio(gib(runs, num, size)?, gib(runs, den, size)?)
 }
 
 pub(super) fn text(ctx: &Context, plan: &Plan, runs: &[PathRun]) -> String {
@@ -51,7 +47,7 @@ pub(super) fn text(ctx: &Context, plan: &Plan, runs: &[PathRun]) -> String {
     let m = &ctx.machine;
     let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
     // Writing to a String cannot fail.
-    let _ = writeln!(out, "# gpucache bench nixl");
+    let _ = writeln!(out, "# gpucache-bench nixl");
     let _ = writeln!(out, "command: {}", ctx.command.join(" "));
     let _ = writeln!(
         out,

@@ -1,6 +1,6 @@
 //! The NIXL paths: this process's [`NixlAgent`] and [`NixlTransfers`] (with the contract's
 //! bookkeeping per block) and a bare nixl-sys agent (one reposted request), both against one
-//! peer process: this executable as `gpucache bench nixl-peer`, connected back over loopback
+//! peer process: this executable as `gpucache-bench nixl-peer`, connected back over loopback
 //! TCP for metadata, block descriptors and the byte checks.
 //!
 //! Control frames are a little-endian u32 length and that many bytes. The peer sends its
@@ -202,10 +202,10 @@ impl Session {
         let exe =
             std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
         let mut command = Command::new(exe);
-        command.args(["bench", "nixl-peer", "--connect", &port.to_string()]);
+        command.args(["nixl-peer", "--connect", &port.to_string()]);
         command.args(["--slot-bytes", &slot_bytes.to_string()]);
         let log = scratch.join("nixl-peer.log");
-        let mut peer = ChildGuard::spawn("gpucache bench nixl-peer", command, &log, false)?;
+        let mut peer = ChildGuard::spawn("gpucache-bench nixl-peer", command, &log, false)?;
         let mut stream = gpucache_nic::nixl::accept_before(
             &listener,
             Instant::now() + CONTROL_DEADLINE,
@@ -391,7 +391,7 @@ impl Session {
 // ------------------------------------------------------------------------------------------
 // The peer
 
-/// The `gpucache bench nixl-peer` role: one registered block, lent for the whole run.
+/// The `gpucache-bench nixl-peer` role: one registered block, lent for the whole run.
 pub(super) fn peer_main(port: u16, slot_bytes: usize) -> Result<(), String> {
     if slot_bytes == 0 || slot_bytes > narrow(BLOCK_BYTES_MAX) {
         return Err(format!("--slot-bytes {slot_bytes} is outside 1..={}", BLOCK_BYTES_MAX));

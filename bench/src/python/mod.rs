@@ -1,4 +1,4 @@
-//! `gpucache bench python`: the `gpucache` Python package's batch calls beside the Rust client
+//! `gpucache-bench python`: the `gpucache` Python package's batch calls beside the Rust client
 //! they wrap and beside Mooncake Store's Python client, in one run.
 //!
 //! One `gpucache serve` (memory store, Unix socket on) serves every row of ours. For each
@@ -18,7 +18,7 @@
 //!   embedded driver `bench/peers/gpucache_py_bench.py` from the venv scripts/setup.sh's
 //!   `python` component makes;
 //! - `mooncake`: Mooncake Store's `batch_put_from` / `batch_get_into` with the segment in a
-//!   separate `mooncake_client` process (as `gpucache bench service` runs it), through the
+//!   separate `mooncake_client` process (as `gpucache-bench service` runs it), through the
 //!   embedded `bench/peers/mooncake_bench.py --batch`.
 //!
 //! It prints a table (median and range over the repetitions), the same-repetition ratios
@@ -43,6 +43,7 @@ use crate::service::ours::{self, Service, TENANT};
 use crate::service::peers::{self, MooncakePhase, MooncakeVenv};
 use crate::service::process::ChildGuard;
 use crate::service::{git_commit, loadavg, machine, utc_now, write_file};
+use crate::stats::{Spread, cell, spread, spread_cell};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_service::resp::IdentityTemplate;
 use gpucache_service::units::{MIB, human_bytes, parse_size, size_label};
@@ -302,13 +303,13 @@ pub fn run(args: &PythonBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench python: {e}");
+            eprintln!("gpucache-bench python: {e}");
             ExitCode::from(2)
         }
     }
 }
 
-/// `<target>/<profile>/gpucache` -> `<target>/<name>`.
+/// `<target>/<profile>/gpucache-bench` -> `<target>/<name>`.
 fn beside_target(name: &str) -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -584,7 +585,7 @@ fn run_inner(args: &PythonBenchArgs) -> Result<bool, String> {
     let date = utc_now();
 
     let mut out = String::new();
-    let _ = writeln!(out, "# gpucache bench python");
+    let _ = writeln!(out, "# gpucache-bench python");
     let _ = writeln!(out, "command: {}", command.join(" "));
     let _ = writeln!(
         out,
@@ -672,28 +673,6 @@ fn run_inner(args: &PythonBenchArgs) -> Result<bool, String> {
 // ---------------------------------------------------------------------------------------------
 // Report maths
 
-/// Median, smallest and largest of some figures.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub(crate) struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    pub n: usize,
-}
-
-/// The spread of `xs` (`None` when empty); the median of an even count is the mean of the two
-/// middle figures.
-pub(crate) fn spread(xs: &[f64]) -> Option<Spread> {
-    if xs.is_empty() {
-        return None;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
-    Some(Spread { median, min: v[0], max: v[n - 1], n })
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 enum Op {
@@ -717,25 +696,28 @@ impl Op {
     }
 }
 
-/// Throughput of one row, shape, repetition and operation, when it moved bytes.
-fn gbps(samples: &[Sample], row: &str, point: Point, rep: usize, op: Op) -> Option<f64> {
+/// The phase of one row, shape, repetition and operation, when it was measured.
+fn phase<'a>(
+    samples: &'a [Sample],
+    row: &str,
+    point: Point,
+    rep: usize,
+    op: Op,
+) -> Option<&'a PhaseStats> {
     samples
         .iter()
         .find(|s| s.row == row && s.rep == rep && s.items == point.items && s.size == point.size)
         .and_then(|s| s.result.as_ref())
         .and_then(|m| op.of(m))
-        .map(PhaseStats::gbps)
-        .filter(|g| *g > 0.0)
+}
+
+/// Throughput of one row, shape, repetition and operation, when it moved bytes.
+fn gbps(samples: &[Sample], row: &str, point: Point, rep: usize, op: Op) -> Option<f64> {
+    phase(samples, row, point, rep, op).map(PhaseStats::gbps).filter(|g| *g > 0.0)
 }
 
 fn p50_ms(samples: &[Sample], row: &str, point: Point, rep: usize, op: Op) -> Option<f64> {
-    samples
-        .iter()
-        .find(|s| s.row == row && s.rep == rep && s.items == point.items && s.size == point.size)
-        .and_then(|s| s.result.as_ref())
-        .and_then(|m| op.of(m))
-        .and_then(|p| p.p50_us)
-        .map(|us| us / 1e3)
+    phase(samples, row, point, rep, op).and_then(|p| p.p50_us).map(|us| us / 1e3)
 }
 
 /// One row at one shape: the spread of its throughput and per-batch p50 over repetitions.
@@ -871,22 +853,14 @@ fn aims(ratios: &[Ratio]) -> Vec<Aim> {
         .collect()
 }
 
-fn cell(s: Option<Spread>, digits: usize) -> String {
-    match s {
-        None => "-".into(),
-        Some(s) if s.n == 1 => format!("{:.*}", digits, s.median),
-        Some(s) => format!("{:.*} ({:.*}-{:.*})", digits, s.median, digits, s.min, digits, s.max),
-    }
-}
-
 /// The binding's cost per call, and its share of the median GET batch.
 fn layer_cell(layer_us: Option<Spread>, get_p50_ms: Option<Spread>) -> String {
     match (layer_us, get_p50_ms) {
         (None, _) => "-".into(),
         (Some(l), Some(g)) if g.median > 0.0 => {
-            format!("{} ({:.2}%)", cell(Some(l), 1), l.median / (g.median * 1e3) * 100.0)
+            format!("{} ({:.2}%)", spread_cell(Some(l), 1), l.median / (g.median * 1e3) * 100.0)
         }
-        (Some(l), _) => cell(Some(l), 1),
+        (Some(l), _) => spread_cell(Some(l), 1),
     }
 }
 
@@ -903,10 +877,10 @@ fn table(summary: &[RowSummary]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} |",
             r.batch,
             r.row,
-            cell(r.put_gbps, 2),
-            cell(r.get_gbps, 2),
-            cell(r.put_p50_ms, 2),
-            cell(r.get_p50_ms, 2),
+            spread_cell(r.put_gbps, 2),
+            spread_cell(r.get_gbps, 2),
+            spread_cell(r.put_p50_ms, 2),
+            spread_cell(r.get_p50_ms, 2),
             layer_cell(r.layer_us, r.get_p50_ms)
         );
     }
@@ -937,8 +911,8 @@ fn ratio_table(ratios: &[Ratio]) -> String {
             r.batch,
             r.num,
             r.den,
-            cell(find(Op::Put), 3),
-            cell(find(Op::Get), 3)
+            spread_cell(find(Op::Put), 3),
+            spread_cell(find(Op::Get), 3)
         );
         seen.push(k);
     }
@@ -960,7 +934,7 @@ fn aims_table(aims: &[Aim]) -> String {
             a.ratio,
             a.op.name(),
             a.need,
-            a.median.map_or_else(|| "-".into(), |m| format!("{m:.3}")),
+            cell(a.median, 3),
             match a.met {
                 Some(true) => "yes",
                 Some(false) => "NO",
@@ -1030,14 +1004,6 @@ mod tests {
         for name in ROW_NAMES {
             assert_eq!(Row::parse(name).expect(name).name(), name);
         }
-    }
-
-    #[test]
-    fn spreads_take_the_middle() {
-        assert_eq!(spread(&[]), None);
-        let s = spread(&[3.0, 1.0, 2.0]).expect("some");
-        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
-        assert_eq!(spread(&[4.0, 1.0, 2.0, 3.0]).expect("some").median, 2.5);
     }
 
     fn sample(row: &str, rep: usize, size: u64, put_s: f64, get_s: f64) -> Sample {

@@ -1,4 +1,4 @@
-//! The Rust client's rows of `gpucache bench python`: one [`TcpStore`] in this process, over
+//! The Rust client's rows of `gpucache-bench python`: one [`TcpStore`] in this process, over
 //! TCP or the same-host path, moving a pool batch by batch with `put_batch` / `get_batch` the
 //! way the Python driver (`bench/peers/gpucache_py_bench.py`) moves it with `batch_put_from` /
 //! `batch_get_into`: the same names, the same pool and destination, the same phases.
@@ -12,8 +12,9 @@ use gpucache_service::resp::IdentityTemplate;
 use gpucache_storage::host::segment::SharedBuf;
 
 use super::types::{Buffers, Measurement, Point};
-use crate::service::load::{self, PhaseStats, ValuePattern};
+use crate::service::load::{PhaseStats, ValuePattern};
 use crate::service::ours::Service;
+use crate::stats::{self, nanos};
 
 /// Segment of a same-host client whose buffers are not in it (bounce space only).
 pub(super) const BOUNCE_SEGMENT_BYTES: u64 = 64 << 20;
@@ -58,18 +59,14 @@ impl Buf {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 fn phase_stats(mut lat_ns: Vec<u64>, ok_items: u64, size: u64, seconds: f64) -> PhaseStats {
     lat_ns.sort_unstable();
     PhaseStats {
         ops: lat_ns.len() as u64,
         bytes: ok_items * size,
         seconds,
-        p50_us: load::percentile(&lat_ns, 50.0).map(|n| n as f64 / 1e3),
-        p99_us: load::percentile(&lat_ns, 99.0).map(|n| n as f64 / 1e3),
+        p50_us: stats::percentile_us(&lat_ns, 50.0),
+        p99_us: stats::percentile_us(&lat_ns, 99.0),
         errors: 0,
     }
 }

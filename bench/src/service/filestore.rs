@@ -172,7 +172,7 @@ pub(crate) struct Residency {
 
 impl Residency {
     pub(crate) fn fraction(&self) -> f64 {
-        if self.bytes == 0 { 0.0 } else { self.resident_bytes as f64 / self.bytes as f64 }
+        crate::stats::share(self.resident_bytes, self.bytes)
     }
 }
 

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use gpucache_dataplane::rng::SplitMix64;
 use serde::Serialize;
 
+use crate::stats;
+
 /// Every `VERIFY_EVERY`-th GET of a thread is compared in full with the value that was put.
 pub(crate) const VERIFY_EVERY: u64 = 16;
 /// A phase stops early after this many failed operations in a row (a dead server must not spin
@@ -57,8 +59,7 @@ pub(crate) struct PhaseStats {
 impl PhaseStats {
     /// 10^9 bytes per second.
     pub(crate) fn gbps(&self) -> f64 {
-        // Display only: the rounding of a u64 to f64 does not matter here.
-        if self.seconds > 0.0 { self.bytes as f64 / self.seconds / 1e9 } else { 0.0 }
+        stats::gbps(self.bytes, self.seconds)
     }
 }
 
@@ -347,41 +348,20 @@ fn summarize<'a>(parts: impl Iterator<Item = &'a Part>, size: u64) -> Option<Pha
     let mut latencies: Vec<u64> =
         parts.iter().flat_map(|p| p.latencies_ns.iter().copied()).collect();
     latencies.sort_unstable();
-    let us = |ns: u64| ns as f64 / 1e3;
     Some(PhaseStats {
         ops: parts.iter().map(|p| p.ops).sum(),
         bytes: parts.iter().map(|p| p.ok).sum::<u64>() * size,
         seconds: end.duration_since(start).as_secs_f64(),
-        p50_us: percentile(&latencies, 50.0).map(us),
-        p99_us: percentile(&latencies, 99.0).map(us),
+        p50_us: stats::percentile_us(&latencies, 50.0),
+        p99_us: stats::percentile_us(&latencies, 99.0),
         errors: parts.iter().map(|p| p.errors).sum(),
     })
-}
-
-/// Nearest-rank percentile of sorted values.
-pub(crate) fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    // Nearest rank: the smallest value with at least p % of the values at or below it.
-    let len = sorted.len();
-    let rank = (1..=len).find(|&r| r as f64 * 100.0 >= p * len as f64).unwrap_or(len);
-    Some(sorted[rank - 1])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 50.0), Some(50));
-        assert_eq!(percentile(&v, 99.0), Some(99));
-        assert_eq!(percentile(&[7], 99.0), Some(7));
-        assert_eq!(percentile(&[], 50.0), None);
-    }
 
     /// A client over a shared in-memory map; key 2 reads back damaged.
     struct MapClient<'a>(&'a std::sync::Mutex<HashMap<u64, Vec<u8>>>);

@@ -1,4 +1,4 @@
-//! `gpucache bench service`: our service beside its real peers, in one run.
+//! `gpucache-bench service`: our service beside its real peers, in one run.
 //!
 //! For each value size and client count it measures, one after another on the same machine:
 //!
@@ -217,7 +217,7 @@ pub fn run(args: &ServiceBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench service: {e}");
+            eprintln!("gpucache-bench service: {e}");
             ExitCode::from(2)
         }
     }
@@ -302,7 +302,7 @@ fn mooncake_point(
 }
 
 pub(crate) fn default_venv() -> PathBuf {
-    // <target>/<profile>/gpucache -> <target>/bench-venv
+    // <target>/<profile>/gpucache-bench -> <target>/bench-venv
     std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().and_then(Path::parent).map(|t| t.join("bench-venv")))
@@ -449,7 +449,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
     let commit = git_commit();
     let date = utc_now();
     let mut out = String::new();
-    let _ = writeln!(out, "# gpucache bench service");
+    let _ = writeln!(out, "# gpucache-bench service");
     let _ = writeln!(out, "command: {}", command.join(" "));
     let _ = writeln!(out, "ended: {date}; commit: {commit}; machine: {}", machine_line(&machine));
     let _ = writeln!(
@@ -531,7 +531,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
             v.split_whitespace().next().unwrap_or("?").to_owned()
         };
         let title = format!(
-            "gpucache bench service — {date}, {} CPUs, load average {} to {}",
+            "gpucache-bench service — {date}, {} CPUs, load average {} to {}",
             machine.get("nproc").and_then(serde_json::Value::as_u64).unwrap_or(0),
             load("loadavg_start"),
             load("loadavg_end")

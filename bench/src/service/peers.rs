@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::load::{self, PhaseStats, PointResult};
+use super::load::{PhaseStats, PointResult};
 use super::process::{ChildGuard, found_on_path, free_port, version_line};
+use crate::stats;
 use gpucache_service::units::narrow;
 
 /// The Mooncake driver, embedded so that the binary does not depend on where it runs from.
@@ -248,8 +249,8 @@ pub(super) fn memcpy_point(
         ops: copies,
         bytes: copies * value_bytes,
         seconds: end.duration_since(start).as_secs_f64(),
-        p50_us: load::percentile(&lat, 50.0).map(|n| n as f64 / 1e3),
-        p99_us: load::percentile(&lat, 99.0).map(|n| n as f64 / 1e3),
+        p50_us: stats::percentile_us(&lat, 50.0),
+        p99_us: stats::percentile_us(&lat, 99.0),
         errors: 0,
     };
     PointResult {
@@ -312,7 +313,7 @@ pub(crate) struct MooncakePoint {
     error: Option<String>,
 }
 
-/// One phase as a Python driver reports it (the Mooncake one and `gpucache bench python`'s).
+/// One phase as a Python driver reports it (the Mooncake one and `gpucache-bench python`'s).
 #[derive(Debug, Deserialize)]
 pub(crate) struct MooncakePhase {
     ops: u64,

@@ -1,4 +1,4 @@
-//! The report of `gpucache bench service`: the ratio table, the aims at 1 MiB, and a grouped
+//! The report of `gpucache-bench service`: the ratio table, the aims at 1 MiB, and a grouped
 //! bar chart as hand-written SVG.
 
 use std::fmt::Write as _;
@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::load::{PhaseStats, PointResult};
+use crate::stats::cell;
 use gpucache_service::units::{MIB, size_label};
 
 /// Which table of the report a row belongs to: the in-memory stores and their network and
@@ -243,16 +244,12 @@ pub(super) fn ratios(runs: &[PeerRun], sizes: &[u64], clients: &[usize]) -> Vec<
     out
 }
 
-fn cell(g: Option<f64>, p99: Option<f64>) -> String {
+/// GB/s with its p99 in ms after it, when both were measured.
+fn gbps_p99_cell(g: Option<f64>, p99: Option<f64>) -> String {
     match (g, p99) {
-        (Some(g), Some(ms)) => format!("{g:.2} ({ms:.2})"),
-        (Some(g), None) => format!("{g:.2}"),
-        (None, _) => "-".into(),
+        (Some(_), Some(ms)) => format!("{} ({ms:.2})", cell(g, 2)),
+        _ => cell(g, 2),
     }
-}
-
-fn num(x: Option<f64>) -> String {
-    x.map_or_else(|| "-".into(), |x| format!("{x:.2}"))
 }
 
 /// The report's tables in Markdown: the in-memory one, and the on-disk one when any of our file
@@ -301,15 +298,16 @@ pub(super) fn table(runs: &[PeerRun], sizes: &[u64], clients: &[usize], table: T
                         size_label(size),
                         op.name(),
                         o.name,
-                        cell(gbps(o, size, c, op), p99_ms(o, size, c, op))
+                        gbps_p99_cell(gbps(o, size, c, op), p99_ms(o, size, c, op))
                     );
                     for p in &refs {
-                        let v = find(p).map(|r| cell(gbps(r, size, c, op), p99_ms(r, size, c, op)));
+                        let v = find(p)
+                            .map(|r| gbps_p99_cell(gbps(r, size, c, op), p99_ms(r, size, c, op)));
                         let _ = write!(s, " {} |", v.unwrap_or_else(|| "-".into()));
                     }
                     for p in &refs {
                         let r = find(p).and_then(|r| ratio(o, r, size, c, op));
-                        let _ = write!(s, " {} |", num(r));
+                        let _ = write!(s, " {} |", cell(r, 2));
                     }
                     s.push('\n');
                 }

@@ -133,15 +133,7 @@ impl Histogram {
     /// The nearest-rank `p` percentile (0 to 100), as the middle of its bucket (never above
     /// the largest value seen), in ns.
     pub(super) fn percentile_ns(&self, p: f64) -> Option<u64> {
-        if self.samples == 0 {
-            return None;
-        }
-        #[allow(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss
-        )]
-        let rank = ((p / 100.0) * self.samples as f64).ceil().max(1.0) as u64;
+        let rank = crate::stats::nearest_rank(self.samples, p)?;
         let mut seen = 0u64;
         for (i, &c) in self.counts.iter().enumerate() {
             seen += c;
@@ -266,7 +258,7 @@ impl Timed {
         ColdHits {
             simulated: self.setup.objects.simulated(),
             cold_hits: c.cold_hits,
-            cold_ratio: if refs == 0 { 0.0 } else { c.cold_hits as f64 / refs as f64 },
+            cold_ratio: crate::stats::share(c.cold_hits, refs),
             refill: s.latency[Served::Cold as usize].summary(),
             memory_get: s.latency[Served::Memory as usize].summary(),
             file_get: s.latency[Served::File as usize].summary(),

@@ -1,4 +1,4 @@
-//! `gpucache bench trace`: prefix-reuse request traces replayed through a real store, measuring
+//! `gpucache-bench trace`: prefix-reuse request traces replayed through a real store, measuring
 //! the hit ratio each eviction policy gives at a capacity, beside two offline references computed
 //! over the same reference sequence: Belady's bound and plain LRU.
 //!
@@ -287,13 +287,121 @@ pub fn run(args: &TraceBenchArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("gpucache bench trace: {e}");
+            eprintln!("gpucache-bench trace: {e}");
             ExitCode::from(2)
         }
     }
 }
 
+/// What a run replays, from its checked arguments.
+struct Plan {
+    /// `--capacity` and then the `--svg-capacities` it lacks.
+    capacities: Vec<Capacity>,
+    svg_capacities: Vec<Capacity>,
+    policies: Vec<PolicyKind>,
+    cold_s3: Option<gpucache_cold::S3Config>,
+    caller: Caller,
+    block: usize,
+}
+
+/// What the replays have given so far: the report's rows, whether every replay was clean, and
+/// where the cold tier was (for the report's store line).
+#[derive(Default)]
+struct Results {
+    rows: Vec<Row>,
+    clean: bool,
+    cold_described: Option<String>,
+}
+
+/// One trace at one capacity, as every local store of the run sees it.
+struct Point<'a> {
+    trace: &'a Trace,
+    unique: usize,
+    blocks: u64,
+    limits: ResourceLimits,
+    /// `<trace> <capacity>`, for the progress and the log lines.
+    label: String,
+}
+
 fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
+    let plan = plan(args)?;
+    let load_start = loadavg();
+    let scratch = scratch_dir(args)?;
+    // A fresh namespace per run, so that a shared server's blocks from earlier runs never hit.
+    let nonce = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let mut results = Results { clean: true, ..Results::default() };
+    for path in &args.traces {
+        let trace = Trace::read(path, args.limit_requests)?;
+        let unique = trace.unique_blocks();
+        eprintln!(
+            "bench: {}: {} requests, {} block references, {} distinct blocks",
+            trace.name,
+            trace.requests.len(),
+            trace.refs(),
+            unique
+        );
+        if let Some(addr) = args.addr {
+            replay_server(args, &plan, &trace, addr, nonce, &mut results)?;
+        }
+        for &cap in &plan.capacities {
+            let blocks = cap.blocks(unique, args.block_size);
+            let base = offline_row(&trace, cap, blocks);
+            if args.addr.is_some() {
+                results.rows.push(base);
+                continue;
+            }
+            let point = Point {
+                trace: &trace,
+                unique,
+                blocks,
+                limits: limits_for(args.block_size, blocks, unique),
+                label: format!("{} {}", trace.name, cap.label()),
+            };
+            replay_point(args, &plan, scratch.as_ref(), &point, nonce, base, &mut results)?;
+        }
+    }
+    let Results { rows, clean, cold_described } = results;
+    let command: Vec<String> = std::env::args().collect();
+    let commit = git_commit();
+    let date = utc_now();
+    let machine = machine(&load_start);
+    let header =
+        Header { command: &command, commit: &commit, date: &date, load_start: &load_start };
+    let out = report_text(args, &header, cold_described.as_deref(), &rows);
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{}", out.trim_end());
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "command": command,
+            "date": date,
+            "git_commit": commit,
+            "machine": machine,
+            "params": params_json(args, &plan),
+            "rows": rows.iter().map(report::row_json).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
+        write_file(path, &text)?;
+        eprintln!("bench: JSON written to {}", path.display());
+    }
+    if let Some(path) = &args.svg {
+        let labels: Vec<String> = plan.svg_capacities.iter().map(|c| c.label()).collect();
+        let title = format!(
+            "gpucache-bench trace — {date}, block {}, load average {} to {}",
+            size_label(args.block_size),
+            load_start.split_whitespace().next().unwrap_or("?"),
+            loadavg().split_whitespace().next().unwrap_or("?")
+        );
+        write_file(path, &report::svg(&rows, &labels, &title))?;
+        eprintln!("bench: SVG written to {}", path.display());
+    }
+    drop(scratch);
+    Ok(clean)
+}
+
+/// Checks the arguments and works out what the run replays.
+fn plan(args: &TraceBenchArgs) -> Result<Plan, String> {
     if args.block_size == 0 || args.block_size > BLOCK_BYTES_MAX {
         return Err(format!(
             "--block-size {} must be 1 byte to {}",
@@ -321,12 +429,16 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
     }
     let policies = parse_policies(&args.policy)?;
     let cold_s3 = cold_s3_config(args)?;
-    let load_start = loadavg();
     let tenant = TenantId::parse(&args.tenant).map_err(|e| format!("--tenant: {e}"))?;
     let caller = Caller::new(tenant, Rights::READ_WRITE);
     let block =
         usize::try_from(args.block_size).map_err(|_| "--block-size too large".to_owned())?;
-    let scratch = match args.store {
+    Ok(Plan { capacities, svg_capacities, policies, cold_s3, caller, block })
+}
+
+/// The scratch directory of the stores on disk (none for memory stores and `--addr`).
+fn scratch_dir(args: &TraceBenchArgs) -> Result<Option<tempfile::TempDir>, String> {
+    match args.store {
         StoreArg::File | StoreArg::Tiered | StoreArg::Cold if args.addr.is_none() => {
             let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
             std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
@@ -335,272 +447,321 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
                 .tempdir_in(&base)
                 .map_err(|e| format!("cannot make a directory in {}: {e}", base.display()))?;
             eprintln!("bench: working in {}", dir.path().display());
-            Some(dir)
+            Ok(Some(dir))
         }
+        _ => Ok(None),
+    }
+}
+
+/// `trace` replayed once through the server at `addr` (its own policy and capacity), with
+/// what each of its tiers served when `--metrics` names its metrics listener.
+fn replay_server(
+    args: &TraceBenchArgs,
+    plan: &Plan,
+    trace: &Trace,
+    addr: SocketAddr,
+    nonce: u128,
+    results: &mut Results,
+) -> Result<(), String> {
+    let caller = &plan.caller;
+    let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
+    let namespace = format!("{}-{nonce}", trace.name);
+    let before = args.metrics.map(tiers::scrape).transpose()?;
+    let start = Instant::now();
+    let r = replay_with_progress(&[&client], caller, trace, &namespace, plan.block, "server")
+        .pop()
+        .ok_or_else(|| "no replay".to_owned())?;
+    let tier_hits = match (before, args.metrics) {
+        (Some(before), Some(addr)) => Some(tiers::scrape(addr)?.since(&before, r.refs)),
         _ => None,
     };
-    // A fresh namespace per run, so that a shared server's blocks from earlier runs never hit.
-    let nonce = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let mut cold_described = None;
-    let mut rows = Vec::new();
-    let mut clean = true;
-    for path in &args.traces {
-        let trace = Trace::read(path, args.limit_requests)?;
-        let unique = trace.unique_blocks();
+    if let Some(t) = &tier_hits {
         eprintln!(
-            "bench: {}: {} requests, {} block references, {} distinct blocks",
-            trace.name,
-            trace.requests.len(),
-            trace.refs(),
-            unique
+            "bench: {} server tiers: memory {:.4}, file {:.4} of {} references \
+             ({} promotions)",
+            trace.name, t.memory_ratio, t.file_ratio, r.refs, t.promotions
         );
-        let points: Vec<(Capacity, u64)> =
-            capacities.iter().map(|&c| (c, c.blocks(unique, args.block_size))).collect();
-        if let Some(addr) = args.addr {
-            let client = TcpStore::new(ClientConfig::new(addr, caller.clone()));
-            let namespace = format!("{}-{nonce}", trace.name);
-            let before = args.metrics.map(tiers::scrape).transpose()?;
-            let start = Instant::now();
-            let r = replay_with_progress(&[&client], &caller, &trace, &namespace, block, "server")
-                .pop()
-                .ok_or_else(|| "no replay".to_owned())?;
-            let tier_hits = match (before, args.metrics) {
-                (Some(before), Some(addr)) => Some(tiers::scrape(addr)?.since(&before, r.refs)),
-                _ => None,
-            };
-            if let Some(t) = &tier_hits {
-                eprintln!(
-                    "bench: {} server tiers: memory {:.4}, file {:.4} of {} references \
-                     ({} promotions)",
-                    trace.name, t.memory_ratio, t.file_ratio, r.refs, t.promotions
-                );
-            }
-            eprintln!(
-                "bench: {} server: hit ratio {:.4} in {:.1} s",
-                trace.name,
-                r.ratio(),
-                start.elapsed().as_secs_f64()
-            );
-            clean &= r.clean();
-            rows.push(Row {
-                trace: trace.name.clone(),
-                capacity: "server's".into(),
-                capacity_blocks: None,
-                policy: Some("server".into()),
-                replay: Some(r),
-                belady: None,
-                lru_offline: None,
-                vs_best: None,
-                tiers: tier_hits,
-            });
-        }
-        for &(cap, blocks) in &points {
-            let bel = belady(&trace, blocks);
-            let lru_off = lru(&trace, blocks);
-            let base = Row {
-                trace: trace.name.clone(),
-                capacity: cap.label(),
-                capacity_blocks: Some(blocks),
-                policy: None,
-                replay: None,
-                belady: Some(bel),
-                lru_offline: Some(lru_off),
-                vs_best: None,
-                tiers: None,
-            };
-            if args.addr.is_some() {
-                rows.push(base);
-                continue;
-            }
-            let first = rows.len();
-            let mut tier_rows: Vec<tiers::TierHits> = Vec::new();
-            let limits = limits_for(args.block_size, blocks, unique);
-            let label = format!("{} {}", trace.name, cap.label());
-            let start = Instant::now();
-            let replays = match (&scratch, args.store) {
-                (Some(dir), StoreArg::File) => {
-                    let mut stores = Vec::new();
-                    for &policy in &policies {
-                        let (d, config) =
-                            scratch_file_store(dir, &trace.name, blocks, &limits, policy);
-                        let store = config
-                            .open(Arc::new(MonotonicClock::default()))
-                            .map_err(|e| format!("open FileStore in {}: {e}", d.display()))?;
-                        stores.push((store, d));
-                    }
-                    let dyns: Vec<&dyn Store> =
-                        stores.iter().map(|(s, _)| s as &dyn Store).collect();
-                    let r = replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
-                    for (store, d) in stores {
-                        drop(store);
-                        let _ = std::fs::remove_dir_all(&d);
-                    }
-                    r
-                }
-                (Some(dir), StoreArg::Cold) => {
-                    let memory = memory_bytes(args, unique)?;
-                    let objects = match &cold_s3 {
-                        Some(c) => cold::ColdObjectsArg::S3(c.clone()),
-                        None => cold::ColdObjectsArg::Memory {
-                            bytes_max: simulated_bytes(unique, args.block_size),
-                        },
-                    };
-                    cold_described = Some(objects.describe());
-                    let mut stores = Vec::new();
-                    for &policy in &policies {
-                        let (d, config) =
-                            scratch_file_store(dir, &trace.name, blocks, &limits, policy);
-                        let tier =
-                            MemoryTier { write: args.write, ..MemoryTier::new(memory, policy) };
-                        let setup = cold::ColdSetup {
-                            objects: objects.clone(),
-                            prefix: format!(
-                                "gpucache-bench-trace/{nonce}/{}-{blocks}-{}",
-                                object_segment(&trace.name),
-                                policy.name()
-                            ),
-                            drain_interval_ms: args.cold.cold_drain_ms,
-                            keep: args.cold.cold_keep,
-                        };
-                        stores.push((cold::open(config, tier, &setup)?, d));
-                    }
-                    eprintln!("bench: {label}: the cold tier is on {}", objects.describe());
-                    let dyns: Vec<&dyn Store> =
-                        stores.iter().map(|(s, _)| s as &dyn Store).collect();
-                    let mut r =
-                        replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
-                    for ((store, d), replay) in stores.into_iter().zip(&mut r) {
-                        let mut hits =
-                            store.upper_counts().since(&tiers::TierCounts::default(), replay.refs);
-                        let cold = store.cold_hits(replay.refs);
-                        let damaged = cold.refill_misses.corrupt + cold.refill_misses.mismatch;
-                        if damaged > 0 {
-                            // The layer answers these as misses; the bench calls them failures.
-                            replay.corrupt_misses += damaged;
-                            replay.first_error.get_or_insert_with(|| {
-                                format!("{damaged} cold refills found damaged blocks")
-                            });
-                        }
-                        hits.cold = Some(cold);
-                        tier_rows.push(hits);
-                        match store.finish() {
-                            Ok(0) => {}
-                            Ok(n) => eprintln!("bench: {label}: deleted the {n} objects it wrote"),
-                            Err(e) => eprintln!("bench: {label}: cleaning the bucket: {e}"),
-                        }
-                        let _ = std::fs::remove_dir_all(&d);
-                    }
-                    r
-                }
-                (Some(dir), StoreArg::Tiered) => {
-                    let memory = memory_bytes(args, unique)?;
-                    let mut stores = Vec::new();
-                    for &policy in &policies {
-                        let (d, config) =
-                            scratch_file_store(dir, &trace.name, blocks, &limits, policy);
-                        let tier =
-                            MemoryTier { write: args.write, ..MemoryTier::new(memory, policy) };
-                        let store =
-                            TieredStore::open(config, tier, Arc::new(MonotonicClock::default()))
-                                .map_err(|e| {
-                                    format!("open a tiered store in {}: {e}", d.display())
-                                })?;
-                        stores.push((store, d));
-                    }
-                    let dyns: Vec<&dyn Store> =
-                        stores.iter().map(|(s, _)| s as &dyn Store).collect();
-                    let r = replay_with_progress(&dyns, &caller, &trace, "local", block, &label);
-                    for ((store, d), replay) in stores.into_iter().zip(&r) {
-                        let c = store.counters();
-                        let before = tiers::TierCounts::default();
-                        let now = tiers::TierCounts {
-                            memory_hits: c.memory_hits,
-                            file_hits: c.file_hits,
-                            promotions: c.promotions,
-                        };
-                        tier_rows.push(now.since(&before, replay.refs));
-                        drop(store);
-                        let _ = std::fs::remove_dir_all(&d);
-                    }
-                    r
-                }
-                _ => {
-                    let stores = policies
-                        .iter()
-                        .map(|&p| {
-                            MemoryStore::evicting(
-                                limits.clone(),
-                                Arc::new(MonotonicClock::default()),
-                                p,
-                            )
-                            .map_err(|e| format!("MemoryStore limits: {e}"))
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let dyns: Vec<&dyn Store> = stores.iter().map(|s| s as &dyn Store).collect();
-                    replay_with_progress(&dyns, &caller, &trace, "local", block, &label)
-                }
-            };
-            eprintln!(
-                "bench: {label} ({blocks} blocks): {} in lockstep, {:.1} s",
-                if policies.len() == 1 {
-                    "1 policy".to_owned()
-                } else {
-                    format!("{} policies", policies.len())
-                },
-                start.elapsed().as_secs_f64()
-            );
-            for (i, (&policy, r)) in policies.iter().zip(replays).enumerate() {
-                eprintln!(
-                    "bench: {label} {}: hit ratio {:.4}, {:.1} s in the store",
-                    policy.name(),
-                    r.ratio(),
-                    r.seconds
-                );
-                let tiers = tier_rows.get(i).copied();
-                if let Some(t) = &tiers {
-                    eprintln!(
-                        "bench: {label} {}: memory served {:.4}, file {:.4} ({} promotions)",
-                        policy.name(),
-                        t.memory_ratio,
-                        t.file_ratio,
-                        t.promotions
-                    );
-                }
-                if let Some(c) = tiers.as_ref().and_then(|t| t.cold.as_ref()) {
-                    eprintln!("bench: {label} {}: {}", policy.name(), cold_line(c));
-                }
-                clean &= r.clean();
-                rows.push(Row {
-                    policy: Some(policy.name().to_owned()),
-                    replay: Some(r),
-                    tiers,
-                    ..base.clone()
-                });
-            }
-            let best = rows[first..]
-                .iter()
-                .filter(|r| r.policy.as_deref().is_some_and(|p| BEST_OF.contains(&p)))
-                .filter_map(|r| r.replay.as_ref().map(Replay::ratio))
-                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
-            for row in &mut rows[first..] {
-                row.vs_best = match (best, &row.replay) {
-                    (Some(b), Some(r)) if b > 0.0 => Some(r.ratio() / b),
-                    _ => None,
-                };
-            }
-        }
     }
+    eprintln!(
+        "bench: {} server: hit ratio {:.4} in {:.1} s",
+        trace.name,
+        r.ratio(),
+        start.elapsed().as_secs_f64()
+    );
+    results.clean &= r.clean();
+    results.rows.push(Row {
+        trace: trace.name.clone(),
+        capacity: "server's".into(),
+        capacity_blocks: None,
+        policy: Some("server".into()),
+        replay: Some(r),
+        belady: None,
+        lru_offline: None,
+        vs_best: None,
+        tiers: tier_hits,
+    });
+    Ok(())
+}
 
-    let command: Vec<String> = std::env::args().collect();
-    let commit = git_commit();
-    let date = utc_now();
-    let machine = machine(&load_start);
+/// The row of one capacity with only the offline references (Belady, LRU) filled in.
+fn offline_row(trace: &Trace, cap: Capacity, blocks: u64) -> Row {
+    Row {
+        trace: trace.name.clone(),
+        capacity: cap.label(),
+        capacity_blocks: Some(blocks),
+        policy: None,
+        replay: None,
+        belady: Some(belady(trace, blocks)),
+        lru_offline: Some(lru(trace, blocks)),
+        vs_best: None,
+        tiers: None,
+    }
+}
+
+/// Every policy replayed in lockstep at one point, through the local store `--store` names:
+/// one row per policy (from `base`), each against the best of [`BEST_OF`] at the point.
+fn replay_point(
+    args: &TraceBenchArgs,
+    plan: &Plan,
+    scratch: Option<&tempfile::TempDir>,
+    point: &Point<'_>,
+    nonce: u128,
+    base: Row,
+    results: &mut Results,
+) -> Result<(), String> {
+    let (label, policies) = (&point.label, &plan.policies);
+    let first = results.rows.len();
+    let start = Instant::now();
+    let (replays, tier_rows) = match (scratch, args.store) {
+        (Some(dir), StoreArg::File) => (replay_file(plan, dir, point)?, Vec::new()),
+        (Some(dir), StoreArg::Cold) => {
+            replay_cold(args, plan, dir, point, nonce, &mut results.cold_described)?
+        }
+        (Some(dir), StoreArg::Tiered) => replay_tiered(args, plan, dir, point)?,
+        _ => (replay_memory(plan, point)?, Vec::new()),
+    };
+    eprintln!(
+        "bench: {label} ({} blocks): {} in lockstep, {:.1} s",
+        point.blocks,
+        if policies.len() == 1 {
+            "1 policy".to_owned()
+        } else {
+            format!("{} policies", policies.len())
+        },
+        start.elapsed().as_secs_f64()
+    );
+    for (i, (&policy, r)) in policies.iter().zip(replays).enumerate() {
+        eprintln!(
+            "bench: {label} {}: hit ratio {:.4}, {:.1} s in the store",
+            policy.name(),
+            r.ratio(),
+            r.seconds
+        );
+        let tiers = tier_rows.get(i).copied();
+        if let Some(t) = &tiers {
+            eprintln!(
+                "bench: {label} {}: memory served {:.4}, file {:.4} ({} promotions)",
+                policy.name(),
+                t.memory_ratio,
+                t.file_ratio,
+                t.promotions
+            );
+        }
+        if let Some(c) = tiers.as_ref().and_then(|t| t.cold.as_ref()) {
+            eprintln!("bench: {label} {}: {}", policy.name(), cold_line(c));
+        }
+        results.clean &= r.clean();
+        results.rows.push(Row {
+            policy: Some(policy.name().to_owned()),
+            replay: Some(r),
+            tiers,
+            ..base.clone()
+        });
+    }
+    set_vs_best(&mut results.rows[first..]);
+    Ok(())
+}
+
+/// Each row's hit ratio over the best of [`BEST_OF`] among `rows` (one point's).
+fn set_vs_best(rows: &mut [Row]) {
+    let best = rows
+        .iter()
+        .filter(|r| r.policy.as_deref().is_some_and(|p| BEST_OF.contains(&p)))
+        .filter_map(|r| r.replay.as_ref().map(Replay::ratio))
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    for row in rows {
+        row.vs_best = match (best, &row.replay) {
+            (Some(b), Some(r)) if b > 0.0 => Some(r.ratio() / b),
+            _ => None,
+        };
+    }
+}
+
+/// `--store memory`: one evicting MemoryStore per policy.
+fn replay_memory(plan: &Plan, point: &Point<'_>) -> Result<Vec<Replay>, String> {
+    let stores = plan
+        .policies
+        .iter()
+        .map(|&p| {
+            MemoryStore::evicting(point.limits.clone(), Arc::new(MonotonicClock::default()), p)
+                .map_err(|e| format!("MemoryStore limits: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let dyns: Vec<&dyn Store> = stores.iter().map(|s| s as &dyn Store).collect();
+    Ok(replay_with_progress(&dyns, &plan.caller, point.trace, "local", plan.block, &point.label))
+}
+
+/// `--store file`: one buffered FileStore per policy, its directory removed after.
+fn replay_file(
+    plan: &Plan,
+    dir: &tempfile::TempDir,
+    point: &Point<'_>,
+) -> Result<Vec<Replay>, String> {
+    let mut stores = Vec::new();
+    for &policy in &plan.policies {
+        let (d, config) =
+            scratch_file_store(dir, &point.trace.name, point.blocks, &point.limits, policy);
+        let store = config
+            .open(Arc::new(MonotonicClock::default()))
+            .map_err(|e| format!("open FileStore in {}: {e}", d.display()))?;
+        stores.push((store, d));
+    }
+    let dyns: Vec<&dyn Store> = stores.iter().map(|(s, _)| s as &dyn Store).collect();
+    let r =
+        replay_with_progress(&dyns, &plan.caller, point.trace, "local", plan.block, &point.label);
+    for (store, d) in stores {
+        drop(store);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    Ok(r)
+}
+
+/// `--store tiered`: a TieredStore per policy (memory over a FileStore), with what each tier
+/// served.
+fn replay_tiered(
+    args: &TraceBenchArgs,
+    plan: &Plan,
+    dir: &tempfile::TempDir,
+    point: &Point<'_>,
+) -> Result<(Vec<Replay>, Vec<tiers::TierHits>), String> {
+    let memory = memory_bytes(args, point.unique)?;
+    let mut stores = Vec::new();
+    for &policy in &plan.policies {
+        let (d, config) =
+            scratch_file_store(dir, &point.trace.name, point.blocks, &point.limits, policy);
+        let tier = MemoryTier { write: args.write, ..MemoryTier::new(memory, policy) };
+        let store = TieredStore::open(config, tier, Arc::new(MonotonicClock::default()))
+            .map_err(|e| format!("open a tiered store in {}: {e}", d.display()))?;
+        stores.push((store, d));
+    }
+    let dyns: Vec<&dyn Store> = stores.iter().map(|(s, _)| s as &dyn Store).collect();
+    let r =
+        replay_with_progress(&dyns, &plan.caller, point.trace, "local", plan.block, &point.label);
+    let mut tier_rows = Vec::new();
+    for ((store, d), replay) in stores.into_iter().zip(&r) {
+        let c = store.counters();
+        let before = tiers::TierCounts::default();
+        let now = tiers::TierCounts {
+            memory_hits: c.memory_hits,
+            file_hits: c.file_hits,
+            promotions: c.promotions,
+        };
+        tier_rows.push(now.since(&before, replay.refs));
+        drop(store);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    Ok((r, tier_rows))
+}
+
+/// `--store cold`: a tiered store per policy with the cold tier below it, on S3 or the
+/// in-memory simulation, with what each tier served; a damaged refill fails the replay. The
+/// objects each store wrote are deleted after (unless `--cold-keep`).
+fn replay_cold(
+    args: &TraceBenchArgs,
+    plan: &Plan,
+    dir: &tempfile::TempDir,
+    point: &Point<'_>,
+    nonce: u128,
+    cold_described: &mut Option<String>,
+) -> Result<(Vec<Replay>, Vec<tiers::TierHits>), String> {
+    let (trace, label) = (point.trace, &point.label);
+    let memory = memory_bytes(args, point.unique)?;
+    let objects = match &plan.cold_s3 {
+        Some(c) => cold::ColdObjectsArg::S3(c.clone()),
+        None => cold::ColdObjectsArg::Memory {
+            bytes_max: simulated_bytes(point.unique, args.block_size),
+        },
+    };
+    *cold_described = Some(objects.describe());
+    let mut stores = Vec::new();
+    for &policy in &plan.policies {
+        let (d, config) = scratch_file_store(dir, &trace.name, point.blocks, &point.limits, policy);
+        let tier = MemoryTier { write: args.write, ..MemoryTier::new(memory, policy) };
+        let setup = cold::ColdSetup {
+            objects: objects.clone(),
+            prefix: format!(
+                "gpucache-bench-trace/{nonce}/{}-{}-{}",
+                object_segment(&trace.name),
+                point.blocks,
+                policy.name()
+            ),
+            drain_interval_ms: args.cold.cold_drain_ms,
+            keep: args.cold.cold_keep,
+        };
+        stores.push((cold::open(config, tier, &setup)?, d));
+    }
+    eprintln!("bench: {label}: the cold tier is on {}", objects.describe());
+    let dyns: Vec<&dyn Store> = stores.iter().map(|(s, _)| s as &dyn Store).collect();
+    let mut r = replay_with_progress(&dyns, &plan.caller, trace, "local", plan.block, label);
+    let mut tier_rows = Vec::new();
+    for ((store, d), replay) in stores.into_iter().zip(&mut r) {
+        let mut hits = store.upper_counts().since(&tiers::TierCounts::default(), replay.refs);
+        let cold = store.cold_hits(replay.refs);
+        let damaged = cold.refill_misses.corrupt + cold.refill_misses.mismatch;
+        if damaged > 0 {
+            // The layer answers these as misses; the bench calls them failures.
+            replay.corrupt_misses += damaged;
+            replay
+                .first_error
+                .get_or_insert_with(|| format!("{damaged} cold refills found damaged blocks"));
+        }
+        hits.cold = Some(cold);
+        tier_rows.push(hits);
+        match store.finish() {
+            Ok(0) => {}
+            Ok(n) => eprintln!("bench: {label}: deleted the {n} objects it wrote"),
+            Err(e) => eprintln!("bench: {label}: cleaning the bucket: {e}"),
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    Ok((r, tier_rows))
+}
+
+/// What the report's first lines say of the run.
+struct Header<'a> {
+    command: &'a [String],
+    commit: &'a str,
+    date: &'a str,
+    load_start: &'a str,
+}
+
+/// The report on stdout: the run, the store, the table, the tier table when any row has
+/// tiers, and a line per replay that was not clean.
+fn report_text(
+    args: &TraceBenchArgs,
+    header: &Header<'_>,
+    cold_described: Option<&str>,
+    rows: &[Row],
+) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# gpucache bench trace");
-    let _ = writeln!(out, "command: {}", command.join(" "));
+    let _ = writeln!(out, "# gpucache-bench trace");
+    let _ = writeln!(out, "command: {}", header.command.join(" "));
     let _ = writeln!(
         out,
-        "ended: {date}; commit: {commit}; load average {load_start} at the start, {} at the end",
+        "ended: {}; commit: {}; load average {} at the start, {} at the end",
+        header.date,
+        header.commit,
+        header.load_start,
         loadavg()
     );
     let _ = writeln!(
@@ -610,35 +771,17 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
          vs best = hit ratio / best of {} at the point; GET GB/s = verified bytes / time in \
          GET calls; req/s and seconds = the store's own time (its calls and the checks of \
          its hits; keys are made once per request for all policies)",
-        match (args.addr, args.store) {
-            (Some(a), _) => format!("gpucache serve at {a} (its own policy and capacity)"),
-            (None, StoreArg::Memory) => "MemoryStore (evicting)".into(),
-            (None, StoreArg::File) => "FileStore (buffered, durability none)".into(),
-            (None, StoreArg::Tiered) => format!(
-                "TieredStore: memory {} over a FileStore (buffered, durability none) of the \
-                 capacity, writing {}",
-                args.memory_capacity, args.write
-            ),
-            (None, StoreArg::Cold) => format!(
-                "TieredStore: memory {} over a FileStore (buffered, durability none) of the \
-                 capacity, writing {}, with the cold tier below on {} (drain every {} ms, \
-                 retention 0, default refill budget)",
-                args.memory_capacity,
-                args.write,
-                cold_described.as_deref().unwrap_or("(no replay)"),
-                args.cold.cold_drain_ms
-            ),
-        },
+        store_description(args, cold_described),
         size_label(args.block_size),
         BEST_OF.join("/")
     );
     out.push('\n');
-    out.push_str(&report::table(&rows));
+    out.push_str(&report::table(rows));
     if rows.iter().any(|r| r.tiers.is_some()) {
         out.push('\n');
-        out.push_str(&tier_table(&rows));
+        out.push_str(&tier_table(rows));
     }
-    for r in &rows {
+    for r in rows {
         if let Some(rep) = r.replay.as_ref().filter(|rep| !rep.clean()) {
             let _ = writeln!(
                 out,
@@ -655,62 +798,61 @@ fn run_inner(args: &TraceBenchArgs) -> Result<bool, String> {
             );
         }
     }
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{}", out.trim_end());
+    out
+}
+
+/// The store the report's `store:` line names.
+fn store_description(args: &TraceBenchArgs, cold_described: Option<&str>) -> String {
+    match (args.addr, args.store) {
+        (Some(a), _) => format!("gpucache serve at {a} (its own policy and capacity)"),
+        (None, StoreArg::Memory) => "MemoryStore (evicting)".into(),
+        (None, StoreArg::File) => "FileStore (buffered, durability none)".into(),
+        (None, StoreArg::Tiered) => format!(
+            "TieredStore: memory {} over a FileStore (buffered, durability none) of the \
+             capacity, writing {}",
+            args.memory_capacity, args.write
+        ),
+        (None, StoreArg::Cold) => format!(
+            "TieredStore: memory {} over a FileStore (buffered, durability none) of the \
+             capacity, writing {}, with the cold tier below on {} (drain every {} ms, \
+             retention 0, default refill budget)",
+            args.memory_capacity,
+            args.write,
+            cold_described.unwrap_or("(no replay)"),
+            args.cold.cold_drain_ms
+        ),
     }
-    if let Some(path) = &args.json {
-        let doc = json!({
-            "command": command,
-            "date": date,
-            "git_commit": commit,
-            "machine": machine,
-            "params": {
-                "block_size": args.block_size,
-                "store": match (args.addr, args.store) {
-                    (Some(a), _) => format!("tcp:{a}"),
-                    (None, StoreArg::Memory) => "memory".into(),
-                    (None, StoreArg::File) => "file".into(),
-                    (None, StoreArg::Tiered) => {
-                        format!("tiered:{}:{}", args.memory_capacity, args.write)
-                    }
-                    (None, StoreArg::Cold) => format!(
-                        "cold:{}:{}:{}",
-                        args.memory_capacity,
-                        args.write,
-                        match &args.cold.cold_endpoint {
-                            Some(e) => format!(
-                                "s3:{e}/{}",
-                                args.cold.cold_bucket.as_deref().unwrap_or("")
-                            ),
-                            None => "memory-simulated".to_owned(),
-                        }
+}
+
+/// The JSON report's `params`.
+fn params_json(args: &TraceBenchArgs, plan: &Plan) -> serde_json::Value {
+    json!({
+        "block_size": args.block_size,
+        "store": match (args.addr, args.store) {
+            (Some(a), _) => format!("tcp:{a}"),
+            (None, StoreArg::Memory) => "memory".into(),
+            (None, StoreArg::File) => "file".into(),
+            (None, StoreArg::Tiered) => {
+                format!("tiered:{}:{}", args.memory_capacity, args.write)
+            }
+            (None, StoreArg::Cold) => format!(
+                "cold:{}:{}:{}",
+                args.memory_capacity,
+                args.write,
+                match &args.cold.cold_endpoint {
+                    Some(e) => format!(
+                        "s3:{e}/{}",
+                        args.cold.cold_bucket.as_deref().unwrap_or("")
                     ),
-                },
-                "capacities": capacities.iter().map(|c| c.label()).collect::<Vec<_>>(),
-                "policies": policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
-                "limit_requests": args.limit_requests,
-                "best_of": BEST_OF,
-            },
-            "rows": rows.iter().map(report::row_json).collect::<Vec<_>>(),
-        });
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
-        write_file(path, &text)?;
-        eprintln!("bench: JSON written to {}", path.display());
-    }
-    if let Some(path) = &args.svg {
-        let labels: Vec<String> = svg_capacities.iter().map(|c| c.label()).collect();
-        let title = format!(
-            "gpucache bench trace — {date}, block {}, load average {} to {}",
-            size_label(args.block_size),
-            load_start.split_whitespace().next().unwrap_or("?"),
-            loadavg().split_whitespace().next().unwrap_or("?")
-        );
-        write_file(path, &report::svg(&rows, &labels, &title))?;
-        eprintln!("bench: SVG written to {}", path.display());
-    }
-    drop(scratch);
-    Ok(clean)
+                    None => "memory-simulated".to_owned(),
+                }
+            ),
+        },
+        "capacities": plan.capacities.iter().map(|c| c.label()).collect::<Vec<_>>(),
+        "policies": plan.policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
+        "limit_requests": args.limit_requests,
+        "best_of": BEST_OF,
+    })
 }
 
 /// The memory tier's bytes under `--store tiered` or `cold`.

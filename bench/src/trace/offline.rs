@@ -24,14 +24,8 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn ratio(self) -> f64 {
-        ratio(self.hits, self.refs)
+        crate::stats::share(self.hits, self.refs)
     }
-}
-
-/// `hits / refs`, 0 for no references.
-#[allow(clippy::cast_precision_loss)] // counts far below 2^52
-pub(super) fn ratio(hits: u64, refs: u64) -> f64 {
-    if refs == 0 { 0.0 } else { hits as f64 / refs as f64 }
 }
 
 /// No further reference.

@@ -19,6 +19,7 @@ use serde::Serialize;
 use super::load::{BLOCK_TOKENS, Trace};
 use crate::file::solo_identity;
 use crate::fixtures::digest;
+use crate::stats;
 
 /// The tenant of the in-process stores, and of a server run unless `--tenant` says otherwise.
 pub(super) const TENANT: &str = "default";
@@ -56,23 +57,17 @@ pub struct Replay {
 
 impl Replay {
     pub fn ratio(&self) -> f64 {
-        super::offline::ratio(self.hits, self.refs)
+        stats::share(self.hits, self.refs)
     }
 
     /// Verified GET bytes per second of GET calls, in GB/s.
-    #[allow(clippy::cast_precision_loss)]
     pub fn get_gbps(&self) -> f64 {
-        if self.get_seconds > 0.0 {
-            self.verified_get_bytes as f64 / self.get_seconds / 1e9
-        } else {
-            0.0
-        }
+        stats::gbps(self.verified_get_bytes, self.get_seconds)
     }
 
     /// Requests per second of the store's own time.
-    #[allow(clippy::cast_precision_loss)]
     pub fn requests_per_second(&self) -> f64 {
-        if self.seconds > 0.0 { self.requests as f64 / self.seconds } else { 0.0 }
+        stats::per_second(self.requests, self.seconds)
     }
 
     /// Whether nothing went wrong: no mismatch, no corrupt block, no error, no PUT turned away.

@@ -10,10 +10,7 @@ use super::row::Row;
 use crate::service::report::{
     baseline, colour, escape, gridlines, legend_entry, nice_ceiling, svg_open,
 };
-
-fn cell(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
-}
+use crate::stats::cell;
 
 /// One line per row: trace, capacity (and its blocks), policy, hit ratio, Belady, LRU-offline,
 /// ratio to the best of the reference policies, GET GB/s, requests/s and the replay's seconds.

@@ -42,7 +42,7 @@ impl TierCounts {
     pub(super) fn since(&self, before: &Self, refs: u64) -> TierHits {
         let memory_hits = self.memory_hits.saturating_sub(before.memory_hits);
         let file_hits = self.file_hits.saturating_sub(before.file_hits);
-        let share = |n: u64| if refs == 0 { 0.0 } else { n as f64 / refs as f64 };
+        let share = |n: u64| crate::stats::share(n, refs);
         TierHits {
             memory_hits,
             file_hits,

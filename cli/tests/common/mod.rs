@@ -1,4 +1,5 @@
-//! What the cli's integration tests share: running the `gpucache` binary, and a `gpucache serve`
+//! What the cli's integration tests share: running the `gpucache` and `gpucache-bench` binaries,
+//! and a `gpucache serve`
 //! child that is stopped by PID (SIGTERM, checked) or, when a test fails first, killed on drop
 //! so no server outlives its test.
 // Each test binary uses part of this module.
@@ -15,13 +16,22 @@ pub(crate) const STOP_PATIENCE: Duration = Duration::from_secs(20);
 /// How long a starting server may take to print its start line.
 pub(crate) const START_PATIENCE: Duration = Duration::from_secs(60);
 
-/// How long one `gpucache` command a test runs may take before the test fails.
+/// How long one `gpucache` or `gpucache-bench` command a test runs may take before the test
+/// fails.
 pub(crate) const COMMAND_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Runs `gpucache ARGS` (no input); returns its exit code (-1 when killed by a signal), stdout
 /// and stderr.
 pub(crate) fn gpucache(args: &[&str]) -> (i32, String, String) {
-    let out = gpucache_with_input(args, None);
+    codes(&gpucache_with_input(args, None))
+}
+
+/// Runs `gpucache-bench ARGS` (no input), as [`gpucache`] runs `gpucache`.
+pub(crate) fn gpucache_bench(args: &[&str]) -> (i32, String, String) {
+    codes(&run_with_input(env!("CARGO_BIN_EXE_gpucache-bench"), args, None))
+}
+
+fn codes(out: &Output) -> (i32, String, String) {
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -31,13 +41,19 @@ pub(crate) fn gpucache(args: &[&str]) -> (i32, String, String) {
 
 /// Runs `gpucache ARGS` with `stdin` (or nothing) on its standard input.
 pub(crate) fn gpucache_with_input(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
+    run_with_input(env!("CARGO_BIN_EXE_gpucache"), args, stdin)
+}
+
+/// Runs the binary `exe` with ARGS and `stdin` (or nothing) on its standard input, within
+/// [`COMMAND_PATIENCE`].
+fn run_with_input(exe: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(exe)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn gpucache");
+        .unwrap_or_else(|e| panic!("spawn {exe}: {e}"));
     if let Some(input) = stdin {
         // A command that refuses before reading its input closes the pipe: not this helper's
         // failure (the caller checks the exit status and messages).

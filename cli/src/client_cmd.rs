@@ -529,6 +529,18 @@ pub(crate) fn stat(target: &StatTarget) -> ExitCode {
             s.evictions,
             s.corrupt_dropped.total()
         );
+        let c = store.server_condition().map_err(|e| e.to_string())?;
+        let io = match &c.io_failure {
+            None => "not tracked".to_owned(),
+            Some(None) => "ok".to_owned(),
+            Some(Some(why)) => format!("failing: {why}"),
+        };
+        let free = c.free_bytes.map_or("not tracked".to_owned(), |b| b.to_string());
+        text.push_str(&format!(
+            "
+last I/O: {io}
+free bytes: {free}"
+        ));
         if target.shm {
             let sh = store.shared_stats();
             text.push_str(&format!(

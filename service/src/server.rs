@@ -659,6 +659,7 @@ fn dispatch<'a, W: Write>(
         Request::Info => Response::Info(store.info().into()),
         Request::Epoch => Response::Epoch(store.epoch()),
         Request::Stats => Response::Stats(store.stats()),
+        Request::Condition => Response::Condition(store.condition()),
         Request::Limits => {
             Response::Limits(ServerLimits { object_bytes_max: config.object_bytes_max })
         }

@@ -648,3 +648,32 @@ fn batch_answers_equal_the_single_key_answers() {
     );
     assert_eq!(server.shutdown(), 0);
 }
+
+/// CONDITION answers what the server's store says of itself: a memory store tracks neither
+/// I/O nor free space; a FileStore's last I/O is good after a PUT, and it names its free space
+/// and per-block overhead as it does in process.
+#[test]
+fn condition_answers_what_the_store_says_of_itself() {
+    let caller = Caller::new(tenant(0), Rights::READ_WRITE);
+    let (server, _, memory) = counted_server();
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller.clone()));
+    assert_eq!(client.server_condition(), Ok(memory.condition()));
+    assert_eq!(memory.condition(), gpucache_dataplane::store::StoreCondition::default());
+    assert_eq!(server.shutdown(), 0);
+
+    let dir = tempfile::tempdir().expect("dir");
+    let mut config = gpucache_storage::file::FileStoreConfig::new(dir.path());
+    config.durability = gpucache_storage::file::Durability::None;
+    let file = Arc::new(config.open(Arc::new(MonotonicClock::default())).expect("file store"));
+    let server_config =
+        ServerConfig::new("127.0.0.1:0".parse().expect("addr"), vec![caller.clone()]);
+    let server = Server::start(server_config, Arc::clone(&file) as Arc<dyn Store>).expect("server");
+    let client = TcpStore::new(ClientConfig::new(server.local_addr(), caller.clone()));
+    client.put(&caller, &key(0, &[1], KvDtype::F16, 16), &payload(1, 4096), None).expect("put");
+    let remote = client.server_condition().expect("condition");
+    let local = file.condition();
+    assert_eq!(remote.io_failure, Some(None), "{remote:?}");
+    assert_eq!(remote.block_overhead_bytes, local.block_overhead_bytes);
+    assert!(remote.free_bytes.is_some_and(|b| b > 0), "{remote:?}");
+    assert_eq!(server.shutdown(), 0);
+}

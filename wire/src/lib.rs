@@ -200,13 +200,15 @@ pub enum Op {
     /// Removes the committed blocks of one namespace (a model's keys over every shard),
     /// at most `PURGE_BLOCKS_MAX` per request.
     Purge,
+    /// The store's own view of whether it can serve: its last I/O failure and free space.
+    Condition,
     /// Response only: a [`WireError`].
     Error,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 33] = [
+    pub const ALL: [Op; 34] = [
         Self::Hello,
         Self::Info,
         Self::Epoch,
@@ -239,6 +241,7 @@ impl Op {
         Self::FillFinish,
         Self::FillWait,
         Self::Purge,
+        Self::Condition,
         Self::Error,
     ];
 
@@ -276,6 +279,7 @@ impl Op {
             Self::FillFinish => 30,
             Self::FillWait => 31,
             Self::Purge => 32,
+            Self::Condition => 33,
             Self::Error => 255,
         }
     }
@@ -323,6 +327,7 @@ impl Op {
             Self::FillFinish => "FILL_FINISH",
             Self::FillWait => "FILL_WAIT",
             Self::Purge => "PURGE",
+            Self::Condition => "CONDITION",
             Self::Error => "ERROR",
         }
     }

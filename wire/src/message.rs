@@ -11,7 +11,7 @@ use gpucache_dataplane::shard::{
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchPut, Committed, FullPolicy, Get, Implementation, Invalidate, Located,
     Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed, Reservation, Reserve, Retirement,
-    StoreError, StoreInfo, StoreStats,
+    StoreCondition, StoreError, StoreInfo, StoreStats,
 };
 
 use super::codec::{Reader, Writer, wide};
@@ -258,6 +258,9 @@ pub enum Request {
     Purge {
         scope: Box<PurgeScope>,
     },
+    /// The store's own view of whether it can serve
+    /// ([`gpucache_dataplane::store::Store::condition`]); no body.
+    Condition,
 }
 
 /// Why a node did not begin a fill (the wire's form of the directory's refusal).
@@ -346,6 +349,7 @@ pub enum Response {
     FillFinish(FillNotice),
     FillWait(FillNotice),
     Purge(Result<Purged, StoreError>),
+    Condition(StoreCondition),
     /// The request could not be served at the protocol level.
     Error(WireError),
 }
@@ -406,6 +410,7 @@ impl Request {
             Self::FillFinish { .. } => Op::FillFinish,
             Self::FillWait { .. } => Op::FillWait,
             Self::Purge { .. } => Op::Purge,
+            Self::Condition => Op::Condition,
         }
     }
 
@@ -446,7 +451,8 @@ impl Request {
             | Self::ExpireLeases
             | Self::BumpEpoch
             | Self::StageStats
-            | Self::Limits => {}
+            | Self::Limits
+            | Self::Condition => {}
             Self::Lookup { keys } | Self::Invalidate { keys } | Self::Locate { keys } => {
                 w.count(keys.len());
                 for key in keys {
@@ -580,6 +586,7 @@ impl Request {
             Op::BumpEpoch => Self::BumpEpoch,
             Op::StageStats => Self::StageStats,
             Op::Limits => Self::Limits,
+            Op::Condition => Self::Condition,
             Op::NixlAttach => Self::NixlAttach { metadata: get_metadata(r)? },
             Op::StageGet => {
                 let n = r.count()?;
@@ -1233,6 +1240,7 @@ impl Response {
             Self::FillFinish(_) => Op::FillFinish,
             Self::FillWait(_) => Op::FillWait,
             Self::Purge(_) => Op::Purge,
+            Self::Condition(_) => Op::Condition,
             Self::Error(_) => Op::Error,
         }
     }
@@ -1346,6 +1354,19 @@ impl Response {
                 }
             }
             Self::Limits(l) => w.option_u64(l.object_bytes_max),
+            Self::Condition(c) => {
+                // 0: the store tracks no I/O; 1: its last I/O succeeded; 2: it failed, and why.
+                match &c.io_failure {
+                    None => w.u8(0),
+                    Some(None) => w.u8(1),
+                    Some(Some(why)) => {
+                        w.u8(2);
+                        w.text(why);
+                    }
+                }
+                w.option_u64(c.free_bytes);
+                w.u64(c.block_overhead_bytes);
+            }
             Self::StageStats(s) => {
                 for n in [
                     s.staged,
@@ -1475,6 +1496,19 @@ impl Response {
             }
             Op::Limits => {
                 Self::Limits(ServerLimits { object_bytes_max: r.option_u64(text::INTEGER)? })
+            }
+            Op::Condition => {
+                let io_failure = match r.u8(text::OPTION)? {
+                    0 => None,
+                    1 => Some(None),
+                    2 => Some(Some(r.text(text::TEXT)?)),
+                    _ => return Err(WireError::Malformed { what: "condition's I/O state" }),
+                };
+                Self::Condition(StoreCondition {
+                    io_failure,
+                    free_bytes: r.option_u64(text::INTEGER)?,
+                    block_overhead_bytes: r.u64(text::INTEGER)?,
+                })
             }
             Op::Purge => Self::Purge(get_result(r, |r| {
                 Ok(Purged { removed: r.u64(N)?, busy: r.u64(N)?, more: r.bool(text::BOOL)? })

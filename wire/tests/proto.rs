@@ -18,7 +18,7 @@ use gpucache_dataplane::shard::{
 use gpucache_dataplane::store::{
     Abort, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason, FullPolicy, Get,
     Implementation, Invalidate, Located, Lookup, MissReason, PurgeScope, Purged, Put, Reclaimed,
-    Reservation, Reserve, Retirement, StorageEffect, StoreError, StoreStats, Tier,
+    Reservation, Reserve, Retirement, StorageEffect, StoreCondition, StoreError, StoreStats, Tier,
 };
 use gpucache_dataplane::testing::fixture;
 use gpucache_wire::staging::{StageId, StagedGet, StagedSlot, StagingFailure, StagingStats};
@@ -1344,6 +1344,7 @@ fn sample_requests() -> Vec<Request> {
         Request::Release { stages: vec![StageId(1), StageId(2)] },
         Request::StageStats,
         Request::Limits,
+        Request::Condition,
     ]
 }
 
@@ -1450,6 +1451,17 @@ fn sample_responses() -> Vec<Response> {
         Response::Error(WireError::UnsupportedVersion { found: 1, supported: VERSION }),
         Response::Limits(ServerLimits { object_bytes_max: Some(64 << 20) }),
         Response::Limits(ServerLimits { object_bytes_max: None }),
+        Response::Condition(StoreCondition::default()),
+        Response::Condition(StoreCondition {
+            io_failure: Some(None),
+            free_bytes: Some(12 << 30),
+            block_overhead_bytes: 1 << 20,
+        }),
+        Response::Condition(StoreCondition {
+            io_failure: Some(Some("write of blocks/ab/1: No space left on device".into())),
+            free_bytes: Some(0),
+            block_overhead_bytes: 1 << 20,
+        }),
         Response::Error(WireError::UnknownTenant { tenant: t.clone() }),
         Response::Error(WireError::Overloaded {
             scope: InflightScope::Peer,
@@ -1759,7 +1771,7 @@ fn unknown_versions_are_refused_after_five_bytes() {
 fn unknown_ops_fail_only_their_frame() {
     let body = [1u8, 2, 3, 4, 5];
     let next = request_frame(&Request::Stats, 8);
-    for (kind, op) in [(1u8, 0u8), (1, 33), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
+    for (kind, op) in [(1u8, 0u8), (1, 34), (1, 200), (1, Op::Error.code()), (2, 0), (2, 254)] {
         let mut header = valid_header(Kind::Request, Op::Epoch, 7, &body);
         header.kind = kind;
         header.op = op;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::shard::{FillLease, FillNotice, FillOutcome, FillStart, FillTicket};
-use gpucache_dataplane::store::{PurgeScope, Purged, Retirement, StoreError};
+use gpucache_dataplane::store::{PurgeScope, Purged, Retirement, StoreCondition, StoreError};
 use gpucache_wire::{
     FillRefused, NodeStatus, RemoteInfo, Request, Response, ServerLimits, WireError,
 };
@@ -143,6 +143,17 @@ impl TcpStore {
             Response::Limits(l) => Ok(l),
             Response::Error(WireError::UnknownOp { .. }) => Ok(ServerLimits::default()),
             other => Err(unexpected("limits", &other)),
+        }
+    }
+
+    /// The server's store's own view of whether it can serve (CONDITION, as the control
+    /// identity): its last I/O failure and its free space. A server that predates the op
+    /// answers `UnknownOp`: it says nothing ([`StoreCondition::default`]).
+    pub fn server_condition(&self) -> Result<StoreCondition, StoreError> {
+        match self.control(Request::Condition, "condition")? {
+            Response::Condition(c) => Ok(c),
+            Response::Error(WireError::UnknownOp { .. }) => Ok(StoreCondition::default()),
+            other => Err(unexpected("condition", &other)),
         }
     }
 

@@ -107,6 +107,7 @@ fn retryable(request: &Request) -> bool {
             | Request::NixlAttach { .. }
             | Request::StageStats
             | Request::Limits
+            | Request::Condition
             | Request::Cluster { .. }
             | Request::FillWait { .. }
     )

@@ -44,8 +44,10 @@ const CLIENTS: usize = 8;
 const PYTHON_CLIENTS: usize = 2;
 const SLOTS: usize = 64;
 const BLOCK: usize = 4096;
-/// How long a membership change may take to show in the view.
-const CHANGE_PATIENCE: Duration = Duration::from_secs(20);
+/// How long a membership change may take to show in the view: liveness only, so generous. An
+/// election after the etcd leader is killed took over 20 s once on a machine running a
+/// benchmark beside the suite on its two cores.
+const CHANGE_PATIENCE: Duration = Duration::from_secs(60);
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()

@@ -702,3 +702,19 @@ fn bytes_taken_as_verified_that_do_not_match_are_a_corrupt_miss() {
         get_lent(memory, &caller(0), &block_key(2), data.len(), |b, _| Some(Checksum::of(b)));
     assert_eq!(lent, Ok(Some(Get::Miss(MissReason::Corrupt))));
 }
+
+/// A FileStore asks the kernel for its free space once as it opens, then keeps its own
+/// account: a hundred PUTs well under the recount mark ask nothing more.
+#[test]
+fn puts_do_not_ask_the_kernel_for_free_space() {
+    let dir = shm_dir();
+    let mut config = FileStoreConfig::new(dir.path());
+    config.durability = Durability::None;
+    let file = config.open(Arc::new(ManualClock::default())).expect("file store");
+    assert_eq!(file.free_space_counts(), 1);
+    for k in 0..100u8 {
+        let put = file.put(&caller(0), &block_key(k), &payload(u64::from(k), 4 * KIB_LEN), None);
+        assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
+    }
+    assert_eq!(file.free_space_counts(), 1);
+}

@@ -280,14 +280,11 @@ pub struct FileStore {
     _lock: File,
 }
 
-/// What [`FileStore::admit_put`] asks of the catalog: a PUT of `len` bytes under `key` whose
-/// bytes hash to `checksum`, or whose bytes did not match the writer's (`damaged`).
-struct PutAsk<'k> {
-    key: &'k PhysicalKey,
-    len: u64,
-    request: Option<RequestId>,
-    checksum: Checksum,
-    damaged: Option<StoreError>,
+/// A PUT whose commit has started under the catalog lock: its region, and the commit
+/// sequence and epoch its file is written under.
+struct Started {
+    region: RegionId,
+    seq_epoch: (u64, u64),
 }
 
 /// A PUT admitted by [`FileStore::admit_put`]: its region, the checksum of its bytes, and the
@@ -847,10 +844,11 @@ impl FileStore {
     }
 
     /// The first half of a PUT of `src`, whose bytes come from the caller's buffer (never
-    /// staged): hashed once, before the catalog is locked, and compared with `expected`; then
-    /// one lock for the reservation, the free space (from [`DiskRoom`]), the start of the
-    /// commit and the sequence that names the block's file. The answer instead when there is
-    /// nothing to write.
+    /// staged): one catalog lock for the reservation, the free space (from [`DiskRoom`]), the
+    /// start of the commit and the sequence that names the block's file; then, without the
+    /// lock, the bytes are hashed once and compared with `expected` (a mismatch ends the
+    /// commit under a second lock). The answer instead when there is nothing to write, which
+    /// hashes nothing: a PUT of a block already held costs no pass over its bytes.
     fn admit_put(
         &self,
         caller: &Caller,
@@ -859,33 +857,36 @@ impl FileStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Result<AdmittedPut, Put>, StoreError> {
-        let checksum = Checksum::of(src);
-        let ask = PutAsk {
-            key,
-            len: src.len() as u64,
-            request,
-            checksum,
-            damaged: expected.filter(|&e| e != checksum).map(|e| put_damaged(checksum, Some(e))),
-        };
         let mut released = Vec::new();
-        let admitted = self.admit_locked(&mut self.lock(), caller, ask, &mut released);
+        let len = src.len() as u64;
+        let admitted =
+            self.admit_locked(&mut self.lock(), caller, key, len, request, &mut released);
         self.dispose(released);
-        admitted
+        let Started { region, seq_epoch } = match admitted? {
+            Ok(admitted) => admitted,
+            Err(answer) => return Ok(Err(answer)),
+        };
+        let checksum = Checksum::of(src);
+        if let Some(e) = expected.filter(|&e| e != checksum) {
+            let released = self.lock().fail_commit(region, Retirement::Retired);
+            self.dispose(released);
+            return Err(put_damaged(checksum, Some(e)));
+        }
+        Ok(Ok(AdmittedPut { region, checksum, seq_epoch }))
     }
 
-    /// [`Self::admit_put`]'s part under the catalog lock. A PUT whose bytes did not match the
-    /// writer's checksum (`damaged`) is answered as any PUT would be when there is nothing to
-    /// write, and fails with that error once it has a reservation, which ends. What the
-    /// catalog gives up on the way (evicted blocks, an ended reservation) goes to `released`,
-    /// to be disposed of after the lock.
+    /// [`Self::admit_put`]'s part under the catalog lock: the region and the file's sequence
+    /// and epoch. What the catalog gives up on the way (evicted blocks, an ended reservation)
+    /// goes to `released`, to be disposed of after the lock.
     fn admit_locked(
         &self,
         catalog: &mut Catalog<FilePayload>,
         caller: &Caller,
-        ask: PutAsk<'_>,
+        key: &PhysicalKey,
+        len: u64,
+        request: Option<RequestId>,
         released: &mut Vec<FilePayload>,
-    ) -> Result<Result<AdmittedPut, Put>, StoreError> {
-        let PutAsk { key, len, request, checksum, damaged } = ask;
+    ) -> Result<Result<Started, Put>, StoreError> {
         let now = self.clock.now_ms();
         let (answer, freed) = catalog
             .reserve(caller, key, len, request, now, |_| Ok(FilePayload::Staged(Vec::new())))?;
@@ -899,9 +900,9 @@ impl FileStore {
             released.extend(freed);
             return Ok(Err(Put::Refused(refused)));
         }
-        let started = match (damaged, catalog.write_into(caller, &r, 0, len)) {
-            (Some(e), _) | (None, Err(e)) => Err(e),
-            (None, Ok(_)) => catalog.start_commit(caller, &r).map(|_| ()),
+        let started = match catalog.write_into(caller, &r, 0, len) {
+            Ok(_) => catalog.start_commit(caller, &r).map(|_| ()),
+            Err(e) => Err(e),
         };
         if let Err(e) = started {
             // Nothing was written: end the reservation as the default `put` would.
@@ -910,8 +911,10 @@ impl FileStore {
             }
             return Err(e);
         }
-        let seq_epoch = (catalog.next_seq_reserve(), catalog.epoch().0);
-        Ok(Ok(AdmittedPut { region: r.region, checksum, seq_epoch }))
+        Ok(Ok(Started {
+            region: r.region,
+            seq_epoch: (catalog.next_seq_reserve(), catalog.epoch().0),
+        }))
     }
 
     /// Whether a block of `len` payload bytes under `key` fits on the device, from the store's

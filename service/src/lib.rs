@@ -20,6 +20,7 @@ pub mod build;
 pub mod cluster;
 pub mod cold_metrics;
 pub mod config;
+pub mod connection;
 pub mod create_only;
 pub mod dpu;
 pub mod executor_metrics;

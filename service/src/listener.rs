@@ -1,26 +1,29 @@
-//! The accept side shared by the native and the RESP listeners (ADR 0011): one accept thread,
-//! one thread per connection up to a limit, and a shutdown that stops accepting and joins every
-//! connection thread within a deadline. What a connection does is the caller's. A connection over
-//! `connections_max`, or from an address at `connections_per_peer_max` ([`Guard::admit_peer`]),
-//! is answered by the caller's refusal and closed by the accept thread, before a connection
-//! thread is spent on it, and counted by reason. Both fronts write their answers through
-//! [`DeadlineWriter`] (one deadline per response) and close a refused connection with
-//! [`close_after`].
+//! The accept side every front shares (native over TCP and the Unix socket, RESP, and the HTTP
+//! endpoint; ADR 0011): one accept thread, one thread per connection up to a limit, and a
+//! shutdown that stops accepting and joins every connection thread within a deadline. What a
+//! connection does is the front's (for the long-lived ones, [`crate::connection::drive`]). A
+//! connection over `connections_max`, or from an address at `connections_per_peer_max`
+//! ([`Guard::admit_peer`]), never gets a connection thread: it is counted by reason and given
+//! the front's refusal, which a refusal thread (at most [`REFUSING_MAX`] at once) writes and
+//! closes without a reset destroying it.
 
-use std::io::{self, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::bounds::{Front, Guard, Reason};
+use crate::connection::{Connection, close_after};
 
 /// How long a refused connection gets to take its refusal.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most refusal threads at once. Past it the accept thread writes a refusal itself, without
+/// waiting for the socket, and closes at once (best effort).
+pub(crate) const REFUSING_MAX: usize = 16;
 /// How long shutdown tries to connect to its own listener to wake the accept call.
 const WAKE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often shutdown looks at connection threads that have not finished yet.
@@ -39,75 +42,6 @@ impl Gate {
     }
 }
 
-/// A connected stream a listener serves: TCP, or a Unix socket (which can also carry a
-/// descriptor, the shared-memory segment of the same-host fast path).
-pub(crate) trait Connection: io::Read + io::Write + Send + 'static {
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
-    /// Turns off write coalescing where there is any.
-    fn set_nodelay(&self);
-    /// The peer, for logs.
-    fn peer(&self) -> String;
-    /// Whether the peer is a TCP client on a loopback address (this host).
-    fn peer_is_loopback(&self) -> bool {
-        false
-    }
-    /// The peer's IP address, which `connections_per_peer_max` counts by; `None` for a Unix
-    /// socket peer (not limited per peer).
-    fn peer_ip(&self) -> Option<IpAddr> {
-        None
-    }
-    /// Shuts the write side (the client reads the end of the stream).
-    fn shutdown_write(&self) {}
-    /// Reads like `read`, and also returns a descriptor that arrived with the bytes.
-    fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-        Ok((io::Read::read(self, buf)?, None))
-    }
-}
-
-impl Connection for TcpStream {
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_read_timeout(self, timeout)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_write_timeout(self, timeout)
-    }
-    fn set_nodelay(&self) {
-        let _ = TcpStream::set_nodelay(self, true);
-    }
-    fn peer(&self) -> String {
-        self.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string())
-    }
-    fn peer_is_loopback(&self) -> bool {
-        self.peer_addr().is_ok_and(|a| a.ip().is_loopback())
-    }
-    fn peer_ip(&self) -> Option<IpAddr> {
-        self.peer_addr().ok().map(|a| a.ip().to_canonical())
-    }
-    fn shutdown_write(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Write);
-    }
-}
-
-impl Connection for UnixStream {
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_read_timeout(self, timeout)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_write_timeout(self, timeout)
-    }
-    fn set_nodelay(&self) {}
-    fn peer(&self) -> String {
-        "unix socket peer".into()
-    }
-    fn shutdown_write(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Write);
-    }
-    fn read_with_fd(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-        gpucache_storage::host::segment::recv_with_fd(self, buf)
-    }
-}
-
 /// A bound listener the accept loop takes connections from.
 pub(crate) trait Listen: Send + 'static {
     type Stream: Connection;
@@ -123,8 +57,22 @@ impl Listen for TcpListener {
     }
     fn wake(&self) {
         if let Ok(addr) = self.local_addr() {
-            let _ = TcpStream::connect_timeout(&addr, WAKE_CONNECT_TIMEOUT);
+            let _ = TcpStream::connect_timeout(&reachable(addr), WAKE_CONNECT_TIMEOUT);
         }
+    }
+}
+
+/// Where to connect to reach a listener bound to `addr` (one bound to a wildcard address is
+/// reached through loopback).
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((Ipv4Addr::LOCALHOST, a.port()))
+        }
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((Ipv6Addr::LOCALHOST, a.port()))
+        }
+        other => other,
     }
 }
 
@@ -175,47 +123,6 @@ impl Drop for LocalListener {
     }
 }
 
-/// What one read of a connection gave.
-pub(crate) enum ReadTick {
-    /// This many bytes arrived (and a descriptor with them, on a Unix socket).
-    Data(usize, Option<OwnedFd>),
-    /// Nothing arrived within the read timeout, and the connection is not idle yet.
-    Quiet,
-    /// Nothing complete arrived for `idle_timeout`: the connection is to be closed.
-    Idle,
-    /// The peer closed, or the read failed.
-    Closed,
-}
-
-/// Reads once from a connection whose read timeout is a short tick, so the caller's loop can
-/// check for shutdown between ticks; a connection with no complete request since
-/// `last_request` for longer than `idle_timeout` is reported idle.
-pub(crate) fn read_tick<C: Connection>(
-    stream: &mut C,
-    buf: &mut [u8],
-    last_request: Instant,
-    idle_timeout: Duration,
-) -> ReadTick {
-    match stream.read_with_fd(buf) {
-        Ok((0, _)) => ReadTick::Closed,
-        Ok((n, fd)) => ReadTick::Data(n, fd),
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-            ) =>
-        {
-            if last_request.elapsed() > idle_timeout {
-                tracing::debug!(peer = %stream.peer(), "closing an idle connection");
-                ReadTick::Idle
-            } else {
-                ReadTick::Quiet
-            }
-        }
-        Err(_) => ReadTick::Closed,
-    }
-}
-
 /// A running accept loop.
 pub(crate) struct Acceptor {
     wake: Box<dyn Fn() + Send + Sync>,
@@ -247,13 +154,12 @@ pub(crate) enum TurnedAway {
 pub(crate) struct AcceptorConfig<R, S> {
     /// Thread name prefix ("gpucache-resp" gives "gpucache-resp-accept" and "-conn").
     pub(crate) name: &'static str,
-    /// The front, as refusals are counted.
-    pub(crate) front: Front,
     pub(crate) connections_max: u32,
     pub(crate) shutdown_deadline: Duration,
-    /// Per-peer limits and refusal counts, shared with the other fronts.
-    pub(crate) guard: Arc<Guard>,
-    /// Answers a connection turned away before it is closed.
+    /// The per-peer limits and refusal counts shared with the other data fronts, and the front
+    /// this listener counts as; none for a listener with neither (the HTTP endpoint).
+    pub(crate) guard: Option<(Arc<Guard>, Front)>,
+    /// The bytes that answer a connection turned away, before it is closed.
     pub(crate) refuse: R,
     /// Serves one connection until it ends.
     pub(crate) serve: S,
@@ -267,7 +173,7 @@ impl Acceptor {
     ) -> io::Result<Self>
     where
         L: Listen + Sync,
-        R: Fn(&mut L::Stream, TurnedAway) + Send + 'static,
+        R: Fn(TurnedAway) -> Vec<u8> + Send + 'static,
         S: Fn(L::Stream) + Send + Sync + 'static,
     {
         let listener = Arc::new(listener);
@@ -277,38 +183,44 @@ impl Acceptor {
         let accept = {
             let gate = Arc::clone(&gate);
             let connections = Arc::clone(&connections);
-            let AcceptorConfig { name, front, connections_max, refuse, serve, .. } = config;
-            let guard = Arc::clone(&config.guard);
+            let AcceptorConfig { name, connections_max, guard, refuse, serve, .. } = config;
             let serve = Arc::new(serve);
+            let refusing = Arc::new(AtomicUsize::new(0));
             std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
                 loop {
                     let stream = listener.accept();
                     if gate.stopping() {
                         break;
                     }
-                    let Ok(mut stream) = stream else { continue };
-                    let turn_away = |stream: &mut L::Stream, why: TurnedAway| {
-                        let reason = match why {
-                            TurnedAway::ConnectionsMax { .. } => Reason::ConnectionsMax,
-                            TurnedAway::PerPeer { .. } => Reason::PerPeer,
-                        };
-                        guard.count(front, reason);
-                        let _ = Connection::set_write_timeout(stream, Some(REFUSAL_WRITE_TIMEOUT));
-                        refuse(stream, why);
+                    let Ok(stream) = stream else { continue };
+                    let turn_away = |stream: L::Stream, why: TurnedAway| {
+                        if let Some((guard, front)) = &guard {
+                            let reason = match why {
+                                TurnedAway::ConnectionsMax { .. } => Reason::ConnectionsMax,
+                                TurnedAway::PerPeer { .. } => Reason::PerPeer,
+                            };
+                            guard.count(*front, reason);
+                        }
+                        send_refusal(stream, refuse(why), name, &refusing);
                     };
                     let open = gate.open.fetch_add(1, Ordering::AcqRel);
                     if open >= connections_max {
                         gate.open.fetch_sub(1, Ordering::AcqRel);
-                        let why = TurnedAway::ConnectionsMax { open, max: connections_max };
-                        turn_away(&mut stream, why);
+                        turn_away(
+                            stream,
+                            TurnedAway::ConnectionsMax { open, max: connections_max },
+                        );
                         continue;
                     }
-                    let peer = match stream.peer_ip().map(|ip| guard.admit_peer(ip)) {
-                        None => None,
-                        Some(Ok(slot)) => Some(slot),
-                        Some(Err((open, max))) => {
+                    let admitted = match (&guard, stream.peer_ip()) {
+                        (Some((guard, _)), Some(ip)) => guard.admit_peer(ip).map(Some),
+                        _ => Ok(None),
+                    };
+                    let peer = match admitted {
+                        Ok(slot) => slot,
+                        Err((open, max)) => {
                             gate.open.fetch_sub(1, Ordering::AcqRel);
-                            turn_away(&mut stream, TurnedAway::PerPeer { open, max });
+                            turn_away(stream, TurnedAway::PerPeer { open, max });
                             continue;
                         }
                     };
@@ -382,110 +294,29 @@ impl Drop for Acceptor {
     }
 }
 
-/// How long a connection closed after a refusal keeps reading and dropping what its client
-/// still sends, so that the refusal is not destroyed by a reset.
-const CLOSE_DRAIN: Duration = Duration::from_millis(500);
-/// Most bytes read and dropped while closing after a refusal.
-const CLOSE_DRAIN_BYTES: usize = 4 << 20;
-
-/// How far past its deadline a response may run before the socket's timeout is cut to what is
-/// left (saving a system call per write for responses that go out quickly).
-const DEADLINE_SLACK: Duration = Duration::from_millis(10);
-
-/// Writes a whole response within one deadline: every write call (plain or vectored, one or
-/// many) fails with `TimedOut` once `timeout` has passed since the writer was made, however the
-/// client drains it. The connection's own write timeout is expected to be `timeout` already (set
-/// once when the connection opens), so the first writes of a response cost no extra system
-/// call; once more than [`DEADLINE_SLACK`] has passed, the socket timeout is cut to what is left
-/// before each write, and restored when the writer is dropped.
-pub(crate) struct DeadlineWriter<'s, C: Connection> {
-    stream: &'s mut C,
-    timeout: Duration,
-    /// When the whole response must be written by: one deadline over every write call.
-    deadline: Instant,
-    /// Whether the socket's timeout was cut below `timeout` (put back on drop).
-    shortened: bool,
-    /// Whether a write ran out of time.
-    pub(crate) timed_out: bool,
-}
-
-impl<'s, C: Connection> DeadlineWriter<'s, C> {
-    pub(crate) fn new(stream: &'s mut C, timeout: Duration) -> Self {
-        let deadline = Instant::now() + timeout;
-        Self { stream, timeout, deadline, shortened: false, timed_out: false }
-    }
-
-    /// One write call within what is left of the deadline.
-    fn within<T>(&mut self, write: impl FnOnce(&mut C) -> io::Result<T>) -> io::Result<T> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            self.timed_out = true;
-            return Err(io::ErrorKind::TimedOut.into());
+/// Writes a refusal and closes, on a refusal thread of its own so that a slow client does not
+/// hold the accept thread up; with [`REFUSING_MAX`] already busy, the accept thread writes what
+/// the socket takes at once and closes.
+fn send_refusal<C: Connection>(
+    mut stream: C,
+    refusal: Vec<u8>,
+    name: &str,
+    refusing: &Arc<AtomicUsize>,
+) {
+    if refusing.fetch_add(1, Ordering::AcqRel) >= REFUSING_MAX {
+        refusing.fetch_sub(1, Ordering::AcqRel);
+        if stream.set_nonblocking(true).is_ok() {
+            let _ = stream.write_all(&refusal);
         }
-        if left + DEADLINE_SLACK < self.timeout {
-            self.stream.set_write_timeout(Some(left))?;
-            self.shortened = true;
-        }
-        match write(self.stream) {
-            Err(e) if timed_out_kind(e.kind()) => {
-                self.timed_out = true;
-                Err(io::ErrorKind::TimedOut.into())
-            }
-            other => other,
-        }
-    }
-}
-
-impl<C: Connection> Drop for DeadlineWriter<'_, C> {
-    fn drop(&mut self) {
-        if self.shortened {
-            let _ = self.stream.set_write_timeout(Some(self.timeout));
-        }
-    }
-}
-
-fn timed_out_kind(kind: io::ErrorKind) -> bool {
-    matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
-}
-
-/// Every write call, `write_all`'s and vectored ones alike, is bounded by the one deadline.
-impl<C: Connection> Write for DeadlineWriter<'_, C> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.within(|s| s.write(buf))
-    }
-
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        self.within(|s| s.write_vectored(bufs))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.stream.flush()
-    }
-}
-
-/// Sends `out` (within `write_timeout`), then closes without a reset destroying it: the write
-/// side is shut and what the client still sends is read and dropped for a moment (bounded in
-/// time and bytes). For a connection closed after a refusal whose body was not read.
-pub(crate) fn close_after<C: Connection>(stream: &mut C, out: &[u8], write_timeout: Duration) {
-    if DeadlineWriter::new(stream, write_timeout).write_all(out).is_err() {
         return;
     }
-    stream.shutdown_write();
-    let deadline = Instant::now() + CLOSE_DRAIN;
-    let mut sink = [0u8; 16 << 10];
-    let mut drained = 0;
-    while Instant::now() < deadline && drained < CLOSE_DRAIN_BYTES {
-        match stream.read(&mut sink) {
-            Ok(0) => return,
-            Ok(n) => drained += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return,
-        }
+    let _ = stream.set_write_timeout(Some(REFUSAL_WRITE_TIMEOUT));
+    let done = Arc::clone(refusing);
+    let spawned = std::thread::Builder::new().name(format!("{name}-refuse")).spawn(move || {
+        close_after(&mut stream, &refusal, REFUSAL_WRITE_TIMEOUT);
+        done.fetch_sub(1, Ordering::AcqRel);
+    });
+    if spawned.is_err() {
+        refusing.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -24,7 +24,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpucache_dataplane::caller::{Caller, Right, Rights};
 use gpucache_dataplane::checksum::Checksum;
@@ -39,13 +39,11 @@ use gpucache_dataplane::store::{
 };
 use subtle::ConstantTimeEq;
 
-use crate::bounds::{
-    self, BodyCharge, Deadlines, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX,
+use crate::bounds::{self, BodyCharge, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX};
+use crate::connection::{
+    Close, Connection, DeadlineWriter, Drive, Protocol, READ_CHUNK_BYTES, close_after, drive,
 };
-use crate::listener::{
-    Acceptor, AcceptorConfig, Connection, DeadlineWriter, Gate, LocalListener, ReadTick,
-    TurnedAway, read_tick,
-};
+use crate::listener::{Acceptor, AcceptorConfig, Gate, LocalListener, TurnedAway};
 use gpucache_storage::host::segment::Segment;
 
 use crate::auth::{ReplayWindow, TenantAuth};
@@ -59,11 +57,6 @@ use gpucache_wire::{
     begin_get_response, decode_put_request, finish_get_response, get_hit_frame_parts,
     write_all_vectored,
 };
-
-/// How often a blocked read wakes to check for shutdown and idleness.
-const READ_TICK: Duration = Duration::from_millis(100);
-/// Bytes read from a socket per call.
-const READ_CHUNK_BYTES: usize = 256 << 10;
 
 /// Default for [`ServerConfig::clock_skew_max`].
 pub const CLOCK_SKEW_MAX_DEFAULT: Duration = Duration::from_secs(120);
@@ -198,11 +191,10 @@ impl Server {
                 Arc::clone(&gate),
                 AcceptorConfig {
                     name: "gpucache-native",
-                    front: Front::Native,
                     connections_max,
                     shutdown_deadline,
-                    guard: Arc::clone(&guard),
-                    refuse: refuse_busy::<TcpStream>,
+                    guard: Some((Arc::clone(&guard), Front::Native)),
+                    refuse: refuse_busy,
                     serve: move |stream: TcpStream| {
                         serve_connection(stream, &shared, Front::Native);
                     },
@@ -218,11 +210,10 @@ impl Server {
                     gate,
                     AcceptorConfig {
                         name: "gpucache-local",
-                        front: Front::Local,
                         connections_max,
                         shutdown_deadline,
-                        guard,
-                        refuse: refuse_busy::<std::os::unix::net::UnixStream>,
+                        guard: Some((guard, Front::Local)),
+                        refuse: refuse_busy,
                         serve: move |stream| serve_connection(stream, &shared, Front::Local),
                     },
                 )?;
@@ -256,15 +247,14 @@ impl Server {
     }
 }
 
-/// Answers a connection turned away (over `connections_max`, or its address over
-/// `connections_per_peer_max`) with `Busy` and those numbers. Before HELLO there is no session
+/// The answer to a connection turned away (over `connections_max`, or its address over
+/// `connections_per_peer_max`): `Busy` with those numbers. Before HELLO there is no session
 /// key: unsealed.
-fn refuse_busy<C: Write>(stream: &mut C, why: TurnedAway) {
+fn refuse_busy(why: TurnedAway) -> Vec<u8> {
     let (TurnedAway::ConnectionsMax { open, max } | TurnedAway::PerPeer { open, max }) = why;
-    let busy = Response::Error(WireError::Busy { connections: open, max });
-    if let Ok(bytes) = busy.to_frame_bytes(0) {
-        let _ = stream.write_all(&bytes);
-    }
+    Response::Error(WireError::Busy { connections: open, max })
+        .to_frame_bytes(0)
+        .unwrap_or_default()
 }
 
 /// Largest response buffer a connection keeps between responses.
@@ -352,20 +342,26 @@ struct Local<'a> {
     segment: Option<Mapped<'a>>,
 }
 
-fn serve_connection<C: Connection>(mut stream: C, shared: &Shared, front: Front) {
-    stream.set_nodelay();
-    let _ = stream.set_read_timeout(Some(READ_TICK));
-    let write_timeout = shared.config.write_timeout;
-    let _ = stream.set_write_timeout(Some(write_timeout));
+/// One native connection as [`drive`] serves it.
+struct Native<'a> {
+    shared: &'a Shared,
+    front: Front,
+    decoder: FrameDecoder,
+    /// Where reads go when no body is in progress.
+    buf: Vec<u8>,
+    /// The reused response buffer.
+    out: Vec<u8>,
+    session: Option<Session>,
+    /// The body bytes of the frame in progress, charged when its header arrives (before any of
+    /// its body is buffered) and given back once it is answered or the connection ends.
+    charge: BodyCharge<'a>,
+    local: Local<'a>,
+    /// Whether the last read went straight into the decoder's body window.
+    direct: bool,
+}
+
+fn serve_connection<C: Connection>(stream: C, shared: &Shared, front: Front) {
     let guard = &*shared.config.guard;
-    let mut decoder = FrameDecoder::new();
-    let mut buf = vec![0u8; READ_CHUNK_BYTES];
-    let mut out = Vec::new();
-    let mut session: Option<Session> = None;
-    // The body bytes of the frame in progress, charged when its header arrives (before any of
-    // its body is buffered) and given back once it is answered or the connection ends.
-    let mut charge = guard.charge(stream.peer_ip());
-    let mut deadlines = Deadlines::new(guard.bounds(), true);
     let connection = shared.next_connection.fetch_add(1, Ordering::Relaxed);
     let mut local = Local { connection, ..Local::default() };
     // However the connection ends, its open stages are settled (returned or quarantined).
@@ -373,110 +369,130 @@ fn serve_connection<C: Connection>(mut stream: C, shared: &Shared, front: Front)
     if stream.peer_is_loopback() {
         local.offer = shared.config.local.as_ref().map(|p| p.display().to_string());
     }
-    let mut last_request = Instant::now();
-    loop {
-        let seal = session.as_ref().and_then(|s| s.seal.as_ref());
-        if shared.gate.stopping() && decoder.is_idle() {
-            let _ = send(&mut stream, &Response::Error(WireError::ShuttingDown), 0, seal);
-            return;
-        }
-        if let Some(reason) = deadlines.passed(Instant::now()) {
-            guard.count(front, reason);
-            return;
-        }
-        let tenant = session.as_ref().map(|s| &s.caller.tenant);
-        if let Err((id, refused)) = admit_body(&decoder, &mut charge, tenant) {
-            guard.count(front, refused.reason);
-            close_refused(&mut stream, refused.error, id, seal, write_timeout);
-            return;
-        }
-        // The rest of a body in progress is read straight into the decoder's buffer.
-        let direct = decoder.body_window().is_some();
-        let tick = match decoder.body_window() {
-            Some(window) => {
-                read_tick(&mut stream, window, last_request, shared.config.idle_timeout)
-            }
-            None => read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout),
+    let mut native = Native {
+        shared,
+        front,
+        decoder: FrameDecoder::new(),
+        buf: vec![0u8; READ_CHUNK_BYTES],
+        out: Vec::new(),
+        session: None,
+        charge: guard.charge(stream.peer_ip()),
+        local,
+        direct: false,
+    };
+    let how = Drive {
+        gate: &shared.gate,
+        guard,
+        front,
+        idle_timeout: shared.config.idle_timeout,
+        write_timeout: shared.config.write_timeout,
+    };
+    drive(stream, &mut native, &how);
+}
+
+impl Native<'_> {
+    /// Charges the body of the frame whose header has arrived; a refusal is answered and the
+    /// connection is to close.
+    fn admit_or_close<C: Connection>(&mut self, stream: &mut C) -> Result<(), Close> {
+        let tenant = self.session.as_ref().map(|s| &s.caller.tenant);
+        let Err((id, refused)) = admit_body(&self.decoder, &mut self.charge, tenant) else {
+            return Ok(());
         };
-        let n = match tick {
-            ReadTick::Data(n, fd) => {
-                if fd.is_some() && local.pending_fd.is_some() {
-                    tracing::debug!(peer = %stream.peer(), "a second descriptor arrived; closed");
-                } else if fd.is_some() {
-                    local.pending_fd = fd;
-                }
-                n
-            }
-            ReadTick::Quiet => continue,
-            ReadTick::Idle => {
-                guard.count(front, Reason::IdleTimeout);
-                return;
-            }
-            ReadTick::Closed => return,
-        };
-        let mut input = if direct {
-            decoder.commit_body(n);
-            &buf[..0]
+        self.shared.config.guard.count(self.front, refused.reason);
+        let seal = self.session.as_ref().and_then(|s| s.seal.as_ref());
+        close_refused(stream, refused.error, id, seal, self.shared.config.write_timeout);
+        Err(Close)
+    }
+}
+
+impl<C: Connection> Protocol<C> for Native<'_> {
+    fn is_idle(&self) -> bool {
+        self.decoder.is_idle()
+    }
+
+    fn is_authenticated(&self) -> bool {
+        self.session.is_some()
+    }
+
+    fn admit(&mut self, stream: &mut C) -> Result<(), Close> {
+        self.admit_or_close(stream)
+    }
+
+    /// The rest of a body in progress is read straight into the decoder's buffer.
+    fn read_buffer(&mut self) -> &mut [u8] {
+        self.direct = self.decoder.body_window().is_some();
+        match self.decoder.body_window() {
+            Some(window) => window,
+            None => &mut self.buf,
+        }
+    }
+
+    fn received(&mut self, stream: &mut C, n: usize, fd: Option<OwnedFd>) -> Result<bool, Close> {
+        if fd.is_some() && self.local.pending_fd.is_some() {
+            tracing::debug!(peer = %stream.peer(), "a second descriptor arrived; closed");
+        } else if fd.is_some() {
+            self.local.pending_fd = fd;
+        }
+        let (guard, write_timeout) = (&*self.shared.config.guard, self.shared.config.write_timeout);
+        let mut served = false;
+        let mut input = if self.direct {
+            self.decoder.commit_body(n);
+            0..0
         } else {
-            &buf[..n]
+            0..n
         };
         loop {
-            let seal = session.as_ref().and_then(|s| s.seal.as_ref());
-            let tenant = session.as_ref().map(|s| &s.caller.tenant);
-            if let Err((id, refused)) = admit_body(&decoder, &mut charge, tenant) {
-                guard.count(front, refused.reason);
-                close_refused(&mut stream, refused.error, id, seal, write_timeout);
-                return;
-            }
+            self.admit_or_close(stream)?;
             // A header is fed alone, so that its body is charged before any of it is buffered.
-            let take = decoder.header_missing().map_or(input.len(), |m| m.min(input.len()));
-            let mut part = &input[..take];
-            let fed = decoder.feed(&mut part);
-            input = &input[take - part.len()..];
+            let take = self.decoder.header_missing().map_or(input.len(), |m| m.min(input.len()));
+            let mut part = &self.buf[input.start..input.start + take];
+            let fed = self.decoder.feed(&mut part);
+            input.start += take - part.len();
             match fed {
                 Ok(Some(frame)) => {
-                    last_request = Instant::now();
-                    let mut writer = DeadlineWriter::new(&mut stream, write_timeout);
-                    let served = serve_frame(
+                    served = true;
+                    let mut writer = DeadlineWriter::new(&mut *stream, write_timeout);
+                    let answered = serve_frame(
                         &frame,
-                        &mut session,
-                        &mut local,
-                        shared,
+                        &mut self.session,
+                        &mut self.local,
+                        self.shared,
                         &mut writer,
-                        &mut out,
+                        &mut self.out,
                     );
                     if writer.timed_out {
-                        guard.count(front, Reason::WriteTimeout);
+                        guard.count(self.front, Reason::WriteTimeout);
                     }
-                    decoder.recycle(frame.body);
+                    self.decoder.recycle(frame.body);
                     // The body is served and its buffer kept for reuse or freed: not in flight.
-                    charge.release();
-                    if session.is_some() {
-                        deadlines.authenticated();
-                    }
-                    if !matches!(served, Ok(true)) {
-                        return;
+                    self.charge.release();
+                    if !matches!(answered, Ok(true)) {
+                        return Err(Close);
                     }
                 }
-                Ok(None) if input.is_empty() => break,
+                Ok(None) if input.is_empty() => return Ok(served),
                 Ok(None) => {}
                 Err(fe) => {
-                    charge.release();
-                    let seal = session.as_ref().and_then(|s| s.seal.as_ref());
+                    self.charge.release();
+                    let seal = self.session.as_ref().and_then(|s| s.seal.as_ref());
                     let closes = fe.resync_impossible() || fe.error.closes_connection();
                     let id = fe.request_id.unwrap_or(0);
-                    let mut writer = DeadlineWriter::new(&mut stream, write_timeout);
+                    let mut writer = DeadlineWriter::new(&mut *stream, write_timeout);
                     let sent = send(&mut writer, &Response::Error(fe.error), id, seal);
                     if writer.timed_out {
-                        guard.count(front, Reason::WriteTimeout);
+                        guard.count(self.front, Reason::WriteTimeout);
                     }
                     if closes || sent.is_err() {
-                        return;
+                        return Err(Close);
                     }
                 }
             }
         }
-        deadlines.in_request(!decoder.is_idle());
+    }
+
+    fn stopping(&mut self, stream: &mut C) {
+        let seal = self.session.as_ref().and_then(|s| s.seal.as_ref());
+        let _ = send(stream, &Response::Error(WireError::ShuttingDown), 0, seal);
     }
 }
 
@@ -512,7 +528,7 @@ fn close_refused<C: Connection>(
 ) {
     let mut bytes = Vec::new();
     if Response::Error(error).encode_sealed_frame(request_id, seal, &mut bytes).is_ok() {
-        crate::listener::close_after(stream, &bytes, write_timeout);
+        close_after(stream, &bytes, write_timeout);
     }
 }
 

@@ -4,27 +4,26 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpucache_dataplane::store::Store;
 use gpucache_wire::resp::{Reply, RequestDecoder, RespVersion};
 
-use crate::bounds::{Deadlines, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX};
-use crate::listener::{
-    Acceptor, AcceptorConfig, DeadlineWriter, Gate, ReadTick, TurnedAway, close_after, read_tick,
+use crate::bounds::{BodyCharge, Front, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX};
+use crate::connection::{
+    Close, DeadlineWriter, Drive, Protocol, READ_CHUNK_BYTES, close_after, drive,
 };
+use crate::listener::{Acceptor, AcceptorConfig, Gate, TurnedAway};
 
 use super::config::RespConfig;
 use super::expiry::Expiries;
 use super::session::{Library, RespSession, Shared, Then};
 
-/// How often a blocked read wakes to check for shutdown and idleness.
-const READ_TICK: Duration = Duration::from_millis(100);
-/// Bytes read from a socket per call.
-const READ_CHUNK_BYTES: usize = 256 << 10;
 /// Buffered replies are written out once they reach this size.
 const REPLY_FLUSH_BYTES: usize = 256 << 10;
 /// Buffers grown past this by one large request or reply are given back afterwards.
@@ -75,21 +74,18 @@ impl RespServer {
             gate,
             AcceptorConfig {
                 name: "gpucache-resp",
-                front: Front::Resp,
                 connections_max,
                 shutdown_deadline,
-                guard,
-                refuse: |stream: &mut TcpStream, why: TurnedAway| {
-                    let text = match why {
-                        TurnedAway::ConnectionsMax { .. } => {
-                            "-ERR max number of clients reached\r\n".to_owned()
-                        }
-                        TurnedAway::PerPeer { open, max } => format!(
-                            "-ERR max number of clients reached for this address ({open} of \
-                             {max})\r\n"
-                        ),
-                    };
-                    let _ = stream.write_all(text.as_bytes());
+                guard: Some((guard, Front::Resp)),
+                refuse: |why: TurnedAway| match why {
+                    TurnedAway::ConnectionsMax { .. } => {
+                        b"-ERR max number of clients reached\r\n".to_vec()
+                    }
+                    TurnedAway::PerPeer { open, max } => format!(
+                        "-ERR max number of clients reached for this address ({open} of \
+                         {max})\r\n"
+                    )
+                    .into_bytes(),
                 },
                 serve: move |stream: TcpStream| serve_connection(stream, &shared),
             },
@@ -114,53 +110,94 @@ impl RespServer {
     }
 }
 
-fn serve_connection(mut stream: TcpStream, shared: &Shared) {
-    let peer = stream.peer_addr().ok();
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(READ_TICK));
-    let write_timeout = shared.config.write_timeout;
-    let _ = stream.set_write_timeout(Some(write_timeout));
+/// One RESP connection as [`drive`] serves it.
+struct Resp<'a> {
+    session: RespSession<'a>,
+    shared: &'a Shared,
+    peer: Option<IpAddr>,
+    decoder: RequestDecoder,
+    buf: Vec<u8>,
+    /// Replies waiting to be written.
+    out: Vec<u8>,
+    /// What the decoder holds, charged before each read is appended to it.
+    charge: BodyCharge<'a>,
+}
+
+fn serve_connection(stream: TcpStream, shared: &Shared) {
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     let guard = &*shared.config.guard;
-    let tenant = &shared.config.tenant.tenant;
-    // What the decoder holds, charged before each read is appended to it.
-    let mut charge = guard.charge(peer.map(|a| a.ip()));
-    let mut deadlines = Deadlines::new(guard.bounds(), shared.config.auth.is_some());
-    let mut decoder = RequestDecoder::new(shared.config.limits);
-    let mut buf = vec![0u8; READ_CHUNK_BYTES];
-    let mut out: Vec<u8> = Vec::new();
-    let mut last_request = Instant::now();
-    let session = RespSession {
-        store: &*shared.store,
-        caller: &shared.config.tenant,
-        namespace: &shared.config.namespace,
+    let mut resp = Resp {
+        session: RespSession {
+            store: &*shared.store,
+            caller: &shared.config.tenant,
+            namespace: &shared.config.namespace,
+            shared,
+            authenticated: Cell::new(shared.config.auth.is_none()),
+            version: Cell::new(RespVersion::Resp2),
+            id: shared.next_client_id.fetch_add(1, Ordering::Relaxed),
+            name: RefCell::new(None),
+            library: RefCell::new(Library::default()),
+            transaction: RefCell::new(None),
+        },
         shared,
-        authenticated: Cell::new(shared.config.auth.is_none()),
-        version: Cell::new(RespVersion::Resp2),
-        id: shared.next_client_id.fetch_add(1, Ordering::Relaxed),
-        name: RefCell::new(None),
-        library: RefCell::new(Library::default()),
-        transaction: RefCell::new(None),
+        peer,
+        decoder: RequestDecoder::new(shared.config.limits),
+        buf: vec![0u8; READ_CHUNK_BYTES],
+        out: Vec::new(),
+        charge: guard.charge(peer),
     };
-    loop {
-        if shared.gate.stopping() && decoder.is_idle() {
-            return;
+    let how = Drive {
+        gate: &shared.gate,
+        guard,
+        front: Front::Resp,
+        idle_timeout: shared.config.idle_timeout,
+        write_timeout: shared.config.write_timeout,
+    };
+    drive(stream, &mut resp, &how);
+}
+
+impl Resp<'_> {
+    /// Answers with an error and closes.
+    fn close_with(&mut self, stream: &mut TcpStream, text: String) {
+        Reply::Error(text).encode(&mut self.out);
+        close_after(stream, &self.out, self.shared.config.write_timeout);
+    }
+
+    /// Writes the buffered replies within one deadline for all of them; false (the connection
+    /// is to close) when the client did not take them in time (counted) or the write failed.
+    fn write_out(&mut self, stream: &mut TcpStream) -> bool {
+        let mut writer = DeadlineWriter::new(stream, self.shared.config.write_timeout);
+        let written = writer.write_all(&self.out).is_ok();
+        if writer.timed_out {
+            self.shared.config.guard.count(Front::Resp, Reason::WriteTimeout);
         }
-        if let Some(reason) = deadlines.passed(Instant::now()) {
-            guard.count(Front::Resp, reason);
-            return;
-        }
-        let n = match read_tick(&mut stream, &mut buf, last_request, shared.config.idle_timeout) {
-            // RESP clients cannot send descriptors over TCP; nothing to keep.
-            ReadTick::Data(n, _) => n,
-            ReadTick::Quiet => continue,
-            ReadTick::Idle => {
-                guard.count(Front::Resp, Reason::IdleTimeout);
-                return;
-            }
-            ReadTick::Closed => return,
-        };
-        let held = u64::try_from(decoder.buffered() + n).unwrap_or(u64::MAX);
-        let refused = if !session.authenticated.get() && held > UNAUTHENTICATED_REQUEST_BYTES_MAX {
+        self.out.clear();
+        written
+    }
+}
+
+impl Protocol<TcpStream> for Resp<'_> {
+    fn is_idle(&self) -> bool {
+        self.decoder.is_idle()
+    }
+
+    fn is_authenticated(&self) -> bool {
+        self.session.authenticated.get()
+    }
+
+    fn read_buffer(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+
+    fn received(
+        &mut self,
+        stream: &mut TcpStream,
+        n: usize,
+        _fd: Option<OwnedFd>,
+    ) -> Result<bool, Close> {
+        let tenant = &self.shared.config.tenant.tenant;
+        let held = u64::try_from(self.decoder.buffered() + n).unwrap_or(u64::MAX);
+        let refused = if !self.is_authenticated() && held > UNAUTHENTICATED_REQUEST_BYTES_MAX {
             Some((
                 Reason::Oversize,
                 format!(
@@ -169,67 +206,53 @@ fn serve_connection(mut stream: TcpStream, shared: &Shared) {
                 ),
             ))
         } else {
-            charge.set(held, Some(tenant)).err().map(|r| (r.reason, format!("BUSY {}", r.error)))
+            self.charge
+                .set(held, Some(tenant))
+                .err()
+                .map(|r| (r.reason, format!("BUSY {}", r.error)))
         };
         if let Some((reason, text)) = refused {
-            guard.count(Front::Resp, reason);
-            tracing::debug!(?peer, reason = reason.as_str(), "closing a RESP connection: refused");
-            Reply::Error(text).encode(&mut out);
-            close_after(&mut stream, &out, write_timeout);
-            return;
+            self.shared.config.guard.count(Front::Resp, reason);
+            tracing::debug!(peer = ?self.peer, reason = reason.as_str(), "closing a RESP connection: refused");
+            self.close_with(stream, text);
+            return Err(Close);
         }
-        decoder.feed(&buf[..n]);
+        self.decoder.feed(&self.buf[..n]);
+        let mut served = false;
         loop {
-            match decoder.next_request() {
+            match self.decoder.next_request() {
                 Ok(Some(args)) => {
-                    last_request = Instant::now();
-                    let (reply, then) = session.execute(&args);
-                    if session.authenticated.get() {
-                        deadlines.authenticated();
-                    }
-                    reply.encode_as(session.version.get(), &mut out);
+                    served = true;
+                    let (reply, then) = self.session.execute(&args);
+                    reply.encode_as(self.session.version.get(), &mut self.out);
                     if then == Then::Close {
-                        close_after(&mut stream, &out, write_timeout);
-                        return;
+                        close_after(stream, &self.out, self.shared.config.write_timeout);
+                        return Err(Close);
                     }
-                    if out.len() >= REPLY_FLUSH_BYTES {
-                        if !write_out(&mut stream, &out, write_timeout, guard) {
-                            return;
-                        }
-                        out.clear();
+                    if self.out.len() >= REPLY_FLUSH_BYTES && !self.write_out(stream) {
+                        return Err(Close);
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::debug!(?peer, error = %e, "closing a RESP connection: bad request");
-                    Reply::Error(format!("ERR Protocol error: {e}")).encode(&mut out);
-                    close_after(&mut stream, &out, write_timeout);
-                    return;
+                    tracing::debug!(peer = ?self.peer, error = %e, "closing a RESP connection: bad request");
+                    self.close_with(stream, format!("ERR Protocol error: {e}"));
+                    return Err(Close);
                 }
             }
         }
         // What is left buffered is part of the next request (shrinking cannot be refused).
-        let _ = charge.set(u64::try_from(decoder.buffered()).unwrap_or(u64::MAX), Some(tenant));
-        deadlines.in_request(!decoder.is_idle());
-        if !out.is_empty() {
-            if !write_out(&mut stream, &out, write_timeout, guard) {
-                return;
+        let _ = self
+            .charge
+            .set(u64::try_from(self.decoder.buffered()).unwrap_or(u64::MAX), Some(tenant));
+        if !self.out.is_empty() {
+            if !self.write_out(stream) {
+                return Err(Close);
             }
-            out.clear();
-            if out.capacity() > BUFFER_KEEP_BYTES {
-                out = Vec::new();
+            if self.out.capacity() > BUFFER_KEEP_BYTES {
+                self.out = Vec::new();
             }
         }
+        Ok(served)
     }
-}
-
-/// Writes replies within one deadline for all of them; false (the connection is to close) when
-/// the client did not take them in time (counted) or the write failed.
-fn write_out(stream: &mut TcpStream, out: &[u8], write_timeout: Duration, guard: &Guard) -> bool {
-    let mut writer = DeadlineWriter::new(stream, write_timeout);
-    let written = writer.write_all(out).is_ok();
-    if writer.timed_out {
-        guard.count(Front::Resp, Reason::WriteTimeout);
-    }
-    written
 }

@@ -47,11 +47,11 @@ impl Check {
         self.name
     }
 
-    /// `store_io`: the store's latest I/O on its medium succeeded (a store that does not track
-    /// its I/O passes).
+    /// `store_io`: the store's latest write and latest read on its medium succeeded (a store
+    /// that does not track its I/O passes).
     pub fn store_io(store: Arc<dyn Store>) -> Self {
         Self::new("store_io", move || match store.condition().io_failure {
-            Some(Some(error)) => Err(format!("the store's latest I/O failed: {error}")),
+            Some(Some(error)) => Err(format!("the store's latest I/O failed, {error}")),
             _ => Ok(()),
         })
     }

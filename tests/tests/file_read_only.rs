@@ -280,8 +280,21 @@ fn a_read_only_mount_refuses_invalidations_and_puts_and_keeps_every_block() {
         assert_eq!(store.stats(), before, "a refused put changed the store");
         assert_eq!(common::all_block_files(&root), files);
         assert!(common::tmp_files(&root).is_empty());
-        drop(store);
+        // Readiness sees the refused write, and reads that still succeed do not hide it.
+        assert_exact(&store, &k2, &d2, "k2 read after the refused put");
+        let failing = store.condition().io_failure.flatten();
+        assert!(
+            failing
+                .as_deref()
+                .is_some_and(|f| f.starts_with("writing:") && f.contains("Read-only")),
+            "the store's condition after a refused put: {failing:?}"
+        );
+        // Writes succeed again once the mount is writable, and the condition clears.
         drop(mount);
+        put_ok(&store, &k3, &common::payload(33, 9000));
+        assert_eq!(store.condition().io_failure, Some(None), "a successful put clears it");
+        assert_eq!(store.invalidate(&caller(0), &k3), Ok(Invalidate::Removed));
+        drop(store);
     }
     // After the restart every block is there with its bytes; the refused put is not.
     let store = open_plain(&root);

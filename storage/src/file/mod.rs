@@ -42,7 +42,7 @@ use gpucache_dataplane::store::{
 
 use crate::catalog::{Catalog, Restored};
 use crate::evict::PolicyKind;
-use engine::{EngineChoice, EngineConfig, IoEngine};
+use engine::{EngineChoice, EngineConfig, IoEngine, IoSide};
 pub use fsck::{FsckReport, fsck};
 pub use layout::BlockFileError;
 use open_files::OpenFiles;
@@ -539,6 +539,9 @@ impl FileStore {
             }
             Ok(())
         })();
+        // The steps outside the engine (the create, the rename, the directory sync) fail on a
+        // medium that stopped taking writes first: readiness must see them too.
+        self.io_watch.record(IoSide::Write, &result);
         match result {
             Ok(()) => Ok((final_path, header.len() as u64, checksum)),
             Err(e) => {

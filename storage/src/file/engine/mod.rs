@@ -53,18 +53,25 @@ pub fn build_explained(
     }
 }
 
-/// The outcome of the latest I/O call of a [`Watched`] engine, for the store's readiness.
+/// Which way an I/O call moved bytes. Reads and writes are watched apart, so that a medium
+/// that still reads but no longer writes (a file system remounted read-only, a directory the
+/// process may no longer write) stays failing however many reads succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoSide {
+    Read,
+    /// Writing, flushing, creating, renaming or removing.
+    Write,
+}
+
+/// The outcome of the latest call of one [`IoSide`].
 #[derive(Debug, Default)]
-pub struct IoWatch {
+struct Latest {
     /// Set while the latest call failed: a success then takes the lock once to clear it.
     failing: std::sync::atomic::AtomicBool,
     failure: std::sync::Mutex<Option<String>>,
 }
 
-impl IoWatch {
-    /// Records a call's outcome. A name already gone (`NotFound`) or a file shorter than its
-    /// header says (`UnexpectedEof`, a damaged block the store drops) is the caller's to judge,
-    /// not a failing medium, and changes nothing.
+impl Latest {
     fn record<T>(&self, result: &io::Result<T>) {
         use std::sync::atomic::Ordering;
         match result {
@@ -83,9 +90,38 @@ impl IoWatch {
         }
     }
 
-    /// The error of the latest call when it failed; `None` when it succeeded (or none ran).
-    pub fn failure(&self) -> Option<String> {
+    fn failure(&self) -> Option<String> {
         self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// The outcome of the latest read and the latest write of a store's medium, for the store's
+/// readiness: the engine's calls (through [`Watched`]) and the steps the store takes itself
+/// (creating, renaming and flushing block files and directories).
+#[derive(Debug, Default)]
+pub struct IoWatch {
+    reads: Latest,
+    writes: Latest,
+}
+
+impl IoWatch {
+    /// Records a call's outcome. A name already gone (`NotFound`) or a file shorter than its
+    /// header says (`UnexpectedEof`, a damaged block the store drops) is the caller's to judge,
+    /// not a failing medium, and changes nothing.
+    pub fn record<T>(&self, side: IoSide, result: &io::Result<T>) {
+        match side {
+            IoSide::Read => self.reads.record(result),
+            IoSide::Write => self.writes.record(result),
+        }
+    }
+
+    /// What failed, when the latest write or the latest read failed (the write first); `None`
+    /// when both succeeded (or none ran).
+    pub fn failure(&self) -> Option<String> {
+        if let Some(e) = self.writes.failure() {
+            return Some(format!("writing: {e}"));
+        }
+        self.reads.failure().map(|e| format!("reading: {e}"))
     }
 }
 
@@ -112,18 +148,18 @@ impl IoEngine for Watched {
     }
     fn write_all_at(&self, file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
         let r = self.inner.write_all_at(file, offset, data);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Write, &r);
         r
     }
     fn read_exact_at(&self, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let r = self.inner.read_exact_at(file, offset, buf);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Read, &r);
         r
     }
     fn read_batch(&self, reads: &mut [BatchRead<'_>]) -> Vec<io::Result<()>> {
         let results = self.inner.read_batch(reads);
         for r in &results {
-            self.watch.record(r);
+            self.watch.record(IoSide::Read, r);
         }
         results
     }
@@ -134,33 +170,33 @@ impl IoEngine for Watched {
     ) -> Vec<io::Result<()>> {
         let results = self.inner.read_batch_then(reads, done);
         for r in &results {
-            self.watch.record(r);
+            self.watch.record(IoSide::Read, r);
         }
         results
     }
     fn sync(&self, file: &File) -> io::Result<()> {
         let r = self.inner.sync(file);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Write, &r);
         r
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let r = self.inner.remove_file(path);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Write, &r);
         r
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let r = self.inner.sync_dir(dir);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Write, &r);
         r
     }
     fn staging(&self, len: usize) -> io::Result<Staging> {
         let r = self.inner.staging(len);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Write, &r);
         r
     }
     fn staging_for_read(&self, len: usize) -> io::Result<Staging> {
         let r = self.inner.staging_for_read(len);
-        self.watch.record(&r);
+        self.watch.record(IoSide::Read, &r);
         r
     }
 }

@@ -451,10 +451,12 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
 
 /// Keys whose documented default is a sentence rather than a value (unset, required, derived
 /// from other keys): the tables say what happens, and the embedded default leaves them unset.
-const DOCUMENTED_WITHOUT_A_VALUE: [&str; 15] = [
+const DOCUMENTED_WITHOUT_A_VALUE: [&str; 17] = [
     "store.tiers",
     // Keys of `[[store.tiers]]` sections, whose defaults a test above reads from the config.
     "store.tiers.write",
+    "store.tiers.write_back_dirty_max",
+    "store.tiers.write_back_age_max_ms",
     "store.tiers.memory",
     "store.eviction",
     "listen.resp_tenant",
@@ -668,12 +670,15 @@ fn tiered_store_sections_set_each_tier_and_mistakes_name_store_tiers() {
     assert!(m.capacity_bytes <= 4 << 30 && m.capacity_bytes > 0);
     assert_eq!((m.policy, m.promote), (PolicyKind::Prefix, true));
     assert_eq!((m.write, m.backing), (WriteMode::Through, TierMemory::Mapped));
+    // What docs/OPERATIONS.md states for the write-back window.
+    assert_eq!((m.window.dirty_bytes_max, m.window.dirty_age_max_ms), (256 << 20, 5_000));
     assert_eq!(d.file_store_config().policy, PolicyKind::Prefix);
-    let text = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\neviction = \"lru\"\npromote = false\nwrite = \"back\"\nmemory = \"heap\"\n[[store.tiers]]\nkind = \"file\"\ncapacity = \"1GiB\"\neviction = \"arc\"\n";
+    let text = "[store]\nkind = \"tiered\"\n[[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\neviction = \"lru\"\npromote = false\nwrite = \"back\"\nwrite_back_dirty_max = \"8MiB\"\nwrite_back_age_max_ms = 250\nmemory = \"heap\"\n[[store.tiers]]\nkind = \"file\"\ncapacity = \"1GiB\"\neviction = \"arc\"\n";
     let c = ValidConfig::from_toml_str(text).unwrap();
     let m = c.store.memory_tier();
     assert_eq!((m.capacity_bytes, m.policy, m.promote), (64 << 20, PolicyKind::Lru, false));
     assert_eq!((m.write, m.backing), (WriteMode::Back, TierMemory::Heap));
+    assert_eq!((m.window.dirty_bytes_max, m.window.dirty_age_max_ms), (8 << 20, 250));
     assert_eq!(c.store.eviction(), Eviction::Policy(PolicyKind::Arc));
     let f = c.file_store_config();
     assert_eq!((f.policy, f.limits.retained_bytes_max), (PolicyKind::Arc, 1 << 30));

@@ -158,6 +158,9 @@ pub enum StoreOpenError {
     /// The DPU agent did not start (before the file store behind it is opened).
     #[error(transparent)]
     Dpu(#[from] DpuStartError),
+    /// `[[store.tiers]] write = "back"`: the thread that writes waiting blocks did not start.
+    #[error("store.tiers: cannot start the write-back flusher: {source}")]
+    Flusher { source: std::io::Error },
 }
 
 impl StoreOpenError {
@@ -167,7 +170,7 @@ impl StoreOpenError {
             Self::FileStore { .. } => "store.root",
             Self::Memory { .. } => "limits",
             Self::Preallocate { .. } => "store.preallocate",
-            Self::TierMapping { .. } | Self::Cold { .. } => "store.tiers",
+            Self::TierMapping { .. } | Self::Cold { .. } | Self::Flusher { .. } => "store.tiers",
             Self::Dpu(e) => e.key(),
         }
     }
@@ -316,6 +319,7 @@ impl ValidConfig {
                     reason: store.file().engine_reason().to_owned(),
                 });
                 let store = Arc::new(store);
+                store.start_flusher().map_err(|source| StoreOpenError::Flusher { source })?;
                 let tiered = Some(Arc::clone(&store));
                 match self.store.s3_tier() {
                     Some(section) => {

@@ -106,10 +106,30 @@ impl Collector for TierSeries {
             (
                 "gpucache_tier_write_back_lost",
                 "Write-back: acknowledged blocks lost before their file was written (the write \
-                 failed, or the only copy was found damaged)",
+                 failed, the only copy was found damaged, or the process stopped first: counted \
+                 at the next start)",
             ),
             &[(&[], c.write_back_lost)],
             counter,
+        )?;
+        family(
+            e,
+            (
+                "gpucache_tier_write_back_dirty_blocks",
+                "Write-back: acknowledged blocks whose file is not written yet (what a crash now \
+                 would lose)",
+            ),
+            &[(&[], c.dirty_blocks)],
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "gpucache_tier_write_back_dirty_bytes",
+                "Write-back: payload bytes of acknowledged blocks whose file is not written yet",
+            ),
+            &[(&[], c.dirty_bytes)],
+            gauge,
         )?;
         family(
             e,

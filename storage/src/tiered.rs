@@ -11,10 +11,13 @@
 //! - **Back**: the file tier admits and records the block without writing it
 //!   ([`FileStore::commit_deferred`]), the memory tier takes the bytes, and the PUT is
 //!   acknowledged. The block's file is written when the memory tier evicts it (a demotion:
-//!   the evicted bytes go down instead of being dropped) or when the store flushes (on drop).
-//!   A block the memory tier cannot take is written at once. A crash loses the blocks not
-//!   written yet (clean misses after the restart, never torn ones: a block file is written
-//!   under a temporary name and renamed whole).
+//!   the evicted bytes go down instead of being dropped), when it has waited
+//!   [`WriteBackWindow::dirty_age_max_ms`] (the flusher thread writes it), or when the store
+//!   flushes (on drop). A block the memory tier cannot take, or one that would take the bytes
+//!   waiting past [`WriteBackWindow::dirty_bytes_max`], is written at once. A crash loses the
+//!   blocks not written yet (clean misses after the restart, never torn ones: a block file is
+//!   written under a temporary name and renamed whole); the file tier's write-back journal
+//!   lets the next open count them ([`TierCounters::write_back_lost`]).
 //!
 //! The memory tier is a [`MemoryStore`] that evicts by its own policy within its own capacity,
 //! carving blocks out of one mapping advised for transparent huge pages. A GET tries it first
@@ -56,6 +59,37 @@ const STRIPES: usize = 64;
 
 /// Most file-tier evictions a watched store remembers for a test between two looks.
 const TEST_LOG_MAX: usize = 4096;
+
+/// Default for [`WriteBackWindow::dirty_bytes_max`].
+pub const WRITE_BACK_DIRTY_BYTES_DEFAULT: u64 = 256 << 20;
+/// Default for [`WriteBackWindow::dirty_age_max_ms`].
+pub const WRITE_BACK_DIRTY_AGE_DEFAULT_MS: u64 = 5_000;
+/// Acknowledged blocks the write-back queue keeps in order at most; a PUT past it is written
+/// at once.
+pub const WRITE_BACK_QUEUE_MAX: usize = 1 << 20;
+/// Longest pause of the write-back flusher between two looks at the oldest waiting block.
+const FLUSH_TICK_MAX_MS: u64 = 1_000;
+
+/// What write-back may hold acknowledged and not yet on disk: what a crash can lose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteBackWindow {
+    /// Payload bytes of acknowledged blocks without a file, at most. A PUT that would pass it
+    /// is written at once, as under write-through (concurrent PUTs may each pass the check, so
+    /// the bound can be passed by at most one block per PUT in flight).
+    pub dirty_bytes_max: u64,
+    /// How long an acknowledged block waits for its file at most, give or take a flusher tick
+    /// (a quarter of it, at most a second) and the time to write the blocks before it.
+    pub dirty_age_max_ms: u64,
+}
+
+impl Default for WriteBackWindow {
+    fn default() -> Self {
+        Self {
+            dirty_bytes_max: WRITE_BACK_DIRTY_BYTES_DEFAULT,
+            dirty_age_max_ms: WRITE_BACK_DIRTY_AGE_DEFAULT_MS,
+        }
+    }
+}
 
 /// How a PUT reaches the file tier (see the module documentation).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -124,6 +158,8 @@ pub struct MemoryTier {
     /// Copy a block up when a GET finds it only in the file tier.
     pub promote: bool,
     pub write: WriteMode,
+    /// What write-back may hold unwritten (unused under write-through).
+    pub window: WriteBackWindow,
     pub backing: TierMemory,
 }
 
@@ -135,6 +171,7 @@ impl MemoryTier {
             policy,
             promote: true,
             write: WriteMode::Through,
+            window: WriteBackWindow::default(),
             backing: TierMemory::Mapped,
         }
     }
@@ -177,9 +214,13 @@ pub struct TierCounters {
     /// Blocks whose file was written after their PUT was acknowledged (write-back: at a
     /// demotion, a flush, or when memory could not take them).
     pub written_back: u64,
-    /// Acknowledged blocks lost before they were written (write-back: the write failed, or
-    /// the memory copy was found damaged or let go).
+    /// Acknowledged blocks lost before they were written (write-back: the write failed, the
+    /// memory copy was found damaged or let go, or, counted at the open, the process stopped
+    /// before their files were written).
     pub write_back_lost: u64,
+    /// Acknowledged blocks without a file now (write-back), and their payload bytes.
+    pub dirty_blocks: u64,
+    pub dirty_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -205,10 +246,24 @@ pub struct TieredStore {
     file: FileStore,
     promote: bool,
     write: WriteMode,
+    window: WriteBackWindow,
+    /// Write-back: blocks acknowledged without a file, oldest first (some since written by a
+    /// demotion, or gone; the flusher passes over those).
+    dirty: Mutex<VecDeque<Dirty>>,
+    clock: Arc<dyn Clock>,
     stripes: Vec<Mutex<()>>,
     counters: Counters,
     /// File-tier evictions, kept for a test when it asks for them.
     test_log: Mutex<Option<VecDeque<PhysicalKey>>>,
+}
+
+/// A block acknowledged under write-back, when, and which version.
+#[derive(Debug)]
+struct Dirty {
+    at_ms: u64,
+    key: PhysicalKey,
+    checksum: Checksum,
+    len: usize,
 }
 
 /// The caller the store acts as for a block's own tenant when it moves the block between tiers.
@@ -247,13 +302,16 @@ impl TieredStore {
         };
         let memory_store =
             MemoryStore::with_options(limits, Arc::clone(&clock), Box::new(LocalEpochs), options)?;
-        let file_store = file.open(clock)?;
+        let file_store = file.open(Arc::clone(&clock))?;
         file_store.take_evicted();
         Ok(Self {
             memory: memory_store,
             file: file_store,
             promote: memory.promote,
             write: memory.write,
+            window: memory.window,
+            dirty: Mutex::new(VecDeque::new()),
+            clock,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             counters: Counters::default(),
             test_log: Mutex::new(None),
@@ -295,8 +353,98 @@ impl TieredStore {
             demotions: self.memory.stats().evictions,
             written_back: get(&c.written_back),
             // Evicted blocks whose bytes the memory tier let go before they were collected
-            // (more than 4,096 waiting) were lost too.
-            write_back_lost: get(&c.write_back_lost) + self.memory.handed_down_dropped(),
+            // (more than 4,096 waiting) were lost too, and so were those the open found.
+            write_back_lost: get(&c.write_back_lost)
+                + self.memory.handed_down_dropped()
+                + self.file.open_report().write_back_lost.blocks,
+            dirty_blocks: self.file.deferred_totals().0,
+            dirty_bytes: self.file.deferred_totals().1,
+        }
+    }
+
+    /// Write-back's bounds.
+    pub fn write_back_window(&self) -> WriteBackWindow {
+        self.window
+    }
+
+    /// Write-back: starts the thread that writes the files of blocks acknowledged more than
+    /// [`WriteBackWindow::dirty_age_max_ms`] ago ([`Self::flush_aged`]), every quarter of that
+    /// age (at most every second). It holds the store weakly and ends once the store is
+    /// dropped. Nothing to start under write-through.
+    pub fn start_flusher(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.write != WriteMode::Back {
+            return Ok(());
+        }
+        let store = Arc::downgrade(self);
+        let tick = std::time::Duration::from_millis(
+            (self.window.dirty_age_max_ms / 4).clamp(1, FLUSH_TICK_MAX_MS),
+        );
+        std::thread::Builder::new().name("gpucache-write-back".into()).spawn(move || {
+            loop {
+                std::thread::park_timeout(tick);
+                let Some(store) = store.upgrade() else { return };
+                store.flush_aged();
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Write-back: writes the file of every block acknowledged at least
+    /// [`WriteBackWindow::dirty_age_max_ms`] ago (by the store's clock) that still waits for
+    /// one; returns how many were written.
+    pub fn flush_aged(&self) -> usize {
+        if self.write != WriteMode::Back {
+            return 0;
+        }
+        self.demote_evicted();
+        let now = self.clock.now_ms();
+        let age = self.window.dirty_age_max_ms;
+        let mut buf = Vec::new();
+        let mut written = 0;
+        loop {
+            let next = {
+                let mut dirty = self.dirty.lock().unwrap_or_else(|p| p.into_inner());
+                match dirty.front() {
+                    Some(d) if now.saturating_sub(d.at_ms) >= age => dirty.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some(d) = next else { break };
+            if self.file.is_deferred(&d.key)
+                && self.write_from_memory(&d.key, d.checksum, d.len, &mut buf)
+            {
+                written += 1;
+            }
+        }
+        written
+    }
+
+    /// Write-back: writes the file of `key`'s block (`checksum`, `len` bytes) from its copy
+    /// in memory; whether it was written. A block memory no longer holds, or that no longer
+    /// waits, is left as it is.
+    fn write_from_memory(
+        &self,
+        key: &PhysicalKey,
+        checksum: Checksum,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> bool {
+        let _order = self.stripe(key);
+        buf.resize(len, 0);
+        let held = self.memory.get_into(&owner(key), key, buf);
+        if !matches!(held, Ok(Get::Hit { checksum: c, .. }) if c == checksum) {
+            return false;
+        }
+        match self.file.write_deferred(key, checksum, buf) {
+            Ok(true) => {
+                bump(&self.counters.written_back);
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "write-back of a block failed; it stays in memory");
+                false
+            }
         }
     }
 
@@ -389,12 +537,24 @@ impl TieredStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Put, StoreError> {
+        let waiting = self.file.deferred_totals().1;
+        let queued = self.dirty.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if waiting.saturating_add(src.len() as u64) > self.window.dirty_bytes_max
+            || queued >= WRITE_BACK_QUEUE_MAX
+        {
+            return self.put_now(caller, key, src, request, expected);
+        }
         let answer = {
             let _order = self.stripe(key);
             match self.file.commit_deferred(caller, key, src, request, expected) {
-                Ok(Put::Committed(checksum)) => {
-                    self.hold(key, src, checksum).map(|()| Put::Committed(checksum))
-                }
+                Ok(Put::Committed(checksum)) => self.hold(key, src, checksum).map(|deferred| {
+                    if deferred {
+                        let at_ms = self.clock.now_ms();
+                        let d = Dirty { at_ms, key: key.clone(), checksum, len: src.len() };
+                        self.dirty.lock().unwrap_or_else(|p| p.into_inner()).push_back(d);
+                    }
+                    Put::Committed(checksum)
+                }),
                 other => other,
             }
         };
@@ -403,25 +563,50 @@ impl TieredStore {
         answer
     }
 
+    /// Write-back over its window: the PUT is written through.
+    fn put_now(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        src: &[u8],
+        request: Option<RequestId>,
+        expected: Option<Checksum>,
+    ) -> Result<Put, StoreError> {
+        let answer = match expected {
+            None => self.file.put(caller, key, src, request),
+            Some(sum) => {
+                let item = BatchPut { key, src, request };
+                let mut answers = self.file.put_batch_checked(caller, &[item], &[sum]);
+                answers.pop().unwrap_or_else(|| Err(put_damaged(Checksum::of(src), None)))
+            }
+        };
+        self.follow_file_evictions();
+        if let Ok(Put::Committed(checksum)) = answer {
+            self.write_up(key, src, checksum);
+        }
+        answer
+    }
+
     /// Write-back, holding `key`'s stripe: memory takes the bytes of the block the file tier
     /// just recorded. Memory full of blocks being read, or holding an older version not dropped
     /// yet, leaves the block to be written now, as under write-through; a block whose write
-    /// fails leaves the books, and the PUT fails with the write's error.
-    fn hold(&self, key: &PhysicalKey, src: &[u8], checksum: Checksum) -> Result<(), StoreError> {
+    /// fails leaves the books, and the PUT fails with the write's error. Whether the block
+    /// waits for its file (memory took it).
+    fn hold(&self, key: &PhysicalKey, src: &[u8], checksum: Checksum) -> Result<bool, StoreError> {
         // The file tier hashed `src` as it recorded it: memory takes the bytes as verified.
         if matches!(
             self.memory.put_verified(&owner(key), key, src, checksum),
             Ok(Put::Committed(_))
         ) {
             bump(&self.counters.written_up);
-            return Ok(());
+            return Ok(true);
         }
         match self.file.write_deferred(key, checksum, src) {
             Ok(written) => {
                 if written {
                     bump(&self.counters.written_back);
                 }
-                Ok(())
+                Ok(false)
             }
             Err(e) => {
                 self.file.forget_deferred(key, checksum, None);
@@ -465,26 +650,14 @@ impl TieredStore {
         let (mut written, mut left) = (0, 0);
         let mut buf = Vec::new();
         for (key, checksum, len) in self.file.deferred_blocks() {
-            let _order = self.stripe(&key);
             let Ok(len) = usize::try_from(len) else { continue };
-            buf.resize(len, 0);
-            let held = self.memory.get_into(&owner(&key), &key, &mut buf);
-            if !matches!(held, Ok(Get::Hit { checksum: c, .. }) if c == checksum) {
+            if self.write_from_memory(&key, checksum, len, &mut buf) {
+                written += 1;
+            } else if self.file.is_deferred(&key) {
                 left += 1;
-                continue;
-            }
-            match self.file.write_deferred(&key, checksum, &buf) {
-                Ok(true) => {
-                    written += 1;
-                    bump(&self.counters.written_back);
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    left += 1;
-                    tracing::warn!(error = %e, "write-back flush of a block failed");
-                }
             }
         }
+        self.dirty.lock().unwrap_or_else(|p| p.into_inner()).clear();
         if left > 0 {
             tracing::warn!(left, "write-back flush: blocks not written, which a restart will miss");
         }

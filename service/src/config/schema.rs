@@ -22,7 +22,10 @@ use gpucache_dpu::{DpuStoreConfig, SlabConfig};
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::{EngineChoice, EngineConfig};
 use gpucache_storage::file::{Durability, FileStoreConfig};
-use gpucache_storage::tiered::{MemoryTier, TierMemory, WriteMode};
+use gpucache_storage::tiered::{
+    MemoryTier, TierMemory, WRITE_BACK_DIRTY_AGE_DEFAULT_MS, WRITE_BACK_DIRTY_BYTES_DEFAULT,
+    WriteBackWindow, WriteMode,
+};
 use gpucache_wire::SealAlgorithm;
 use gpucache_wire::staging::StagingLimits;
 
@@ -194,6 +197,13 @@ pub struct MemoryTierSection {
     /// How a PUT reaches the file tier, `"through"` (default) or `"back"`.
     #[serde(default, deserialize_with = "write_mode")]
     pub write: Option<WriteMode>,
+    /// Write-back: payload bytes of acknowledged blocks without a file, at most (default
+    /// 256 MiB); a PUT past it is written through.
+    #[serde(default, deserialize_with = "super::de::optional_byte_count")]
+    pub write_back_dirty_max: Option<u64>,
+    /// Write-back: how long an acknowledged block waits for its file, at most (default 5 s).
+    #[serde(default)]
+    pub write_back_age_max_ms: Option<u64>,
     /// What holds the blocks, `"mapped"` (default), `"huge-pages"` or `"heap"`.
     #[serde(default)]
     pub memory: Option<TierMemoryName>,
@@ -446,6 +456,14 @@ impl StoreSection {
             },
             promote: section.promote.unwrap_or(true),
             write: section.write.unwrap_or_default(),
+            window: WriteBackWindow {
+                dirty_bytes_max: section
+                    .write_back_dirty_max
+                    .unwrap_or(WRITE_BACK_DIRTY_BYTES_DEFAULT),
+                dirty_age_max_ms: section
+                    .write_back_age_max_ms
+                    .unwrap_or(WRITE_BACK_DIRTY_AGE_DEFAULT_MS),
+            },
             backing: section.memory.map(TierMemory::from).unwrap_or_default(),
         }
     }

@@ -14,6 +14,7 @@
 //! next open loads it (a block that was committed, whole and checksummed).
 
 use std::fs;
+use std::sync::atomic::Ordering;
 
 use gpucache_dataplane::BlockState;
 use gpucache_dataplane::caller::Caller;
@@ -22,7 +23,7 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::RequestId;
 use gpucache_dataplane::store::{CorruptPhase, CorruptReason, Put, StorageEffect, StoreError};
 
-use super::{FilePayload, FileStore, layout};
+use super::{FilePayload, FileStore, JOURNAL_FILE, layout};
 
 impl FileStore {
     /// [`Store::put`](gpucache_dataplane::store::Store::put) without the write: the block is
@@ -42,13 +43,55 @@ impl FileStore {
             Err(answer) => return Ok(answer),
         };
         let (seq, epoch) = admitted.seq_epoch;
+        let len = src.len() as u64;
         let now = self.clock.now_ms();
         let mut catalog = self.lock();
         let committed = catalog.finish_commit_at(admitted.region, admitted.checksum, seq, now)?;
         if let Some(b) = catalog.entry_mut(admitted.region) {
-            b.payload = FilePayload::Deferred { epoch, writing: false };
+            b.payload = FilePayload::Deferred { epoch, writing: false, seq, len };
+        }
+        self.deferred[0].fetch_add(1, Ordering::Relaxed);
+        self.deferred[1].fetch_add(len, Ordering::Relaxed);
+        // Journaled before the PUT is answered, so that a crash's loss can be counted.
+        let waiting = || {
+            catalog
+                .entries()
+                .filter_map(|b| match b.payload {
+                    FilePayload::Deferred { seq, len, .. } => Some((seq, len)),
+                    _ => None,
+                })
+                .collect()
+        };
+        if let Err(e) = self.journal.acknowledged(seq, len, waiting) {
+            let released = catalog.remove_committed(admitted.region);
+            drop(catalog);
+            self.dispose(released);
+            let path = self.root.join(JOURNAL_FILE);
+            return Err(StoreError::storage(
+                "commit",
+                "write-back journal",
+                &path,
+                &e,
+                StorageEffect::Unchanged,
+            ));
         }
         Ok(Put::Committed(committed.checksum))
+    }
+
+    /// One deferred block less: its file is written, or it left the catalog.
+    pub(super) fn deferred_settled(&self, seq: u64, len: u64) {
+        self.deferred[0].fetch_sub(1, Ordering::Relaxed);
+        self.deferred[1].fetch_sub(len, Ordering::Relaxed);
+        if let Err(e) = self.journal.settled(seq) {
+            // Its file exists or it left: the next open counts it lost only if its file is gone.
+            tracing::debug!(error = %e, "could not journal a settled write-back block");
+        }
+    }
+
+    /// Committed blocks waiting for their files, and their payload bytes: what a crash now
+    /// would lose.
+    pub fn deferred_totals(&self) -> (u64, u64) {
+        (self.deferred[0].load(Ordering::Relaxed), self.deferred[1].load(Ordering::Relaxed))
     }
 
     /// Writes the deferred block under `key` whose checksum is `checksum` from `bytes`, its
@@ -73,7 +116,7 @@ impl FileStore {
             }
             let seq = b.seq;
             match &mut b.payload {
-                FilePayload::Deferred { epoch, writing: writing @ false } => {
+                FilePayload::Deferred { epoch, writing: writing @ false, .. } => {
                     *writing = true;
                     (id, seq, *epoch)
                 }
@@ -87,6 +130,8 @@ impl FileStore {
                     Some(b) if matches!(b.payload, FilePayload::Deferred { .. }) => {
                         b.payload =
                             FilePayload::Stored { region, path, header_len, removing: false };
+                        drop(catalog);
+                        self.deferred_settled(seq, bytes.len() as u64);
                         Ok(true)
                     }
                     // The block left while its file was written: so does the file.

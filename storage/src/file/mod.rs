@@ -10,6 +10,7 @@ mod deferred;
 pub mod engine;
 mod fsck;
 pub mod handdown;
+mod journal;
 pub mod layout;
 mod open_files;
 mod reads;
@@ -23,7 +24,7 @@ use std::io;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,7 @@ use crate::catalog::{Catalog, Restored};
 use crate::evict::PolicyKind;
 use engine::{EngineChoice, EngineConfig, IoEngine, IoSide};
 pub use fsck::{FsckReport, fsck};
+pub use journal::{JOURNAL_BYTES_MAX, JOURNAL_FILE, Lost as WriteBackLost};
 pub use layout::BlockFileError;
 use open_files::OpenFiles;
 pub use open_files::OpenFilesStats;
@@ -156,6 +158,9 @@ pub struct OpenReport {
     pub corrupt: CorruptDrops,
     /// Unfinished writes from before the restart, removed.
     pub tmp_removed: u64,
+    /// Blocks acknowledged under write-back before the restart whose files were never written
+    /// (from the write-back journal).
+    pub write_back_lost: WriteBackLost,
     pub elapsed_ms: u64,
 }
 
@@ -169,9 +174,10 @@ enum FilePayload {
     /// block stays readable until the removal is durable).
     Stored { region: RegionId, path: PathBuf, header_len: u64, removing: bool },
     /// Committed with its bytes held by the tier above, not written yet (see [`deferred`]):
-    /// the epoch its file header will carry, and whether a write of it is under way. Never on
-    /// disk, so a restart does not find it.
-    Deferred { epoch: u64, writing: bool },
+    /// the epoch its file header will carry, and whether a write of it is under way; its
+    /// commit sequence and length, for the write-back journal and tally. Never on disk, so a
+    /// restart does not find it.
+    Deferred { epoch: u64, writing: bool, seq: u64, len: u64 },
 }
 
 /// Persists the epoch in the store record before it takes effect, so that a restart never
@@ -277,6 +283,10 @@ pub struct FileStore {
     subdirs: [AtomicBool; 256],
     /// The free space a reservation is admitted against.
     room: DiskRoom,
+    /// Which acknowledged blocks wait for their files, for the next open after a crash.
+    journal: journal::Journal,
+    /// Committed blocks waiting for their files, and their payload bytes.
+    deferred: [AtomicU64; 2],
     _lock: File,
 }
 
@@ -344,6 +354,17 @@ impl FileStore {
 
         let recorded = read_store_record(&root);
         let (found, max_epoch) = scan_blocks(&root, &mut report)?;
+        if root.join(JOURNAL_FILE).exists() {
+            let on_disk = found.iter().map(|(header, _)| header.seq).collect();
+            report.write_back_lost = journal::recover(&root, &on_disk).map_err(io_at(&root))?;
+            if report.write_back_lost.blocks > 0 {
+                tracing::warn!(
+                    root = %root.display(), blocks = report.write_back_lost.blocks,
+                    bytes = report.write_back_lost.bytes,
+                    "acknowledged write-back blocks were lost: the process stopped before their files were written"
+                );
+            }
+        }
         let epoch = match recorded {
             Some(e) => e.max(max_epoch) + 1,
             None if max_epoch > 0 => {
@@ -416,6 +437,8 @@ impl FileStore {
                 .map_err(io_at(&root))?;
         Ok(Self {
             room: DiskRoom::new(&root),
+            journal: journal::Journal::new(&root),
+            deferred: Default::default(),
             root,
             engine,
             engine_reason: "given by the caller".to_owned(),
@@ -659,8 +682,10 @@ impl FileStore {
     /// Closes the kept descriptors of blocks that left the catalog and removes their files.
     fn dispose(&self, released: Vec<FilePayload>) {
         for p in &released {
-            if let FilePayload::Stored { region, .. } = p {
-                self.files.forget(*region);
+            match p {
+                FilePayload::Stored { region, .. } => self.files.forget(*region),
+                FilePayload::Deferred { seq, len, .. } => self.deferred_settled(*seq, *len),
+                FilePayload::Staged(_) => {}
             }
         }
         dispose(released);

@@ -100,6 +100,21 @@ pub fn rebalance(view: &ClusterView, live: &[ViewMember]) -> Change {
     Ok(Some(ClusterView::new(view.epoch + 1, members)))
 }
 
+/// The settled epoch: the least epoch that every live registration has applied, so that no
+/// member takes writes under an older view any more. `live` names each live registration by
+/// its node and node epoch; `applied` answers the epoch that life of the node last said it
+/// applied, none when it has said nothing (counted as 0: a life that has just registered holds
+/// the settled epoch back until it says what it applied). 0 when nothing is live.
+pub fn settled(
+    live: impl IntoIterator<Item = (NodeId, u64)>,
+    applied: impl Fn(NodeId, u64) -> Option<u64>,
+) -> u64 {
+    live.into_iter()
+        .map(|(node, node_epoch)| applied(node, node_epoch).unwrap_or(0))
+        .min()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +167,22 @@ mod tests {
         assert_eq!(remove_life(&v, NodeId(1), 2).unwrap(), None, "an older life's notice");
         assert!(remove_life(&v, NodeId(1), 1).unwrap().is_some());
         assert_eq!(rebalance(&v, &[]), Err(ControlError::LastMember { removed: 3 }));
+    }
+
+    #[test]
+    fn the_settled_epoch_is_the_least_any_live_life_applied() {
+        // Node 1's life 1 applied 7, node 2's life 3 applied 5; node 2 also has a record of
+        // an earlier life, which does not count for its current one.
+        let records = [(1, 1, 7), (2, 3, 5), (2, 2, 9)];
+        let applied = |node: NodeId, life: u64| {
+            records.iter().find(|(n, l, _)| *n == node.0 && *l == life).map(|(_, _, e)| *e)
+        };
+        assert_eq!(settled([(NodeId(1), 1), (NodeId(2), 3)], applied), 5);
+        assert_eq!(settled([(NodeId(1), 1)], applied), 7);
+        assert_eq!(settled([(NodeId(1), 1), (NodeId(2), 2)], applied), 7, "node 2's life 2");
+        // A life that has published nothing yet holds everything back.
+        assert_eq!(settled([(NodeId(1), 1), (NodeId(2), 4)], applied), 0);
+        assert_eq!(settled([(NodeId(1), 2)], applied), 0, "node 1's record is of life 1");
+        assert_eq!(settled([], applied), 0, "nothing is live");
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use gpucache_dataplane::shard::{ClusterView, ControlError, NodeId, ViewMember};
 
-use crate::changes::Change;
+use crate::changes::{self, Change};
 use crate::etcd::{Etcd, transient};
 use crate::record::{decode_member, decode_view, encode_member, encode_view};
 
@@ -263,8 +263,7 @@ impl Coordinator {
     }
 
     /// The epoch every member of `live` (the members holding a live registration) has
-    /// applied: the least of their applied records (one with none from its current life
-    /// counts as 0).
+    /// applied, from the applied records in etcd, by [`changes::settled`].
     pub(crate) async fn settled_async(&self, live: &[ViewMember]) -> Result<u64, ClusterError> {
         let prefix = self.config.applied_prefix();
         let got = self
@@ -282,16 +281,13 @@ impl Coordinator {
                 Some((node, life.parse().ok()?, epoch.parse().ok()?))
             })
             .collect();
-        Ok(live
-            .iter()
-            .map(|m| {
-                applied
-                    .iter()
-                    .find(|(node, life, _)| *node == m.node.0 && *life == m.node_epoch)
-                    .map_or(0, |(_, _, epoch)| *epoch)
-            })
-            .min()
-            .unwrap_or(0))
+        let lives = live.iter().map(|m| (m.node, m.node_epoch));
+        Ok(changes::settled(lives, |node, node_epoch| {
+            applied
+                .iter()
+                .find(|(n, life, _)| *n == node.0 && *life == node_epoch)
+                .map(|(_, _, epoch)| *epoch)
+        }))
     }
 
     /// Says, under `lease`, that this life (`node_epoch`) of `node` applied `epoch`.

@@ -7,6 +7,11 @@
 //! anywhere. etcd holds membership only: when it is down, membership freezes and the data path
 //! keeps running. A block one client reads often gets an extra copy on its second choice, for
 //! reads to spread over; the copy lives for one view and is never needed.
+//!
+//! The membership changes are pure functions of a view ([`join`], [`remove_life`], [`drain`]
+//! and the rest), and so is the settled epoch ([`settled`]): the coordinator applies them to
+//! the view in etcd. With the `sim` feature the crate also holds `sim`, a seeded simulation of
+//! a whole cluster that drives these same functions (see `cluster/tests/cluster_sim.rs`).
 
 mod changes;
 mod coordinator;
@@ -15,8 +20,12 @@ mod hot;
 mod record;
 mod registration;
 mod routing;
+#[cfg(feature = "sim")]
+pub mod sim;
 
-pub use changes::{Change, drain, finish, isolate, join, rebalance, remove, remove_life, undrain};
+pub use changes::{
+    Change, drain, finish, isolate, join, rebalance, remove, remove_life, settled, undrain,
+};
 pub use coordinator::{
     CHANGE_ATTEMPTS_MAX, ClusterError, Coordinator, EtcdConfig, LEASE_TTL_S_DEFAULT, MEMBERS_MAX,
     REQUEST_TIMEOUT_MS_DEFAULT, RETRY_PAUSE_MS_FIRST, RETRY_PAUSE_MS_MAX,

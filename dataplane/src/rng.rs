@@ -1,6 +1,7 @@
 //! A small seeded generator for everything in the workspace that must be reproducible from a
-//! seed: the fault schedules of the simulated NIC and disk, the conformance and crash tests,
-//! and the benchmark harnesses' keys and payloads.
+//! seed: the fault schedules of the simulated NIC and disk, the cluster crate's simulation of a
+//! whole cluster, the conformance and crash tests, and the benchmark harnesses' keys and
+//! payloads.
 //!
 //! [`SplitMix64`] is Steele, Lea and Flood's generator: one 64-bit state advanced by a fixed odd
 //! increment and passed through a mixing function. It is fast, has no bad seeds (0 included),

@@ -12,15 +12,13 @@
 //! moves starts empty, and its keys are misses until they are filled again. [`Placement`] says
 //! which member owns a key, by rendezvous hashing, with no directory at all. [`ClusterView`]
 //! is the membership a cluster agrees on, and [`NodeFence`] what a node checks of each request
-//! against it. `sim` (with the `testing` feature, so not in a plain build) runs all of them
-//! together in a seeded simulation of a whole cluster.
+//! against it. The `gpucache-cluster` crate runs all of them together, under its own
+//! membership rules, in a seeded simulation of a whole cluster (its `sim` feature).
 
 mod control;
 mod directory;
 mod node;
 mod placement;
-#[cfg(feature = "testing")]
-pub mod sim;
 #[cfg(test)]
 mod tests;
 mod view;

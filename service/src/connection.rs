@@ -12,10 +12,23 @@ use std::io::{self, Write};
 use std::net::{IpAddr, TcpStream};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bounds::{Deadlines, Front, Guard, Reason};
-use crate::listener::Gate;
+
+/// What connection threads watch: whether the listener is stopping, and how many are open.
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    pub(crate) stopping: AtomicBool,
+    pub(crate) open: AtomicU32,
+}
+
+impl Gate {
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+}
 
 /// How often a blocked read wakes to check for shutdown and idleness.
 pub(crate) const READ_TICK: Duration = Duration::from_millis(100);

@@ -13,8 +13,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::{READ_TICK, close_after};
-use crate::listener::{Acceptor, AcceptorConfig, Gate};
+use crate::connection::{Gate, READ_TICK, close_after};
+use crate::listener::{Acceptor, AcceptorConfig};
 
 use crate::metered::{ExpositionFormat, Metrics};
 

@@ -11,13 +11,13 @@ use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::bounds::{Front, Guard, Reason};
-use crate::connection::{Connection, close_after};
+use crate::connection::{Connection, Gate, close_after};
 
 /// How long a refused connection gets to take its refusal.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -28,19 +28,6 @@ pub(crate) const REFUSING_MAX: usize = 16;
 const WAKE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often shutdown looks at connection threads that have not finished yet.
 const JOIN_POLL: Duration = Duration::from_millis(5);
-
-/// What connection threads watch: whether the listener is stopping, and how many are open.
-#[derive(Debug, Default)]
-pub(crate) struct Gate {
-    pub(crate) stopping: AtomicBool,
-    pub(crate) open: AtomicU32,
-}
-
-impl Gate {
-    pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
-    }
-}
 
 /// A bound listener the accept loop takes connections from.
 pub(crate) trait Listen: Send + 'static {

@@ -41,9 +41,9 @@ use subtle::ConstantTimeEq;
 
 use crate::bounds::{self, BodyCharge, Front, Guard, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX};
 use crate::connection::{
-    Close, Connection, DeadlineWriter, Drive, Protocol, READ_CHUNK_BYTES, close_after, drive,
+    Close, Connection, DeadlineWriter, Drive, Gate, Protocol, READ_CHUNK_BYTES, close_after, drive,
 };
-use crate::listener::{Acceptor, AcceptorConfig, Gate, LocalListener, TurnedAway};
+use crate::listener::{Acceptor, AcceptorConfig, LocalListener, TurnedAway};
 use gpucache_storage::host::segment::Segment;
 
 use crate::auth::{ReplayWindow, TenantAuth};

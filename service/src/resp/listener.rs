@@ -15,10 +15,11 @@ use gpucache_dataplane::store::Store;
 use gpucache_wire::resp::{Reply, RequestDecoder, RespVersion};
 
 use crate::bounds::{BodyCharge, Front, Reason, UNAUTHENTICATED_REQUEST_BYTES_MAX};
+use crate::connection::Gate;
 use crate::connection::{
     Close, DeadlineWriter, Drive, Protocol, READ_CHUNK_BYTES, close_after, drive,
 };
-use crate::listener::{Acceptor, AcceptorConfig, Gate, TurnedAway};
+use crate::listener::{Acceptor, AcceptorConfig, TurnedAway};
 
 use super::config::RespConfig;
 use super::expiry::Expiries;

@@ -11,7 +11,7 @@ use gpucache_dataplane::store::Store;
 use gpucache_wire::namespace::IdentityTemplate;
 use gpucache_wire::resp::RespVersion;
 
-use crate::listener::Gate;
+use crate::connection::Gate;
 
 use super::config::RespConfig;
 use super::expiry::Expiries;

@@ -58,6 +58,10 @@ pub const BATCH_WINDOW_ITEMS: usize = 256;
 /// are reached).
 pub const BATCH_WINDOW_BYTES: u64 = 64 << 20;
 
+/// The piece a buffered one-key read reads and hashes at a time: small enough to be still in
+/// the second-level cache when it is hashed, large enough that the calls cost little.
+pub const READ_HASH_PIECE_BYTES: usize = 128 << 10;
+
 /// Default for [`FileStoreConfig::open_files_max`]: block files kept open for reads. Well under
 /// the usual descriptor limit of a process, with room for a server's sockets.
 pub const OPEN_FILES_MAX: usize = 256;

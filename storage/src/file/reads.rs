@@ -5,7 +5,8 @@
 //!    pinned block is never evicted and its file stays until the last reader leaves).
 //! 2. Read and judge, outside the lock: the payload lands in the caller's buffer (under
 //!    O_DIRECT through aligned staging, unless that buffer is aligned for it already) and is
-//!    checked there against the checksum recorded at commit. A mismatch is confirmed on a private copy before the block is called damaged;
+//!    checked there against the checksum recorded at commit (a buffered one-key read hashes
+//!    each piece as it lands). A mismatch is confirmed on a private copy before the block is called damaged;
 //!    a damaged, truncated or missing block is a miss and its buffer is zeroed.
 //! 3. Settle: under the lock again, each read is unpinned, damaged blocks are dropped (counted
 //!    in the store's corrupt drops, phase `Get`), and the answers are made.
@@ -22,12 +23,14 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpucache_dataplane::BlockState;
 use gpucache_dataplane::caller::{Caller, Right};
+use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
 use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
+use gpucache_dataplane::registry::RegionId;
 use gpucache_dataplane::store::{
     BatchGet, CorruptReason, Get, MissReason, Retirement, StorageEffect, StoreError, authorize,
 };
@@ -36,7 +39,7 @@ use super::engine::{self, BatchRead, Staging};
 use super::{FilePayload, FileStore};
 use crate::catalog::{Catalog, ReadPin};
 
-use super::{BATCH_WINDOW_BYTES, BATCH_WINDOW_ITEMS};
+use super::{BATCH_WINDOW_BYTES, BATCH_WINDOW_ITEMS, READ_HASH_PIECE_BYTES};
 
 /// Most bytes of one staging buffer shared by consecutive O_DIRECT reads of a batch: one
 /// registered io_uring slot (the other engines' staging takes any size).
@@ -212,9 +215,37 @@ impl FileStore {
             Err(answer) => return Ok(answer),
         };
         let dst = &mut dst[..p.pin.len_bytes()];
-        let read = self.read_payload(p.pin.region, &p.path, p.header_len, dst);
-        let outcome = self.judge(&p, read, None, dst);
+        let (read, intact) = if self.direct_io {
+            (self.read_payload(p.pin.region, &p.path, p.header_len, dst), None)
+        } else {
+            match self.read_payload_hashed(p.pin.region, &p.path, p.header_len, dst) {
+                Ok(sum) => (Ok(()), Some(p.pin.intact_by(sum))),
+                Err(e) => (Err(e), None),
+            }
+        };
+        let outcome = self.judge(&p, read, intact, dst);
         self.settle(vec![(p, outcome)]).pop().unwrap_or_else(|| Err(unanswered()))
+    }
+
+    /// A buffered read of `region`'s payload into `dst`, hashed as it lands: each piece of
+    /// [`READ_HASH_PIECE_BYTES`] is hashed right after it is read, while it is still in the
+    /// cache, so the check costs no second pass over memory. Returns the checksum of `dst`.
+    fn read_payload_hashed(
+        &self,
+        region: RegionId,
+        path: &Path,
+        header_len: u64,
+        dst: &mut [u8],
+    ) -> io::Result<Checksum> {
+        let file = self.files.get(region, path, false)?;
+        let mut hasher = ChecksumBuilder::default();
+        let mut at = header_len;
+        for piece in dst.chunks_mut(READ_HASH_PIECE_BYTES) {
+            self.engine.read_exact_at(&file, at, piece)?;
+            hasher.update(piece);
+            at += piece.len() as u64;
+        }
+        Ok(hasher.finish())
     }
 
     /// [`Store::get_batch`](gpucache_dataplane::store::Store::get_batch).

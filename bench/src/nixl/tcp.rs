@@ -100,6 +100,6 @@ fn start(scratch: &Path, plan: &Plan) -> Result<Started, String> {
     config.client_name = "gpucache-bench-nixl".to_owned();
     let store = TcpStore::new(config);
     let caller = service.caller.clone();
-    let keys = keys(per * plan.sizes.len() as u64)?;
+    let keys = keys(&caller.tenant, per * plan.sizes.len() as u64)?;
     Ok((service, store, caller, keys))
 }

@@ -344,6 +344,34 @@ pub(crate) fn measure(
     result
 }
 
+/// What the `ours-default` row's note says.
+pub(crate) const DEFAULT_NOTE: &str = "gpucache serve with no configuration, as the README's \
+    first command runs it (the embedded default: memory over a FileStore under ./gpucache-data \
+    in a fresh working directory per point, durability per-block, write-through), on its \
+    default ports; one TcpStore per client thread as tenant default, as ours-tcp";
+
+/// Measures one point of `ours-default`: `gpucache serve` on its embedded default in a working
+/// directory of its own, removed afterwards with the store in it.
+pub(crate) fn measure_default(scratch: &Path, spec: LoadSpec) -> PointResult {
+    let size = spec.value_bytes as u64;
+    let fail = |e: String| PointResult::failed(size, spec.clients, e);
+    if let Err(e) = ensure_room(scratch, disk_needed(&spec), "ours-default") {
+        return fail(e);
+    }
+    let tag = format!("ours-default-{}-{}", spec.value_bytes, spec.clients);
+    let home = scratch.join(&tag);
+    let result = match ours::start_default(&home, &tag, scratch) {
+        Err(e) => fail(e),
+        Ok(service) => ours::run_on(Transport::Tcp, &service, spec, None),
+    };
+    if let Err(e) = std::fs::remove_dir_all(&home)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("bench: cannot remove {}: {e}", home.display());
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,9 @@
 //! - on request (`--peers ours-file,redis-aof`), the on-disk rows: **ours-file-none** and
 //!   **ours-file-durable** (the service on a FileStore with durability `none` and `per-block`,
 //!   each also `-cold`, the page cache dropped before the GET phase; `filestore.rs`) beside
-//!   **redis-aof-always** and **redis-aof-everysec** (Redis with an append-only file).
+//!   **redis-aof-always** and **redis-aof-everysec** (Redis with an append-only file); and
+//!   (`--peers ours-default`) **ours-default**: `gpucache serve` with no configuration, as the
+//!   README's first command runs it, on its default ports in a fresh working directory.
 //!
 //! Then it prints a ratio table per store kind (in memory, on disk) and the aims at 1 MiB, and
 //! writes JSON (with every ratio) and an SVG chart.
@@ -80,8 +82,9 @@ pub struct ServiceBenchArgs {
     /// Peers to run, comma-separated: ours (loopback TCP; also ours-tcp), ours-shm (the
     /// same-host shared-memory path), raw-socket (a bare TCP server: ours-tcp's ceiling),
     /// redis, mooncake, iperf3, memcpy; and, not by default, the on-disk rows: ours-file (all
-    /// four of ours-file-none, ours-file-none-cold, ours-file-durable, ours-file-durable-cold)
-    /// and redis-aof (both of redis-aof-always, redis-aof-everysec).
+    /// four of ours-file-none, ours-file-none-cold, ours-file-durable, ours-file-durable-cold),
+    /// ours-default (gpucache serve with no configuration, on its default ports) and redis-aof
+    /// (both of redis-aof-always, redis-aof-everysec).
     #[arg(long, default_value = "ours,ours-shm,raw-socket,redis,mooncake,iperf3,memcpy")]
     peers: String,
     /// A smoke run: small defaults for everything not given.
@@ -127,10 +130,12 @@ enum PeerName {
     Iperf3,
     Memcpy,
     File(FileRow),
+    /// `gpucache serve` on its embedded default (`ours-default`).
+    Default,
 }
 
 const PEER_NAMES: &str = "ours, ours-shm, raw-socket, redis, mooncake, iperf3, memcpy, \
-                          ours-file[-none|-none-cold|-durable|-durable-cold], \
+                          ours-file[-none|-none-cold|-durable|-durable-cold], ours-default, \
                           redis-aof[-always|-everysec]";
 
 impl PeerName {
@@ -153,6 +158,7 @@ impl PeerName {
             "iperf3" => Self::Iperf3,
             "memcpy" => Self::Memcpy,
             "ours-file" => return Ok(FileRow::ALL.into_iter().map(Self::File).collect()),
+            "ours-default" => Self::Default,
             other => match FileRow::parse(other) {
                 Some(row) => Self::File(row),
                 None => return Err(format!("unknown peer {other:?} (use {PEER_NAMES})")),
@@ -261,6 +267,7 @@ enum Slot {
     RawSocket,
     Redis(Persistence),
     File(FileRow),
+    Default,
     Mooncake(peers::MooncakeVenv),
     Iperf3,
     Memcpy,
@@ -349,6 +356,12 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                 run.ours = true;
                 slots.push((Slot::File(row), run));
             }
+            PeerName::Default => {
+                let version = Some(env!("CARGO_PKG_VERSION").into());
+                let mut run = ran("ours-default", Table::File, version, filestore::DEFAULT_NOTE);
+                run.ours = true;
+                slots.push((Slot::Default, run));
+            }
             PeerName::RawSocket => {
                 let sizes = raw::FrameSizes::for_value(64 << 10).ok();
                 slots.push((
@@ -428,6 +441,7 @@ fn run_inner(args: &ServiceBenchArgs) -> Result<bool, String> {
                     Slot::RawSocket => raw::measure(spec),
                     Slot::Redis(p) => redis::measure(&dir, spec, held, *p),
                     Slot::File(row) => filestore::measure(*row, &dir, spec, held),
+                    Slot::Default => filestore::measure_default(&dir, spec),
                     Slot::Mooncake(v) => {
                         mooncake_point(v, &dir, size, c, plan.phase, plan.working_set_bytes, run)
                     }
@@ -687,12 +701,13 @@ mod tests {
         assert_eq!(s.peers, vec![PeerName::OursShm, PeerName::Memcpy]);
         let e = plan(&args(&["--peers", "memcached"])).expect_err("unknown");
         assert!(e.contains("raw-socket") && e.contains("redis-aof"), "{e}");
-        let d =
-            plan(&args(&["--peers", "ours-file,redis-aof,ours-file-none,redis"])).expect("plan");
-        assert_eq!(d.peers.len(), 7, "the groups expand and repeats drop: {:?}", d.peers);
+        let d = plan(&args(&["--peers", "ours-file,redis-aof,ours-file-none,redis,ours-default"]))
+            .expect("plan");
+        assert_eq!(d.peers.len(), 8, "the groups expand and repeats drop: {:?}", d.peers);
         assert_eq!(d.peers[0], PeerName::File(FileRow::ALL[0]));
         assert_eq!(d.peers[4], PeerName::Redis(Persistence::AofAlways));
         assert_eq!(d.peers[6], PeerName::Redis(Persistence::Off));
+        assert_eq!(d.peers[7], PeerName::Default);
         assert!(plan(&args(&["--clients", "0"])).is_err());
         assert_eq!(keys_for(&p, MIB, 8), 512);
         assert_eq!(keys_for(&p, 64 * MIB, 8), 32);

@@ -334,6 +334,32 @@ pub(crate) fn start_serve_store(
     Ok(Service { native, caller: Caller::new(tenant, Rights::READ_WRITE), _child: child })
 }
 
+/// Starts `gpucache serve` exactly as the README's first command runs it: no configuration
+/// file (the embedded default store, ports and tenant), in `home` as its working directory (so
+/// its `./gpucache-data` is there). Fails when a default port is taken.
+pub(crate) fn start_default(home: &Path, tag: &str, scratch: &Path) -> Result<Service, String> {
+    let defaults = gpucache_service::config::ValidConfig::from_toml_str("")
+        .map_err(|e| format!("the embedded default: {e}"))?;
+    for addr in [defaults.listen.native, defaults.listen.resp, defaults.listen.metrics] {
+        std::net::TcpListener::bind(addr).map_err(|e| {
+            format!("{addr} (a default address of gpucache serve) is not free: {e}")
+        })?;
+    }
+    std::fs::create_dir_all(home).map_err(|e| format!("{}: {e}", home.display()))?;
+    let mut command = Command::new(gpucache_exe()?);
+    command.arg("serve").current_dir(home);
+    let log = scratch.join(format!("serve-{tag}.log"));
+    let mut child = ChildGuard::spawn("gpucache serve", command, &log, false)?;
+    let native = defaults.listen.native;
+    child.wait_listening(native, Instant::now() + START_DEADLINE).map_err(|e| {
+        let tail = std::fs::read_to_string(&log).unwrap_or_default();
+        format!("{e}: {}", tail.lines().last().unwrap_or(""))
+    })?;
+    let tenant = &defaults.tenants[0];
+    let tenant = TenantId::parse(&tenant.name).map_err(|e| format!("default tenant: {e}"))?;
+    Ok(Service { native, caller: Caller::new(tenant, Rights::READ_WRITE), _child: child })
+}
+
 /// Measures one point over `transport`, on a service of its own (started and stopped here).
 pub(crate) fn measure(
     transport: Transport,
@@ -355,7 +381,7 @@ pub(crate) fn run_on(
     spec: LoadSpec,
     between: Option<Between<'_>>,
 ) -> PointResult {
-    let keys = match keys(spec.keys) {
+    let keys = match keys(&service.caller.tenant, spec.keys) {
         Ok(k) => Arc::new(k),
         Err(e) => return PointResult::failed(spec.value_bytes as u64, spec.clients, e),
     };
@@ -363,11 +389,10 @@ pub(crate) fn run_on(
     load::run_with(spec, connect, between)
 }
 
-/// Distinct keys `k0`, `k1`, ... in the plain-key namespace of the bench tenant (the same keys
-/// the RESP front would use for those names).
-pub(crate) fn keys(count: u64) -> Result<Vec<PhysicalKey>, String> {
-    let tenant = TenantId::parse(TENANT).map_err(|e| format!("bench tenant: {e}"))?;
-    let ns = IdentityTemplate::for_tenant(&tenant).map_err(|e| format!("key namespace: {e}"))?;
+/// Distinct keys `k0`, `k1`, ... in the plain-key namespace of `tenant` (the same keys the
+/// RESP front would use for those names).
+pub(crate) fn keys(tenant: &TenantId, count: u64) -> Result<Vec<PhysicalKey>, String> {
+    let ns = IdentityTemplate::for_tenant(tenant).map_err(|e| format!("key namespace: {e}"))?;
     (0..count)
         .map(|i| ns.key_for(format!("k{i}").as_bytes()).map_err(|e| format!("key {i}: {e}")))
         .collect()
@@ -425,7 +450,7 @@ mod tests {
 
     #[test]
     fn keys_are_distinct() {
-        let k = keys(3).expect("keys");
+        let k = keys(&TenantId::parse(TENANT).expect("tenant"), 3).expect("keys");
         assert_ne!(k[0], k[1]);
         assert_ne!(k[1], k[2]);
     }

@@ -70,7 +70,9 @@ pub(crate) struct FrameSizes {
 impl FrameSizes {
     /// The sizes for values of `value_bytes` under the bench's first key (`k0`).
     pub(crate) fn for_value(value_bytes: usize) -> Result<Self, String> {
-        let key = super::ours::keys(1)?.pop().ok_or("no key")?;
+        let tenant = gpucache_dataplane::identity::TenantId::parse(super::ours::TENANT)
+            .map_err(|e| format!("bench tenant: {e}"))?;
+        let key = super::ours::keys(&tenant, 1)?.pop().ok_or("no key")?;
         let value = vec![0u8; value_bytes];
         let checksum = Checksum::of(&value);
         let frame = |r: Result<Vec<u8>, gpucache_wire::WireError>| {

@@ -1,5 +1,5 @@
-//! FileStore runs the whole conformance suite, unchanged, on each I/O engine, and with an
-//! eviction policy other than commit order.
+//! FileStore runs the whole conformance suite, unchanged, on each I/O engine, with an eviction
+//! policy other than commit order, and with its commits in the commit log.
 
 use std::sync::Arc;
 
@@ -26,6 +26,17 @@ fn subject_with(
     limits: ResourceLimits,
     clock: ManualClock,
 ) -> Subject {
+    subject_durable(engine, direct_io, policy, Durability::None, limits, clock)
+}
+
+fn subject_durable(
+    engine: EngineChoice,
+    direct_io: bool,
+    policy: PolicyKind,
+    durability: Durability,
+    limits: ResourceLimits,
+    clock: ManualClock,
+) -> Subject {
     // Buffered stores live on tmpfs when there is one (the suite opens thousands of stores);
     // O_DIRECT needs a real filesystem.
     let shm = std::path::Path::new("/dev/shm");
@@ -40,7 +51,9 @@ fn subject_with(
     // The suite opens thousands of stores: one registered staging slot (O_DIRECT) or none.
     config.engine_config.staging_bytes =
         if direct_io { gpucache_storage::file::engine::uring::SLOT_BYTES } else { 0 };
-    config.durability = Durability::None;
+    config.durability = durability;
+    // Small commit-log segments: the suite opens thousands of stores, and fills some.
+    config.log_segment_bytes = gpucache_storage::file::LOG_SEGMENT_BYTES_MIN;
     config.limits = limits;
     config.policy = policy;
     let store = Arc::new(config.open(Arc::new(clock)).expect("file store opens"));
@@ -93,6 +106,21 @@ mod psync_prefix {
     use super::*;
     fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
         subject_with(EngineChoice::Psync, false, PolicyKind::Prefix, limits, clock)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod psync_logged {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        subject_durable(
+            EngineChoice::Psync,
+            false,
+            PolicyKind::Fifo,
+            Durability::Logged,
+            limits,
+            clock,
+        )
     }
     gpucache_dataplane::conformance_suite!(make);
 }

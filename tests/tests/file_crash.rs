@@ -3,11 +3,11 @@
 //! and checks that nothing acknowledged was lost, nothing unfinished became readable with wrong
 //! bytes, and nothing never attempted appeared.
 //!
-//! Rounds vary the durability policy (PerBlock mostly, GroupCommit and None too: kill -9 keeps the
-//! page cache, so every policy must keep every acknowledged block), the engine (psync, io_uring,
-//! io_uring with O_DIRECT) and the kill point: right after the k-th acknowledgement, or in the
-//! middle of a large (MiB-sized) block file being written or flushed (the parent watches the
-//! block's temporary file grow, then kills).
+//! Rounds vary the durability policy (PerBlock mostly, GroupCommit, Logged and None too: kill -9
+//! keeps the page cache, so every policy must keep every acknowledged block), the engine (psync,
+//! io_uring, io_uring with O_DIRECT) and the kill point: right after the k-th acknowledgement,
+//! or in the middle of a large (MiB-sized) block file being written or flushed (the parent
+//! watches the block's temporary file grow, then kills).
 //!
 //! `GPUCACHE_CRASH_SEED` replays a run; `GPUCACHE_CRASH_ROUNDS` changes the number of rounds
 //! (200 by default).
@@ -46,9 +46,10 @@ const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 // What a round does: shared by parent and child, derived from the seed.
 
 fn durability_of(round: u16) -> Durability {
-    match round % 5 {
+    match round % 6 {
         3 => Durability::GroupCommit,
         4 => Durability::None,
+        5 => Durability::Logged,
         _ => Durability::PerBlock,
     }
 }

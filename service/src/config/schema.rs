@@ -354,6 +354,7 @@ impl From<EngineName> for EngineChoice {
 pub enum DurabilityName {
     PerBlock,
     GroupCommit,
+    Logged,
     None,
 }
 
@@ -362,6 +363,7 @@ impl From<DurabilityName> for Durability {
         match d {
             DurabilityName::PerBlock => Durability::PerBlock,
             DurabilityName::GroupCommit => Durability::GroupCommit,
+            DurabilityName::Logged => Durability::Logged,
             DurabilityName::None => Durability::None,
         }
     }

@@ -5,6 +5,8 @@
 //! ROOT/LOCK                          flock held by the open store
 //! ROOT/tmp/<region>.tmp              blocks being written; removed at open
 //! ROOT/blocks/<d0d1>/<digest>-<seq>.blk   committed blocks
+//! ROOT/log/<n>.log                   commit-log segments (`Durability::Logged`, `commit_log`)
+//! ROOT/WRITEBACK                     write-back journal (`journal`)
 //! ```
 //!
 //! A block file is a header padded to a multiple of 4 KiB, then the payload padded to a

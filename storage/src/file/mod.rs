@@ -6,6 +6,7 @@
 //! happens outside it. Layout and file format: [`layout`] and ADR 0008. Durability policies:
 //! [`Durability`] and ADR 0009.
 
+mod commit_log;
 mod deferred;
 pub mod engine;
 mod fsck;
@@ -43,6 +44,9 @@ use gpucache_dataplane::store::{
 
 use crate::catalog::{Catalog, Restored};
 use crate::evict::PolicyKind;
+pub use commit_log::{
+    LOG_BLOCK_BYTES_MAX, LOG_DIR, LOG_SEGMENT_BYTES, LOG_SEGMENT_BYTES_MIN, Replayed,
+};
 use engine::{EngineChoice, EngineConfig, IoEngine, IoSide};
 pub use fsck::{FsckReport, fsck};
 pub use journal::{JOURNAL_BYTES_MAX, JOURNAL_FILE, Lost as WriteBackLost};
@@ -75,6 +79,12 @@ pub enum Durability {
     /// Write and rename, then wait for one shared `syncfs` that covers every commit waiting at
     /// that moment. Survives power loss; concurrent commits share the flush.
     GroupCommit,
+    /// Write and rename the block file with no flush, append the block to the commit log, and
+    /// acknowledge once a flush of the log shared by every commit waiting then covers it
+    /// (`commit_log`). Survives power loss: an open writes again from the log any block file
+    /// whose bytes did not reach the disk. Blocks over [`LOG_BLOCK_BYTES_MAX`] are committed as
+    /// under `PerBlock`.
+    Logged,
     /// Acknowledge after the rename, with no flush. Survives a process crash (the page cache
     /// holds the bytes) but not power loss or a kernel crash: recently acknowledged blocks can
     /// vanish (clean misses, never wrong bytes, because every read is checksummed).
@@ -97,6 +107,9 @@ pub struct FileStoreConfig {
     pub open_files_max: usize,
     /// Which committed blocks give way first when a retained-byte quota is full.
     pub policy: PolicyKind,
+    /// Bytes of one commit-log segment under `Durability::Logged`; at least
+    /// [`LOG_SEGMENT_BYTES_MIN`].
+    pub log_segment_bytes: u64,
 }
 
 impl FileStoreConfig {
@@ -111,6 +124,7 @@ impl FileStoreConfig {
             group_commit_deadline_ms: 10_000,
             open_files_max: OPEN_FILES_MAX,
             policy: PolicyKind::Fifo,
+            log_segment_bytes: LOG_SEGMENT_BYTES,
         }
     }
 
@@ -165,6 +179,8 @@ pub struct OpenReport {
     /// Blocks acknowledged under write-back before the restart whose files were never written
     /// (from the write-back journal).
     pub write_back_lost: WriteBackLost,
+    /// What the commit log left by the last run (`Durability::Logged`) redid.
+    pub log: Replayed,
     pub elapsed_ms: u64,
 }
 
@@ -291,6 +307,8 @@ pub struct FileStore {
     journal: journal::Journal,
     /// Committed blocks waiting for their files, and their payload bytes.
     deferred: [AtomicU64; 2],
+    /// The commit log, under `Durability::Logged`.
+    log: Option<commit_log::CommitLog>,
     _lock: File,
 }
 
@@ -330,6 +348,11 @@ impl FileStore {
         config.limits.validate()?;
         let open_files_max = NonZeroUsize::new(config.open_files_max)
             .ok_or_else(|| FileStoreError::Config("open_files_max must be at least 1".into()))?;
+        if config.log_segment_bytes < LOG_SEGMENT_BYTES_MIN {
+            return Err(FileStoreError::Config(format!(
+                "log_segment_bytes must be at least {LOG_SEGMENT_BYTES_MIN}"
+            )));
+        }
         let watched = engine::Watched::new(engine);
         let io_watch = watched.watch();
         let engine: Arc<dyn IoEngine> = Arc::new(watched);
@@ -357,7 +380,15 @@ impl FileStore {
         }
 
         let recorded = read_store_record(&root);
-        let (found, max_epoch) = scan_blocks(&root, &mut report)?;
+        let (mut found, max_epoch) = scan_blocks(&root, &mut report)?;
+        report.log = commit_log::replay(&root, &mut found).map_err(io_at(&root.join(LOG_DIR)))?;
+        if report.log.recovered + report.log.removed > 0 {
+            tracing::info!(
+                root = %root.display(), recovered = report.log.recovered,
+                removed = report.log.removed,
+                "commit log replayed: block files written or removed again"
+            );
+        }
         if root.join(JOURNAL_FILE).exists() {
             let on_disk = found.iter().map(|(header, _)| header.seq).collect();
             report.write_back_lost = journal::recover(&root, &on_disk).map_err(io_at(&root))?;
@@ -436,13 +467,20 @@ impl FileStore {
             root = %root.display(), engine = engine.name(), epoch, loaded = report.loaded,
             skipped = report.skipped.values().sum::<u64>(), "file store opened"
         );
-        let group =
-            sync::GroupSync::new(&root, Duration::from_millis(config.group_commit_deadline_ms))
-                .map_err(io_at(&root))?;
+        let deadline = Duration::from_millis(config.group_commit_deadline_ms);
+        let group = sync::GroupSync::filesystem(&root, deadline).map_err(io_at(&root))?;
+        let log = (config.durability == Durability::Logged)
+            .then(|| {
+                let (first, bytes) = (report.log.next_segment, config.log_segment_bytes);
+                commit_log::CommitLog::open(&root, first, bytes, deadline)
+            })
+            .transpose()
+            .map_err(io_at(&root.join(LOG_DIR)))?;
         Ok(Self {
             room: DiskRoom::new(&root),
             journal: journal::Journal::new(&root),
             deferred: Default::default(),
+            log,
             root,
             engine,
             engine_reason: "given by the caller".to_owned(),
@@ -551,18 +589,28 @@ impl FileStore {
         layout::encode_header(&mut header, key, payload.len() as u64, checksum, seq, epoch);
         let tmp = layout::tmp_path(&self.root, region.0);
         let final_path = layout::block_path(&self.root, key, seq);
+        // A logged block too large for the log is flushed on its own.
+        let log = self.log.as_ref().filter(|log| log.takes(header.len(), payload.len()));
+        let flush_file = self.durability == Durability::PerBlock
+            || (self.durability == Durability::Logged && log.is_none());
         let result = (|| {
             let file = self.write_block_file(&tmp, &header, payload)?;
-            if self.durability == Durability::PerBlock {
+            if flush_file {
                 self.engine.sync(&file)?;
             }
             drop(file);
             self.ensure_subdir(&final_path, key)?;
             fs::rename(&tmp, &final_path)?;
-            match self.durability {
-                Durability::PerBlock => sync_dir(final_path.parent().unwrap_or(&self.root))?,
-                Durability::GroupCommit => self.group.barrier()?,
-                Durability::None => {}
+            match (self.durability, log) {
+                (Durability::Logged, Some(log)) => {
+                    log.put(seq, &header, payload)?;
+                    log.barrier()?;
+                }
+                (Durability::PerBlock | Durability::Logged, _) => {
+                    sync_dir(final_path.parent().unwrap_or(&self.root))?;
+                }
+                (Durability::GroupCommit, _) => self.group.barrier()?,
+                (Durability::None, _) => {}
             }
             Ok(())
         })();
@@ -687,12 +735,28 @@ impl FileStore {
     fn dispose(&self, released: Vec<FilePayload>) {
         for p in &released {
             match p {
-                FilePayload::Stored { region, .. } => self.files.forget(*region),
+                FilePayload::Stored { region, path, .. } => {
+                    self.files.forget(*region);
+                    self.log_gone(path);
+                }
                 FilePayload::Deferred { seq, len, .. } => self.deferred_settled(*seq, *len),
                 FilePayload::Staged(_) => {}
             }
         }
         dispose(released);
+    }
+}
+
+impl FileStore {
+    /// Under `Durability::Logged`, appends the gone record of the block file at `path`, so that
+    /// a replay of the log does not bring it back (made durable by the next group flush).
+    fn log_gone(&self, path: &Path) {
+        let Some(log) = &self.log else { return };
+        if let Ok((_, seq)) = layout::parse_block_name(path)
+            && let Err(e) = log.gone(seq)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not log a block's removal");
+        }
     }
 }
 

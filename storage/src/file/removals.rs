@@ -28,6 +28,7 @@ impl FileStore {
     /// Unlinks an invalidated block's file (a file already gone counts as unlinked); a failure
     /// changed nothing.
     pub(super) fn unlink_block(&self, path: &Path) -> Result<(), StoreError> {
+        self.log_gone(path);
         match self.engine.remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -42,6 +43,11 @@ impl FileStore {
         let synced = match self.durability {
             Durability::PerBlock => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
             Durability::GroupCommit => self.group.barrier().map_err(|e| ("group flush", e)),
+            // The gone records `unlink_block` appended are durable after the log's flush.
+            Durability::Logged => match &self.log {
+                Some(log) => log.barrier().map_err(|e| ("commit log flush", e)),
+                None => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
+            },
             Durability::None => Ok(()),
         };
         synced
@@ -116,7 +122,7 @@ impl FileStore {
             if unlinked.is_ok() && !synced.contains_key(dir) {
                 let result = match (self.durability, synced.values().next()) {
                     // One flush covers every directory.
-                    (Durability::GroupCommit, Some(done)) => done.clone(),
+                    (Durability::GroupCommit | Durability::Logged, Some(done)) => done.clone(),
                     _ => self.sync_removals(dir),
                 };
                 synced.insert(dir, result);

@@ -1,4 +1,5 @@
-//! Group commit: concurrent commits share one `syncfs` of the store's filesystem.
+//! Group commit: concurrent commits share one flush: a `syncfs` of the store's filesystem
+//! (`Durability::GroupCommit`), or an `fdatasync` of the commit log (`Durability::Logged`).
 //!
 //! The first committer to arrive while no flush is running leads: it flushes, then wakes every
 //! committer that arrived before its flush began. A committer that arrived during a flush waits
@@ -27,31 +28,42 @@ struct State {
     results: VecDeque<(u64, u64, Option<String>)>,
 }
 
-#[derive(Debug)]
+/// What a group's leader runs to make every commit registered so far durable.
+pub(crate) type Flush = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
+
 pub(crate) struct GroupSync {
-    dir: File,
+    flush: Flush,
     deadline: Duration,
     state: Mutex<State>,
     flushed: Condvar,
 }
 
+impl std::fmt::Debug for GroupSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupSync").field("deadline", &self.deadline).finish_non_exhaustive()
+    }
+}
+
+/// Flushes the whole file system that holds `dir` (its dirty data and metadata).
+pub(crate) fn syncfs(dir: &File) -> io::Result<()> {
+    // SAFETY: syncfs takes an fd we own and touches no memory of ours.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 impl GroupSync {
-    pub(crate) fn new(root: &Path, deadline: Duration) -> io::Result<Self> {
-        Ok(Self {
-            dir: File::open(root)?,
-            deadline,
-            state: Mutex::default(),
-            flushed: Condvar::new(),
-        })
+    /// Groups that share a `syncfs` of the file system holding `root`.
+    pub(crate) fn filesystem(root: &Path, deadline: Duration) -> io::Result<Self> {
+        let dir = File::open(root)?;
+        Ok(Self::new(Box::new(move || syncfs(&dir)), deadline))
     }
 
-    fn syncfs(&self) -> io::Result<()> {
-        // SAFETY: syncfs takes an fd we own and touches no memory of ours.
-        if unsafe { libc::syncfs(self.dir.as_raw_fd()) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+    /// Groups that share `flush`.
+    pub(crate) fn new(flush: Flush, deadline: Duration) -> Self {
+        Self { flush, deadline, state: Mutex::default(), flushed: Condvar::new() }
     }
 
     /// Returns once everything this thread wrote before the call is durable.
@@ -75,7 +87,7 @@ impl GroupSync {
                 st.leading = true;
                 let (from, to) = (st.completed + 1, st.requested);
                 drop(st);
-                let result = self.syncfs();
+                let result = (self.flush)();
                 st = self.state.lock().map_err(|_| poisoned())?;
                 st.leading = false;
                 st.completed = to;

@@ -7,6 +7,8 @@
 //! - `ours-file-none`: `durability = "none"` (a PUT is acknowledged after the rename, no flush);
 //! - `ours-file-durable`: `durability = "per-block"` (the block file and its directory are
 //!   flushed before the acknowledgement);
+//! - `ours-file-logged`: `durability = "logged"` (the block appended to the commit log, one
+//!   shared flush of the log before the acknowledgement);
 //! - warm: the GET phase starts right after the PUT phase, the blocks in the page cache;
 //! - cold (`-cold`): between the phases, untimed, every file under the store directory is
 //!   flushed (`fdatasync`) and dropped from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)`),
@@ -39,6 +41,7 @@ const FILES_MAX: usize = 1 << 22;
 pub(crate) enum FileDurability {
     None,
     PerBlock,
+    Logged,
 }
 
 impl FileDurability {
@@ -46,6 +49,7 @@ impl FileDurability {
         match self {
             FileDurability::None => "none",
             FileDurability::PerBlock => "per-block",
+            FileDurability::Logged => "logged",
         }
     }
 }
@@ -59,11 +63,13 @@ pub(crate) struct FileRow {
 
 impl FileRow {
     /// Every file row, in report order.
-    pub(crate) const ALL: [FileRow; 4] = [
+    pub(crate) const ALL: [FileRow; 6] = [
         FileRow { durability: FileDurability::None, cold: false },
         FileRow { durability: FileDurability::None, cold: true },
         FileRow { durability: FileDurability::PerBlock, cold: false },
         FileRow { durability: FileDurability::PerBlock, cold: true },
+        FileRow { durability: FileDurability::Logged, cold: false },
+        FileRow { durability: FileDurability::Logged, cold: true },
     ];
 
     pub(crate) fn peer_name(self) -> &'static str {
@@ -72,6 +78,8 @@ impl FileRow {
             (FileDurability::None, true) => "ours-file-none-cold",
             (FileDurability::PerBlock, false) => "ours-file-durable",
             (FileDurability::PerBlock, true) => "ours-file-durable-cold",
+            (FileDurability::Logged, false) => "ours-file-logged",
+            (FileDurability::Logged, true) => "ours-file-logged-cold",
         }
     }
 
@@ -84,6 +92,10 @@ impl FileRow {
             FileDurability::None => "durability none (acknowledged after the rename, no flush)",
             FileDurability::PerBlock => {
                 "durability per-block (block file and directory flushed before the acknowledgement)"
+            }
+            FileDurability::Logged => {
+                "durability logged (block appended to the commit log, one shared flush of the log \
+                 before the acknowledgement)"
             }
         };
         let cache = if self.cold {

@@ -8,11 +8,13 @@
 //! `fdatasync` ([`GroupSync`]). Removing a block appends a *gone* record; an invalidation waits
 //! for the flush that covers it, as it would for a directory sync.
 //!
-//! The log is a series of segments `log/<n>.log`, each preallocated to [`LOG_SEGMENT_BYTES`]
-//! so that an append changes no file size and its flush writes data only. A full segment is
-//! flushed, replaced by the next, and retired by a thread of its own: once a `syncfs` has made
-//! every block file written before it durable, the segment is deleted. A store that closes
-//! retires its last segment the same way.
+//! The log is a series of segments `log/<n>.log`, each written full of zeros and flushed before
+//! it is used ([`LOG_SEGMENT_BYTES`]), so that an append changes neither the file's size nor its
+//! extents and its flush writes data only: no journal commit of the file system, which would
+//! carry (and make wait) every block file created meanwhile. A thread of the log's own prepares
+//! the next segment while the current one fills, and retires full ones: once a `syncfs` has made
+//! every block file written before a full segment durable, the segment is deleted. A store that
+//! closes retires its last segment the same way.
 //!
 //! At open, [`replay`] reads what segments are left, in order, after the block files were
 //! scanned: a put record whose block file is missing or damaged (the file's bytes were still in
@@ -26,7 +28,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -125,8 +127,9 @@ pub(super) struct CommitLog {
     segment_bytes: u64,
     active: Arc<Mutex<Active>>,
     group: GroupSync,
-    retire: Option<SyncSender<PathBuf>>,
-    retirer: Option<JoinHandle<()>>,
+    spare: SpareSlot,
+    jobs: Option<SyncSender<Job>>,
+    worker: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for CommitLog {
@@ -135,28 +138,44 @@ impl std::fmt::Debug for CommitLog {
     }
 }
 
-/// Makes segment `number` under `dir`: `bytes` preallocated, and its name durable.
+/// Makes segment `number` under `dir`: `bytes` of zeros written and flushed, and its name
+/// durable.
 fn new_segment(dir: &Path, number: u64, bytes: u64) -> io::Result<File> {
     let path = segment_path(dir, number);
-    let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-    // SAFETY: fallocate(2) on a descriptor we own; no memory is passed.
-    let rc = unsafe {
-        libc::fallocate(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-            0,
-            libc::off_t::try_from(bytes).unwrap_or(libc::off_t::MAX),
-        )
-    };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
+    let made = (|| {
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+        let mut at = 0;
+        while at < bytes {
+            let n = usize::try_from((bytes - at).min(ZERO_CHUNK_BYTES as u64)).unwrap_or(0);
+            file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        file.sync_all()?;
+        sync_dir(dir)?;
+        Ok(file)
+    })();
+    if made.is_err() {
         let _ = fs::remove_file(&path);
-        return Err(e);
     }
-    file.sync_all()?;
-    sync_dir(dir)?;
-    Ok(file)
+    made
 }
+
+/// What the log's thread does.
+enum Job {
+    /// Make segment `n` and leave it in the spare slot.
+    Prepare(u64),
+    /// Delete a full segment once the block files it covers are durable.
+    Retire(PathBuf),
+}
+
+/// The segment the log's thread prepared, or why it could not.
+type SpareSlot = Arc<(Mutex<Option<(u64, io::Result<File>)>>, Condvar)>;
+
+/// How long a rotation waits for the prepared segment before it makes one itself.
+const SPARE_WAIT: Duration = Duration::from_secs(30);
+/// Zeros written per call when a segment is made.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
 impl CommitLog {
     /// Starts a log under `root` whose first segment is `first` (after every number a replay
@@ -180,24 +199,43 @@ impl CommitLog {
             }),
             deadline,
         );
-        let (retire, retiring) = sync_channel::<PathBuf>(RETIRING_MAX);
+        let (jobs, queue) = sync_channel::<Job>(RETIRING_MAX);
+        let spare: SpareSlot = Arc::default();
         let fs_handle = File::open(root)?;
-        let log_dir = dir.clone();
-        let retirer =
-            std::thread::Builder::new().name("gpucache-log-retire".into()).spawn(move || {
-                for segment in retiring {
-                    // Every block file written before the segment filled is durable after this;
-                    // then nothing in the segment is needed any more.
-                    let retired = syncfs(&fs_handle)
-                        .and_then(|()| fs::remove_file(&segment))
-                        .and_then(|()| sync_dir(&log_dir));
-                    if let Err(e) = retired {
-                        tracing::warn!(segment = %segment.display(), error = %e,
-                            "could not retire a commit-log segment; the next open replays it");
+        let (log_dir, prepared) = (dir.clone(), Arc::clone(&spare));
+        let worker = std::thread::Builder::new().name("gpucache-log".into()).spawn(move || {
+            for job in queue {
+                match job {
+                    Job::Prepare(n) => {
+                        let made = new_segment(&log_dir, n, segment_bytes);
+                        let (slot, ready) = &*prepared;
+                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some((n, made));
+                        ready.notify_all();
+                    }
+                    Job::Retire(segment) => {
+                        // Every block file written before the segment filled is durable after
+                        // this; then nothing in the segment is needed any more.
+                        let retired = syncfs(&fs_handle)
+                            .and_then(|()| fs::remove_file(&segment))
+                            .and_then(|()| sync_dir(&log_dir));
+                        if let Err(e) = retired {
+                            tracing::warn!(segment = %segment.display(), error = %e,
+                                "could not retire a commit-log segment; the next open replays it");
+                        }
                     }
                 }
-            })?;
-        Ok(Self { dir, segment_bytes, active, group, retire: Some(retire), retirer: Some(retirer) })
+            }
+        })?;
+        let _ = jobs.send(Job::Prepare(first + 1));
+        Ok(Self {
+            dir,
+            segment_bytes,
+            active,
+            group,
+            spare,
+            jobs: Some(jobs),
+            worker: Some(worker),
+        })
     }
 
     /// Whether the put record of a block with a `header_len`-byte header and a
@@ -248,32 +286,66 @@ impl CommitLog {
         Ok(())
     }
 
-    /// Replaces the full active segment by the next one: the full one is flushed first (a
-    /// record in it may not be covered by a later group flush, which flushes the new one) and
-    /// handed to the retiring thread.
+    /// Replaces the full active segment by the next one (the one the log's thread prepared,
+    /// or one made here when it could not): the full one is flushed first (a record in it may
+    /// not be covered by a later group flush, which flushes the new one) and handed to the
+    /// thread to retire.
     fn rotate(&self, active: &mut Active) -> io::Result<()> {
         active.file.sync_data()?;
         let number = active.number + 1;
-        let file = new_segment(&self.dir, number, self.segment_bytes)?;
+        let file = match self.take_spare(number) {
+            Some(Ok(file)) => file,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the commit log could not prepare a segment; making it now");
+                new_segment(&self.dir, number, self.segment_bytes)?
+            }
+            None => new_segment(&self.dir, number, self.segment_bytes)?,
+        };
         let old = segment_path(&self.dir, active.number);
         *active = Active { file: Arc::new(file), number, at: 0 };
-        if let Some(retire) = &self.retire {
-            // Blocks while RETIRING_MAX segments wait for their flush.
-            let _ = retire.send(old);
+        if let Some(jobs) = &self.jobs {
+            // Each blocks while RETIRING_MAX jobs wait.
+            let _ = jobs.send(Job::Prepare(number + 1));
+            let _ = jobs.send(Job::Retire(old));
         }
         Ok(())
+    }
+
+    /// The prepared segment `number`, waiting for it up to [`SPARE_WAIT`]; `None` when it did
+    /// not come (an attempt that failed comes as its error).
+    fn take_spare(&self, number: u64) -> Option<io::Result<File>> {
+        let (slot, ready) = &*self.spare;
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let deadline = std::time::Instant::now() + SPARE_WAIT;
+        loop {
+            match slot.take() {
+                Some((n, made)) if n == number => return Some(made),
+                // Another number is of no use: the log moved on without it.
+                Some(_) | None => {}
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            slot = ready.wait_timeout(slot, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
     }
 }
 
 impl Drop for CommitLog {
-    /// Retires the last segment too, so that the next open has nothing to replay.
+    /// Retires the last segment too, so that the next open has nothing to replay, and removes
+    /// the prepared one.
     fn drop(&mut self) {
         let number = self.active.lock().unwrap_or_else(PoisonError::into_inner).number;
-        if let Some(retire) = self.retire.take() {
-            let _ = retire.send(segment_path(&self.dir, number));
+        if let Some(jobs) = self.jobs.take() {
+            let _ = jobs.send(Job::Retire(segment_path(&self.dir, number)));
         }
-        if let Some(retirer) = self.retirer.take() {
-            let _ = retirer.join();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+        let spare = self.spare.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some((n, Ok(_))) = spare {
+            let _ = fs::remove_file(segment_path(&self.dir, n));
         }
     }
 }

@@ -888,6 +888,13 @@ fn put_payload_error(total: u64) -> WireError {
     WireError::TooLarge { len: total, max: PAYLOAD_BYTES_MAX }
 }
 
+/// Bytes of a GET response's trailer beyond its items: the item count, the trailer's own
+/// framing and a seal.
+const GET_TRAILER_ROOM_BYTES: usize = 128;
+/// Bytes of one hit's entry in a GET response's trailer, with room to spare (a miss or an error
+/// may need more; the buffer then grows once).
+const GET_TRAILER_ITEM_BYTES: usize = 32;
+
 /// Lays out a GET response frame answering `items` in `out`, replacing what `out` held: room
 /// for the header, then one destination per item, in order, each `capacity` bytes of the
 /// frame's payload part, which it returns. The caller reads each block into its destination
@@ -913,6 +920,11 @@ pub fn begin_get_response<'o>(
         }
     };
     let frame_len = HEADER_BYTES + total;
+    // Room for the trailer `finish_get_response` appends, so that appending it never grows the
+    // buffer (growing doubles it: a 4 MiB response would come to 8 MiB and more, past what a
+    // connection keeps between responses, and every GET would map and zero a new one).
+    let trailer_room = GET_TRAILER_ROOM_BYTES + GET_TRAILER_ITEM_BYTES * items.len();
+    out.reserve_exact((frame_len + trailer_room).saturating_sub(out.len()));
     if out.len() < frame_len {
         out.resize(frame_len, 0);
     } else {

@@ -952,6 +952,37 @@ fn get_answers_reuse_their_buffer_and_send_only_what_the_store_wrote() {
     assert!(out.is_empty());
 }
 
+/// Finishing a response of hits appends its trailer without growing the buffer that was laid
+/// out for it: a grown buffer doubles, and past what a connection keeps between responses (as
+/// a 4 MiB hit's did) every GET would map and zero a fresh one.
+#[test]
+fn a_hit_response_fits_the_buffer_laid_out_for_it() {
+    let k = |i: u8| fixture::key(0, &[i], KvDtype::F16, 16);
+    for (items, capacity) in [(1u8, 4u64 << 20), (1, 64 << 10), (8, 1 << 20), (32, 4096)] {
+        let gets: Vec<GetItem> = (0..items).map(|i| GetItem { key: k(i), capacity }).collect();
+        let mut out = Vec::new();
+        encode_get_response(3, None, &gets, &mut out, |batch| {
+            batch
+                .iter_mut()
+                .map(|item| {
+                    item.dst.fill(7);
+                    Ok(Get::Hit { len: capacity, checksum: Checksum::of(item.dst) })
+                })
+                .collect()
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            out.capacity() < out.len() + 4096,
+            "{items} x {capacity}: the trailer grew the buffer to {} for a {}-byte frame",
+            out.capacity(),
+            out.len()
+        );
+        let frame = decode_one(&out).unwrap_or_else(|e| panic!("{e}"));
+        let answers = decode_get_response(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answers.len(), usize::from(items));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 

@@ -1,11 +1,14 @@
 //! What `gpucache serve` says about itself is true: `/readyz` turns 503 naming the disk when the
 //! store's file system cannot take a maximum-size PUT and recovers once blocks are invalidated
-//! (the gauges on /metrics say the same), the io_uring fallback reaches the log when the kernel
+//! (the gauges on /metrics say the same), turns 503 naming the failed write at the first PUT a
+//! data directory the server may no longer write refuses (and stays so while reads succeed,
+//! until a write does), the io_uring fallback reaches the log when the kernel
 //! refuses io_uring, `--log-format json` writes only JSON lines, and a port already in use is
 //! refused naming its listener without leaving a data directory behind.
 //!
-//! The disk test mounts a small tmpfs (root only); without the permission it skips, saying so,
-//! except under `CI=true`, where it must run.
+//! The disk test mounts a small tmpfs and the permission test runs the server as `nobody` (root
+//! only); without the permission they skip, saying so, except under `CI=true`, where they must
+//! run.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -143,6 +146,66 @@ fn readyz_names_the_full_disk_and_recovers_after_invalidations() {
     let scrape = http_get(metrics, "/metrics");
     assert_eq!(sample(&scrape, "gpucache_ready"), Some(1), "{scrape}");
     assert_eq!(sample(&scrape, r#"gpucache_ready_check{check="disk_room"}"#), Some(1));
+    serve.stop();
+}
+
+/// The uid and gid of `nobody`.
+const NOBODY: u32 = 65_534;
+
+#[test]
+fn readyz_names_a_write_the_data_directory_refuses_and_recovers_when_writes_succeed() {
+    // SAFETY: geteuid(2) reads the process's effective user id; it cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI must run this test as root");
+        eprintln!("skipped: running the server as another user needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    mode(dir.path(), 0o755);
+    let root = dir.path().join("data");
+    std::fs::create_dir(&root).expect("data directory");
+    std::os::unix::fs::chown(&root, Some(NOBODY), Some(NOBODY)).expect("chown");
+    let serve = Serve::start_as(&config(dir.path(), &root, "psync", "1MiB"), NOBODY);
+    let metrics = serve.metrics();
+    let caller = caller();
+    let client = TcpStore::new(ClientConfig::new(serve.native(), caller.clone()));
+    let put = |n: u8| {
+        client.put(&caller, &key(0, &[2, n], KvDtype::Bf16, 16), &payload(n.into(), 5000), None)
+    };
+    assert!(matches!(put(1), Ok(Put::Committed(_))));
+    assert_eq!(status_and_body(metrics, "/readyz").0, 200);
+
+    // The server's user may no longer create files in its store.
+    for sub in ["tmp", "blocks"] {
+        mode(&root.join(sub), 0o555);
+    }
+    let refused = put(2).expect_err("a PUT into a directory the server may not write");
+    assert!(refused.to_string().contains("Permission denied"), "{refused}");
+    let (status, body) = status_and_body(metrics, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("fail store_io: ") && body.contains("writing: Permission denied"),
+        "{body}"
+    );
+    // A read that succeeds does not hide the failed write.
+    let mut buf = vec![0u8; 5000];
+    let got = client.get_into(&caller, &key(0, &[2, 1], KvDtype::Bf16, 16), &mut buf).expect("get");
+    assert!(matches!(got, gpucache_dataplane::store::Get::Hit { .. }), "{got:?}");
+    assert_eq!(status_and_body(metrics, "/readyz").0, 503);
+    let scrape = http_get(metrics, "/metrics");
+    assert_eq!(sample(&scrape, r#"gpucache_ready_check{check="store_io"}"#), Some(0));
+
+    // Writable again: the next PUT succeeds and readiness comes back.
+    for sub in ["tmp", "blocks"] {
+        mode(&root.join(sub), 0o755);
+    }
+    assert!(matches!(put(3), Ok(Put::Committed(_))));
+    let (status, body) = status_and_body(metrics, "/readyz");
+    assert_eq!(status, 200, "{body}");
     serve.stop();
 }
 

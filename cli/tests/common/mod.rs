@@ -144,14 +144,21 @@ impl Serve {
 
     /// [`Serve::start_in`] with `env` added to the server's environment.
     pub(crate) fn start_with(cwd: &Path, config: &Path, env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpucache"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .current_dir(cwd)
-            .envs(env.iter().copied())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn gpucache serve");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpucache"));
+        command.args(["serve", "--config"]).arg(config).current_dir(cwd).envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
+    /// [`Serve::start`] as the user and group `id` (the caller runs as root).
+    pub(crate) fn start_as(config: &Path, id: u32) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpucache"));
+        command.args(["serve", "--config"]).arg(config).uid(id).gid(id);
+        Self::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command.stderr(Stdio::piped()).spawn().expect("spawn gpucache serve");
         let stderr = child.stderr.take().expect("stderr");
         let (line, log) = start_line(stderr);
         let mut serve = Self { child, line: String::new(), done: false };

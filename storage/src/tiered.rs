@@ -343,6 +343,7 @@ impl TieredStore {
     pub fn counters(&self) -> TierCounters {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (dirty_blocks, dirty_bytes) = self.file.deferred_totals();
         TierCounters {
             memory_hits: get(&c.memory_hits),
             file_hits: get(&c.file_hits),
@@ -357,8 +358,8 @@ impl TieredStore {
             write_back_lost: get(&c.write_back_lost)
                 + self.memory.handed_down_dropped()
                 + self.file.open_report().write_back_lost.blocks,
-            dirty_blocks: self.file.deferred_totals().0,
-            dirty_bytes: self.file.deferred_totals().1,
+            dirty_blocks,
+            dirty_bytes,
         }
     }
 
@@ -542,7 +543,7 @@ impl TieredStore {
         if waiting.saturating_add(src.len() as u64) > self.window.dirty_bytes_max
             || queued >= WRITE_BACK_QUEUE_MAX
         {
-            return self.put_now(caller, key, src, request, expected);
+            return self.put_through(caller, key, src, request, expected);
         }
         let answer = {
             let _order = self.stripe(key);
@@ -563,8 +564,9 @@ impl TieredStore {
         answer
     }
 
-    /// Write-back over its window: the PUT is written through.
-    fn put_now(
+    /// Write-through of one PUT (and a write-back PUT over its window): the file tier commits
+    /// the block, compared with `expected` when given, then memory takes a copy.
+    fn put_through(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
@@ -572,14 +574,7 @@ impl TieredStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Put, StoreError> {
-        let answer = match expected {
-            None => self.file.put(caller, key, src, request),
-            Some(sum) => {
-                let item = BatchPut { key, src, request };
-                let mut answers = self.file.put_batch_checked(caller, &[item], &[sum]);
-                answers.pop().unwrap_or_else(|| Err(put_damaged(Checksum::of(src), None)))
-            }
-        };
+        let answer = self.file.put_expecting(caller, key, src, request, expected);
         self.follow_file_evictions();
         if let Ok(Put::Committed(checksum)) = answer {
             self.write_up(key, src, checksum);
@@ -956,15 +951,10 @@ impl Store for TieredStore {
         src: &[u8],
         request: Option<RequestId>,
     ) -> Result<Put, StoreError> {
-        if self.write == WriteMode::Back {
-            return self.put_back(caller, key, src, request, None);
+        match self.write {
+            WriteMode::Back => self.put_back(caller, key, src, request, None),
+            WriteMode::Through => self.put_through(caller, key, src, request, None),
         }
-        let answer = self.file.put(caller, key, src, request);
-        self.follow_file_evictions();
-        if let Ok(Put::Committed(checksum)) = answer {
-            self.write_up(key, src, checksum);
-        }
-        answer
     }
 
     fn put_batch(&self, caller: &Caller, items: &[BatchPut<'_>]) -> BatchAnswers<Put> {

@@ -735,9 +735,12 @@ impl FileStore {
     fn dispose(&self, released: Vec<FilePayload>) {
         for p in &released {
             match p {
-                FilePayload::Stored { region, path, .. } => {
+                FilePayload::Stored { region, path, removing, .. } => {
                     self.files.forget(*region);
-                    self.log_gone(path);
+                    // An invalidation removing the file logged its gone record before unlinking.
+                    if !removing {
+                        self.log_gone(path);
+                    }
                 }
                 FilePayload::Deferred { seq, len, .. } => self.deferred_settled(*seq, *len),
                 FilePayload::Staged(_) => {}
@@ -923,7 +926,7 @@ impl FileStore {
     /// [`Store::put`], the block compared with `expected` (the writer's checksum) before any
     /// of it is reserved when there is one: [`Self::admit_put`], the write without the lock,
     /// and a second lock that publishes the block.
-    fn put_expecting(
+    pub(crate) fn put_expecting(
         &self,
         caller: &Caller,
         key: &PhysicalKey,

@@ -27,7 +27,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -46,7 +46,8 @@ pub const LOG_SEGMENT_BYTES_MIN: u64 = 1 << 20;
 /// Largest payload a logged PUT puts in the log; a larger block is flushed on its own, as
 /// under `PerBlock` (its data costs more than the flushes it would save).
 pub const LOG_BLOCK_BYTES_MAX: u64 = 4 << 20;
-/// Full segments waiting for their `syncfs` at most; an append that fills one more waits.
+/// Jobs (segments to prepare or to retire) queued for the log's thread at most; an append that
+/// rotates while the queue is full waits up to [`SPARE_WAIT`], then fails.
 const RETIRING_MAX: usize = 4;
 /// Bytes of a record's frame: magic, kind, padding, body length, commit sequence, check.
 const FRAME_BYTES: usize = 32;
@@ -172,7 +173,10 @@ enum Job {
 /// The segment the log's thread prepared, or why it could not.
 type SpareSlot = Arc<(Mutex<Option<(u64, io::Result<File>)>>, Condvar)>;
 
-/// How long a rotation waits for the prepared segment before it makes one itself.
+/// How often a full job queue is looked at again.
+const QUEUE_POLL: Duration = Duration::from_millis(5);
+/// How long a rotation waits for the prepared segment before it makes one itself, and for room
+/// in the job queue before the append fails.
 const SPARE_WAIT: Duration = Duration::from_secs(30);
 /// Zeros written per call when a segment is made.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
@@ -226,8 +230,7 @@ impl CommitLog {
                 }
             }
         })?;
-        let _ = jobs.send(Job::Prepare(first + 1));
-        Ok(Self {
+        let log = Self {
             dir,
             segment_bytes,
             active,
@@ -235,7 +238,9 @@ impl CommitLog {
             spare,
             jobs: Some(jobs),
             worker: Some(worker),
-        })
+        };
+        log.queue(Job::Prepare(first + 1))?;
+        Ok(log)
     }
 
     /// Whether the put record of a block with a `header_len`-byte header and a
@@ -303,12 +308,35 @@ impl CommitLog {
         };
         let old = segment_path(&self.dir, active.number);
         *active = Active { file: Arc::new(file), number, at: 0 };
-        if let Some(jobs) = &self.jobs {
-            // Each blocks while RETIRING_MAX jobs wait.
-            let _ = jobs.send(Job::Prepare(number + 1));
-            let _ = jobs.send(Job::Retire(old));
+        // A job that cannot be queued in time fails this append (nothing is acknowledged): the
+        // full segment then stays until the next open replays and removes it, and the next
+        // rotation makes its segment itself.
+        self.queue(Job::Prepare(number + 1))?;
+        self.queue(Job::Retire(old))
+    }
+
+    /// Hands `job` to the log's thread, waiting up to [`SPARE_WAIT`] while [`RETIRING_MAX`]
+    /// jobs are queued already.
+    fn queue(&self, job: Job) -> io::Result<()> {
+        let Some(jobs) = &self.jobs else { return Ok(()) };
+        let deadline = std::time::Instant::now() + SPARE_WAIT;
+        let mut job = job;
+        loop {
+            match jobs.try_send(job) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Disconnected(_)) => {
+                    return Err(io::Error::other("the commit log's thread is gone"));
+                }
+                Err(TrySendError::Full(back)) => job = back,
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the commit log's thread is behind (segments wait for their syncfs)",
+                ));
+            }
+            std::thread::park_timeout(QUEUE_POLL);
         }
-        Ok(())
     }
 
     /// The prepared segment `number`, waiting for it up to [`SPARE_WAIT`]; `None` when it did

@@ -46,7 +46,7 @@ use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::file::engine::psync::PsyncEngine;
 use gpucache_storage::file::engine::uring::UringEngine;
 use gpucache_storage::file::engine::{AlignedBuf, EngineChoice, EngineConfig, IoEngine};
-use gpucache_storage::file::{Durability, FileStore, FileStoreConfig, OpenReport};
+use gpucache_storage::file::{Durability, FileStore, FileStoreConfig, Layout, OpenReport};
 
 use crate::fio;
 use crate::fixtures::{digest, payload};
@@ -177,6 +177,9 @@ pub struct FileBenchArgs {
     /// The store's durability policy.
     #[arg(long, value_enum, default_value = "none")]
     durability: DurabilityArg,
+    /// Keep small blocks in the block log (`layout = "log"`) instead of a file each.
+    #[arg(long, conflicts_with = "direct")]
+    log: bool,
     /// Write 3 to /proc/sys/vm/drop_caches (after a sync) before every read phase and before
     /// the first reopen of --open-blocks. Needs root.
     #[arg(long)]
@@ -555,6 +558,9 @@ fn open_store(
     config.engine_config.queue_depth = ctx.args.queue_depth;
     config.direct_io = ctx.args.direct;
     config.durability = ctx.durability;
+    if ctx.args.log {
+        config.layout = Layout::Log;
+    }
     config.limits = limits_for(size, blocks);
     config.open(Arc::new(MonotonicClock::default())).map_err(|e| format!("open store: {e}"))
 }
@@ -702,10 +708,11 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
     let _ = writeln!(s, "## open of {n} blocks of {}", size_label(size));
     let _ = writeln!(
         s,
-        "created: {n} puts in {:.2} s ({:.0} puts/s, durability {:?}, engine {})",
+        "created: {n} puts in {:.2} s ({:.0} puts/s, durability {:?}, layout {}, engine {})",
         create.as_secs_f64(),
         rate(create),
         ctx.args.durability,
+        if ctx.args.log { "log" } else { "files" },
         engine.name()
     );
     let first_label = if ctx.args.drop_caches { "after drop_caches" } else { "caches warm" };

@@ -69,6 +69,11 @@ fn summary(dir: &Path, report: &FsckReport, repair: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "fsck {}", dir.display());
     let _ = writeln!(s, "  files:     {}", report.files);
+    if report.records + report.torn_segments > 0 {
+        let _ = writeln!(s, "  records:   {} (in the block log)", report.records);
+        let _ =
+            writeln!(s, "  torn log segment ends: {} (never acknowledged)", report.torn_segments);
+    }
     let _ = writeln!(s, "  ok:        {} ({})", report.ok, human_bytes(report.ok_bytes));
     let _ = writeln!(s, "  bad:       {}", report.bad_count());
     for (reason, paths) in &report.bad {
@@ -82,7 +87,8 @@ fn summary(dir: &Path, report: &FsckReport, repair: bool) -> String {
     }
     let _ = writeln!(s, "  tmp files: {}", report.tmp_files);
     if repair {
-        let _ = writeln!(s, "  repaired:  {} (files removed)", report.repaired);
+        let _ =
+            writeln!(s, "  repaired:  {} (files removed, records marked removed)", report.repaired);
     }
     let verdict = match (report.bad_count(), repair) {
         (0, _) => "clean",
@@ -101,9 +107,9 @@ pub(crate) fn run(dir: &Path, repair: bool) -> ExitCode {
         eprintln!("gpucache fsck: {} is not a directory", dir.display());
         return ExitCode::from(2);
     }
-    if !dir.join("STORE").is_file() && !dir.join("blocks").is_dir() {
+    if !dir.join("STORE").is_file() && !dir.join("blocks").is_dir() && !dir.join("log").is_dir() {
         eprintln!(
-            "gpucache fsck: {} is not a FileStore directory (no STORE file, no blocks/)",
+            "gpucache fsck: {} is not a FileStore directory (no STORE file, blocks/ or log/)",
             dir.display()
         );
         return ExitCode::from(2);

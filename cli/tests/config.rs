@@ -135,11 +135,7 @@ seal_algorithms = ["hmac-sha256"]
     assert!(f.direct_io);
     assert_eq!(f.group_commit_deadline_ms, 2000);
     assert_eq!(f.limits, c.limits());
-    for (name, durability) in [
-        ("per-block", Durability::PerBlock),
-        ("logged", Durability::Logged),
-        ("none", Durability::None),
-    ] {
+    for (name, durability) in [("per-block", Durability::PerBlock), ("none", Durability::None)] {
         let c = ValidConfig::from_toml_str(&format!("[store]\ndurability = \"{name}\"\n"))
             .unwrap_or_else(|e| panic!("durability = {name:?}: {e}"));
         assert_eq!(c.file_store_config().durability, durability, "{name}");

@@ -1,5 +1,5 @@
 //! FileStore runs the whole conformance suite, unchanged, on each I/O engine, with an eviction
-//! policy other than commit order, and with its commits in the commit log.
+//! policy other than commit order, and with its blocks in the block log.
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dataplane::testing::Subject;
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
-use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::file::{Durability, FileStoreConfig, Layout};
 
 fn subject(
     engine: EngineChoice,
@@ -26,14 +26,14 @@ fn subject_with(
     limits: ResourceLimits,
     clock: ManualClock,
 ) -> Subject {
-    subject_durable(engine, direct_io, policy, Durability::None, limits, clock)
+    subject_durable(engine, direct_io, policy, (Durability::None, Layout::Files), limits, clock)
 }
 
 fn subject_durable(
     engine: EngineChoice,
     direct_io: bool,
     policy: PolicyKind,
-    durability: Durability,
+    (durability, layout): (Durability, Layout),
     limits: ResourceLimits,
     clock: ManualClock,
 ) -> Subject {
@@ -52,7 +52,8 @@ fn subject_durable(
     config.engine_config.staging_bytes =
         if direct_io { gpucache_storage::file::engine::uring::SLOT_BYTES } else { 0 };
     config.durability = durability;
-    // Small commit-log segments: the suite opens thousands of stores, and fills some.
+    config.layout = layout;
+    // Small log segments: the suite opens thousands of stores, and fills some.
     config.log_segment_bytes = gpucache_storage::file::LOG_SEGMENT_BYTES_MIN;
     config.limits = limits;
     config.policy = policy;
@@ -110,17 +111,20 @@ mod psync_prefix {
     gpucache_dataplane::conformance_suite!(make);
 }
 
-mod psync_logged {
+mod psync_log_durable {
     use super::*;
     fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
-        subject_durable(
-            EngineChoice::Psync,
-            false,
-            PolicyKind::Fifo,
-            Durability::Logged,
-            limits,
-            clock,
-        )
+        let layout = (Durability::PerBlock, Layout::Log);
+        subject_durable(EngineChoice::Psync, false, PolicyKind::Fifo, layout, limits, clock)
+    }
+    gpucache_dataplane::conformance_suite!(make);
+}
+
+mod uring_log {
+    use super::*;
+    fn make(limits: ResourceLimits, clock: ManualClock) -> Subject {
+        let layout = (Durability::None, Layout::Log);
+        subject_durable(EngineChoice::Uring, false, PolicyKind::Prefix, layout, limits, clock)
     }
     gpucache_dataplane::conformance_suite!(make);
 }

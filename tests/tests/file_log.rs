@@ -1,36 +1,45 @@
-//! `Durability::Logged`: a PUT is acknowledged once the commit log holds it durably, and its
-//! block file may still be only in the page cache. So a power loss can take block files away or
-//! leave them torn; the next open writes them again from the log. Here a child process commits,
-//! overwrites and invalidates blocks and is killed with SIGKILL; the parent then plays the power
-//! loss (it removes or cuts every block file the log still covers) and reopens: every
-//! acknowledged block is back with its exact bytes, at its newest version (a key is written
-//! again after an invalidation), and no invalidated one returns.
+//! `Layout::Log`: small blocks live as records in append-only segments. A durable PUT is
+//! acknowledged once a flush of the log covers its record, and a removal marks the record in
+//! place. Here a child process commits, overwrites and invalidates blocks and is killed with
+//! SIGKILL; the parent then plays what a power loss can leave on top of that (a record cut short
+//! after the last acknowledged one) and reopens: every acknowledged block is back with its exact
+//! bytes, at its newest version, no invalidated one returns, and the cut record is not served.
+//! The other tests cover a removal mark the disk lost, damage inside a record, and segments
+//! deleted once no block lives in them.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpucache_dataplane::key::PhysicalKey;
-use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Invalidate, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_storage::file::engine::EngineChoice;
-use gpucache_storage::file::{Durability, LOG_DIR, LOG_SEGMENT_BYTES_MIN};
+use gpucache_storage::file::layout::header_len_for;
+use gpucache_storage::file::{
+    Durability, FileStore, FileStoreConfig, LOG_DIR, LOG_SEGMENT_BYTES_MIN, Layout,
+};
 
 const CHILD_ENV: &str = "GPUCACHE_LOG_CHILD";
 const SPACE: u8 = 0xD1;
 const KEYS: u16 = 40;
+/// Bytes of a record's frame, before the block header.
+const FRAME_BYTES: u64 = 32;
+const FRAME_LEN: usize = 32;
+/// Where the frame's state byte is.
+const STATE_AT: u64 = 5;
 
 fn key_of(i: u16) -> PhysicalKey {
     common::block_key(SPACE, 0, i)
 }
 
 /// The bytes of version `v` of key `i`: mostly small, one of 5 MiB (above what the log takes,
-/// so it is flushed on its own).
+/// so it gets a file of its own).
 fn payload_of(i: u16, v: u16) -> Vec<u8> {
     let len = if i == 7 { 5 << 20 } else { 1 + usize::from(i) * 3_000 + usize::from(v) * 17 };
     common::payload(u64::from(i) << 16 | u64::from(v), len)
@@ -45,16 +54,41 @@ fn fate(i: u16) -> Option<u16> {
     }
 }
 
-/// Files in the store's commit-log directory.
-fn segments(root: &Path) -> usize {
-    std::fs::read_dir(root.join(LOG_DIR)).map_or(0, |d| d.count())
+fn log_config(root: &Path, durability: Durability) -> FileStoreConfig {
+    let mut config = common::config(root, EngineChoice::Psync, durability);
+    config.layout = Layout::Log;
+    config.log_segment_bytes = LOG_SEGMENT_BYTES_MIN;
+    config
+}
+
+/// Segment files in the store's log directory.
+fn segments(root: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root.join(LOG_DIR))
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    found.retain(|p| p.extension().is_some_and(|x| x == "log"));
+    found.sort();
+    found
+}
+
+/// Closes `store` as a crash would leave its log: without the index a clean close writes.
+fn close_as_a_crash(store: FileStore) {
+    let index = store.root().join(LOG_DIR).join("INDEX");
+    drop(store);
+    std::fs::remove_file(index).expect("a clean close wrote the index");
+}
+
+/// The segment and frame offset of the record holding `key`'s committed block.
+fn record_of(store: &gpucache_storage::file::FileStore, key: &PhysicalKey) -> (PathBuf, u64) {
+    let (path, payload_at) = store.block_location(key).expect("a committed block");
+    assert!(path.starts_with(store.root().join(LOG_DIR)), "{} is not in the log", path.display());
+    (path, payload_at - header_len_for(key.encoded().len()) as u64 - FRAME_BYTES)
 }
 
 #[test]
 fn child_entry() {
     let Ok(dir) = std::env::var(CHILD_ENV) else { return };
-    let store =
-        common::open(common::config(Path::new(&dir), EngineChoice::Psync, Durability::Logged));
+    let store = common::open(log_config(Path::new(&dir), Durability::PerBlock));
     for i in 0..KEYS {
         let versions = fate(i).map_or(1, |v| v + 1);
         for v in 0..versions {
@@ -69,15 +103,19 @@ fn child_entry() {
             assert_eq!(store.invalidate(&caller(0), &key_of(i)), Ok(Invalidate::Removed));
         }
     }
+    // Where the next record would start: after the last key's record.
+    let last = key_of(KEYS - 1);
+    let (path, payload_at) = store.block_location(&last).expect("last key");
+    let end = (payload_at + payload_of(KEYS - 1, 0).len() as u64).div_ceil(8) * 8;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "\nREADY").and_then(|()| out.flush()).expect("stdout");
-    // Wait for the kill with the store open (its log not retired).
+    writeln!(out, "\nREADY {} {end}", path.display()).and_then(|()| out.flush()).expect("stdout");
+    // Wait for the kill with the store open.
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
 }
 
 #[test]
-fn a_power_loss_after_the_acknowledgement_loses_no_logged_block() {
+fn a_kill_and_a_cut_record_lose_no_acknowledged_block_and_serve_no_cut_one() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("store");
     let exe = std::env::current_exe().expect("current exe");
@@ -93,7 +131,8 @@ fn a_power_loss_after_the_acknowledgement_loses_no_logged_block() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line == "READY" && tx.send(()).is_err() {
+            if let Some(rest) = line.strip_prefix("READY ") {
+                let _ = tx.send(rest.to_owned());
                 break;
             }
         }
@@ -101,69 +140,169 @@ fn a_power_loss_after_the_acknowledgement_loses_no_logged_block() {
     let ready = rx.recv_timeout(Duration::from_secs(120));
     child.kill().expect("SIGKILL");
     let status = child.wait().expect("reap");
-    assert!(ready.is_ok(), "the child never got ready: {status:?}");
+    let ready = ready.unwrap_or_else(|e| panic!("the child never got ready ({e}): {status:?}"));
     assert_eq!(status.signal(), Some(9), "{status:?}");
-    assert!(segments(&root) > 0, "the killed child left its log");
+    assert!(!segments(&root).is_empty(), "the killed child left its log");
+    // Only the 5 MiB block has a file of its own.
+    assert_eq!(common::all_block_files(&root).len(), 1, "small blocks live in the log");
 
-    // The power loss: every small block file is gone or cut short (the 5 MiB one was flushed
-    // on its own before its acknowledgement, so it stays).
-    let mut rng = SplitMix64::new(0x5EED);
-    let mut lost = 0;
-    for path in common::all_block_files(&root) {
-        let len = std::fs::metadata(&path).expect("stat").len();
-        if len > 4 << 20 {
-            continue;
-        }
-        if rng.chance(0.5) {
-            std::fs::remove_file(&path).expect("remove");
-        } else {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .and_then(|f| f.set_len(len / 2))
-                .expect("cut");
-        }
-        lost += 1;
-    }
-    assert!(lost >= 30, "the power loss took {lost} block files");
+    // What a power loss in the middle of the next append leaves: a frame that checks, then a
+    // header cut short.
+    let (segment, end) = ready.split_once(' ').expect("path and offset");
+    let end: u64 = end.parse().expect("offset");
+    let file = std::fs::OpenOptions::new().write(true).open(segment).expect("segment");
+    let store = common::open(log_config(&root, Durability::PerBlock));
+    let (path, record) = record_of(&store, &key_of(1));
+    close_as_a_crash(store);
+    let mut frame = vec![0u8; FRAME_LEN + 64];
+    std::fs::File::open(&path).expect("segment").read_exact_at(&mut frame, record).expect("read");
+    frame[FRAME_LEN + 8..].fill(0xAB);
+    file.write_all_at(&frame, end).expect("write the cut record");
+    drop(file);
 
-    let store = common::open(common::config(&root, EngineChoice::Psync, Durability::None));
-    let replayed = store.open_report().log;
-    assert!(replayed.recovered >= lost, "{replayed:?}: {lost} files were lost");
+    let store = common::open(log_config(&root, Durability::PerBlock));
+    let opened = store.open_report().log;
+    assert_eq!(opened.torn, 1, "{opened:?}");
+    // Key 1's two older versions and every invalidated key's record are marked removed.
+    assert!(opened.dead >= 16, "{opened:?}");
     for i in 0..KEYS {
         match fate(i) {
-            Some(v) => common::assert_exact(&store, &key_of(i), &payload_of(i, v), "after replay"),
+            Some(v) => common::assert_exact(&store, &key_of(i), &payload_of(i, v), "after kill"),
             None => {
                 let got = common::get(&store, &key_of(i), 16, 0).0;
                 assert_eq!(got, Get::Miss(MissReason::Absent), "key {i} was invalidated");
             }
         }
     }
-    assert_eq!(segments(&root), 0, "a replayed log is removed");
-    drop(store);
-    // Nothing to redo the second time.
-    let store = common::open(common::config(&root, EngineChoice::Psync, Durability::Logged));
-    assert_eq!(store.open_report().log.segments, 0);
-    common::assert_exact(&store, &key_of(1), &payload_of(1, 2), "after a second open");
+    assert_eq!(store.stats().committed_blocks, u64::from(KEYS - KEYS / 5));
 }
 
 #[test]
-fn full_segments_are_retired_and_a_clean_close_leaves_no_log() {
+fn a_removal_mark_the_disk_lost_cannot_bring_an_older_version_back() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("store");
-    let mut config = common::config(&root, EngineChoice::Psync, Durability::Logged);
-    config.log_segment_bytes = LOG_SEGMENT_BYTES_MIN;
-    let store = common::open(config.clone());
+    let store = common::open(log_config(&root, Durability::PerBlock));
+    let key = key_of(3);
+    assert!(matches!(store.put(&caller(0), &key, &payload_of(3, 0), None), Ok(Put::Committed(_))));
+    let old = record_of(&store, &key);
+    assert_eq!(store.invalidate(&caller(0), &key), Ok(Invalidate::Removed));
+    assert!(matches!(store.put(&caller(0), &key, &payload_of(3, 1), None), Ok(Put::Committed(_))));
+    close_as_a_crash(store);
+    // The old record's mark undone, as if it never reached the disk.
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&old.0).expect("segment");
+    let mut state = [0u8];
+    file.read_exact_at(&mut state, old.1 + STATE_AT).expect("read");
+    assert_ne!(state[0], 0, "the invalidation marked the old record");
+    file.write_all_at(&[0], old.1 + STATE_AT).expect("unmark");
+
+    let store = common::open(log_config(&root, Durability::PerBlock));
+    assert_eq!(store.open_report().log.blocks, 2, "both versions look live on disk");
+    common::assert_exact(&store, &key, &payload_of(3, 1), "the newer version wins");
+    assert_eq!(store.stats().committed_blocks, 1);
+    close_as_a_crash(store);
+    // The open marked the older record again.
+    let store = common::open(log_config(&root, Durability::PerBlock));
+    assert_eq!(store.open_report().log.blocks, 1, "{:?}", store.open_report().log);
+    common::assert_exact(&store, &key, &payload_of(3, 1), "after a second open");
+}
+
+#[test]
+fn damage_inside_a_record_is_a_counted_miss_never_wrong_bytes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    let store = common::open(log_config(&root, Durability::None));
+    for i in 0..3 {
+        assert!(matches!(
+            store.put(&caller(0), &key_of(i), &payload_of(i + 10, 0), None),
+            Ok(Put::Committed(_))
+        ));
+    }
+    assert!(store.corrupt_for_test(&key_of(1), 5));
+    let (got, _) = common::get(&store, &key_of(1), 64 << 10, 0);
+    assert_eq!(got, Get::Miss(MissReason::Corrupt));
+    assert_eq!(store.stats().corrupt_dropped.total(), 1);
+    assert_eq!(common::get(&store, &key_of(1), 16, 0).0, Get::Miss(MissReason::Absent));
+    common::assert_exact(&store, &key_of(0), &payload_of(10, 0), "a neighbour record");
+    common::assert_exact(&store, &key_of(2), &payload_of(12, 0), "a neighbour record");
+    close_as_a_crash(store);
+    // The damaged record was marked removed: the next open does not find it.
+    let store = common::open(log_config(&root, Durability::None));
+    assert_eq!(store.open_report().log.blocks, 2, "{:?}", store.open_report().log);
+}
+
+#[test]
+fn segments_go_once_no_block_lives_in_them_and_survive_a_reopen_while_one_does() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    let store = common::open(log_config(&root, Durability::PerBlock));
     // About 6 MiB of records through 1 MiB segments.
-    for i in 0..150u16 {
+    let n = 150u16;
+    for i in 0..n {
         let put = store.put(&caller(0), &key_of(i), &payload_of(i % 5 + 10, 0), None);
         assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
     }
-    drop(store);
-    assert_eq!(segments(&root), 0, "a closed store leaves no segment");
-    let store = common::open(config);
-    assert_eq!(store.open_report().log.segments, 0);
-    for i in 0..150u16 {
-        common::assert_exact(&store, &key_of(i), &payload_of(i % 5 + 10, 0), "after a clean close");
+    let usage = store.log_usage().expect("a log");
+    assert!(usage.segments >= 6, "{usage:?}");
+    assert_eq!(usage.live_blocks, u64::from(n));
+    // Everything but the last block goes: every sealed segment but the last one's is deleted.
+    for i in 0..n - 1 {
+        assert_eq!(store.invalidate(&caller(0), &key_of(i)), Ok(Invalidate::Removed));
     }
+    let usage = store.log_usage().expect("a log");
+    assert_eq!(usage.live_blocks, 1, "{usage:?}");
+    assert!(usage.segments <= 2, "{usage:?}");
+    drop(store);
+    // The deletions ran on the log's thread, which the close waited for; the spare segment
+    // went with the close.
+    assert!(segments(&root).len() <= 2, "{:?}", segments(&root));
+    let store = common::open(log_config(&root, Durability::PerBlock));
+    assert_eq!(store.open_report().log.blocks, 1);
+    common::assert_exact(&store, &key_of(n - 1), &payload_of((n - 1) % 5 + 10, 0), "reopened");
+}
+
+#[test]
+fn a_clean_close_leaves_an_index_the_next_open_trusts_and_an_older_one_is_ignored() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    let index = root.join(LOG_DIR).join("INDEX");
+    let store = common::open(log_config(&root, Durability::None));
+    for i in 0..30 {
+        assert!(matches!(
+            store.put(&caller(0), &key_of(i), &payload_of(i + 10, 0), None),
+            Ok(Put::Committed(_))
+        ));
+    }
+    for i in 0..5 {
+        assert_eq!(store.invalidate(&caller(0), &key_of(i)), Ok(Invalidate::Removed));
+    }
+    drop(store);
+    let kept = std::fs::read(&index).expect("a clean close wrote the index");
+
+    let store = common::open(log_config(&root, Durability::None));
+    let opened = store.open_report().log;
+    assert!(opened.indexed, "{opened:?}");
+    assert_eq!(opened.blocks, 25, "{opened:?}");
+    assert!(!index.exists(), "an open removes the index it used");
+    for i in 5..30 {
+        common::assert_exact(&store, &key_of(i), &payload_of(i + 10, 0), "from the index");
+    }
+    for i in 0..5 {
+        assert_eq!(common::get(&store, &key_of(i), 16, 0).0, Get::Miss(MissReason::Absent));
+    }
+    // Changed after that open: key 5 goes, key 0 comes back with other bytes.
+    assert_eq!(store.invalidate(&caller(0), &key_of(5)), Ok(Invalidate::Removed));
+    assert!(matches!(
+        store.put(&caller(0), &key_of(0), &payload_of(99, 1), None),
+        Ok(Put::Committed(_))
+    ));
+    close_as_a_crash(store);
+    // The index of the earlier close put back: its epoch is older than the store's, so the
+    // open reads the records and sees both changes.
+    std::fs::write(&index, kept).expect("put the old index back");
+    let store = common::open(log_config(&root, Durability::None));
+    let opened = store.open_report().log;
+    assert!(!opened.indexed, "a stale index was trusted: {opened:?}");
+    assert_eq!(opened.blocks, 25, "{opened:?}");
+    assert_eq!(common::get(&store, &key_of(5), 16, 0).0, Get::Miss(MissReason::Absent));
+    common::assert_exact(&store, &key_of(0), &payload_of(99, 1), "the newer version");
 }

@@ -2,13 +2,16 @@
 //! `store.kind = "file"` under a store directory of its own in the scratch directory, one per
 //! point (removed after it), driven over loopback TCP exactly as `ours-tcp` is.
 //!
-//! Two durabilities, each with the page cache warm or cold for the GET phase:
+//! Two durabilities on each of the two layouts, each with the page cache warm or cold for the
+//! GET phase:
 //!
-//! - `ours-file-none`: `durability = "none"` (a PUT is acknowledged after the rename, no flush);
+//! - `ours-file-none`: `durability = "none"`, a file per block (a PUT is acknowledged after the
+//!   rename, no flush);
 //! - `ours-file-durable`: `durability = "per-block"` (the block file and its directory are
 //!   flushed before the acknowledgement);
-//! - `ours-file-logged`: `durability = "logged"` (the block appended to the commit log, one
-//!   shared flush of the log before the acknowledgement);
+//! - `ours-log-none` and `ours-log-durable`: the same with `layout = "log"` (the block appended
+//!   to a segment of the block log; durable: one shared flush of the log before the
+//!   acknowledgement);
 //! - warm: the GET phase starts right after the PUT phase, the blocks in the page cache;
 //! - cold (`-cold`): between the phases, untimed, every file under the store directory is
 //!   flushed (`fdatasync`) and dropped from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)`),
@@ -41,7 +44,6 @@ const FILES_MAX: usize = 1 << 22;
 pub(crate) enum FileDurability {
     None,
     PerBlock,
-    Logged,
 }
 
 impl FileDurability {
@@ -49,38 +51,55 @@ impl FileDurability {
         match self {
             FileDurability::None => "none",
             FileDurability::PerBlock => "per-block",
-            FileDurability::Logged => "logged",
         }
     }
 }
 
-/// One file row: a durability, and whether the GET phase starts with a cold page cache.
+/// One file row: a durability, a layout (the block log, or a file per block), and whether the
+/// GET phase starts with a cold page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FileRow {
     pub durability: FileDurability,
+    pub log: bool,
     pub cold: bool,
 }
 
 impl FileRow {
     /// Every file row, in report order.
-    pub(crate) const ALL: [FileRow; 6] = [
-        FileRow { durability: FileDurability::None, cold: false },
-        FileRow { durability: FileDurability::None, cold: true },
-        FileRow { durability: FileDurability::PerBlock, cold: false },
-        FileRow { durability: FileDurability::PerBlock, cold: true },
-        FileRow { durability: FileDurability::Logged, cold: false },
-        FileRow { durability: FileDurability::Logged, cold: true },
-    ];
+    pub(crate) const ALL: [FileRow; 8] = {
+        let mut rows = [FileRow { durability: FileDurability::None, log: false, cold: false }; 8];
+        let mut i = 0;
+        while i < 8 {
+            rows[i] = FileRow {
+                durability: if i & 2 == 0 {
+                    FileDurability::None
+                } else {
+                    FileDurability::PerBlock
+                },
+                log: i & 4 != 0,
+                cold: i & 1 != 0,
+            };
+            i += 1;
+        }
+        rows
+    };
 
     pub(crate) fn peer_name(self) -> &'static str {
-        match (self.durability, self.cold) {
-            (FileDurability::None, false) => "ours-file-none",
-            (FileDurability::None, true) => "ours-file-none-cold",
-            (FileDurability::PerBlock, false) => "ours-file-durable",
-            (FileDurability::PerBlock, true) => "ours-file-durable-cold",
-            (FileDurability::Logged, false) => "ours-file-logged",
-            (FileDurability::Logged, true) => "ours-file-logged-cold",
+        match (self.log, self.durability, self.cold) {
+            (false, FileDurability::None, false) => "ours-file-none",
+            (false, FileDurability::None, true) => "ours-file-none-cold",
+            (false, FileDurability::PerBlock, false) => "ours-file-durable",
+            (false, FileDurability::PerBlock, true) => "ours-file-durable-cold",
+            (true, FileDurability::None, false) => "ours-log-none",
+            (true, FileDurability::None, true) => "ours-log-none-cold",
+            (true, FileDurability::PerBlock, false) => "ours-log-durable",
+            (true, FileDurability::PerBlock, true) => "ours-log-durable-cold",
         }
+    }
+
+    /// The `store.layout` of the row.
+    fn layout(self) -> &'static str {
+        if self.log { "log" } else { "files" }
     }
 
     pub(crate) fn parse(name: &str) -> Option<Self> {
@@ -88,14 +107,20 @@ impl FileRow {
     }
 
     pub(crate) fn note(self) -> String {
-        let durability = match self.durability {
-            FileDurability::None => "durability none (acknowledged after the rename, no flush)",
-            FileDurability::PerBlock => {
-                "durability per-block (block file and directory flushed before the acknowledgement)"
+        let durability = match (self.log, self.durability) {
+            (false, FileDurability::None) => {
+                "a file per block, durability none (acknowledged after the rename, no flush)"
             }
-            FileDurability::Logged => {
-                "durability logged (block appended to the commit log, one shared flush of the log \
-                 before the acknowledgement)"
+            (false, FileDurability::PerBlock) => {
+                "a file per block, durability per-block (block file and directory flushed before \
+                 the acknowledgement)"
+            }
+            (true, FileDurability::None) => {
+                "layout log, durability none (block appended to a log segment, no flush)"
+            }
+            (true, FileDurability::PerBlock) => {
+                "layout log, durability per-block (block appended to a log segment, one shared \
+                 flush of the log before the acknowledgement)"
             }
         };
         let cache = if self.cold {
@@ -328,7 +353,8 @@ pub(crate) fn measure(
     }
     let tag = format!("{}-{}-{}", row.peer_name(), spec.value_bytes, spec.clients);
     let root = scratch.join(format!("store-{tag}"));
-    let store = StoreConfig::File { root: &root, durability: row.durability.toml() };
+    let store =
+        StoreConfig::File { root: &root, durability: row.durability.toml(), layout: row.layout() };
     let result = match ours::start_serve_store(scratch, &tag, size, working_set_bytes, None, &store)
     {
         Err(e) => fail(e),
@@ -397,6 +423,7 @@ mod tests {
         assert_eq!(FileRow::parse("ours-file"), None);
         assert!(FileRow::ALL[1].note().contains("cold"));
         assert!(FileRow::ALL[2].note().contains("per-block"));
+        assert_eq!(FileRow::ALL[6].peer_name(), "ours-log-durable");
     }
 
     #[test]

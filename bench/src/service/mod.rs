@@ -18,9 +18,9 @@
 //! - **iperf3**: `-P N` streams on loopback writing value-sized buffers;
 //! - **memcpy**: N threads copying value-sized chunks through buffers larger than the LLC.
 //!
-//! - on request (`--peers ours-file,redis-aof`), the on-disk rows: **ours-file-none**,
-//!   **ours-file-durable** and **ours-file-logged** (the service on a FileStore with durability
-//!   `none`, `per-block` and `logged`,
+//! - on request (`--peers ours-file,redis-aof`), the on-disk rows: **ours-file-none** and
+//!   **ours-file-durable** (the service on a FileStore with a file per block, durability `none`
+//!   and `per-block`), **ours-log-none** and **ours-log-durable** (the same on the block log),
 //!   each also `-cold`, the page cache dropped before the GET phase; `filestore.rs`) beside
 //!   **redis-aof-always** and **redis-aof-everysec** (Redis with an append-only file); and
 //!   (`--peers ours-default`) **ours-default**: `gpucache serve` with no configuration, as the
@@ -83,7 +83,8 @@ pub struct ServiceBenchArgs {
     /// Peers to run, comma-separated: ours (loopback TCP; also ours-tcp), ours-shm (the
     /// same-host shared-memory path), raw-socket (a bare TCP server: ours-tcp's ceiling),
     /// redis, mooncake, iperf3, memcpy; and, not by default, the on-disk rows: ours-file (all
-    /// six of ours-file-none, ours-file-durable, ours-file-logged, each also -cold),
+    /// eight of ours-file-none, ours-file-durable, ours-log-none, ours-log-durable, each also
+    /// -cold),
     /// ours-default (gpucache serve with no configuration, on its default ports) and redis-aof
     /// (both of redis-aof-always, redis-aof-everysec).
     #[arg(long, default_value = "ours,ours-shm,raw-socket,redis,mooncake,iperf3,memcpy")]
@@ -136,7 +137,8 @@ enum PeerName {
 }
 
 const PEER_NAMES: &str = "ours, ours-shm, raw-socket, redis, mooncake, iperf3, memcpy, \
-                          ours-file[-none|-none-cold|-durable|-durable-cold|-logged|-logged-cold], \
+                          ours-file[-none|-none-cold|-durable|-durable-cold], \
+                          ours-log[-none|-none-cold|-durable|-durable-cold], \
                           ours-default, \
                           redis-aof[-always|-everysec]";
 
@@ -705,11 +707,11 @@ mod tests {
         assert!(e.contains("raw-socket") && e.contains("redis-aof"), "{e}");
         let d = plan(&args(&["--peers", "ours-file,redis-aof,ours-file-none,redis,ours-default"]))
             .expect("plan");
-        assert_eq!(d.peers.len(), 10, "the groups expand and repeats drop: {:?}", d.peers);
+        assert_eq!(d.peers.len(), 12, "the groups expand and repeats drop: {:?}", d.peers);
         assert_eq!(d.peers[0], PeerName::File(FileRow::ALL[0]));
-        assert_eq!(d.peers[6], PeerName::Redis(Persistence::AofAlways));
-        assert_eq!(d.peers[8], PeerName::Redis(Persistence::Off));
-        assert_eq!(d.peers[9], PeerName::Default);
+        assert_eq!(d.peers[8], PeerName::Redis(Persistence::AofAlways));
+        assert_eq!(d.peers[10], PeerName::Redis(Persistence::Off));
+        assert_eq!(d.peers[11], PeerName::Default);
         assert!(plan(&args(&["--clients", "0"])).is_err());
         assert_eq!(keys_for(&p, MIB, 8), 512);
         assert_eq!(keys_for(&p, 64 * MIB, 8), 32);

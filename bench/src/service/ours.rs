@@ -211,8 +211,9 @@ impl KvClient for OursClient {
 pub(crate) enum StoreConfig<'a> {
     /// The memory store.
     Memory,
-    /// A file store under `root` with `store.durability = durability`.
-    File { root: &'a Path, durability: &'static str },
+    /// A file store under `root` with `store.durability = durability` and `store.layout =
+    /// layout`.
+    File { root: &'a Path, durability: &'static str, layout: &'static str },
 }
 
 /// The `gpucache serve` configuration for one point: the store with room for the working set
@@ -236,11 +237,12 @@ pub(crate) fn serve_config(
             // Every block of the run fits in memory faulted in at start.
             let _ = writeln!(s, "[store]\nkind = \"memory\"\npreallocate = true\n");
         }
-        StoreConfig::File { root, durability } => {
+        StoreConfig::File { root, durability, layout } => {
             let _ = writeln!(s, "[store]\nkind = \"file\"");
             // Debug quoting is a valid TOML basic string for the paths used here.
             let _ = writeln!(s, "root = {:?}", root.display().to_string());
-            let _ = writeln!(s, "durability = \"{durability}\"\n");
+            let _ = writeln!(s, "durability = \"{durability}\"");
+            let _ = writeln!(s, "layout = \"{layout}\"\n");
         }
     }
     let _ = writeln!(s, "[limits]");
@@ -402,7 +404,7 @@ pub(crate) fn keys(tenant: &TenantId, count: u64) -> Result<Vec<PhysicalKey>, St
 mod tests {
     use super::*;
     use gpucache_service::config::{StoreKind, ValidConfig};
-    use gpucache_storage::file::Durability;
+    use gpucache_storage::file::{Durability, Layout};
 
     #[test]
     fn the_generated_config_is_valid_and_sized() {
@@ -426,15 +428,18 @@ mod tests {
     fn the_file_store_config_names_its_root_and_durability_and_no_socket() {
         let dir = tempfile::tempdir().expect("dir");
         let root = dir.path().join("store-ours-file-none-1048576-8");
-        for (name, durability) in [("none", Durability::None), ("per-block", Durability::PerBlock)]
-        {
-            let store = StoreConfig::File { root: &root, durability: name };
+        for (name, durability, layout, expect) in [
+            ("none", Durability::None, "files", Layout::Files),
+            ("per-block", Durability::PerBlock, "log", Layout::Log),
+        ] {
+            let store = StoreConfig::File { root: &root, durability: name, layout };
             let text = serve_config([7001, 7002, 7003], 1 << 20, 512 << 20, None, &store);
             let c = ValidConfig::from_toml_str(&text).expect("valid");
             assert_eq!(c.store.kind, StoreKind::File);
             assert_eq!(c.store.root, root);
             let f = c.file_store_config();
             assert_eq!(f.durability, durability, "{text}");
+            assert_eq!(f.layout, expect, "{text}");
             // Without `local = ""` a file store would offer a socket inside its root.
             assert_eq!(c.local_socket(), None, "{text}");
             assert!(c.limits.retained_bytes_max >= (512 << 20) + (2 << 20));

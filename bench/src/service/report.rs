@@ -111,10 +111,11 @@ pub(super) const REFERENCES: [&str; 5] = ["iperf3", "raw-socket", "redis", "moon
 pub(super) const FILE_REFERENCES: [&str; 2] = ["redis-aof-always", "redis-aof-everysec"];
 /// The fair pairs of the on-disk table: ours at a durability, Redis at the one that promises
 /// as much (acknowledged once flushed; acknowledged before a flush).
-pub(super) const FILE_PAIRS: [(&str, &str); 3] = [
+pub(super) const FILE_PAIRS: [(&str, &str); 4] = [
     ("ours-file-durable", "redis-aof-always"),
-    ("ours-file-logged", "redis-aof-always"),
+    ("ours-log-durable", "redis-aof-always"),
     ("ours-file-none", "redis-aof-everysec"),
+    ("ours-log-none", "redis-aof-everysec"),
 ];
 
 /// One aim of the benchmark: at 1 MiB with one client, ours / `peer` at least `need`.

@@ -35,6 +35,11 @@ pub enum ConfigError {
          (choose a policy, or leave the key out for \"fifo\")"
     )]
     FileStoreRefuses { kind: &'static str },
+    #[error(
+        "store.direct_io: O_DIRECT needs layout = \"files\" (the block log's records are not \
+         aligned for it)"
+    )]
+    DirectLog,
     #[error("store.tiers: {why}")]
     Tiers { why: String },
     #[error("{key}: {why}")]
@@ -116,6 +121,7 @@ impl ConfigError {
             Self::UnknownRespTenant { .. } => Some("listen.resp_tenant"),
             Self::LocalSocket { .. } => Some("listen.local"),
             Self::FileStoreRefuses { .. } => Some("store.eviction"),
+            Self::DirectLog => Some("store.direct_io"),
             Self::Tiers { .. } => Some("store.tiers"),
             Self::NixlAgentName { .. } => Some("nixl.agent"),
             Self::NixlPoolNotWhole { .. } => Some("nixl.pool_bytes"),

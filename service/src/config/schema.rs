@@ -21,7 +21,7 @@ use gpucache_dataplane::limits::ResourceLimits;
 use gpucache_dpu::{DpuStoreConfig, SlabConfig};
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::{EngineChoice, EngineConfig};
-use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::file::{Durability, FileStoreConfig, Layout};
 use gpucache_storage::tiered::{
     MemoryTier, TierMemory, WRITE_BACK_DIRTY_AGE_DEFAULT_MS, WRITE_BACK_DIRTY_BYTES_DEFAULT,
     WriteBackWindow, WriteMode,
@@ -354,7 +354,6 @@ impl From<EngineName> for EngineChoice {
 pub enum DurabilityName {
     PerBlock,
     GroupCommit,
-    Logged,
     None,
 }
 
@@ -363,8 +362,24 @@ impl From<DurabilityName> for Durability {
         match d {
             DurabilityName::PerBlock => Durability::PerBlock,
             DurabilityName::GroupCommit => Durability::GroupCommit,
-            DurabilityName::Logged => Durability::Logged,
             DurabilityName::None => Durability::None,
+        }
+    }
+}
+
+/// `store.layout`: where the file store keeps blocks (ADR 0026).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayoutName {
+    Files,
+    Log,
+}
+
+impl From<LayoutName> for Layout {
+    fn from(l: LayoutName) -> Self {
+        match l {
+            LayoutName::Files => Layout::Files,
+            LayoutName::Log => Layout::Log,
         }
     }
 }
@@ -379,6 +394,7 @@ pub struct StoreSection {
     pub engine: EngineName,
     pub direct_io: bool,
     pub durability: DurabilityName,
+    pub layout: LayoutName,
     pub queue_depth: u32,
     pub group_commit_deadline_ms: u64,
     /// `kind = "memory"`: map and fault in `limits.retained_bytes_max` of memory at start, so
@@ -480,6 +496,7 @@ impl Default for StoreSection {
             engine: EngineName::Auto,
             direct_io: file.direct_io,
             durability: DurabilityName::PerBlock,
+            layout: LayoutName::Files,
             queue_depth: file.engine_config.queue_depth,
             group_commit_deadline_ms: file.group_commit_deadline_ms,
             preallocate: false,
@@ -935,6 +952,7 @@ impl ServeConfig {
             EngineConfig { queue_depth: s.queue_depth, ..EngineConfig::default() };
         config.direct_io = s.direct_io;
         config.durability = s.durability.into();
+        config.layout = s.layout.into();
         config.limits = self.limits();
         if s.kind == StoreKind::Tiered
             && let Some(capacity) = s.tier(TierKind::File).and_then(TierSection::capacity)

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::error::{ConfigError, join};
 use super::schema::{
-    ClusterSection, DpuBackendName, DpuSection, Eviction, NixlSection, S3TierSection, ServeConfig,
-    StoreKind, StoreSection, TierKind, TierSection,
+    ClusterSection, DpuBackendName, DpuSection, Eviction, LayoutName, NixlSection, S3TierSection,
+    ServeConfig, StoreKind, StoreSection, TierKind, TierSection,
 };
 use crate::auth::{TenantAuth, TenantKeys};
 use gpucache_dataplane::caller::Caller;
@@ -140,6 +140,9 @@ impl ServeConfig {
                 _ => "file",
             };
             return Err(ConfigError::FileStoreRefuses { kind });
+        }
+        if s.direct_io && s.layout == LayoutName::Log {
+            return Err(ConfigError::DirectLog);
         }
         check_tiers(s)?;
         in_range("store.queue_depth", s.queue_depth.into(), 1, QUEUE_DEPTH_MAX.into())?;

@@ -13,7 +13,6 @@
 //! new file removed when the write finishes; a crash between the two leaves that file, and the
 //! next open loads it (a block that was committed, whole and checksummed).
 
-use std::fs;
 use std::sync::atomic::Ordering;
 
 use gpucache_dataplane::BlockState;
@@ -124,12 +123,12 @@ impl FileStore {
             }
         };
         match self.persist(key, region, (seq, epoch), bytes, checksum) {
-            Ok((path, header_len, _)) => {
+            Ok((path, header_len, _, slot)) => {
                 let mut catalog = self.lock();
                 match catalog.entry_mut(region) {
                     Some(b) if matches!(b.payload, FilePayload::Deferred { .. }) => {
                         b.payload =
-                            FilePayload::Stored { region, path, header_len, removing: false };
+                            FilePayload::Stored { region, path, header_len, removing: false, slot };
                         drop(catalog);
                         self.deferred_settled(seq, bytes.len() as u64);
                         Ok(true)
@@ -137,10 +136,7 @@ impl FileStore {
                     // The block left while its file was written: so does the file.
                     _ => {
                         drop(catalog);
-                        if let Err(e) = fs::remove_file(&path) {
-                            tracing::warn!(path = %path.display(), error = %e,
-                                "could not remove the file of a block that left while it was written");
-                        }
+                        self.release(&path, slot);
                         Ok(false)
                     }
                 }

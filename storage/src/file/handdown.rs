@@ -10,10 +10,12 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::key::PhysicalKey;
 
+use super::block_log::{BlockLog, LogSlot};
 use super::{FilePayload, FileStore};
 
 /// A block the file tier evicted, whose file waits for the tier below. Dropping it removes
@@ -25,6 +27,8 @@ pub struct EvictedFile {
     pub len: u64,
     path: PathBuf,
     header_len: u64,
+    /// Its record, when the block lives in the block log (marked removed when let go).
+    record: Option<(Arc<BlockLog>, LogSlot)>,
 }
 
 /// Why an evicted block's bytes could not be read.
@@ -55,7 +59,15 @@ impl EvictedFile {
 
 impl Drop for EvictedFile {
     fn drop(&mut self) {
-        super::remove_block_file(&self.path);
+        match &self.record {
+            Some((log, slot)) => {
+                if let Err(e) = log.kill(*slot) {
+                    tracing::warn!(segment = %self.path.display(), error = %e,
+                        "could not mark a handed-down block's log record; the next open finds it");
+                }
+            }
+            None => super::remove_block_file(&self.path),
+        }
     }
 }
 
@@ -81,14 +93,18 @@ impl FileStore {
         handed
             .into_iter()
             .filter_map(|h| match h.payload {
-                FilePayload::Stored { region, path, header_len, .. } => {
-                    self.files.forget(region);
+                FilePayload::Stored { region, path, header_len, slot, .. } => {
+                    if slot.is_none() {
+                        self.files.forget(region);
+                    }
+                    let record = slot.and_then(|slot| Some((Arc::clone(self.log.as_ref()?), slot)));
                     Some(EvictedFile {
                         key: h.key,
                         checksum: h.checksum,
                         len: h.len,
                         path,
                         header_len,
+                        record,
                     })
                 }
                 _ => None,

@@ -5,7 +5,7 @@
 //! ROOT/LOCK                          flock held by the open store
 //! ROOT/tmp/<region>.tmp              blocks being written; removed at open
 //! ROOT/blocks/<d0d1>/<digest>-<seq>.blk   committed blocks
-//! ROOT/log/<n>.log                   commit-log segments (`Durability::Logged`, `commit_log`)
+//! ROOT/log/<n>.log                   block-log segments (`Layout::Log`, `block_log`)
 //! ROOT/WRITEBACK                     write-back journal (`journal`)
 //! ```
 //!

@@ -6,13 +6,14 @@
 //! happens outside it. Layout and file format: [`layout`] and ADR 0008. Durability policies:
 //! [`Durability`] and ADR 0009.
 
-mod commit_log;
+mod block_log;
 mod deferred;
 pub mod engine;
 mod fsck;
 pub mod handdown;
 mod journal;
 pub mod layout;
+mod log_index;
 mod open_files;
 mod reads;
 mod removals;
@@ -44,15 +45,16 @@ use gpucache_dataplane::store::{
 
 use crate::catalog::{Catalog, Restored};
 use crate::evict::PolicyKind;
-pub use commit_log::{
-    LOG_BLOCK_BYTES_MAX, LOG_DIR, LOG_SEGMENT_BYTES, LOG_SEGMENT_BYTES_MIN, Replayed,
+use block_log::{BlockLog, LogSlot};
+pub use block_log::{
+    LOG_BLOCK_BYTES_MAX, LOG_DIR, LOG_SEGMENT_BYTES, LOG_SEGMENT_BYTES_MIN, LogOpened, LogUsage,
 };
 use engine::{EngineChoice, EngineConfig, IoEngine, IoSide};
 pub use fsck::{FsckReport, fsck};
 pub use journal::{JOURNAL_BYTES_MAX, JOURNAL_FILE, Lost as WriteBackLost};
 pub use layout::BlockFileError;
-use open_files::OpenFiles;
 pub use open_files::OpenFilesStats;
+use open_files::{OpenFiles, OpenId};
 use room::{DiskRoom, free_bytes};
 
 /// Most blocks of a batch read pinned and read together; a longer batch runs in several windows.
@@ -79,16 +81,22 @@ pub enum Durability {
     /// Write and rename, then wait for one shared `syncfs` that covers every commit waiting at
     /// that moment. Survives power loss; concurrent commits share the flush.
     GroupCommit,
-    /// Write and rename the block file with no flush, append the block to the commit log, and
-    /// acknowledge once a flush of the log shared by every commit waiting then covers it
-    /// (`commit_log`). Survives power loss: an open writes again from the log any block file
-    /// whose bytes did not reach the disk. Blocks over [`LOG_BLOCK_BYTES_MAX`] are committed as
-    /// under `PerBlock`.
-    Logged,
     /// Acknowledge after the rename, with no flush. Survives a process crash (the page cache
     /// holds the bytes) but not power loss or a kernel crash: recently acknowledged blocks can
     /// vanish (clean misses, never wrong bytes, because every read is checksummed).
     None,
+}
+
+/// Where committed blocks live on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// A file per block under `blocks/<xx>/` (ADR 0008).
+    Files,
+    /// Blocks up to [`LOG_BLOCK_BYTES_MAX`] as records in append-only segments under `log/`
+    /// (ADR 0026); larger ones in files. A PUT creates no file; under `PerBlock` and
+    /// `GroupCommit` it is acknowledged once a flush of the log shared by every commit waiting
+    /// then covers it.
+    Log,
 }
 
 /// How to open a FileStore. [`FileStoreConfig::open`] validates it and returns a running store.
@@ -107,7 +115,9 @@ pub struct FileStoreConfig {
     pub open_files_max: usize,
     /// Which committed blocks give way first when a retained-byte quota is full.
     pub policy: PolicyKind,
-    /// Bytes of one commit-log segment under `Durability::Logged`; at least
+    /// Where blocks live: a file each, or the block log.
+    pub layout: Layout,
+    /// Bytes of one block-log segment under [`Layout::Log`]; at least
     /// [`LOG_SEGMENT_BYTES_MIN`].
     pub log_segment_bytes: u64,
 }
@@ -124,6 +134,7 @@ impl FileStoreConfig {
             group_commit_deadline_ms: 10_000,
             open_files_max: OPEN_FILES_MAX,
             policy: PolicyKind::Fifo,
+            layout: Layout::Files,
             log_segment_bytes: LOG_SEGMENT_BYTES,
         }
     }
@@ -179,8 +190,8 @@ pub struct OpenReport {
     /// Blocks acknowledged under write-back before the restart whose files were never written
     /// (from the write-back journal).
     pub write_back_lost: WriteBackLost,
-    /// What the commit log left by the last run (`Durability::Logged`) redid.
-    pub log: Replayed,
+    /// What the block log held (`Layout::Log`).
+    pub log: LogOpened,
     pub elapsed_ms: u64,
 }
 
@@ -190,9 +201,17 @@ enum FilePayload {
     /// Being written through `Store::write`: bytes held until commit.
     Staged(Vec<u8>),
     /// Committed: the block's region (which names its kept descriptor), the file and the
-    /// payload's offset in it. `removing` while an invalidation is unlinking the file (the
-    /// block stays readable until the removal is durable).
-    Stored { region: RegionId, path: PathBuf, header_len: u64, removing: bool },
+    /// payload's offset in it (`header_len`: after the header in a block file, the payload's
+    /// place in a log segment). `removing` while an invalidation is removing it (the block
+    /// stays readable until the removal is durable). `slot` names its record when the block
+    /// lives in the block log.
+    Stored {
+        region: RegionId,
+        path: PathBuf,
+        header_len: u64,
+        removing: bool,
+        slot: Option<LogSlot>,
+    },
     /// Committed with its bytes held by the tier above, not written yet (see [`deferred`]):
     /// the epoch its file header will carry, and whether a write of it is under way; its
     /// commit sequence and length, for the write-back journal and tally. Never on disk, so a
@@ -292,13 +311,14 @@ pub struct FileStore {
     io_watch: Arc<engine::IoWatch>,
     direct_io: bool,
     durability: Durability,
+    layout: Layout,
     full_policy: FullPolicy,
     catalog: Mutex<Catalog<FilePayload>>,
     clock: Arc<dyn Clock>,
     group: sync::GroupSync,
     report: OpenReport,
-    /// Block files kept open for reads, by region.
-    files: OpenFiles,
+    /// Block files and log segments kept open for reads.
+    files: Arc<OpenFiles>,
     /// Which `blocks/<xx>` directories are known to exist (created on first use).
     subdirs: [AtomicBool; 256],
     /// The free space a reservation is admitted against.
@@ -307,8 +327,8 @@ pub struct FileStore {
     journal: journal::Journal,
     /// Committed blocks waiting for their files, and their payload bytes.
     deferred: [AtomicU64; 2],
-    /// The commit log, under `Durability::Logged`.
-    log: Option<commit_log::CommitLog>,
+    /// The block log, under `Layout::Log`.
+    log: Option<Arc<BlockLog>>,
     _lock: File,
 }
 
@@ -353,6 +373,11 @@ impl FileStore {
                 "log_segment_bytes must be at least {LOG_SEGMENT_BYTES_MIN}"
             )));
         }
+        if config.layout == Layout::Log && config.direct_io {
+            return Err(FileStoreError::Config(
+                "direct_io needs layout files: log records are not aligned for O_DIRECT".into(),
+            ));
+        }
         let watched = engine::Watched::new(engine);
         let io_watch = watched.watch();
         let engine: Arc<dyn IoEngine> = Arc::new(watched);
@@ -380,17 +405,27 @@ impl FileStore {
         }
 
         let recorded = read_store_record(&root);
-        let (mut found, max_epoch) = scan_blocks(&root, &mut report)?;
-        report.log = commit_log::replay(&root, &mut found).map_err(io_at(&root.join(LOG_DIR)))?;
-        if report.log.recovered + report.log.removed > 0 {
-            tracing::info!(
-                root = %root.display(), recovered = report.log.recovered,
-                removed = report.log.removed,
-                "commit log replayed: block files written or removed again"
+        let (files_found, files_epoch) = scan_blocks(&root, &mut report)?;
+        let log_dir = root.join(LOG_DIR);
+        let scanned = match recorded.and_then(|epoch| log_index::load(&root, epoch)) {
+            Some(indexed) => indexed,
+            None => block_log::scan(&root).map_err(io_at(&log_dir))?,
+        };
+        report.log = scanned.opened();
+        if scanned.indexed {
+            // Written for this epoch only; the open below moves past it anyway.
+            log_index::remove(&root).map_err(io_at(&log_dir))?;
+        }
+        let (found, max_epoch) = newest_per_key(&root, files_found, files_epoch, &scanned.blocks)
+            .map_err(io_at(&log_dir))?;
+        if report.log.torn > 0 {
+            tracing::warn!(
+                root = %root.display(), segments = report.log.torn,
+                "block log segments end in a record cut short (never acknowledged)"
             );
         }
         if root.join(JOURNAL_FILE).exists() {
-            let on_disk = found.iter().map(|(header, _)| header.seq).collect();
+            let on_disk = found.iter().map(|f| f.header.seq).collect();
             report.write_back_lost = journal::recover(&root, &on_disk).map_err(io_at(&root))?;
             if report.write_back_lost.blocks > 0 {
                 tracing::warn!(
@@ -426,9 +461,19 @@ impl FileStore {
         for (phase, reason, n) in report.corrupt.iter() {
             catalog.count_corrupt(phase, reason, n);
         }
+        let files = Arc::new(OpenFiles::new(open_files_max));
+        let deadline = Duration::from_millis(config.group_commit_deadline_ms);
+        // A store that has segments reads them whatever its layout says new blocks go to.
+        let log = (config.layout == Layout::Log || !scanned.segments.is_empty())
+            .then(|| {
+                let bytes = config.log_segment_bytes;
+                BlockLog::open(&root, &scanned, bytes, deadline, Arc::clone(&files)).map(Arc::new)
+            })
+            .transpose()
+            .map_err(io_at(&log_dir))?;
         // Newest first: when the limits are tighter than what is on disk, the oldest blocks are
         // the ones left out, as eviction would have chosen.
-        for (header, path) in found.into_iter().rev() {
+        for FoundBlock { header, path, payload_at, slot } in found.into_iter().rev() {
             let len = header.payload_len;
             let restored = Restored {
                 key: header.key,
@@ -439,8 +484,9 @@ impl FileStore {
                     // The catalog names the region; set right below.
                     region: RegionId(0),
                     path,
-                    header_len: header.header_len,
+                    header_len: payload_at,
                     removing: false,
+                    slot,
                 },
             };
             match catalog.restore(restored) {
@@ -450,15 +496,24 @@ impl FileStore {
                     {
                         *region = id;
                     }
+                    if let (Some(log), Some(slot)) = (&log, slot) {
+                        log.restored(slot);
+                    }
                     report.loaded += 1;
                     report.loaded_bytes += len;
                 }
                 Err((refusal, payload)) => {
-                    tracing::warn!(%refusal, "oldest block files over the configured limits; removed");
+                    tracing::warn!(%refusal, "oldest blocks over the configured limits; removed");
                     *report.skipped.entry("over limits".into()).or_default() += 1;
+                    if let Some(slot) = slot {
+                        block_log::kill_at(&root, slot).map_err(io_at(&log_dir))?;
+                    }
                     dispose(vec![payload]);
                 }
             }
+        }
+        if let Some(log) = &log {
+            log.drop_empty().map_err(io_at(&log_dir))?;
         }
         // Restored newest first for admission; the policy learns them oldest first.
         catalog.replay_order();
@@ -467,15 +522,7 @@ impl FileStore {
             root = %root.display(), engine = engine.name(), epoch, loaded = report.loaded,
             skipped = report.skipped.values().sum::<u64>(), "file store opened"
         );
-        let deadline = Duration::from_millis(config.group_commit_deadline_ms);
         let group = sync::GroupSync::filesystem(&root, deadline).map_err(io_at(&root))?;
-        let log = (config.durability == Durability::Logged)
-            .then(|| {
-                let (first, bytes) = (report.log.next_segment, config.log_segment_bytes);
-                commit_log::CommitLog::open(&root, first, bytes, deadline)
-            })
-            .transpose()
-            .map_err(io_at(&root.join(LOG_DIR)))?;
         Ok(Self {
             room: DiskRoom::new(&root),
             journal: journal::Journal::new(&root),
@@ -487,12 +534,13 @@ impl FileStore {
             io_watch,
             direct_io: config.direct_io,
             durability: config.durability,
+            layout: config.layout,
             full_policy: full_policy_of(config.policy),
             catalog: Mutex::new(catalog),
             clock,
             group,
             report,
-            files: OpenFiles::new(open_files_max),
+            files,
             subdirs: std::array::from_fn(|_| AtomicBool::new(false)),
             _lock: lock,
         })
@@ -522,6 +570,12 @@ impl FileStore {
     /// The block files kept open for reads: how many, the limit, and how often they served.
     pub fn open_files(&self) -> OpenFilesStats {
         self.files.stats()
+    }
+
+    /// What the block log holds now (segments, their bytes, and the live blocks and bytes in
+    /// them); `None` when the store has no log.
+    pub fn log_usage(&self) -> Option<LogUsage> {
+        self.log.as_ref().map(|log| log.usage())
     }
 
     /// Where the committed block under exactly `key` keeps its payload: its file and the
@@ -576,7 +630,9 @@ impl FileStore {
         Ok(file)
     }
 
-    /// Makes a block durable under the configured policy and moves it into place.
+    /// Makes a block durable under the configured policy and puts it in place: a record in the
+    /// block log when the layout keeps it there, a block file otherwise. Returns the file that
+    /// holds it, where its payload starts there, its checksum and its log record.
     fn persist(
         &self,
         key: &PhysicalKey,
@@ -584,33 +640,43 @@ impl FileStore {
         (seq, epoch): (u64, u64),
         payload: &[u8],
         checksum: Checksum,
-    ) -> io::Result<(PathBuf, u64, Checksum)> {
+    ) -> io::Result<(PathBuf, u64, Checksum, Option<LogSlot>)> {
         let mut header = vec![0u8; layout::header_len_for(key.encoded().len())];
         layout::encode_header(&mut header, key, payload.len() as u64, checksum, seq, epoch);
+        if self.layout == Layout::Log
+            && let Some(log) =
+                self.log.as_ref().filter(|log| log.takes(header.len(), payload.len()))
+        {
+            let result = log.append(seq, &header, payload).and_then(|(slot, at)| {
+                if self.durability != Durability::None
+                    && let Err(e) = log.barrier()
+                {
+                    // Never acknowledged: the record goes (its state byte may not reach the
+                    // disk, and an open then finds a block nobody was told about, never a
+                    // wrong one).
+                    let _ = log.kill(slot);
+                    return Err(e);
+                }
+                Ok((slot, at))
+            });
+            self.io_watch.record(IoSide::Write, &result);
+            let (slot, at) = result?;
+            return Ok((log.path_of(slot.segment), at, checksum, Some(slot)));
+        }
         let tmp = layout::tmp_path(&self.root, region.0);
         let final_path = layout::block_path(&self.root, key, seq);
-        // A logged block too large for the log is flushed on its own.
-        let log = self.log.as_ref().filter(|log| log.takes(header.len(), payload.len()));
-        let flush_file = self.durability == Durability::PerBlock
-            || (self.durability == Durability::Logged && log.is_none());
         let result = (|| {
             let file = self.write_block_file(&tmp, &header, payload)?;
-            if flush_file {
+            if self.durability == Durability::PerBlock {
                 self.engine.sync(&file)?;
             }
             drop(file);
             self.ensure_subdir(&final_path, key)?;
             fs::rename(&tmp, &final_path)?;
-            match (self.durability, log) {
-                (Durability::Logged, Some(log)) => {
-                    log.put(seq, &header, payload)?;
-                    log.barrier()?;
-                }
-                (Durability::PerBlock | Durability::Logged, _) => {
-                    sync_dir(final_path.parent().unwrap_or(&self.root))?;
-                }
-                (Durability::GroupCommit, _) => self.group.barrier()?,
-                (Durability::None, _) => {}
+            match self.durability {
+                Durability::PerBlock => sync_dir(final_path.parent().unwrap_or(&self.root))?,
+                Durability::GroupCommit => self.group.barrier()?,
+                Durability::None => {}
             }
             Ok(())
         })();
@@ -618,7 +684,7 @@ impl FileStore {
         // medium that stopped taking writes first: readiness must see them too.
         self.io_watch.record(IoSide::Write, &result);
         match result {
-            Ok(()) => Ok((final_path, header.len() as u64, checksum)),
+            Ok(()) => Ok((final_path, header.len() as u64, checksum, None)),
             Err(e) => {
                 // Nothing of a failed commit may survive to be found at the next open.
                 let _ = fs::remove_file(&tmp);
@@ -656,20 +722,25 @@ impl FileStore {
         (seq, epoch): (u64, u64),
     ) -> Result<Committed, StoreError> {
         match self.persist(key, region, (seq, epoch), payload, checksum) {
-            Ok((path, header_len, checksum)) => {
+            Ok((path, header_len, checksum, slot)) => {
                 let now = self.clock.now_ms();
                 let mut catalog = self.lock();
                 match catalog.finish_commit_at(region, checksum, seq, now) {
                     Ok(c) => {
                         if let Some(b) = catalog.entry_mut(region) {
-                            b.payload =
-                                FilePayload::Stored { region, path, header_len, removing: false };
+                            b.payload = FilePayload::Stored {
+                                region,
+                                path,
+                                header_len,
+                                removing: false,
+                                slot,
+                            };
                         }
                         Ok(c)
                     }
                     Err(e) => {
                         drop(catalog);
-                        let _ = fs::remove_file(&path);
+                        self.release(&path, slot);
                         Err(e)
                     }
                 }
@@ -731,42 +802,86 @@ impl FileStore {
 }
 
 impl FileStore {
-    /// Closes the kept descriptors of blocks that left the catalog and removes their files.
+    /// Closes the kept descriptors of blocks that left the catalog and removes their files or
+    /// log records.
     fn dispose(&self, released: Vec<FilePayload>) {
-        for p in &released {
+        for p in released {
             match p {
-                FilePayload::Stored { region, path, removing, .. } => {
-                    self.files.forget(*region);
-                    // An invalidation removing the file logged its gone record before unlinking.
-                    if !removing {
-                        self.log_gone(path);
-                    }
+                // An invalidation removing the block did so before it left the catalog.
+                FilePayload::Stored { removing: true, region, slot: None, .. } => {
+                    self.files.forget(region);
                 }
-                FilePayload::Deferred { seq, len, .. } => self.deferred_settled(*seq, *len),
+                FilePayload::Stored { removing: true, .. } => {}
+                FilePayload::Stored { region, path, slot, .. } => {
+                    if slot.is_none() {
+                        self.files.forget(region);
+                    }
+                    self.release(&path, slot);
+                }
+                FilePayload::Deferred { seq, len, .. } => self.deferred_settled(seq, len),
                 FilePayload::Staged(_) => {}
             }
         }
-        dispose(released);
+    }
+
+    /// Removes a block that is no longer wanted, without waiting for the removal to be
+    /// durable: its log record marked removed, or its file unlinked.
+    fn release(&self, path: &Path, slot: Option<LogSlot>) {
+        match (slot, &self.log) {
+            (Some(slot), Some(log)) => {
+                if let Err(e) = log.kill(slot) {
+                    tracing::warn!(
+                        segment = %path.display(), record = slot.record, error = %e,
+                        "could not mark a removed block's log record; the next open finds it"
+                    );
+                }
+            }
+            _ => remove_block_file(path),
+        }
+    }
+}
+
+impl Drop for FileStore {
+    /// A clean close flushes the block log and leaves its index, so that the next open reads
+    /// one file instead of every record's head.
+    fn drop(&mut self) {
+        if let Some(log) = &self.log
+            && let Err(e) = self.write_log_index(log)
+        {
+            tracing::warn!(root = %self.root.display(), error = %e,
+                "could not write the block log's index; the next open reads every record");
+        }
     }
 }
 
 impl FileStore {
-    /// Under `Durability::Logged`, appends the gone record of the block file at `path`, so that
-    /// a replay of the log does not bring it back (made durable by the next group flush).
-    fn log_gone(&self, path: &Path) {
-        let Some(log) = &self.log else { return };
-        if let Ok((_, seq)) = layout::parse_block_name(path)
-            && let Err(e) = log.gone(seq)
-        {
-            tracing::warn!(path = %path.display(), error = %e, "could not log a block's removal");
-        }
+    fn write_log_index(&self, log: &BlockLog) -> io::Result<()> {
+        log.barrier()?;
+        let catalog = self.lock();
+        let entries = catalog.entries().filter_map(|b| match &b.payload {
+            FilePayload::Stored { slot: Some(slot), header_len, removing: false, .. }
+                if b.life.state() == gpucache_dataplane::BlockState::Committed =>
+            {
+                Some(log_index::Entry {
+                    slot: *slot,
+                    payload_at: *header_len,
+                    payload_len: b.len,
+                    checksum: b.checksum?,
+                    seq: b.seq,
+                    key: &b.key,
+                })
+            }
+            _ => None,
+        });
+        log_index::write(&self.root, catalog.epoch().0, entries)
     }
 }
 
-/// Removes the files of blocks that left the catalog.
+/// Removes the files of blocks that left the catalog (no log records: an open that refuses a
+/// logged block marks its record itself).
 fn dispose(released: Vec<FilePayload>) {
     for p in released {
-        if let FilePayload::Stored { path, .. } = p {
+        if let FilePayload::Stored { path, slot: None, .. } = p {
             remove_block_file(&path);
         }
     }
@@ -919,6 +1034,59 @@ fn scan_blocks(
     }
     let mut found: Vec<(layout::BlockHeader, PathBuf)> = by_digest.into_values().collect();
     found.sort_by_key(|(h, _)| h.seq);
+    Ok((found, max_epoch))
+}
+
+/// A committed block found at open: its header, the file that holds it (a block file or a log
+/// segment), where its payload starts there, and its log record when it is in the log.
+struct FoundBlock {
+    header: layout::BlockHeader,
+    path: PathBuf,
+    payload_at: u64,
+    slot: Option<LogSlot>,
+}
+
+/// The newest version of each key among the block files (`files`, newest per key already) and
+/// the block log's records (`logged`), oldest commit first, and the largest epoch any of them
+/// carries. An older version loses its file, or has its record marked removed.
+fn newest_per_key(
+    root: &Path,
+    files: Vec<(layout::BlockHeader, PathBuf)>,
+    files_epoch: u64,
+    logged: &[block_log::Found],
+) -> io::Result<(Vec<FoundBlock>, u64)> {
+    let log_dir = root.join(LOG_DIR);
+    let mut max_epoch = files_epoch;
+    let mut by_digest: BTreeMap<[u8; 32], FoundBlock> = files
+        .into_iter()
+        .map(|(header, path)| {
+            let payload_at = header.header_len;
+            (header.key.digest().0, FoundBlock { header, path, payload_at, slot: None })
+        })
+        .collect();
+    for f in logged {
+        max_epoch = max_epoch.max(f.header.epoch);
+        let candidate = FoundBlock {
+            header: f.header.clone(),
+            path: block_log::segment_path(&log_dir, f.slot.segment),
+            payload_at: f.payload_at,
+            slot: Some(f.slot),
+        };
+        let digest = f.header.key.digest().0;
+        let older = match by_digest.get(&digest) {
+            Some(held) if held.header.seq > f.header.seq => candidate,
+            _ => match by_digest.insert(digest, candidate) {
+                Some(older) => older,
+                None => continue,
+            },
+        };
+        match older.slot {
+            Some(slot) => block_log::kill_at(root, slot)?,
+            None => remove_block_file(&older.path),
+        }
+    }
+    let mut found: Vec<FoundBlock> = by_digest.into_values().collect();
+    found.sort_by_key(|f| f.header.seq);
     Ok((found, max_epoch))
 }
 
@@ -1197,16 +1365,16 @@ impl Store for FileStore {
     /// made (ADR 0009); until then it stays readable. A removal that cannot be done is an error
     /// and changes nothing, so an acknowledged invalidation never comes back at the next open.
     fn invalidate(&self, caller: &Caller, key: &PhysicalKey) -> Result<Invalidate, StoreError> {
-        let (id, path) = {
+        let (id, path, slot) = {
             let mut catalog = self.lock();
             let id = match catalog.removable(caller, key)? {
                 Ok(id) => id,
                 Err(answer) => return Ok(answer),
             };
             match catalog.entry_mut(id).map(|b| &mut b.payload) {
-                Some(FilePayload::Stored { path, removing: removing @ false, .. }) => {
+                Some(FilePayload::Stored { path, removing: removing @ false, slot, .. }) => {
                     *removing = true;
-                    (id, path.clone())
+                    (id, path.clone(), *slot)
                 }
                 // No file to remove: the block leaves the catalog now.
                 Some(FilePayload::Deferred { writing: false, .. }) => {
@@ -1219,7 +1387,7 @@ impl Store for FileStore {
                 _ => return Ok(Invalidate::Busy),
             }
         };
-        let removed = self.remove_durably(&path);
+        let removed = self.remove_durably(&path, slot);
         let released = {
             let mut catalog = self.lock();
             match &removed {
@@ -1297,12 +1465,11 @@ impl Store for FileStore {
 }
 
 impl FileStore {
-    /// Unlinks an invalidated block's file, then makes that durable under the store's policy:
-    /// a sync of its directory (`PerBlock`), the shared flush (`GroupCommit`), or nothing
-    /// (`None`, which survives a process crash only, as its commits do). A file already gone
+    /// Removes an invalidated block (its file unlinked, or its log record marked), then makes
+    /// that durable under the store's policy (see [`Self::sync_removals`]). A file already gone
     /// counts as unlinked.
-    fn remove_durably(&self, path: &Path) -> Result<(), StoreError> {
-        self.unlink_block(path)?;
+    fn remove_durably(&self, path: &Path, slot: Option<LogSlot>) -> Result<(), StoreError> {
+        self.unlink_block(path, slot)?;
         self.sync_removals(path.parent().unwrap_or(&self.root))
     }
 
@@ -1311,12 +1478,12 @@ impl FileStore {
     /// The caller holds a read pin on `region`.
     fn read_payload(
         &self,
-        region: RegionId,
+        open_as: OpenId,
         path: &Path,
         header_len: u64,
         dst: &mut [u8],
     ) -> io::Result<()> {
-        let file = self.files.get(region, path, self.direct_io)?;
+        let file = self.files.get(open_as, path, self.direct_io)?;
         if self.direct_io && !engine::direct_ready(dst) {
             let padded = engine::round_up(dst.len(), engine::DIRECT_ALIGN);
             let mut staging = self.engine.staging_for_read(padded)?;

@@ -35,8 +35,16 @@ use lru::LruCache;
 /// What a kept descriptor is the descriptor of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct OpenKey {
-    region: RegionId,
+    id: OpenId,
     direct: bool,
+}
+
+/// What a kept descriptor reads: a block's own file (named by its region), or a segment of the
+/// block log that many blocks share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum OpenId {
+    Region(RegionId),
+    Segment(u64),
 }
 
 /// Counters of an [`OpenFiles`] (for tests and operators).
@@ -81,8 +89,8 @@ impl OpenFiles {
     /// The descriptor of `region`'s block file at `path`, opened read-only (with O_DIRECT when
     /// `direct`) the first time and kept for the next reads. The caller must hold a read pin on
     /// the region, so that the block cannot leave the catalog (and be forgotten here) meanwhile.
-    pub(crate) fn get(&self, region: RegionId, path: &Path, direct: bool) -> io::Result<Arc<File>> {
-        let key = OpenKey { region, direct };
+    pub(crate) fn get(&self, id: OpenId, path: &Path, direct: bool) -> io::Result<Arc<File>> {
+        let key = OpenKey { id, direct };
         if let Some(file) = self.lock().get(&key) {
             self.reused.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::clone(file));
@@ -113,9 +121,18 @@ impl OpenFiles {
 
     /// Drops the descriptors kept for `region` (its block left the catalog).
     pub(crate) fn forget(&self, region: RegionId) {
+        self.forget_id(OpenId::Region(region));
+    }
+
+    /// Drops the kept descriptors of a deleted log segment (readers holding one keep it).
+    pub(crate) fn forget_segment(&self, number: u64) {
+        self.forget_id(OpenId::Segment(number));
+    }
+
+    fn forget_id(&self, id: OpenId) {
         let dropped = {
             let mut kept = self.lock();
-            [false, true].map(|direct| kept.pop(&OpenKey { region, direct }))
+            [false, true].map(|direct| kept.pop(&OpenKey { id, direct }))
         };
         drop(dropped);
     }
@@ -151,16 +168,16 @@ mod tests {
                 p
             })
             .collect();
-        files.get(RegionId(1), &paths[0], false).expect("open");
-        files.get(RegionId(2), &paths[1], false).expect("open");
+        files.get(OpenId::Region(RegionId(1)), &paths[0], false).expect("open");
+        files.get(OpenId::Region(RegionId(2)), &paths[1], false).expect("open");
         // Region 1 is used again, so region 2 is the one to go.
-        files.get(RegionId(1), &paths[0], false).expect("reuse");
-        files.get(RegionId(3), &paths[2], false).expect("open");
+        files.get(OpenId::Region(RegionId(1)), &paths[0], false).expect("reuse");
+        files.get(OpenId::Region(RegionId(3)), &paths[2], false).expect("open");
         let s = files.stats();
         assert_eq!((s.kept, s.limit, s.opened, s.reused, s.evicted), (2, 2, 3, 1, 1));
-        files.get(RegionId(1), &paths[0], false).expect("still kept");
+        files.get(OpenId::Region(RegionId(1)), &paths[0], false).expect("still kept");
         assert_eq!(files.stats().opened, 3, "region 1 was evicted instead of region 2");
-        files.get(RegionId(2), &paths[1], false).expect("reopened");
+        files.get(OpenId::Region(RegionId(2)), &paths[1], false).expect("reopened");
         assert_eq!(files.stats().opened, 4);
         assert_eq!(files.stats().kept, 2);
     }
@@ -172,17 +189,20 @@ mod tests {
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
         std::fs::write(&a, b"a").expect("write");
         std::fs::write(&b, b"b").expect("write");
-        let first = files.get(RegionId(1), &a, false).expect("open");
+        let first = files.get(OpenId::Region(RegionId(1)), &a, false).expect("open");
         // The same path under another region is another block: never the kept descriptor.
-        let other = files.get(RegionId(2), &a, false).expect("open");
+        let other = files.get(OpenId::Region(RegionId(2)), &a, false).expect("open");
         assert!(!Arc::ptr_eq(&first, &other));
-        assert!(Arc::ptr_eq(&first, &files.get(RegionId(1), &b, false).expect("kept")));
+        assert!(Arc::ptr_eq(
+            &first,
+            &files.get(OpenId::Region(RegionId(1)), &b, false).expect("kept")
+        ));
         files.forget(RegionId(1));
         assert_eq!(files.stats().kept, 1);
         // Forgotten: region 1 opens whatever its path names now.
         std::fs::remove_file(&a).expect("unlink");
         assert_eq!(
-            files.get(RegionId(1), &a, false).expect_err("gone").kind(),
+            files.get(OpenId::Region(RegionId(1)), &a, false).expect_err("gone").kind(),
             io::ErrorKind::NotFound
         );
         // A descriptor handed out stays usable after its entry goes.

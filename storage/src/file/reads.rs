@@ -30,12 +30,12 @@ use gpucache_dataplane::BlockState;
 use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
 use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
-use gpucache_dataplane::registry::RegionId;
 use gpucache_dataplane::store::{
     BatchGet, CorruptReason, Get, MissReason, Retirement, StorageEffect, StoreError, authorize,
 };
 
 use super::engine::{self, BatchRead, Staging};
+use super::open_files::OpenId;
 use super::{FilePayload, FileStore};
 use crate::catalog::{Catalog, ReadPin};
 
@@ -49,7 +49,10 @@ const STAGING_PIECE_BYTES: usize = engine::uring::SLOT_BYTES;
 #[derive(Debug)]
 pub(super) struct PinnedRead {
     pin: ReadPin,
+    /// The file that holds the payload (a block file or a log segment), and its kept
+    /// descriptor's name.
     path: PathBuf,
+    open_as: OpenId,
     header_len: u64,
 }
 
@@ -95,8 +98,12 @@ impl FileStore {
             Err(miss) => return Ok(Err(Get::Miss(miss))),
         };
         match catalog.entry(pin.region).map(|b| &b.payload) {
-            Some(FilePayload::Stored { path, header_len, .. }) => {
-                Ok(Ok(PinnedRead { pin, path: path.clone(), header_len: *header_len }))
+            Some(FilePayload::Stored { path, header_len, slot, .. }) => {
+                let open_as = match slot {
+                    Some(slot) => OpenId::Segment(slot.segment),
+                    None => OpenId::Region(pin.region),
+                };
+                Ok(Ok(PinnedRead { pin, path: path.clone(), open_as, header_len: *header_len }))
             }
             // Committed, but its bytes are with the tier above and not written yet.
             Some(FilePayload::Deferred { .. }) => {
@@ -127,9 +134,8 @@ impl FileStore {
                 // may be memory another process can write (a shared segment), and a read can
                 // fail in transit without the file being damaged.
                 let mut own = vec![0u8; dst.len()];
-                let intact =
-                    self.read_payload(p.pin.region, &p.path, p.header_len, &mut own).is_ok()
-                        && p.pin.delivered_intact(&own);
+                let intact = self.read_payload(p.open_as, &p.path, p.header_len, &mut own).is_ok()
+                    && p.pin.delivered_intact(&own);
                 (true, (!intact).then_some(CorruptReason::Checksum), None)
             }
             // A short file is a truncated block, a missing one is gone: a miss, and the block
@@ -216,9 +222,9 @@ impl FileStore {
         };
         let dst = &mut dst[..p.pin.len_bytes()];
         let (read, intact) = if self.direct_io {
-            (self.read_payload(p.pin.region, &p.path, p.header_len, dst), None)
+            (self.read_payload(p.open_as, &p.path, p.header_len, dst), None)
         } else {
-            match self.read_payload_hashed(p.pin.region, &p.path, p.header_len, dst) {
+            match self.read_payload_hashed(p.open_as, &p.path, p.header_len, dst) {
                 Ok(sum) => (Ok(()), Some(p.pin.intact_by(sum))),
                 Err(e) => (Err(e), None),
             }
@@ -232,12 +238,12 @@ impl FileStore {
     /// cache, so the check costs no second pass over memory. Returns the checksum of `dst`.
     fn read_payload_hashed(
         &self,
-        region: RegionId,
+        open_as: OpenId,
         path: &Path,
         header_len: u64,
         dst: &mut [u8],
     ) -> io::Result<Checksum> {
-        let file = self.files.get(region, path, false)?;
+        let file = self.files.get(open_as, path, false)?;
         let mut hasher = ChecksumBuilder::default();
         let mut at = header_len;
         for piece in dst.chunks_mut(READ_HASH_PIECE_BYTES) {
@@ -337,7 +343,7 @@ impl FileStore {
     ) -> Vec<(io::Result<()>, Option<bool>)> {
         let files: Vec<io::Result<Arc<File>>> = pinned
             .iter()
-            .map(|(_, p)| self.files.get(p.pin.region, &p.path, self.direct_io))
+            .map(|(_, p)| self.files.get(p.open_as, &p.path, self.direct_io))
             .collect();
         let mut results: Vec<Option<io::Result<()>>> = Vec::with_capacity(pinned.len());
         results.resize_with(pinned.len(), || None);

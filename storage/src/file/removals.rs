@@ -20,15 +20,27 @@ use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
 use gpucache_dataplane::registry::RegionId;
 use gpucache_dataplane::store::{Invalidate, StorageEffect, StoreError};
 
-use super::{BATCH_WINDOW_ITEMS, Durability, FilePayload, FileStore};
+use super::block_log::LogSlot;
+use super::engine::IoSide;
+use super::{BATCH_WINDOW_ITEMS, Durability, FilePayload, FileStore, LOG_DIR};
 
 const OP: &str = "invalidate";
 
 impl FileStore {
-    /// Unlinks an invalidated block's file (a file already gone counts as unlinked); a failure
-    /// changed nothing.
-    pub(super) fn unlink_block(&self, path: &Path) -> Result<(), StoreError> {
-        self.log_gone(path);
+    /// Unlinks an invalidated block's file (a file already gone counts as unlinked), or marks
+    /// its log record removed; a failure changed nothing.
+    pub(super) fn unlink_block(
+        &self,
+        path: &Path,
+        slot: Option<LogSlot>,
+    ) -> Result<(), StoreError> {
+        if let (Some(slot), Some(log)) = (slot, &self.log) {
+            let marked = log.kill(slot);
+            self.io_watch.record(IoSide::Write, &marked);
+            return marked.map_err(|e| {
+                StoreError::storage(OP, "log record", path, &e, StorageEffect::Unchanged)
+            });
+        }
         match self.engine.remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -36,19 +48,19 @@ impl FileStore {
         }
     }
 
-    /// Makes the unlinks already done in `dir` durable under the store's policy: a sync of the
-    /// directory (`PerBlock`), the shared flush (`GroupCommit`, which covers every directory),
-    /// or nothing (`None`, which survives a process crash only, as its commits do).
+    /// Makes the removals already done in `dir` durable under the store's policy: a sync of
+    /// the directory (`PerBlock`), the shared flush (`GroupCommit`, which covers every
+    /// directory), a flush of the block log for records marked in it, or nothing (`None`,
+    /// which survives a process crash only, as its commits do).
     pub(super) fn sync_removals(&self, dir: &Path) -> Result<(), StoreError> {
-        let synced = match self.durability {
-            Durability::PerBlock => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
-            Durability::GroupCommit => self.group.barrier().map_err(|e| ("group flush", e)),
-            // The gone records `unlink_block` appended are durable after the log's flush.
-            Durability::Logged => match &self.log {
-                Some(log) => log.barrier().map_err(|e| ("commit log flush", e)),
-                None => self.engine.sync_dir(dir).map_err(|e| ("directory sync", e)),
-            },
-            Durability::None => Ok(()),
+        let in_log = self.log.as_ref().filter(|_| dir == self.root.join(LOG_DIR));
+        let synced = match (self.durability, in_log) {
+            (Durability::None, _) => Ok(()),
+            (_, Some(log)) => log.barrier().map_err(|e| ("block log flush", e)),
+            (Durability::PerBlock, None) => {
+                self.engine.sync_dir(dir).map_err(|e| ("directory sync", e))
+            }
+            (Durability::GroupCommit, None) => self.group.barrier().map_err(|e| ("group flush", e)),
         };
         synced
             .map_err(|(step, e)| StoreError::storage(OP, step, dir, &e, StorageEffect::NotDurable))
@@ -76,7 +88,7 @@ impl FileStore {
     ) {
         let first = answers.len();
         // (answer slot, block, its file) of every block this window removes.
-        let mut marked: Vec<(usize, RegionId, PathBuf)> = Vec::new();
+        let mut marked: Vec<(usize, RegionId, PathBuf, Option<LogSlot>)> = Vec::new();
         // Payloads of blocks that left the catalog (deferred ones at once, stored ones once
         // their files are gone).
         let mut released = Vec::new();
@@ -91,9 +103,14 @@ impl FileStore {
                     Err(e) => Err(e),
                     Ok(Err(answer)) => Ok(answer),
                     Ok(Ok(id)) => match catalog.entry_mut(id).map(|b| &mut b.payload) {
-                        Some(FilePayload::Stored { path, removing: removing @ false, .. }) => {
+                        Some(FilePayload::Stored {
+                            path,
+                            removing: removing @ false,
+                            slot,
+                            ..
+                        }) => {
                             *removing = true;
-                            marked.push((answers.len(), id, path.clone()));
+                            marked.push((answers.len(), id, path.clone(), *slot));
                             Ok(Invalidate::Removed)
                         }
                         // No file to remove: the block leaves the catalog now.
@@ -115,30 +132,35 @@ impl FileStore {
         }
         // Every unlink first, then one durability step per directory (or one flush).
         let unlinked: Vec<Result<(), StoreError>> =
-            marked.iter().map(|(_, _, path)| self.unlink_block(path)).collect();
+            marked.iter().map(|(_, _, path, slot)| self.unlink_block(path, *slot)).collect();
         let mut synced: BTreeMap<&Path, Result<(), StoreError>> = BTreeMap::new();
-        for ((_, _, path), unlinked) in marked.iter().zip(&unlinked) {
+        // Under `GroupCommit`, the one flush that covers every block directory.
+        let mut group_flush: Option<Result<(), StoreError>> = None;
+        let log_dir = self.root.join(LOG_DIR);
+        for ((_, _, path, _), unlinked) in marked.iter().zip(&unlinked) {
             let dir = path.parent().unwrap_or(&self.root);
             if unlinked.is_ok() && !synced.contains_key(dir) {
-                let result = match (self.durability, synced.values().next()) {
-                    // One flush covers every directory.
-                    (Durability::GroupCommit | Durability::Logged, Some(done)) => done.clone(),
+                let result = match (self.durability, &group_flush) {
+                    (Durability::GroupCommit, Some(done)) if dir != log_dir => done.clone(),
                     _ => self.sync_removals(dir),
                 };
+                if self.durability == Durability::GroupCommit && dir != log_dir {
+                    group_flush = Some(result.clone());
+                }
                 synced.insert(dir, result);
             }
         }
         let removed: Vec<Result<(), StoreError>> = marked
             .iter()
             .zip(unlinked)
-            .map(|((_, _, path), unlinked)| {
+            .map(|((_, _, path, _), unlinked)| {
                 let dir = path.parent().unwrap_or(&self.root);
                 unlinked.and_then(|()| synced.get(dir).cloned().unwrap_or(Ok(())))
             })
             .collect();
         {
             let mut catalog = self.lock();
-            for ((_, id, _), removed) in marked.iter().zip(&removed) {
+            for ((_, id, _, _), removed) in marked.iter().zip(&removed) {
                 match removed {
                     Err(StoreError::Storage { effect: StorageEffect::Unchanged, .. }) => {
                         if let Some(FilePayload::Stored { removing, .. }) =
@@ -154,7 +176,7 @@ impl FileStore {
             }
         }
         self.dispose(released);
-        for ((slot, _, path), removed) in marked.into_iter().zip(removed) {
+        for ((slot, _, path, _), removed) in marked.into_iter().zip(removed) {
             if let Err(e) = removed {
                 tracing::warn!(path = %path.display(), error = %e, "invalidation not acknowledged");
                 if let Some(answer) = answers.get_mut(slot) {

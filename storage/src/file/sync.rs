@@ -1,5 +1,5 @@
 //! Group commit: concurrent commits share one flush: a `syncfs` of the store's filesystem
-//! (`Durability::GroupCommit`), or an `fdatasync` of the commit log (`Durability::Logged`).
+//! (`Durability::GroupCommit`), or an `fdatasync` of the block log's segments (`Layout::Log`).
 //!
 //! The first committer to arrive while no flush is running leads: it flushes, then wakes every
 //! committer that arrived before its flush began. A committer that arrived during a flush waits

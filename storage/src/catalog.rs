@@ -867,6 +867,15 @@ impl<P> Catalog<P> {
 
     /// Loads a block that was committed before a restart and returns the region it now has.
     /// Refused (and left to the caller to discard) when the limits cannot hold it.
+    /// Makes room in the indexes for `n` blocks an open is about to restore, so that they are
+    /// not grown (and every entry moved) again and again on the way.
+    pub(crate) fn reserve_restored(&mut self, n: usize) {
+        self.blocks.reserve(n);
+        self.exact.reserve(n);
+        self.logical.reserve(n);
+        self.prefix.reserve(n);
+    }
+
     pub(crate) fn restore(&mut self, block: Restored<P>) -> Result<RegionId, (Refusal, P)> {
         let tenant = block.key.tenant().clone();
         if self.find_exact(&block.key).is_some() || self.age.contains_key(&block.seq) {

@@ -20,7 +20,7 @@ mod removals;
 mod room;
 mod sync;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::num::NonZeroUsize;
@@ -407,7 +407,7 @@ impl FileStore {
         let recorded = read_store_record(&root);
         let (files_found, files_epoch) = scan_blocks(&root, &mut report)?;
         let log_dir = root.join(LOG_DIR);
-        let scanned = match recorded.and_then(|epoch| log_index::load(&root, epoch)) {
+        let mut scanned = match recorded.and_then(|epoch| log_index::load(&root, epoch)) {
             Some(indexed) => indexed,
             None => block_log::scan(&root).map_err(io_at(&log_dir))?,
         };
@@ -416,8 +416,9 @@ impl FileStore {
             // Written for this epoch only; the open below moves past it anyway.
             log_index::remove(&root).map_err(io_at(&log_dir))?;
         }
-        let (found, max_epoch) = newest_per_key(&root, files_found, files_epoch, &scanned.blocks)
-            .map_err(io_at(&log_dir))?;
+        let logged = std::mem::take(&mut scanned.blocks);
+        let (found, max_epoch) =
+            newest_per_key(&root, files_found, files_epoch, logged).map_err(io_at(&log_dir))?;
         if report.log.torn > 0 {
             tracing::warn!(
                 root = %root.display(), segments = report.log.torn,
@@ -471,6 +472,7 @@ impl FileStore {
             })
             .transpose()
             .map_err(io_at(&log_dir))?;
+        catalog.reserve_restored(found.len());
         // Newest first: when the limits are tighter than what is on disk, the oldest blocks are
         // the ones left out, as eviction would have chosen.
         for FoundBlock { header, path, payload_at, slot } in found.into_iter().rev() {
@@ -1053,28 +1055,34 @@ fn newest_per_key(
     root: &Path,
     files: Vec<(layout::BlockHeader, PathBuf)>,
     files_epoch: u64,
-    logged: &[block_log::Found],
+    logged: Vec<block_log::Found>,
 ) -> io::Result<(Vec<FoundBlock>, u64)> {
     let log_dir = root.join(LOG_DIR);
     let mut max_epoch = files_epoch;
-    let mut by_digest: BTreeMap<[u8; 32], FoundBlock> = files
-        .into_iter()
-        .map(|(header, path)| {
-            let payload_at = header.header_len;
-            (header.key.digest().0, FoundBlock { header, path, payload_at, slot: None })
-        })
-        .collect();
+    let mut by_digest: HashMap<[u8; 32], FoundBlock> =
+        HashMap::with_capacity(files.len() + logged.len());
+    for (header, path) in files {
+        let payload_at = header.header_len;
+        by_digest
+            .insert(header.key.digest().0, FoundBlock { header, path, payload_at, slot: None });
+    }
+    let mut segment: Option<(u64, PathBuf)> = None;
     for f in logged {
         max_epoch = max_epoch.max(f.header.epoch);
-        let candidate = FoundBlock {
-            header: f.header.clone(),
-            path: block_log::segment_path(&log_dir, f.slot.segment),
-            payload_at: f.payload_at,
-            slot: Some(f.slot),
+        let path = match &segment {
+            Some((n, path)) if *n == f.slot.segment => path.clone(),
+            _ => {
+                let path = block_log::segment_path(&log_dir, f.slot.segment);
+                segment = Some((f.slot.segment, path.clone()));
+                path
+            }
         };
         let digest = f.header.key.digest().0;
+        let seq = f.header.seq;
+        let candidate =
+            FoundBlock { header: f.header, path, payload_at: f.payload_at, slot: Some(f.slot) };
         let older = match by_digest.get(&digest) {
-            Some(held) if held.header.seq > f.header.seq => candidate,
+            Some(held) if held.header.seq > seq => candidate,
             _ => match by_digest.insert(digest, candidate) {
                 Some(older) => older,
                 None => continue,
@@ -1086,7 +1094,7 @@ fn newest_per_key(
         }
     }
     let mut found: Vec<FoundBlock> = by_digest.into_values().collect();
-    found.sort_by_key(|f| f.header.seq);
+    found.sort_unstable_by_key(|f| f.header.seq);
     Ok((found, max_epoch))
 }
 

@@ -41,8 +41,11 @@ fn config(dir: &Path, kind: &str) -> PathBuf {
     } else {
         String::new()
     };
+    // The tiered store keeps its file tier's blocks in the block log, whose series it shows.
+    let layout = if kind == "tiered" { "log" } else { "files" };
     let text = format!(
-        "[store]\nkind = \"{kind}\"\nroot = \"{}\"\ndurability = \"per-block\"\n\n\
+        "[store]\nkind = \"{kind}\"\nroot = \"{}\"\ndurability = \"per-block\"\n\
+         layout = \"{layout}\"\n\n\
          [limits]\nobject_bytes_max = {OBJECT_BYTES_MAX}\n\n\
          [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
          [[tenants]]\nname = \"tenant-a\"\nrights = [\"read\", \"write\"]\n{dpu}",
@@ -154,6 +157,7 @@ fn a_tiered_store_scrape_counts_each_tier_and_passes_promtool() {
         "gpucache_tier_written_up_total 4",
         r#"gpucache_tier_blocks{tier="memory"} 4"#,
         r#"gpucache_tier_blocks{tier="file"} 4"#,
+        "gpucache_tier_log_compactions_total 0",
     ] {
         assert!(scrape.lines().any(|l| l == line), "no {line:?} in the scrape:\n{scrape}");
     }

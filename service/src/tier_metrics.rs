@@ -162,6 +162,32 @@ impl Collector for TierSeries {
             ("gpucache_tier_capacity_bytes", "Bytes each tier may hold"),
             &[(MEMORY, self.memory_capacity), (FILE, self.file_capacity)],
             gauge,
+        )?;
+        let Some(log) = self.store.file().log_usage() else { return Ok(()) };
+        family(
+            e,
+            (
+                "gpucache_tier_log_segment_bytes",
+                "layout log: bytes of the block log's segments on disk (live records, removed \
+                 ones not reclaimed yet, and the unwritten rest of the active segment)",
+            ),
+            &[(&[], log.segment_bytes)],
+            gauge,
+        )?;
+        family(
+            e,
+            ("gpucache_tier_log_live_bytes", "layout log: bytes of live records in the block log"),
+            &[(&[], log.live_bytes)],
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "gpucache_tier_log_compactions",
+                "layout log: segments compacted (their live blocks appended again, then deleted)",
+            ),
+            &[(&[], log.compactions)],
+            counter,
         )
     }
 }

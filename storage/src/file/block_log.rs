@@ -59,6 +59,9 @@ const STATE_AT: usize = 5;
 const DEAD: u8 = 0xDE;
 /// Records start at multiples of this.
 const RECORD_ALIGN: u64 = 8;
+/// A sealed segment whose live records fill less than this percentage of it is compacted (its live
+/// blocks appended again, then the segment deleted) after a rotation; one per rotation.
+pub const COMPACT_LIVE_PERCENT: u64 = 50;
 
 /// Where a block's record is: its segment, the offset of its frame, and its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +181,11 @@ struct Segments {
     /// Sealed segments written since the last flush (a record appended before a rotation, a
     /// removal's state byte): the next group flush covers them.
     unflushed: BTreeMap<u64, Arc<File>>,
+    /// Rotations since the store last looked for a segment to compact.
+    rotated: bool,
+    /// Segments compacted, and the bytes of live records they moved.
+    compactions: u64,
+    moved_bytes: u64,
 }
 
 /// What the log's thread does.
@@ -206,6 +214,9 @@ pub struct LogUsage {
     pub segment_bytes: u64,
     pub live_blocks: u64,
     pub live_bytes: u64,
+    /// Segments compacted since the store opened, and the bytes of live records they moved.
+    pub compactions: u64,
+    pub moved_bytes: u64,
 }
 
 /// The block log of a running store (see the module documentation).
@@ -259,6 +270,10 @@ impl BlockLog {
             active: first,
             at: 0,
             unflushed: BTreeMap::new(),
+            // Segments found at open may be mostly dead: the first PUT looks.
+            rotated: true,
+            compactions: 0,
+            moved_bytes: 0,
         }));
         let flushed = Arc::clone(&segments);
         let group = GroupSync::new(
@@ -470,7 +485,45 @@ impl BlockLog {
             segment_bytes: s.by_number.len() as u64 * self.segment_bytes,
             live_blocks: s.by_number.values().map(|seg| seg.live).sum(),
             live_bytes: s.by_number.values().map(|seg| seg.live_bytes).sum(),
+            compactions: s.compactions,
+            moved_bytes: s.moved_bytes,
         }
+    }
+
+    /// After a rotation (once per rotation): the sealed segment with the fewest live bytes, when
+    /// they fill less than [`COMPACT_LIVE_PERCENT`] of it, and its file.
+    pub(crate) fn compaction_due(&self) -> Option<(u64, Arc<File>)> {
+        let mut s = lock(&self.segments);
+        if !std::mem::take(&mut s.rotated) {
+            return None;
+        }
+        let active = s.active;
+        let limit = self.segment_bytes / 100 * COMPACT_LIVE_PERCENT;
+        s.by_number
+            .iter()
+            .filter(|(n, seg)| **n != active && seg.live > 0 && seg.live_bytes < limit)
+            .min_by_key(|(_, seg)| seg.live_bytes)
+            .map(|(n, seg)| (*n, Arc::clone(&seg.file)))
+    }
+
+    /// Counts a compaction that moved `bytes` of live records.
+    pub(crate) fn compacted(&self, bytes: u64) {
+        let mut s = lock(&self.segments);
+        s.compactions += 1;
+        s.moved_bytes += bytes;
+    }
+
+    /// The header and payload of the record at `slot` in `file`, read for a compaction.
+    pub(crate) fn read_body(file: &File, slot: LogSlot) -> io::Result<Vec<u8>> {
+        let mut frame = [0u8; FRAME_BYTES];
+        file.read_exact_at(&mut frame, slot.record)?;
+        let (body_len, _, _) = parse_frame(&frame)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a damaged log frame"))?;
+        let len = usize::try_from(body_len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a log record too long"))?;
+        let mut body = vec![0u8; len];
+        file.read_exact_at(&mut body, slot.record + FRAME_BYTES as u64)?;
+        Ok(body)
     }
 
     /// Replaces the full active segment by the next one (the one the log's thread prepared, or
@@ -490,6 +543,7 @@ impl BlockLog {
         s.by_number.insert(number, Segment { file: Arc::new(file), live: 0, live_bytes: 0 });
         s.active = number;
         s.at = 0;
+        s.rotated = true;
         let old_empty = s.by_number.get(&old).is_some_and(|seg| seg.live == 0);
         if old_empty {
             s.by_number.remove(&old);

@@ -47,7 +47,8 @@ use crate::catalog::{Catalog, Restored};
 use crate::evict::PolicyKind;
 use block_log::{BlockLog, LogSlot};
 pub use block_log::{
-    LOG_BLOCK_BYTES_MAX, LOG_DIR, LOG_SEGMENT_BYTES, LOG_SEGMENT_BYTES_MIN, LogOpened, LogUsage,
+    COMPACT_LIVE_PERCENT, LOG_BLOCK_BYTES_MAX, LOG_DIR, LOG_SEGMENT_BYTES, LOG_SEGMENT_BYTES_MIN,
+    LogOpened, LogUsage,
 };
 use engine::{EngineChoice, EngineConfig, IoEngine, IoSide};
 pub use fsck::{FsckReport, fsck};
@@ -843,6 +844,85 @@ impl FileStore {
     }
 }
 
+impl FileStore {
+    /// After the block log rotated: moves the live blocks of its emptiest sealed segment, when
+    /// they fill less than [`block_log::COMPACT_LIVE_PERCENT`] of it, to the head of the log, so
+    /// that the segment goes. Runs on the thread of the PUT that found it due (at most one
+    /// segment per rotation). A block being read or removed stays where it is; each moved block
+    /// is durable in its new place (under the durable policies) before its old record is marked
+    /// removed, and a block that changed meanwhile keeps its old place.
+    fn compact_log(&self) {
+        let Some(log) = &self.log else { return };
+        let Some((victim, file)) = log.compaction_due() else { return };
+        let movable: Vec<(RegionId, LogSlot, u64, Checksum)> = {
+            let catalog = self.lock();
+            catalog
+                .entries()
+                .filter(|b| {
+                    b.readers == 0 && b.life.state() == gpucache_dataplane::BlockState::Committed
+                })
+                .filter_map(|b| match &b.payload {
+                    FilePayload::Stored { slot: Some(slot), removing: false, .. }
+                        if slot.segment == victim =>
+                    {
+                        Some((b.life.region(), *slot, b.seq, b.checksum?))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut moved = Vec::with_capacity(movable.len());
+        for (region, old, seq, checksum) in movable {
+            let copied = BlockLog::read_body(&file, old).and_then(|body| {
+                let header = layout::decode_header(&body)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let (head, payload) =
+                    body.split_at(usize::try_from(header.header_len).unwrap_or(0));
+                // Damage is never copied: the block stays, and a read finds it.
+                if header.seq != seq || Checksum::of(payload) != checksum {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "damaged record"));
+                }
+                log.append(seq, head, payload)
+            });
+            match copied {
+                Ok((new, payload_at)) => moved.push((region, old, new, payload_at)),
+                Err(e) => {
+                    tracing::warn!(segment = victim, record = old.record, error = %e,
+                        "a block stays in the segment being compacted");
+                }
+            }
+        }
+        let durable = self.durability == Durability::None || log.barrier().is_ok();
+        let mut bytes = 0;
+        let mut stale = Vec::new();
+        {
+            let mut catalog = self.lock();
+            for (region, old, new, payload_at) in moved {
+                let entry = catalog.entry_mut(region).filter(|b| b.readers == 0);
+                match entry.map(|b| &mut b.payload) {
+                    Some(FilePayload::Stored {
+                        slot, path, header_len, removing: false, ..
+                    }) if durable && *slot == Some(old) => {
+                        *slot = Some(new);
+                        *path = log.path_of(new.segment);
+                        *header_len = payload_at;
+                        bytes += new.bytes;
+                        stale.push(old);
+                    }
+                    _ => stale.push(new),
+                }
+            }
+        }
+        for slot in stale {
+            if let Err(e) = log.kill(slot) {
+                tracing::warn!(segment = slot.segment, record = slot.record, error = %e,
+                    "could not mark a compacted record; the next open resolves it by sequence");
+            }
+        }
+        log.compacted(bytes);
+    }
+}
+
 impl Drop for FileStore {
     /// A clean close flushes the block log and leaves its index, so that the next open reads
     /// one file instead of every record's head.
@@ -1110,12 +1190,14 @@ impl FileStore {
         request: Option<RequestId>,
         expected: Option<Checksum>,
     ) -> Result<Put, StoreError> {
-        match self.admit_put(caller, key, src, request, expected)? {
+        let answer = match self.admit_put(caller, key, src, request, expected)? {
             Err(answer) => Ok(answer),
             Ok(admitted) => self
                 .commit_payload(admitted.region, key, src, admitted.checksum, admitted.seq_epoch)
                 .map(|c| Put::Committed(c.checksum)),
-        }
+        };
+        self.compact_log();
+        answer
     }
 
     /// The first half of a PUT of `src`, whose bytes come from the caller's buffer (never
@@ -1325,7 +1407,9 @@ impl Store for FileStore {
             (key, staged, (catalog.next_seq_reserve(), catalog.epoch().0))
         };
         let checksum = Checksum::of(&staged);
-        self.commit_payload(r.region, &key, &staged, checksum, seq_epoch)
+        let committed = self.commit_payload(r.region, &key, &staged, checksum, seq_epoch);
+        self.compact_log();
+        committed
     }
 
     fn put(

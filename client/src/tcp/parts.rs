@@ -12,9 +12,10 @@ pub const STRIPE_PART_BYTES_MIN: usize = 256 << 10;
 /// on.
 pub const STRIPE_THRESHOLD_DEFAULT: usize = 1 << 20;
 /// Default of [`Stripe::parts`]: 1, striping off. On the 2-CPU machine it was measured on
-/// (docs/PERFORMANCE.md, "Striping one client's large PUT"), striping a 1-4 MiB PUT over 2-4
-/// connections was not faster than one connection: the server and the client compete for the
-/// same two cores and the memory store copies each WRITE under its lock.
+/// (docs/PERFORMANCE.md, "One client's 1-4 MiB network path, and striping a large PUT"),
+/// striping a 1-4 MiB PUT over 2 or 4 connections was not faster than one connection: the
+/// server and the client compete for the same two cores, and the memory store copies each
+/// WRITE and hashes the committed block under its lock.
 pub const STRIPE_PARTS_DEFAULT: usize = 1;
 
 /// How one client stripes a large PUT over its pooled connections.

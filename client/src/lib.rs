@@ -13,5 +13,5 @@ pub mod tcp;
 pub use credentials::Credentials;
 pub use tcp::{
     ClientConfig, ConnectError, FRAME_PAYLOAD_TARGET, FRAMES_IN_FLIGHT_MAX, LocalConfig,
-    SharedStats, TcpStore,
+    SharedStats, Stripe, TcpStore,
 };

@@ -34,8 +34,8 @@ use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::registry::Epoch;
 use gpucache_dataplane::shard::FillOutcome;
 use gpucache_dataplane::store::{
-    BatchGet, BatchPut, Delivery, Get, GetTo, GotOne, Retirement, Store, StoreError, authorize,
-    purge,
+    BatchGet, BatchPut, Delivery, Get, GetTo, GotOne, Reservation, Retirement, Store, StoreError,
+    authorize, purge,
 };
 use subtle::ConstantTimeEq;
 
@@ -54,8 +54,8 @@ use gpucache_wire::staging::{BlockStaging, PutIntent, StageOwner, StagingError};
 use gpucache_wire::{
     AuthFailure, Fetched, FillRefused, Frame, FrameDecoder, GetItem, HelloAuth, HelloSession, Kind,
     Op, PutRef, Request, Response, ServerLimits, SharedGetItem, SharedPutItem, VERSION, WireError,
-    begin_get_response, decode_put_request, finish_get_response, get_hit_frame_parts,
-    write_all_vectored,
+    begin_get_response, decode_put_request, decode_write_request, finish_get_response,
+    get_hit_frame_parts, write_all_vectored,
 };
 
 /// Default for [`ServerConfig::clock_skew_max`].
@@ -532,10 +532,11 @@ fn close_refused<C: Connection>(
     }
 }
 
-/// A request as the dispatch serves it: a PUT's blocks stay in the frame's body, borrowed;
-/// every other op is decoded whole.
+/// A request as the dispatch serves it: a PUT's blocks and a WRITE's data stay in the frame's
+/// body, borrowed (the store copies them once, from there); every other op is decoded whole.
 enum Call<'f> {
     Put(Vec<PutRef<'f>>),
+    Write { reservation: Reservation, offset: u64, data: &'f [u8] },
     Request(Request),
 }
 
@@ -627,6 +628,13 @@ fn decode(frame: &Frame) -> Result<Call<'_>, WireError> {
     if frame.kind == Kind::Request && frame.op == Op::Put {
         return decode_put_request(&frame.body).map(Call::Put);
     }
+    if frame.kind == Kind::Request && frame.op == Op::Write {
+        return decode_write_request(&frame.body).map(|(reservation, offset, data)| Call::Write {
+            reservation,
+            offset,
+            data,
+        });
+    }
     Request::from_frame(frame).map(Call::Request)
 }
 
@@ -657,6 +665,9 @@ fn dispatch<'a, W: Write>(
     let config = &shared.config;
     let request = match call {
         Call::Put(items) => return put(store, who, &items).into(),
+        Call::Write { reservation, offset, data } => {
+            return Response::Write(store.write(who, &reservation, offset, data)).into();
+        }
         Call::Request(request) => request,
     };
     let owner = || StageOwner { connection: local.connection, tenant: who.tenant.clone() };

@@ -44,8 +44,9 @@ pub use frame::{
 pub use message::{
     Fetched, FetchedRef, FillRefused, GetItem, HelloAuth, HelloSession, NodeStatus, PutItem,
     PutRef, RemoteInfo, Request, Response, ServerLimits, SharedGetItem, SharedPutItem,
-    begin_get_response, decode_get_response, decode_put_request, encode_put_request,
-    finish_get_response, get_hit_frame_parts, put_request_parts,
+    begin_get_response, decode_get_response, decode_put_request, decode_write_request,
+    encode_put_request, finish_get_response, get_hit_frame_parts, put_request_parts,
+    write_request_parts,
 };
 pub use seal::{SealAlgorithm, SealKey};
 pub use text::{DATAPLANE_TEXT, REMOTE_DETAIL, REMOTE_TEXT, WHAT_TEXT, intern};

@@ -754,6 +754,52 @@ pub fn decode_put_request(body: &[u8]) -> Result<Vec<PutRef<'_>>, WireError> {
     read_put_refs(body)
 }
 
+/// A WRITE request body's fields, its data borrowed from `body`: what a server writes from
+/// without copying the data out of the frame first. Decoded as strictly as
+/// [`Request::decode_body`] decodes a WRITE.
+pub fn decode_write_request(body: &[u8]) -> Result<(Reservation, u64, &[u8]), WireError> {
+    let mut r = Reader::new(body);
+    let reservation = get_reservation(&mut r)?;
+    let offset = r.u64(text::INTEGER)?;
+    let data = r.bytes_ref()?;
+    r.finish()?;
+    Ok((reservation, offset, data))
+}
+
+/// A WRITE request frame without its data, for a sender that writes the data from where it
+/// lies instead of copying it into a frame: `out` gets the frame header then the body's fields
+/// before the data, and the header, those fields, then `data` are the bytes
+/// `Request::Write { .. }` encodes to under the same request id. The header's checksum covers
+/// the whole body, data included (one pass over `data` here). Unsealed frames only: a seal
+/// covers the data too.
+pub fn write_request_parts(
+    request_id: u64,
+    reservation: &Reservation,
+    offset: u64,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
+    out.clear();
+    out.extend_from_slice(&[0; HEADER_BYTES]);
+    let mut w = Writer::new(out);
+    put_reservation(&mut w, reservation);
+    w.u64(offset);
+    w.len(data.len());
+    w.finish()?;
+    let fields = out.get(HEADER_BYTES..).unwrap_or_default();
+    let body = fields.len() + data.len();
+    if body > super::BODY_BYTES_MAX {
+        return Err(WireError::TooLarge { len: wide(body), max: wide(super::BODY_BYTES_MAX) });
+    }
+    let mut sum = gpucache_dataplane::checksum::ChecksumBuilder::default();
+    sum.update(fields);
+    sum.update(data);
+    let header =
+        FrameHeader::with_checksum(Kind::Request, Op::Write, request_id, body, 0, sum.finish().0);
+    out[..HEADER_BYTES].copy_from_slice(&header.to_bytes());
+    Ok(())
+}
+
 /// A PUT body: each item's bytes, copied and hashed in one pass unless its checksum is given,
 /// then the trailer that describes them ([`read_put_refs`]).
 fn write_put_body<'a>(

@@ -29,8 +29,9 @@ use gpucache_wire::{
     PAYLOAD_BYTES_MAX, PutItem, REMOTE_DETAIL, REMOTE_TEXT, RemoteInfo, Request, Response,
     SEAL_BYTES, SOLE_HIT_TAIL_BYTES, SealAlgorithm, SealKey, ServerLimits, SharedGetItem,
     SharedPutItem, TEXT_BYTES_MAX, VERSION, WHAT_TEXT, WireError, begin_get_response,
-    decode_get_response, decode_put_request, encode_put_request, finish_get_response,
-    get_hit_frame_parts, header_checksum, intern, offset, put_request_parts, sole_hit,
+    decode_get_response, decode_put_request, decode_write_request, encode_put_request,
+    finish_get_response, get_hit_frame_parts, header_checksum, intern, offset, put_request_parts,
+    sole_hit, write_request_parts,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -1081,6 +1082,42 @@ proptest! {
         prop_assert_eq!(&sent, &response_frame(&owned, id));
         let frame = decode_one(&sent).unwrap_or_else(|e| panic!("{e}"));
         prop_assert_eq!(Response::from_frame(&frame), Ok(owned));
+    }
+
+    /// A WRITE sent in parts (header and fields, then the data from where it lies) is the
+    /// same bytes as `Request::Write`, and its borrowed decode gives back every field.
+    #[test]
+    fn write_requests_in_parts_match_the_owned_encoding(
+        region in any::<u64>(),
+        epoch in any::<u64>(),
+        len in any::<u64>(),
+        request in request_id(),
+        offset in any::<u64>(),
+        data in vec(any::<u8>(), 0..300),
+        id in any::<u64>(),
+    ) {
+        let reservation = Reservation { region: RegionId(region), epoch: Epoch(epoch), len, request };
+        let owned = Request::Write {
+            reservation: Reservation { region: RegionId(region), epoch: Epoch(epoch), len, request },
+            offset,
+            data: data.clone(),
+        };
+        let mut parts = Vec::new();
+        write_request_parts(id, &reservation, offset, &data, &mut parts).unwrap_or_else(|e| panic!("{e}"));
+        let mut gathered = parts.clone();
+        gathered.extend_from_slice(&data);
+        prop_assert_eq!(&gathered, &request_frame(&owned, id));
+        let frame = decode_one(&gathered).unwrap_or_else(|e| panic!("{e}"));
+        let (r, at, bytes) = decode_write_request(&frame.body).unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!((r.region, r.epoch, r.len, r.request), (RegionId(region), Epoch(epoch), len, request));
+        prop_assert_eq!(at, offset);
+        prop_assert_eq!(bytes, &data[..]);
+        // One byte of the data changed on the way: the frame checksum refuses the frame.
+        if !data.is_empty() {
+            let last = gathered.len() - 1;
+            gathered[last] ^= 1;
+            prop_assert!(decode_one(&gathered).is_err());
+        }
     }
 
     /// The borrowed PUT encoder and decoder agree byte for byte with `Request::Put`.

@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpucache_client::{ClientConfig, LocalConfig, TcpStore};
+use gpucache_client::{ClientConfig, LocalConfig, Stripe, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_dataplane::key::PhysicalKey;
@@ -84,6 +84,7 @@ impl Transport {
         let caller = service.caller.clone();
         match self {
             Transport::Tcp => {
+                config.stripe = stripe_from_env(config.stripe)?;
                 Ok(OursClient { store: TcpStore::new(config), caller, keys, shared: None })
             }
             Transport::Shm => {
@@ -105,6 +106,22 @@ impl Transport {
                 })
             }
         }
+    }
+}
+
+/// The environment variable that turns on striping for `ours-tcp` clients: the number of parts
+/// a PUT of at least the client's threshold (1 MiB) is split into (unset: the client's
+/// default, which stripes nothing).
+pub(crate) const STRIPE_PARTS_ENV: &str = "GPUCACHE_BENCH_STRIPE_PARTS";
+
+/// `base` with the parts [`STRIPE_PARTS_ENV`] names, when it is set.
+fn stripe_from_env(base: Stripe) -> Result<Stripe, String> {
+    match std::env::var(STRIPE_PARTS_ENV) {
+        Err(_) => Ok(base),
+        Ok(v) => v
+            .parse()
+            .map(|parts| Stripe { parts, ..base })
+            .map_err(|e| format!("{STRIPE_PARTS_ENV}={v:?}: {e}")),
     }
 }
 

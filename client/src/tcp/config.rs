@@ -12,6 +12,7 @@ use gpucache_dataplane::clock::{Clock, UnixClock};
 use gpucache_dataplane::identity::TenantId;
 use gpucache_storage::host::segment::Pages;
 
+use super::parts::Stripe;
 use crate::Credentials;
 
 /// Default for [`ClientConfig::handshake_deadline`].
@@ -36,6 +37,8 @@ pub struct ClientConfig {
     pub clock: Arc<dyn Clock>,
     /// The same-host fast path: talk to the server's Unix socket and share a segment with it.
     pub local: Option<LocalConfig>,
+    /// Striping one large PUT over several pooled connections (TCP, unsealed sessions).
+    pub stripe: Stripe,
 }
 
 /// The same-host fast path of a client. It is required once configured: a server that offers
@@ -75,6 +78,7 @@ impl ClientConfig {
             credentials: HashMap::new(),
             clock: Arc::new(UnixClock),
             local: None,
+            stripe: Stripe::default(),
         }
     }
 

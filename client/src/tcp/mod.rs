@@ -27,12 +27,13 @@
 //! whose server side may still be writing a caller's shared buffer reports
 //! [`Retirement::Unknown`]; a bounce buffer in that state is quarantined for good.
 //!
-//! The files, from the bottom up: `config` (how to reach a server), `errors` (failures as
-//! store errors), `conn` (one connection), `shm` (the same-host path's bookkeeping),
-//! `tcp_store` (the [`TcpStore`] state), `hello` (opening sessions), `exchange` (one request and
-//! its answer), `pool` (the pools and single calls), `control` (the calls beside the trait),
-//! `pipeline` (batch exchanges), `land` (landing GET answers), `single` (the one-item fast
-//! paths), `store` (the `Store` implementation) and `staging` (the stage calls).
+//! The files, from the bottom up: `parts` (how a large PUT is split for striping), `config`
+//! (how to reach a server), `errors` (failures as store errors), `conn` (one connection),
+//! `shm` (the same-host path's bookkeeping), `tcp_store` (the [`TcpStore`] state), `hello`
+//! (opening sessions), `exchange` (one request and its answer), `pool` (the pools and single
+//! calls), `control` (the calls beside the trait), `pipeline` (batch exchanges), `land`
+//! (landing GET answers), `single` (the one-item fast paths), `stripe` (one large PUT over
+//! several connections), `store` (the `Store` implementation) and `staging` (the stage calls).
 //!
 //! [`Store`]: gpucache_dataplane::store::Store
 //! [`Store::lookup_batch`]: gpucache_dataplane::store::Store::lookup_batch
@@ -51,17 +52,23 @@ mod errors;
 mod exchange;
 mod hello;
 mod land;
+mod parts;
 mod pipeline;
 mod pool;
 mod shm;
 mod single;
 mod staging;
 mod store;
+mod stripe;
 mod tcp_store;
 
 pub use config::{ClientConfig, HANDSHAKE_DEADLINE_DEFAULT, LocalConfig};
 pub use control::PURGE_ROUNDS_MAX;
 pub use hello::ConnectError;
+pub use parts::{
+    STRIPE_PART_BYTES_MIN, STRIPE_PARTS_DEFAULT, STRIPE_PARTS_MAX, STRIPE_THRESHOLD_DEFAULT,
+    Stripe, split,
+};
 pub use pipeline::{FRAME_PAYLOAD_TARGET, FRAMES_IN_FLIGHT_MAX};
 pub use shm::SharedStats;
 pub use tcp_store::TcpStore;

@@ -347,6 +347,18 @@ impl TcpStore {
         };
         if let ([item], None) = (items, arena) {
             let sum = expected.and_then(|e| e.first().copied());
+            if let Some(parts) = self.config.stripe.plan(item.src.len())
+                && !self.config.credentials.contains_key(&caller.tenant)
+            {
+                return vec![self.put_striped(
+                    caller,
+                    item.key,
+                    item.src,
+                    item.request,
+                    sum,
+                    &parts,
+                )];
+            }
             if let Some(answer) = self.put_one(caller, item, sum) {
                 return vec![answer];
             }

@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Invalidate, MissReason, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_storage::file::engine::EngineChoice;
@@ -26,6 +27,10 @@ use gpucache_storage::file::{
 };
 
 const CHILD_ENV: &str = "GPUCACHE_LOG_CHILD";
+/// Set in the compaction crash child: `<dir>`.
+const CHURN_ENV: &str = "GPUCACHE_LOG_CHURN_CHILD";
+/// Keys the compaction crash child writes at most (the parent kills it long before).
+const CHURN_KEYS: u16 = 5_000;
 const SPACE: u8 = 0xD1;
 const KEYS: u16 = 40;
 /// Bytes of a record's frame, before the block header.
@@ -345,4 +350,110 @@ fn a_mostly_dead_segment_is_compacted_and_its_live_blocks_keep_their_bytes() {
     for &i in &survivors {
         common::assert_exact(&store, &key_of(i), &payload_of(i % 5 + 10, 0), "reopened");
     }
+}
+
+/// The churn child's payload for key `i`: 20-60 KiB, so that a 1 MiB segment holds dozens.
+fn churn_payload(i: u16) -> Vec<u8> {
+    common::payload(0xC0DE_0000 | u64::from(i), 20_000 + usize::from(i % 41) * 1_000)
+}
+
+/// Whether the churn child keeps key `i` (it invalidates the others three PUTs later).
+fn churn_keeps(i: u16) -> bool {
+    i.is_multiple_of(10)
+}
+
+#[test]
+fn churn_child_entry() {
+    let Ok(dir) = std::env::var(CHURN_ENV) else { return };
+    let store = common::open(log_config(Path::new(&dir), Durability::PerBlock));
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out);
+    for i in 0..CHURN_KEYS {
+        let put = store.put(&caller(0), &key_of(i), &churn_payload(i), None);
+        assert!(matches!(put, Ok(Put::Committed(_))), "key {i}: {put:?}");
+        if writeln!(out, "ACK {i}").and_then(|()| out.flush()).is_err() {
+            return;
+        }
+        if let Some(j) = i.checked_sub(3).filter(|&j| !churn_keeps(j)) {
+            assert_eq!(store.invalidate(&caller(0), &key_of(j)), Ok(Invalidate::Removed));
+            let compactions = store.log_usage().map_or(0, |u| u.compactions);
+            if writeln!(out, "GONE {j} {compactions}").and_then(|()| out.flush()).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Kill -9 while the log compacts: a child PUTs keys and invalidates nine in ten of them soon
+/// after, so that sealed segments fall under half live and each rotation compacts one; the
+/// parent kills it after a seeded number of acknowledgements. After the reopen (no index: the
+/// child never closed) every acknowledged key not acknowledged gone reads its exact bytes, every
+/// key acknowledged gone is absent, and the key whose PUT or invalidation was in flight is
+/// either.
+#[test]
+fn kill_9_during_compaction_loses_no_block_and_brings_none_back() {
+    let seed = common::seed("GPUCACHE_LOG_CHURN_SEED");
+    let mut rng = SplitMix64::new(seed);
+    let mut compacted_rounds = 0;
+    for round in 0..6u64 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("store");
+        let kill_after = 150 + rng.below(450);
+        let exe = std::env::current_exe().expect("current exe");
+        let mut child = Command::new(exe)
+            .args(["--exact", "churn_child_entry", "--nocapture", "--test-threads=1"])
+            .env(CHURN_ENV, &root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the churn child");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut acked: Vec<u16> = Vec::new();
+        let mut gone: Vec<u16> = Vec::new();
+        let mut compactions = 0u64;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(i) = line.strip_prefix("ACK ") {
+                acked.push(i.trim().parse().expect("ack"));
+            } else if let Some(rest) = line.strip_prefix("GONE ") {
+                let (j, n) = rest.split_once(' ').expect("gone line");
+                gone.push(j.parse().expect("gone key"));
+                compactions = n.trim().parse().expect("compactions");
+            }
+            if acked.len() as u64 >= kill_after {
+                child.kill().expect("SIGKILL");
+                break;
+            }
+        }
+        let status = child.wait().expect("reap");
+        assert_eq!(status.signal(), Some(9), "round {round}: {status:?}");
+        compacted_rounds += u32::from(compactions > 0);
+
+        let store = common::open(log_config(&root, Durability::PerBlock));
+        assert!(!store.open_report().log.indexed, "a killed store left no index");
+        let last = *acked.last().expect("acks");
+        // The invalidation the child may have been doing when it died.
+        let in_flight = last.checked_sub(3).filter(|&j| !churn_keeps(j) && !gone.contains(&j));
+        let ctx = format!("seed {seed} round {round} (kill after {kill_after} acks)");
+        let mut kept = 0;
+        for i in 0..=last + 1 {
+            let (got, buf) = common::get(&store, &key_of(i), 64 << 10, 0);
+            let want = churn_payload(i);
+            let exact = matches!(got, Get::Hit { len, .. } if len == want.len() as u64)
+                && buf[..want.len()] == want[..];
+            let absent = got == Get::Miss(MissReason::Absent);
+            if gone.contains(&i) {
+                assert!(absent, "{ctx}: key {i} was acknowledged gone: {got:?}");
+            } else if acked.contains(&i) && Some(i) != in_flight {
+                assert!(exact, "{ctx}: acknowledged key {i}: {got:?}");
+                kept += 1;
+            } else {
+                assert!(exact || absent, "{ctx}: key {i} in flight: {got:?}");
+            }
+        }
+        assert!(kept > 0, "{ctx}");
+        assert_eq!(store.stats().corrupt_dropped.total(), 0, "{ctx}");
+    }
+    // The seeded kill points land after the first compactions in most rounds.
+    assert!(compacted_rounds >= 3, "seed {seed}: compactions ran in {compacted_rounds} rounds");
 }

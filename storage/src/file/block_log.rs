@@ -36,6 +36,7 @@ use gpucache_dataplane::checksum::Checksum;
 use super::layout::{self, BlockHeader};
 use super::open_files::OpenFiles;
 use super::sync::GroupSync;
+use super::sync_dir;
 
 /// The log's directory under the store root.
 pub const LOG_DIR: &str = "log";
@@ -131,10 +132,6 @@ fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     }
     found.sort();
     Ok(found)
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// Makes segment `number` under `dir`: `bytes` of zeros written and flushed, and its name
@@ -692,55 +689,70 @@ pub(crate) fn scan(root: &Path) -> io::Result<Scanned> {
         ..Scanned::default()
     };
     for (number, path) in found {
-        let file = File::open(&path)?;
-        let size = file.metadata()?.len();
-        let mut window =
-            Window { file: &file, size, start: 0, bytes: Vec::new(), ahead: SCAN_READ_BYTES };
-        let mut at = 0u64;
-        // A frame and the smallest header (4 KiB): one read for most records.
-        let head_len = FRAME_BYTES + layout::header_len_for(0);
-        while let Some(head) = window.get(at, head_len)? {
-            let Some((body_len, seq, dead)) = parse_frame(head) else {
-                if head.iter().any(|&b| b != 0) {
-                    done.torn += 1;
-                }
-                break;
-            };
-            let len = record_len(body_len);
-            if at + len > size {
-                done.torn += 1;
-                break;
-            }
-            if !dead {
-                let header_len = layout::declared_header_len(&head[FRAME_BYTES..]).ok();
-                let header = match header_len {
-                    Some(n) => window
-                        .get(at + FRAME_BYTES as u64, n)?
-                        .and_then(|bytes| layout::decode_header(bytes).ok()),
-                    None => None,
-                };
-                // A header that does not check, or that does not fit its record, was cut short.
-                let Some(header) = header.filter(|h| {
-                    h.seq == seq && h.header_len.checked_add(h.payload_len) == Some(body_len)
-                }) else {
-                    done.torn += 1;
-                    break;
-                };
-                let payload_at = at + FRAME_BYTES as u64 + header.header_len;
-                done.blocks.push(Found {
-                    header,
-                    slot: LogSlot { segment: number, record: at, bytes: len },
-                    payload_at,
-                });
-            } else {
-                done.dead += 1;
-            }
-            // Read ahead past small records only: a larger one's payload is not read.
-            window.ahead = if len <= SCAN_AHEAD_RECORD_MAX { SCAN_READ_BYTES } else { 0 };
-            at += len;
-        }
+        scan_segment(number, &path, &mut done)?;
     }
     Ok(done)
+}
+
+/// The live records of segment `number` of the log under `root`, read as an open reads them
+/// (for a compaction, which moves them).
+pub(crate) fn live_records(root: &Path, number: u64) -> io::Result<Vec<Found>> {
+    let mut done = Scanned::default();
+    scan_segment(number, &segment_path(&root.join(LOG_DIR), number), &mut done)?;
+    Ok(done.blocks)
+}
+
+/// Reads the frames and headers of segment `number` at `path` into `done`, up to its first
+/// record that does not check.
+fn scan_segment(number: u64, path: &Path, done: &mut Scanned) -> io::Result<()> {
+    let file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let mut window =
+        Window { file: &file, size, start: 0, bytes: Vec::new(), ahead: SCAN_READ_BYTES };
+    let mut at = 0u64;
+    // A frame and the smallest header (4 KiB): one read for most records.
+    let head_len = FRAME_BYTES + layout::header_len_for(0);
+    while let Some(head) = window.get(at, head_len)? {
+        let Some((body_len, seq, dead)) = parse_frame(head) else {
+            if head.iter().any(|&b| b != 0) {
+                done.torn += 1;
+            }
+            break;
+        };
+        let len = record_len(body_len);
+        if at + len > size {
+            done.torn += 1;
+            break;
+        }
+        if !dead {
+            let header_len = layout::declared_header_len(&head[FRAME_BYTES..]).ok();
+            let header = match header_len {
+                Some(n) => window
+                    .get(at + FRAME_BYTES as u64, n)?
+                    .and_then(|bytes| layout::decode_header(bytes).ok()),
+                None => None,
+            };
+            // A header that does not check, or that does not fit its record, was cut short.
+            let Some(header) = header.filter(|h| {
+                h.seq == seq && h.header_len.checked_add(h.payload_len) == Some(body_len)
+            }) else {
+                done.torn += 1;
+                break;
+            };
+            let payload_at = at + FRAME_BYTES as u64 + header.header_len;
+            done.blocks.push(Found {
+                header,
+                slot: LogSlot { segment: number, record: at, bytes: len },
+                payload_at,
+            });
+        } else {
+            done.dead += 1;
+        }
+        // Read ahead past small records only: a larger one's payload is not read.
+        window.ahead = if len <= SCAN_AHEAD_RECORD_MAX { SCAN_READ_BYTES } else { 0 };
+        at += len;
+    }
+    Ok(())
 }
 
 /// Records up to this many bytes are read whole while scanning (many of them per read); the

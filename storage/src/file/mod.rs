@@ -854,20 +854,31 @@ impl FileStore {
     fn compact_log(&self) {
         let Some(log) = &self.log else { return };
         let Some((victim, file)) = log.compaction_due() else { return };
+        // The victim's own records (read without the lock), each kept only while the catalog
+        // still holds that very record for its key.
+        let records = match block_log::live_records(&self.root, victim) {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(segment = victim, error = %e, "could not read a segment to compact");
+                return;
+            }
+        };
         let movable: Vec<(RegionId, LogSlot, u64, Checksum)> = {
             let catalog = self.lock();
-            catalog
-                .entries()
-                .filter(|b| {
-                    b.readers == 0 && b.life.state() == gpucache_dataplane::BlockState::Committed
-                })
-                .filter_map(|b| match &b.payload {
-                    FilePayload::Stored { slot: Some(slot), removing: false, .. }
-                        if slot.segment == victim =>
-                    {
-                        Some((b.life.region(), *slot, b.seq, b.checksum?))
+            records
+                .iter()
+                .filter_map(|f| {
+                    let region = catalog.find_exact(&f.header.key)?;
+                    let b = catalog.entry(region)?;
+                    let committed = b.life.state() == gpucache_dataplane::BlockState::Committed;
+                    match &b.payload {
+                        FilePayload::Stored { slot: Some(slot), removing: false, .. }
+                            if *slot == f.slot && b.readers == 0 && committed =>
+                        {
+                            Some((region, *slot, b.seq, b.checksum?))
+                        }
+                        _ => None,
                     }
-                    _ => None,
                 })
                 .collect()
         };

@@ -35,8 +35,7 @@ use gpucache_dataplane::checksum::Checksum;
 
 use super::layout::{self, BlockHeader};
 use super::open_files::OpenFiles;
-use super::sync::GroupSync;
-use super::sync_dir;
+use super::sync::{GroupSync, sync_dir};
 
 /// The log's directory under the store root.
 pub const LOG_DIR: &str = "log";

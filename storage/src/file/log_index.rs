@@ -78,7 +78,7 @@ pub(crate) fn write<'a>(
     file.sync_all()?;
     drop(file);
     fs::rename(&tmp, dir.join(INDEX_FILE))?;
-    File::open(&dir)?.sync_all()
+    super::sync::sync_dir(&dir)
 }
 
 /// Removes the index (after a change the open did not make through a store, such as a repair).

@@ -57,6 +57,7 @@ pub use layout::BlockFileError;
 pub use open_files::OpenFilesStats;
 use open_files::{OpenFiles, OpenId};
 use room::{DiskRoom, free_bytes};
+use sync::sync_dir;
 
 /// Most blocks of a batch read pinned and read together; a longer batch runs in several windows.
 pub const BATCH_WINDOW_ITEMS: usize = 256;
@@ -234,10 +235,6 @@ impl EpochSource for PersistedEpochs {
             .map_err(|e| EpochError::Unavailable { detail: format!("store record: {e}") })?;
         Ok(Epoch(next))
     }
-}
-
-fn sync_dir(path: &Path) -> io::Result<()> {
-    File::open(path)?.sync_all()
 }
 
 /// The store record is kept in two files, written one after the other, so that damage to one

@@ -44,6 +44,11 @@ impl std::fmt::Debug for GroupSync {
     }
 }
 
+/// Flushes directory `path`, so that the names created or removed in it are durable.
+pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
 /// Flushes the whole file system that holds `dir` (its dirty data and metadata).
 pub(crate) fn syncfs(dir: &File) -> io::Result<()> {
     // SAFETY: syncfs takes an fd we own and touches no memory of ours.

@@ -411,9 +411,11 @@ impl BlockLog {
         let mut head = Vec::with_capacity(FRAME_BYTES + header.len());
         head.extend_from_slice(&frame(body_len, seq));
         head.extend_from_slice(header);
+        // The payload first: a process killed between the two writes leaves no frame, so no
+        // record that would read as damaged.
         let written = file
-            .write_all_at(&head, slot.record)
-            .and_then(|()| file.write_all_at(payload, slot.record + head.len() as u64));
+            .write_all_at(payload, slot.record + head.len() as u64)
+            .and_then(|()| file.write_all_at(&head, slot.record));
         match written {
             Ok(()) => Ok((slot, slot.record + head.len() as u64)),
             Err(e) => {

@@ -4,8 +4,9 @@
 //! SIGKILL; the parent then plays what a power loss can leave on top of that (a record cut short
 //! after the last acknowledged one) and reopens: every acknowledged block is back with its exact
 //! bytes, at its newest version, no invalidated one returns, and the cut record is not served.
-//! The other tests cover a removal mark the disk lost, damage inside a record, and segments
-//! deleted once no block lives in them.
+//! The other tests cover a removal mark the disk lost, damage inside a record, segments deleted
+//! once no block lives in them, the index of a clean close, compaction, and kill -9 during
+//! compaction and while several threads append at once.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use gpucache_dataplane::key::PhysicalKey;
@@ -384,6 +385,22 @@ fn churn_child_entry() {
     }
 }
 
+/// Starts this test binary again to run only the test `entry`, with `env` set to `root`: the
+/// child and its standard output.
+fn spawn_child(entry: &str, env: &str, root: &Path) -> (Child, ChildStdout) {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut child = Command::new(exe)
+        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(env, root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {entry}: {e}"));
+    let stdout = child.stdout.take().expect("stdout");
+    (child, stdout)
+}
+
 /// Kill -9 while the log compacts: a child PUTs keys and invalidates nine in ten of them soon
 /// after, so that sealed segments fall under half live and each rotation compacts one; the
 /// parent kills it after a seeded number of acknowledgements. After the reopen (no index: the
@@ -399,16 +416,7 @@ fn kill_9_during_compaction_loses_no_block_and_brings_none_back() {
         let dir = tempfile::tempdir().expect("temp dir");
         let root = dir.path().join("store");
         let kill_after = 150 + rng.below(450);
-        let exe = std::env::current_exe().expect("current exe");
-        let mut child = Command::new(exe)
-            .args(["--exact", "churn_child_entry", "--nocapture", "--test-threads=1"])
-            .env(CHURN_ENV, &root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the churn child");
-        let stdout = child.stdout.take().expect("stdout");
+        let (mut child, stdout) = spawn_child("churn_child_entry", CHURN_ENV, &root);
         let mut acked: Vec<u16> = Vec::new();
         let mut gone: Vec<u16> = Vec::new();
         let mut compactions = 0u64;
@@ -457,4 +465,113 @@ fn kill_9_during_compaction_loses_no_block_and_brings_none_back() {
     }
     // The seeded kill points land after the first compactions in most rounds.
     assert!(compacted_rounds >= 3, "seed {seed}: compactions ran in {compacted_rounds} rounds");
+}
+
+/// Set in the concurrent writers' crash child: `<dir>`.
+const WRITERS_ENV: &str = "GPUCACHE_LOG_WRITERS_CHILD";
+/// Threads of the concurrent writers' crash child; thread `t` PUTs keys `t`, `t + WRITERS`, ...
+const WRITERS: u16 = 4;
+/// Keys the concurrent writers' child writes at most (the parent kills it long before).
+const WRITERS_KEYS: u16 = 4_000;
+
+/// The concurrent writers' payload for key `i`: one in three of 1-3 MiB (a write long enough for
+/// other threads to append and acknowledge records after it meanwhile), the others 1-40 KiB.
+fn writers_payload(i: u16) -> Vec<u8> {
+    let len = if writers_payload_is_large(i) {
+        (1 << 20) + usize::from(i) * 997 % (2 << 20)
+    } else {
+        1 + usize::from(i) * 7_919 % 40_000
+    };
+    common::payload(0x3817_0000 | u64::from(i), len)
+}
+
+fn writers_payload_is_large(i: u16) -> bool {
+    i.is_multiple_of(3)
+}
+
+fn writers_config(root: &Path) -> FileStoreConfig {
+    let mut config = log_config(root, Durability::None);
+    config.log_segment_bytes = 16 << 20;
+    config
+}
+
+#[test]
+fn writers_child_entry() {
+    let Ok(dir) = std::env::var(WRITERS_ENV) else { return };
+    let store = common::open(writers_config(Path::new(&dir)));
+    let out = std::sync::Mutex::new(std::io::stdout());
+    let _ = writeln!(out.lock().expect("stdout"));
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let (store, out) = (&store, &out);
+            s.spawn(move || {
+                for i in (t..WRITERS_KEYS).step_by(usize::from(WRITERS)) {
+                    let put = store.put(&caller(0), &key_of(i), &writers_payload(i), None);
+                    assert!(matches!(put, Ok(Put::Committed(_))), "key {i}: {put:?}");
+                    let mut out = out.lock().expect("stdout");
+                    if writeln!(out, "ACK {i}").and_then(|()| out.flush()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Kill -9 while several threads append to the log at once, with durability `none` (acknowledged
+/// once written). A large record takes a while to write, and the threads behind it reserve later
+/// slots of the same segment and finish first; an acknowledgement must not come before every
+/// earlier slot of its segment is written, or the open, which ends a segment at its first
+/// unwritten record, would drop an acknowledged block. After the reopen every acknowledged key
+/// reads its exact bytes and every other key is exact or absent.
+#[test]
+fn kill_9_with_concurrent_writers_loses_no_acknowledged_block() {
+    let seed = common::seed("GPUCACHE_LOG_WRITERS_SEED");
+    let mut rng = SplitMix64::new(seed);
+    for round in 0..8u64 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path().join("store");
+        let kill_after = 20 + rng.below(120);
+        let (mut child, stdout) = spawn_child("writers_child_entry", WRITERS_ENV, &root);
+        let mut acked: Vec<u16> = Vec::new();
+        // The key each thread PUTs next.
+        let mut next: Vec<u16> = (0..WRITERS).collect();
+        let mut killed = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let Some(i) = line.strip_prefix("ACK ") else { continue };
+            let i: u16 = i.trim().parse().expect("ack");
+            acked.push(i);
+            next[usize::from(i % WRITERS)] = i + WRITERS;
+            // Past the seeded count, the kill comes just after a small block is acknowledged
+            // while another thread is on a large one: the moment an early acknowledgement
+            // would be lost.
+            let large_under_way = next.iter().any(|&k| writers_payload_is_large(k));
+            if !killed
+                && acked.len() as u64 >= kill_after
+                && !writers_payload_is_large(i)
+                && large_under_way
+            {
+                child.kill().expect("SIGKILL");
+                killed = true;
+            }
+        }
+        let status = child.wait().expect("reap");
+        assert_eq!(status.signal(), Some(9), "round {round}: {status:?}");
+
+        let store = common::open(writers_config(&root));
+        let ctx = format!("seed {seed} round {round} (kill after {kill_after} acks)");
+        let last = acked.iter().copied().max().expect("acks");
+        for i in 0..=last + WRITERS {
+            let want = writers_payload(i);
+            let (got, buf) = common::get(&store, &key_of(i), want.len(), 0);
+            let exact =
+                matches!(got, Get::Hit { len, .. } if len == want.len() as u64) && buf == want;
+            if acked.contains(&i) {
+                assert!(exact, "{ctx}: acknowledged key {i}: {got:?}");
+            } else {
+                assert!(exact || got == Get::Miss(MissReason::Absent), "{ctx}: key {i}: {got:?}");
+            }
+        }
+        assert_eq!(store.stats().corrupt_dropped.total(), 0, "{ctx}");
+    }
 }

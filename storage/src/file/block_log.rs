@@ -10,8 +10,11 @@
 //! Each block is one record: a 32-byte frame (magic, kind, a state byte, body length, commit
 //! sequence, a check of the frame without its state byte), then the block's header and payload
 //! exactly as a block file holds them, so the header's checksum covers the payload. A PUT is
-//! acknowledged once its record is written (durability `none`) or once a flush of the log shared
-//! by every commit waiting then covers it (`group`, `per-block`). Removing a block (eviction,
+//! acknowledged once its record and every record reserved before it in its segment are written
+//! (durability `none`), and once a flush of the log shared by every commit waiting then covers
+//! it (`group`, `per-block`). Appends reserve their space in turn but write at once, so a small
+//! record can finish while a large one before it is still being written; waiting for the earlier
+//! ones keeps every acknowledged record before the first gap an open can find. Removing a block (eviction,
 //! invalidation, a newer version of its key) writes the record's state byte in place: a one-byte
 //! write, never torn, that the frame's check leaves out. A segment whose every record is dead,
 //! and that is no longer appended to, is deleted.
@@ -21,7 +24,7 @@
 //! header does not check ends its segment: it was never acknowledged, and nothing after it was
 //! either.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -164,6 +167,15 @@ struct Segment {
     live: u64,
     /// Bytes of those records.
     live_bytes: u64,
+    /// The first record of it whose write failed. An open ends the segment there, so no later
+    /// record of it may be acknowledged.
+    failed_at: Option<u64>,
+}
+
+impl Segment {
+    fn new(file: Arc<File>) -> Self {
+        Self { file, live: 0, live_bytes: 0, failed_at: None }
+    }
 }
 
 /// Every segment that holds a live block or is appended to, and the ones whose state bytes
@@ -182,6 +194,9 @@ struct Segments {
     /// Segments compacted, and the bytes of live records they moved.
     compactions: u64,
     moved_bytes: u64,
+    /// Slots (segment, record) reserved and not yet written: one per append under way, so at
+    /// most as many as threads appending.
+    unwritten: BTreeSet<(u64, u64)>,
 }
 
 /// What the log's thread does.
@@ -200,6 +215,9 @@ const QUEUE_POLL: Duration = Duration::from_millis(5);
 /// How long a rotation waits for the prepared segment before it makes one itself, and for room
 /// in the job queue before the append fails.
 const SPARE_WAIT: Duration = Duration::from_secs(30);
+/// How long an append whose record is written waits for the records reserved before it in its
+/// segment (each is one write of at most [`LOG_BLOCK_BYTES_MAX`] bytes into the page cache).
+const EARLIER_WAIT: Duration = Duration::from_secs(30);
 /// Zeros written per call when a segment is made.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
@@ -220,6 +238,8 @@ pub(crate) struct BlockLog {
     dir: PathBuf,
     segment_bytes: u64,
     segments: Arc<Mutex<Segments>>,
+    /// Signalled, with `segments` locked, each time a reserved slot is written or fails.
+    written: Condvar,
     group: GroupSync,
     spare: SpareSlot,
     files: Arc<OpenFiles>,
@@ -256,11 +276,11 @@ impl BlockLog {
         for &number in &scanned.segments {
             let file =
                 OpenOptions::new().read(true).write(true).open(segment_path(&dir, number))?;
-            by_number.insert(number, Segment { file: Arc::new(file), live: 0, live_bytes: 0 });
+            by_number.insert(number, Segment::new(Arc::new(file)));
         }
         let first = scanned.next_segment;
         let file = Arc::new(new_segment(&dir, first, segment_bytes)?);
-        by_number.insert(first, Segment { file, live: 0, live_bytes: 0 });
+        by_number.insert(first, Segment::new(file));
         let segments = Arc::new(Mutex::new(Segments {
             by_number,
             active: first,
@@ -270,6 +290,7 @@ impl BlockLog {
             rotated: true,
             compactions: 0,
             moved_bytes: 0,
+            unwritten: BTreeSet::new(),
         }));
         let flushed = Arc::clone(&segments);
         let group = GroupSync::new(
@@ -321,6 +342,7 @@ impl BlockLog {
             dir,
             segment_bytes,
             segments,
+            written: Condvar::new(),
             group,
             spare,
             files,
@@ -375,7 +397,8 @@ impl BlockLog {
     }
 
     /// Appends the record of a block (`header` as a block file starts, then `payload`): where
-    /// it is, and the offset of its payload in the segment. Durable once [`Self::barrier`]
+    /// it is, and the offset of its payload in the segment. Returns once the record and every
+    /// record reserved before it in its segment are written; durable once [`Self::barrier`]
     /// returns.
     pub(crate) fn append(
         &self,
@@ -384,30 +407,8 @@ impl BlockLog {
         payload: &[u8],
     ) -> io::Result<(LogSlot, u64)> {
         let body_len = (header.len() + payload.len()) as u64;
-        let len = record_len(body_len);
-        if len > self.segment_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a {len}-byte log record is larger than a segment"),
-            ));
-        }
-        let (file, slot) = {
-            let mut s = lock(&self.segments);
-            if s.at + len > self.segment_bytes {
-                self.rotate(&mut s)?;
-            }
-            let slot = LogSlot { segment: s.active, record: s.at, bytes: len };
-            s.at += len;
-            let Some(seg) = s.by_number.get_mut(&slot.segment) else {
-                return Err(io::Error::other("the active log segment is missing"));
-            };
-            seg.live += 1;
-            seg.live_bytes += len;
-            (Arc::clone(&seg.file), slot)
-        };
-        // The space is this record's: the write needs no lock. A failed write leaves a record
-        // whose checks fail (or a zero frame) and ends its segment at the next open, so the
-        // slot is given back as dead.
+        let (file, slot) = self.reserve(record_len(body_len))?;
+        // The space is this record's: the write needs no lock.
         let mut head = Vec::with_capacity(FRAME_BYTES + header.len());
         head.extend_from_slice(&frame(body_len, seq));
         head.extend_from_slice(header);
@@ -416,21 +417,95 @@ impl BlockLog {
         let written = file
             .write_all_at(payload, slot.record + head.len() as u64)
             .and_then(|()| file.write_all_at(&head, slot.record));
-        match written {
-            Ok(()) => Ok((slot, slot.record + head.len() as u64)),
+        self.settle(slot, written)?;
+        Ok((slot, slot.record + head.len() as u64))
+    }
+
+    /// Reserves `len` bytes at the head of the log for a record, rotating to a new segment when
+    /// the active one has no room; the slot counts as live and unwritten.
+    fn reserve(&self, len: u64) -> io::Result<(Arc<File>, LogSlot)> {
+        if len > self.segment_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a {len}-byte log record is larger than a segment"),
+            ));
+        }
+        let mut s = lock(&self.segments);
+        if s.at + len > self.segment_bytes {
+            self.rotate(&mut s)?;
+        }
+        let slot = LogSlot { segment: s.active, record: s.at, bytes: len };
+        let Some(seg) = s.by_number.get_mut(&slot.segment) else {
+            return Err(io::Error::other("the active log segment is missing"));
+        };
+        seg.live += 1;
+        seg.live_bytes += len;
+        let file = Arc::clone(&seg.file);
+        s.at += len;
+        s.unwritten.insert((slot.segment, slot.record));
+        Ok((file, slot))
+    }
+
+    /// Ends the write of the record at `slot`: `Ok` once it and every record reserved before it
+    /// in its segment are written. A failed write, or an earlier record of the segment that
+    /// failed or was not written in time, fails it and gives the slot back as dead: an open ends
+    /// the segment at the first record that does not check, so this one would not be found.
+    fn settle(&self, slot: LogSlot, written: io::Result<()>) -> io::Result<()> {
+        let mut s = lock(&self.segments);
+        s.unwritten.remove(&(slot.segment, slot.record));
+        self.written.notify_all();
+        let outcome = match written {
             Err(e) => {
-                // A record that may be half written ends its segment at the next open: later
-                // records go to the next segment, where nothing hides them.
-                {
-                    let mut s = lock(&self.segments);
-                    if s.active == slot.segment {
-                        s.at = self.segment_bytes;
-                    }
+                // Later records go to the next segment, where nothing hides them.
+                if s.active == slot.segment {
+                    s.at = self.segment_bytes;
                 }
-                let _ = self.kill(slot);
+                if let Some(seg) = s.by_number.get_mut(&slot.segment) {
+                    seg.failed_at = Some(seg.failed_at.map_or(slot.record, |f| f.min(slot.record)));
+                }
                 Err(e)
             }
+            Ok(()) => {
+                let deadline = Instant::now() + EARLIER_WAIT;
+                let earlier = (slot.segment, 0)..(slot.segment, slot.record);
+                while s.unwritten.range(earlier.clone()).next().is_some() {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    s = self
+                        .written
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                let failed_before = s
+                    .by_number
+                    .get(&slot.segment)
+                    .is_none_or(|seg| seg.failed_at.is_some_and(|f| f < slot.record));
+                if s.unwritten.range(earlier).next().is_some() {
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "an earlier record of log segment {} was not written in {EARLIER_WAIT:?}",
+                            slot.segment
+                        ),
+                    ))
+                } else if failed_before {
+                    Err(io::Error::other(format!(
+                        "an earlier record of log segment {} could not be written",
+                        slot.segment
+                    )))
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        drop(s);
+        if outcome.is_err() {
+            let _ = self.kill(slot);
         }
+        outcome
     }
 
     /// Returns once every record appended and every removal written before the call is
@@ -538,7 +613,7 @@ impl BlockLog {
             None => new_segment(&self.dir, number, self.segment_bytes)?,
         };
         let old = s.active;
-        s.by_number.insert(number, Segment { file: Arc::new(file), live: 0, live_bytes: 0 });
+        s.by_number.insert(number, Segment::new(Arc::new(file)));
         s.active = number;
         s.at = 0;
         s.rotated = true;
@@ -798,6 +873,9 @@ pub(crate) fn kill_at(root: &Path, slot: LogSlot) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use gpucache_dataplane::identity::KvDtype;
+    use gpucache_dataplane::testing::fixture;
+
     use super::*;
 
     #[test]
@@ -818,5 +896,113 @@ mod tests {
         assert_eq!(parse_frame(&[0u8; FRAME_BYTES]), None, "a preallocated zero tail");
         assert_eq!(record_len(0), 32);
         assert_eq!(record_len(1), 40);
+    }
+
+    fn open_log(root: &Path) -> BlockLog {
+        let files = Arc::new(OpenFiles::new(std::num::NonZeroUsize::new(8).expect("nonzero")));
+        let scanned = Scanned { next_segment: 1, ..Scanned::default() };
+        BlockLog::open(root, &scanned, LOG_SEGMENT_BYTES_MIN, Duration::from_secs(30), files)
+            .expect("open the log")
+    }
+
+    /// The header of a block of `payload_len` bytes at commit `seq`.
+    fn header(seq: u64, payload: &[u8]) -> Vec<u8> {
+        let key = fixture::key(0, &[u8::try_from(seq).expect("small")], KvDtype::F16, 16);
+        let mut header = vec![0u8; layout::header_len_for(key.encoded().len())];
+        layout::encode_header(
+            &mut header,
+            &key,
+            payload.len() as u64,
+            Checksum::of(payload),
+            seq,
+            1,
+        );
+        header
+    }
+
+    /// Writes the record `append` would write at `slot`.
+    fn write_record(log: &BlockLog, slot: LogSlot, seq: u64, payload: &[u8]) -> io::Result<()> {
+        let header = header(seq, payload);
+        let body_len = (header.len() + payload.len()) as u64;
+        let file = Arc::clone(&lock(&log.segments).by_number[&slot.segment].file);
+        let mut head = frame(body_len, seq).to_vec();
+        head.extend_from_slice(&header);
+        file.write_all_at(&head, slot.record)?;
+        file.write_all_at(payload, slot.record + head.len() as u64)
+    }
+
+    /// Returns once a record after `slot` in its segment is reserved and written, while `slot`
+    /// is not.
+    fn await_written_after(log: &BlockLog, slot: LogSlot) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let waiting = |s: &Segments| {
+            s.at <= slot.record + slot.bytes
+                || !s.unwritten.iter().eq([&(slot.segment, slot.record)])
+        };
+        while waiting(&lock(&log.segments)) {
+            assert!(Instant::now() < deadline, "no append reserved its slot");
+            std::thread::yield_now();
+        }
+    }
+
+    fn record_for(seq: u64, payload: &[u8]) -> u64 {
+        record_len((header(seq, payload).len() + payload.len()) as u64)
+    }
+
+    /// Reserves a 70 KB record, lets another thread append a small one after it and write it,
+    /// then ends the first with `first` (given the log and its slot): the first's slot, what
+    /// `first` returned and what the later append returned.
+    fn behind_a_reserved_record(
+        log: &BlockLog,
+        first: impl FnOnce(&BlockLog, LogSlot) -> io::Result<()>,
+    ) -> (LogSlot, io::Result<()>, io::Result<(LogSlot, u64)>) {
+        let small = vec![2u8; 300];
+        let (_, a) = log.reserve(record_for(1, &[1u8; 70_000])).expect("reserve");
+        std::thread::scope(|s| {
+            let later = s.spawn(|| log.append(2, &header(2, &small), &small));
+            await_written_after(log, a);
+            let settled = first(log, a);
+            (a, settled, later.join().expect("join"))
+        })
+    }
+
+    /// A record written after an earlier one of its segment was reserved is acknowledged only
+    /// once that one is written, and found by an open then.
+    #[test]
+    fn an_append_waits_for_the_records_reserved_before_it_in_its_segment() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = open_log(dir.path());
+        let (a, settled, later) = behind_a_reserved_record(&log, |log, a| {
+            let written = write_record(log, a, 1, &[1u8; 70_000]);
+            log.settle(a, written)
+        });
+        settled.expect("the first record settles");
+        let (b, _) = later.expect("the later append");
+        assert_eq!((b.segment, b.record), (a.segment, a.bytes));
+        let found = scan(dir.path()).expect("scan");
+        assert_eq!(found.blocks.len(), 2, "{found:?}");
+        assert_eq!(found.torn, 0);
+    }
+
+    /// When a record reserved earlier in the segment fails to be written, every record after
+    /// it in that segment fails too (an open would stop at the gap), and appends go on in the
+    /// next segment.
+    #[test]
+    fn an_append_behind_a_failed_record_of_its_segment_fails_and_the_next_goes_elsewhere() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = open_log(dir.path());
+        let (a, settled, later) = behind_a_reserved_record(&log, |log, a| {
+            log.settle(a, Err(io::Error::other("injected: the disk went away")))
+        });
+        assert!(settled.is_err());
+        assert!(later.is_err(), "acknowledged behind a gap: {later:?}");
+        let small = vec![3u8; 300];
+        let (c, _) = log.append(3, &header(3, &small), &small).expect("a new append");
+        assert_ne!(c.segment, a.segment, "appended behind the failed record");
+        let usage = log.usage();
+        assert_eq!(usage.live_blocks, 1, "{usage:?}");
+        let found = scan(dir.path()).expect("scan");
+        let seqs: Vec<u64> = found.blocks.iter().map(|f| f.header.seq).collect();
+        assert_eq!(seqs, [3], "{found:?}");
     }
 }

@@ -315,6 +315,23 @@ fn a_clean_close_leaves_an_index_the_next_open_trusts_and_an_older_one_is_ignore
 }
 
 #[test]
+fn a_small_store_makes_segments_of_a_sixteenth_of_its_capacity() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    let mut config = common::config(&root, EngineChoice::Psync, Durability::None);
+    config.layout = Layout::Log;
+    config.limits.retained_bytes_max = 48 << 20;
+    config.limits.tenant_retained_bytes_max = 48 << 20;
+    config.limits.object_bytes_max = 8 << 20;
+    let store = common::open(config);
+    let put = store.put(&caller(0), &key_of(1), &payload_of(1, 0), None);
+    assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
+    let sizes: Vec<u64> =
+        segments(&root).iter().map(|p| std::fs::metadata(p).expect("segment").len()).collect();
+    assert!(!sizes.is_empty() && sizes.iter().all(|&n| n == 3 << 20), "{sizes:?}");
+}
+
+#[test]
 fn a_mostly_dead_segment_is_compacted_and_its_live_blocks_keep_their_bytes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("store");

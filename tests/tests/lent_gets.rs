@@ -1,7 +1,7 @@
 //! `Store::get_one` lending: a GET that hands the store's own bytes to the sender instead of
 //! copying them. The memory store checks the checksum its sender computed as it sent them, and drops a
-//! block that does not match, as `get_into` would; a store that keeps its blocks elsewhere
-//! lends nothing; and the service's one-key GET, which sends a lent block without copying it,
+//! block that does not match, as `get_into` would; a file store lends a block of its log whose
+//! pages are in memory, from the segment's map, and copies any other; and the service's one-key GET, which sends a lent block without copying it,
 //! answers exactly what the copying path answers.
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use gpucache_dataplane::store::{Get, Lookup, MissReason, Store, StoreError};
 use gpucache_dataplane::testing::fixture::{get_lent, key, payload, tenant};
 use gpucache_service::{Server, ServerConfig};
 use gpucache_storage::MemoryStore;
-use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::file::{Durability, FileStoreConfig, Layout};
 
 fn caller() -> Caller {
     Caller::new(tenant(0), Rights::READ_WRITE)
@@ -97,15 +97,55 @@ fn the_memory_store_checks_what_its_sender_hashed() {
 }
 
 #[test]
-fn a_store_that_keeps_blocks_on_disk_lends_nothing() {
+fn a_file_store_lends_warm_blocks_of_its_log_and_copies_the_rest() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+
     let dir = tempfile::tempdir().expect("dir");
-    let mut config = FileStoreConfig::new(dir.path());
-    config.durability = Durability::None;
-    let store = config.open(Arc::new(MonotonicClock::default())).expect("file store");
-    let data = payload(6, 4096);
-    store.put(&caller(), &k(1), &data, None).expect("put");
-    let (got, lent) = lend(&store, &k(1), data.len());
-    assert_eq!((got, lent.len()), (Ok(None), 0));
+    let open = |layout| {
+        let mut config = FileStoreConfig::new(dir.path().join(format!("{layout:?}")));
+        config.durability = Durability::PerBlock;
+        config.layout = layout;
+        config.open(Arc::new(MonotonicClock::default())).expect("file store")
+    };
+    let c = caller();
+    let data = payload(6, 300_000);
+    let sum = Checksum::of(&data);
+
+    // A file per block: copied.
+    let files = open(Layout::Files);
+    files.put(&c, &k(1), &data, None).expect("put");
+    assert_eq!(lend(&files, &k(1), data.len()), (Ok(None), Vec::new()));
+
+    let log = open(Layout::Log);
+    log.put(&c, &k(1), &data, None).expect("put");
+    let (segment, payload_at) = log.block_location(&k(1)).expect("committed");
+    // Out of memory (flushed by the durable PUT, then dropped from the page cache): copied,
+    // since a page read through a map cannot report a device error.
+    let file = std::fs::File::open(&segment).expect("open the segment");
+    // SAFETY: posix_fadvise on a descriptor we own touches no memory of ours.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
+    assert_eq!(lend(&log, &k(1), data.len()), (Ok(None), Vec::new()));
+    // The copy read it back into memory: now lent, from the segment's own pages.
+    let (got, lent) = lend(&log, &k(1), data.len());
+    assert_eq!(got, Ok(Some(Get::Hit { len: data.len() as u64, checksum: sum })));
+    assert_eq!(lent, vec![(data.clone(), sum)]);
+    // A sender whose checksum differs: the store checks a private copy, finds the block
+    // intact and keeps it.
+    let (got, _) = lend_with(&log, &k(1), data.len(), |_| Checksum(0));
+    assert_eq!(got, Ok(Some(Get::Miss(MissReason::Corrupt))));
+    assert_eq!(log.lookup(&c, &k(1)), Ok(Lookup::Hit { len: data.len() as u64 }));
+    // Damage in the segment: lent under the committed checksum, which the sender's does not
+    // match; the block is dropped and counted.
+    let writable = std::fs::OpenOptions::new().write(true).open(&segment).expect("open");
+    writable.write_all_at(&[data[100] ^ 0x5A], payload_at + 100).expect("damage");
+    let (got, lent) = lend(&log, &k(1), data.len());
+    assert_eq!(got, Ok(Some(Get::Miss(MissReason::Corrupt))));
+    assert_eq!(lent.len(), 1);
+    assert_ne!(Checksum::of(&lent[0].0), lent[0].1);
+    assert_eq!(log.stats().corrupt_dropped.total(), 1);
+    assert_eq!(log.lookup(&c, &k(1)), Ok(Lookup::Miss(MissReason::Absent)));
 }
 
 #[test]

@@ -38,9 +38,9 @@ use gpucache_dataplane::limits::{LimitsError, Refusal, RequestId, ResourceLimits
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
     Abort, BatchAnswers, BatchGet, BatchPut, Committed, CorruptDrops, CorruptPhase, CorruptReason,
-    FullPolicy, Get, Implementation, Invalidate, Lookup, PurgeScope, Put, Reclaimed, Reservation,
-    Reserve, Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo, StoreStats,
-    authorize, put_damaged,
+    FullPolicy, Get, GetTo, GotOne, Implementation, Invalidate, Lookup, PurgeScope, Put, Reclaimed,
+    Reservation, Reserve, Retirement, StorageEffect, Store, StoreCondition, StoreError, StoreInfo,
+    StoreStats, authorize, put_damaged,
 };
 
 use crate::catalog::{Catalog, Restored};
@@ -120,7 +120,8 @@ pub struct FileStoreConfig {
     /// Where blocks live: a file each, or the block log.
     pub layout: Layout,
     /// Bytes of one block-log segment under [`Layout::Log`]; at least
-    /// [`LOG_SEGMENT_BYTES_MIN`].
+    /// [`LOG_SEGMENT_BYTES_MIN`]. A store that may retain less than 16 segments of this size
+    /// makes its segments a sixteenth of `limits.retained_bytes_max` (at least the minimum).
     pub log_segment_bytes: u64,
 }
 
@@ -465,7 +466,12 @@ impl FileStore {
         // A store that has segments reads them whatever its layout says new blocks go to.
         let log = (config.layout == Layout::Log || !scanned.segments.is_empty())
             .then(|| {
-                let bytes = config.log_segment_bytes;
+                // A small store keeps small segments: what a new one preallocates is at most a
+                // sixteenth of the bytes the store may retain.
+                let bytes = config
+                    .log_segment_bytes
+                    .min(config.limits.retained_bytes_max / 16)
+                    .max(LOG_SEGMENT_BYTES_MIN);
                 BlockLog::open(&root, &scanned, bytes, deadline, Arc::clone(&files)).map(Arc::new)
             })
             .transpose()
@@ -1322,7 +1328,17 @@ impl Store for FileStore {
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        self.get_one(caller, key, dst)
+        self.read_one(caller, key, dst)
+    }
+
+    fn get_one(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        self.lend_one(caller, key, capacity, to)
     }
 
     /// Pins a window of blocks under one lock, reads them with one engine batch (io_uring keeps

@@ -31,6 +31,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use gpucache_dataplane::registry::RegionId;
 use lru::LruCache;
+use memmap2::Mmap;
+
+/// Block-log segments kept mapped for lending warm blocks at most (64 MiB of address space
+/// each by default); mapping one more unmaps the least recently used.
+pub(crate) const MAPPED_SEGMENTS_MAX: usize = 64;
 
 /// What a kept descriptor is the descriptor of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,6 +71,8 @@ pub struct OpenFilesStats {
 #[derive(Debug)]
 pub(crate) struct OpenFiles {
     kept: Mutex<LruCache<OpenKey, Arc<File>>>,
+    /// Read-only maps of log segments, by segment number (see [`Self::map_segment`]).
+    maps: Mutex<LruCache<u64, Arc<Mmap>>>,
     opened: AtomicU64,
     reused: AtomicU64,
     evicted: AtomicU64,
@@ -75,6 +82,9 @@ impl OpenFiles {
     pub(crate) fn new(limit: NonZeroUsize) -> Self {
         Self {
             kept: Mutex::new(LruCache::new(limit)),
+            maps: Mutex::new(LruCache::new(
+                NonZeroUsize::new(MAPPED_SEGMENTS_MAX).unwrap_or(NonZeroUsize::MIN),
+            )),
             opened: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -119,14 +129,43 @@ impl OpenFiles {
         Ok(file)
     }
 
+    /// A read-only map of log segment `number` at `path`, made the first time and kept for the
+    /// next reads (at most [`MAPPED_SEGMENTS_MAX`]). As for [`Self::get`], the caller holds a
+    /// read pin on a block of the segment, so the segment is not deleted meanwhile; a segment
+    /// is never shortened while the store runs (it is made at its full size and only deleted),
+    /// so no page of the map can lie past the end of its file.
+    pub(crate) fn map_segment(&self, number: u64, path: &Path) -> io::Result<Arc<Mmap>> {
+        let maps = || self.maps.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(map) = maps().get(&number) {
+            return Ok(Arc::clone(map));
+        }
+        let file = self.get(OpenId::Segment(number), path, false)?;
+        // SAFETY: the map is read-only, and the store never truncates or rewrites a segment's
+        // bytes while a block in them lives (a removal changes one state byte of a record's
+        // frame, which no lent payload covers); every lent payload is hashed and checked against
+        // its committed checksum before the sender uses it.
+        let map = Arc::new(unsafe { Mmap::map(&*file)? });
+        let mut kept = maps();
+        if let Some(other) = kept.get(&number) {
+            return Ok(Arc::clone(other));
+        }
+        let evicted = kept.push(number, Arc::clone(&map));
+        drop(kept);
+        drop(evicted);
+        Ok(map)
+    }
+
     /// Drops the descriptors kept for `region` (its block left the catalog).
     pub(crate) fn forget(&self, region: RegionId) {
         self.forget_id(OpenId::Region(region));
     }
 
-    /// Drops the kept descriptors of a deleted log segment (readers holding one keep it).
+    /// Drops the kept descriptors and map of a deleted log segment (readers holding one keep
+    /// it).
     pub(crate) fn forget_segment(&self, number: u64) {
         self.forget_id(OpenId::Segment(number));
+        let map = self.maps.lock().unwrap_or_else(PoisonError::into_inner).pop(&number);
+        drop(map);
     }
 
     fn forget_id(&self, id: OpenId) {

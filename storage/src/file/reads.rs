@@ -31,8 +31,10 @@ use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
 use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
 use gpucache_dataplane::store::{
-    BatchGet, CorruptReason, Get, MissReason, Retirement, StorageEffect, StoreError, authorize,
+    BatchGet, CorruptReason, Delivery, Get, GetTo, GotOne, MissReason, Retirement, StorageEffect,
+    StoreError, authorize,
 };
+use memmap2::Mmap;
 
 use super::engine::{self, BatchRead, Staging};
 use super::open_files::OpenId;
@@ -44,6 +46,31 @@ use super::{BATCH_WINDOW_BYTES, BATCH_WINDOW_ITEMS, READ_HASH_PIECE_BYTES};
 /// Most bytes of one staging buffer shared by consecutive O_DIRECT reads of a batch: one
 /// registered io_uring slot (the other engines' staging takes any size).
 const STAGING_PIECE_BYTES: usize = engine::uring::SLOT_BYTES;
+
+/// Pages whose residency one `mincore` call reports, at most.
+const MINCORE_PAGES: usize = 256;
+
+/// Whether every page that `bytes` (inside a map) touches is in memory now.
+fn resident(bytes: &[u8]) -> bool {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let first = bytes.as_ptr() as usize / page * page;
+    let end = bytes.as_ptr() as usize + bytes.len();
+    let mut vec = [0u8; MINCORE_PAGES];
+    let mut at = first;
+    while at < end {
+        let len = (end - at).min(MINCORE_PAGES * page);
+        let pages = len.div_ceil(page);
+        // SAFETY: [at, at + len) lies inside one live map (page-aligned start, at most the map's
+        // last page), and `vec` has room for one byte per page of it.
+        let rc = unsafe { libc::mincore(at as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if rc != 0 || vec[..pages].iter().any(|v| v & 1 == 0) {
+            return false;
+        }
+        at += pages * page;
+    }
+    true
+}
 
 /// A pinned block and where its payload is.
 #[derive(Debug)]
@@ -129,15 +156,7 @@ impl FileStore {
     ) -> ReadOutcome {
         let (corrupt, damage, failure) = match read {
             Ok(()) if intact.unwrap_or_else(|| p.pin.delivered_intact(dst)) => (false, None, None),
-            Ok(()) => {
-                // Confirmed on a private copy before the block is dropped: the caller's buffer
-                // may be memory another process can write (a shared segment), and a read can
-                // fail in transit without the file being damaged.
-                let mut own = vec![0u8; dst.len()];
-                let intact = self.read_payload(p.open_as, &p.path, p.header_len, &mut own).is_ok()
-                    && p.pin.delivered_intact(&own);
-                (true, (!intact).then_some(CorruptReason::Checksum), None)
-            }
+            Ok(()) => (true, self.damage_confirmed(p), None),
             // A short file is a truncated block, a missing one is gone: a miss, and the block
             // goes.
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
@@ -152,6 +171,17 @@ impl FileStore {
             dst.fill(0);
         }
         ReadOutcome { corrupt, damage, failure }
+    }
+
+    /// Whether `p`'s block is damaged, after bytes of it failed their check: confirmed on a
+    /// private copy before the block is dropped, because the caller's buffer may be memory
+    /// another process can write (a shared segment), and a read can fail in transit without the
+    /// file being damaged.
+    fn damage_confirmed(&self, p: &PinnedRead) -> Option<CorruptReason> {
+        let mut own = vec![0u8; p.pin.len_bytes()];
+        let intact = self.read_payload(p.open_as, &p.path, p.header_len, &mut own).is_ok()
+            && p.pin.delivered_intact(&own);
+        (!intact).then_some(CorruptReason::Checksum)
     }
 
     /// Step 3 for every read, under one lock, in order: unpins, drops damaged blocks, answers.
@@ -205,21 +235,82 @@ impl FileStore {
             .collect()
     }
 
+    /// Step 1 for one key: authorized and pinned, or the answer.
+    fn pin_one(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+    ) -> Result<Result<PinnedRead, Get>, StoreError> {
+        authorize(caller, key, Right::Read)?;
+        let mut released = Vec::new();
+        let pinned = Self::pin_for_read(&mut self.lock(), key, capacity, &mut released);
+        self.dispose(released);
+        pinned
+    }
+
     /// [`Store::get_into`](gpucache_dataplane::store::Store::get_into).
-    pub(super) fn get_one(
+    pub(super) fn read_one(
         &self,
         caller: &Caller,
         key: &PhysicalKey,
         dst: &mut [u8],
     ) -> Result<Get, StoreError> {
-        authorize(caller, key, Right::Read)?;
-        let mut released = Vec::new();
-        let pinned = Self::pin_for_read(&mut self.lock(), key, dst.len(), &mut released);
-        self.dispose(released);
-        let p = match pinned? {
+        match self.pin_one(caller, key, dst.len())? {
+            Ok(p) => self.read_and_settle(p, dst),
+            Err(answer) => Ok(answer),
+        }
+    }
+
+    /// [`Store::get_one`](gpucache_dataplane::store::Store::get_one): a block of the log whose
+    /// pages are all in memory is lent from its segment's map, so a warm GET copies nothing
+    /// here (the sender hashes the bytes where they lie and sends them only when they match);
+    /// any other block is read into the sender's buffer as [`Self::read_one`] reads it.
+    pub(super) fn lend_one(
+        &self,
+        caller: &Caller,
+        key: &PhysicalKey,
+        capacity: usize,
+        to: &mut dyn GetTo,
+    ) -> Result<GotOne, StoreError> {
+        let p = match self.pin_one(caller, key, capacity)? {
             Ok(p) => p,
-            Err(answer) => return Ok(answer),
+            Err(answer) => return Ok(GotOne::copied(answer)),
         };
+        let Some((map, start)) = self.resident_map(&p) else {
+            return self.read_and_settle(p, to.buffer()).map(GotOne::copied);
+        };
+        let bytes = &map[start..start + p.pin.len_bytes()];
+        let sum = to.lend(bytes, p.pin.checksum).unwrap_or_else(|| Checksum::of(bytes));
+        let outcome = if p.pin.intact_by(sum) {
+            ReadOutcome { corrupt: false, damage: None, failure: None }
+        } else {
+            ReadOutcome { corrupt: true, damage: self.damage_confirmed(&p), failure: None }
+        };
+        let got = self.settle(vec![(p, outcome)]).pop().unwrap_or_else(|| Err(unanswered()))?;
+        let delivery =
+            if matches!(got, Get::Hit { .. }) { Delivery::Lent } else { Delivery::Copied };
+        Ok(GotOne { get: got, delivery, tier: None })
+    }
+
+    /// The map of `p`'s log segment and where its payload starts there, when the block is in
+    /// the log, the store reads through the page cache, and every page of the payload is in
+    /// memory now. A page read from the device through a map reports a failure as a signal
+    /// that would stop the process, not as an error a read can answer, so a block with any page
+    /// out of memory is read with `pread` instead.
+    fn resident_map(&self, p: &PinnedRead) -> Option<(Arc<Mmap>, usize)> {
+        let OpenId::Segment(number) = p.open_as else { return None };
+        if self.direct_io {
+            return None;
+        }
+        let map = self.files.map_segment(number, &p.path).ok()?;
+        let start = usize::try_from(p.header_len).ok()?;
+        let bytes = map.get(start..start.checked_add(p.pin.len_bytes())?)?;
+        resident(bytes).then_some((map, start))
+    }
+
+    /// Steps 2 and 3 for one pinned block: read into `dst`, judged, settled.
+    fn read_and_settle(&self, p: PinnedRead, dst: &mut [u8]) -> Result<Get, StoreError> {
         let dst = &mut dst[..p.pin.len_bytes()];
         let (read, intact) = if self.direct_io {
             (self.read_payload(p.open_as, &p.path, p.header_len, dst), None)

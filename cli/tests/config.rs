@@ -456,8 +456,10 @@ fn the_nixl_section_has_documented_defaults_and_is_checked_by_name() {
 
 /// Keys whose documented default is a sentence rather than a value (unset, required, derived
 /// from other keys): the tables say what happens, and the embedded default leaves them unset.
-const DOCUMENTED_WITHOUT_A_VALUE: [&str; 17] = [
+const DOCUMENTED_WITHOUT_A_VALUE: [&str; 18] = [
     "store.tiers",
+    // Unset by default; a test below reads what it resolves to.
+    "store.layout",
     // Keys of `[[store.tiers]]` sections, whose defaults a test above reads from the config.
     "store.tiers.write",
     "store.tiers.write_back_dirty_max",
@@ -644,6 +646,20 @@ fn eviction_defaults_by_kind_and_takes_any_policy_by_name() {
     let e = refused("[store]\neviction = \"mru\"\n");
     assert_eq!(e.key(), Some("store.eviction"), "{e}");
     assert!(e.to_string().contains("prefix") && e.to_string().contains("refuse"), "{e}");
+}
+
+#[test]
+fn the_layout_defaults_to_the_block_log_and_to_a_file_per_block_under_direct_io() {
+    use gpucache_storage::file::Layout;
+    let layout_of =
+        |text: &str| ValidConfig::from_toml_str(text).unwrap().file_store_config().layout;
+    assert_eq!(layout_of(""), Layout::Log);
+    assert_eq!(layout_of("[store]\nkind = \"file\"\n"), Layout::Log);
+    assert_eq!(layout_of("[store]\ndirect_io = true\n"), Layout::Files);
+    assert_eq!(layout_of("[store]\nlayout = \"files\"\n"), Layout::Files);
+    assert_eq!(layout_of("[store]\nlayout = \"log\"\n"), Layout::Log);
+    let e = refused_at("[store]\ndirect_io = true\nlayout = \"log\"\n", "store.direct_io");
+    assert!(e.to_string().contains("layout = \"files\""), "{e}");
 }
 
 #[test]

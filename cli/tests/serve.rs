@@ -273,7 +273,8 @@ fn a_write_back_tier_writes_down_at_sigterm_and_kill_9_loses_only_unwritten_bloc
     std::fs::write(
         &config,
         format!(
-            "[store]\nkind = \"tiered\"\nroot = \"{}\"\nengine = \"psync\"\n\
+            // A file per block: the test counts the block files written down.
+            "[store]\nkind = \"tiered\"\nroot = \"{}\"\nengine = \"psync\"\nlayout = \"files\"\n\
              [[store.tiers]]\nkind = \"memory\"\ncapacity = \"64MiB\"\nwrite = \"back\"\n\n\
              [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
              [[tenants]]\nname = \"tenant-a\"\nrights = [\"read\", \"write\"]\n",

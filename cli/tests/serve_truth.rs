@@ -13,12 +13,13 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
 use gpucache_dataplane::limits::Refusal;
-use gpucache_dataplane::store::{Invalidate, Put, Store};
+use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
 use gpucache_dataplane::testing::fixture::{key, payload};
 
 mod common;
@@ -28,11 +29,22 @@ use common::{Serve, http_get, start_line};
 const TENANT: &str = "tenant-a";
 
 fn config(dir: &Path, root: &Path, engine: &str, object_bytes_max: &str) -> PathBuf {
+    config_with(dir, root, engine, object_bytes_max, "")
+}
+
+/// [`config`] with `store` (TOML lines) added to its `[store]` section.
+fn config_with(
+    dir: &Path,
+    root: &Path,
+    engine: &str,
+    object_bytes_max: &str,
+    store: &str,
+) -> PathBuf {
     let config = dir.join("gpucache.toml");
     std::fs::write(
         &config,
         format!(
-            "[store]\nkind = \"file\"\nroot = \"{}\"\nengine = \"{engine}\"\n\n\
+            "[store]\nkind = \"file\"\nroot = \"{}\"\nengine = \"{engine}\"\n{store}\n\
              [limits]\nobject_bytes_max = \"{object_bytes_max}\"\n\n\
              [listen]\nnative = \"127.0.0.1:0\"\nresp = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\n\n\
              [[tenants]]\nname = \"{TENANT}\"\nrights = [\"read\", \"write\"]\n",
@@ -149,6 +161,67 @@ fn readyz_names_the_full_disk_and_recovers_after_invalidations() {
     serve.stop();
 }
 
+/// The block log on a full device: the PUT that needs a new segment the device has no room for
+/// is refused for the disk (not failed, and not an I/O failure), readiness names the disk, and
+/// once invalidations empty segments (which the log then deletes) PUTs commit again.
+#[test]
+fn a_full_device_refuses_log_puts_for_the_disk_until_invalidations_free_segments() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mount_at = dir.path().join("small");
+    let _tmpfs = match Tmpfs::mount(&mount_at, "8m") {
+        Ok(t) => t,
+        Err(why) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipped: cannot mount a tmpfs here ({why})");
+            return;
+        }
+        Err(why) => panic!("CI must be able to mount a tmpfs for this test: {why}"),
+    };
+    let root = mount_at.join("data");
+    let config = config_with(dir.path(), &root, "psync", "64KiB", "layout = \"log\"\n");
+    let serve = Serve::start(&config);
+    let metrics = serve.metrics();
+    assert_eq!(status_and_body(metrics, "/readyz").0, 200);
+    let caller = caller();
+    let client = TcpStore::new(ClientConfig::new(serve.native(), caller.clone()));
+    let value = payload(4, 60_000);
+    let mut stored = Vec::new();
+    let refusal = loop {
+        assert!(stored.len() < 200, "an 8 MiB tmpfs took {} blocks of 60 KB", stored.len());
+        let n = u8::try_from(stored.len()).expect("small");
+        let k = key(0, &[5, n], KvDtype::Bf16, 16);
+        match client.put(&caller, &k, &value, None).expect("put") {
+            Put::Committed(_) => stored.push(k),
+            Put::Refused(r) => break r,
+            other => panic!("put answered {other:?}"),
+        }
+    };
+    assert!(matches!(refusal, Refusal::DiskFull { .. }), "refused for {refusal:?}");
+    assert!(stored.len() >= 10, "only {} blocks fit", stored.len());
+    let (status, body) = status_and_body(metrics, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(" failing=disk_room\n"), "{body}");
+    assert!(body.contains("ok store_io\n"), "a full device is not an I/O failure: {body}");
+    // Every block read back exact: the refusal lost nothing.
+    let mut buf = vec![0u8; value.len()];
+    for k in &stored {
+        assert!(matches!(client.get_into(&caller, k, &mut buf).expect("get"), Get::Hit { .. }));
+        assert_eq!(buf, value);
+    }
+
+    for k in &stored {
+        assert_eq!(client.invalidate(&caller, k).expect("invalidate"), Invalidate::Removed);
+    }
+    // The log's thread deletes the emptied segments; readiness follows (liveness: polled).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while status_and_body(metrics, "/readyz").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "the emptied segments never went");
+        std::thread::yield_now();
+    }
+    let k = key(0, &[6, 0], KvDtype::Bf16, 16);
+    assert!(matches!(client.put(&caller, &k, &value, None).expect("put"), Put::Committed(_)));
+    serve.stop();
+}
+
 /// The uid and gid of `nobody`.
 const NOBODY: u32 = 65_534;
 
@@ -169,7 +242,10 @@ fn readyz_names_a_write_the_data_directory_refuses_and_recovers_when_writes_succ
     let root = dir.path().join("data");
     std::fs::create_dir(&root).expect("data directory");
     std::os::unix::fs::chown(&root, Some(NOBODY), Some(NOBODY)).expect("chown");
-    let serve = Serve::start_as(&config(dir.path(), &root, "psync", "1MiB"), NOBODY);
+    // A file per block: each PUT creates a file, which the directory's mode then refuses (the
+    // block log writes into a segment it holds open, which a directory's mode cannot stop).
+    let config = config_with(dir.path(), &root, "psync", "1MiB", "layout = \"files\"\n");
+    let serve = Serve::start_as(&config, NOBODY);
     let metrics = serve.metrics();
     let caller = caller();
     let client = TcpStore::new(ClientConfig::new(serve.native(), caller.clone()));

@@ -272,7 +272,8 @@ pub struct StoreCondition {
     /// Bytes free for new blocks on the store's medium (a file system's available space).
     pub free_bytes: Option<u64>,
     /// The most a block needs on the medium beyond its payload (header, the space the store
-    /// keeps free), so that `free_bytes` can be compared with a payload size.
+    /// keeps free, a new segment of a block log), so that `free_bytes` can be compared with a
+    /// payload size.
     pub block_overhead_bytes: u64,
 }
 

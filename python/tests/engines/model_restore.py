@@ -456,6 +456,8 @@ class Server:
             "[store]\n"
             'kind = "file"\n'
             f'root = "{self.store}"\n'
+            # A file per block: the damage test finds and flips one block's file.
+            'layout = "files"\n'
             "[listen]\n"
             'native = "127.0.0.1:0"\n'
             'resp = "127.0.0.1:0"\n'

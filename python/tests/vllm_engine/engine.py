@@ -233,7 +233,8 @@ class FileServer:
         self.root = workdir / "store"
         self.config = workdir / "gpucache.toml"
         self.config.write_text(
-            f'[store]\nkind = "file"\nroot = "{self.root}"\n\n'
+            # A file per block: the tests count and damage the block files.
+            f'[store]\nkind = "file"\nroot = "{self.root}"\nlayout = "files"\n\n'
             f"[limits]\nobject_bytes_max = {object_bytes_max}\n\n"
             '[listen]\nnative = "127.0.0.1:0"\nresp = "127.0.0.1:0"\nmetrics = "127.0.0.1:0"\n\n'
             '[[tenants]]\nname = "default"\nrights = ["read", "write"]\n'

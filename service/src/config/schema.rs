@@ -394,7 +394,8 @@ pub struct StoreSection {
     pub engine: EngineName,
     pub direct_io: bool,
     pub durability: DurabilityName,
-    pub layout: LayoutName,
+    /// Unset: the block log, or a file per block under `direct_io` (see [`Self::layout`]).
+    pub layout: Option<LayoutName>,
     pub queue_depth: u32,
     pub group_commit_deadline_ms: u64,
     /// `kind = "memory"`: map and fault in `limits.retained_bytes_max` of memory at start, so
@@ -430,6 +431,12 @@ pub enum Eviction {
 }
 
 impl StoreSection {
+    /// Where the file store keeps blocks, defaults applied: `store.layout`, else the block log,
+    /// or a file per block under `direct_io` (which the log's records cannot use).
+    pub fn layout(&self) -> LayoutName {
+        self.layout.unwrap_or(if self.direct_io { LayoutName::Files } else { LayoutName::Log })
+    }
+
     /// What the configured store does when full, defaults applied.
     /// For a tiered store this is the file tier's policy: its `[[store.tiers]]` section's,
     /// else `store.eviction`, else `"prefix"`.
@@ -496,7 +503,7 @@ impl Default for StoreSection {
             engine: EngineName::Auto,
             direct_io: file.direct_io,
             durability: DurabilityName::PerBlock,
-            layout: LayoutName::Files,
+            layout: None,
             queue_depth: file.engine_config.queue_depth,
             group_commit_deadline_ms: file.group_commit_deadline_ms,
             preallocate: false,
@@ -952,7 +959,7 @@ impl ServeConfig {
             EngineConfig { queue_depth: s.queue_depth, ..EngineConfig::default() };
         config.direct_io = s.direct_io;
         config.durability = s.durability.into();
-        config.layout = s.layout.into();
+        config.layout = s.layout().into();
         config.limits = self.limits();
         if s.kind == StoreKind::Tiered
             && let Some(capacity) = s.tier(TierKind::File).and_then(TierSection::capacity)

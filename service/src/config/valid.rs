@@ -141,7 +141,7 @@ impl ServeConfig {
             };
             return Err(ConfigError::FileStoreRefuses { kind });
         }
-        if s.direct_io && s.layout == LayoutName::Log {
+        if s.direct_io && s.layout == Some(LayoutName::Log) {
             return Err(ConfigError::DirectLog);
         }
         check_tiers(s)?;

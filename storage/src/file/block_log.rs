@@ -191,6 +191,8 @@ struct Segments {
     unflushed: BTreeMap<u64, Arc<File>>,
     /// Rotations since the store last looked for a segment to compact.
     rotated: bool,
+    /// The segment the log's thread was asked to make and the log has not taken yet.
+    preparing: Option<u64>,
     /// Segments compacted, and the bytes of live records they moved.
     compactions: u64,
     moved_bytes: u64,
@@ -288,6 +290,7 @@ impl BlockLog {
             unflushed: BTreeMap::new(),
             // Segments found at open may be mostly dead: the first PUT looks.
             rotated: true,
+            preparing: Some(first + 1),
             compactions: 0,
             moved_bytes: 0,
             unwritten: BTreeSet::new(),
@@ -351,6 +354,11 @@ impl BlockLog {
         };
         log.queue(Job::Prepare(first + 1))?;
         Ok(log)
+    }
+
+    /// Bytes of each new segment.
+    pub(crate) fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
     }
 
     /// The path of segment `number`.
@@ -604,7 +612,10 @@ impl BlockLog {
     /// or is deleted when no block lives in it any more.
     fn rotate(&self, s: &mut Segments) -> io::Result<()> {
         let number = s.active + 1;
-        let file = match self.take_spare(number) {
+        // Waits for the log's thread only when it was asked for this segment and has not
+        // answered yet; after a failed try (a full disk) each append tries again at once.
+        let spare = if s.preparing.take() == Some(number) { self.take_spare(number) } else { None };
+        let file = match spare {
             Some(Ok(file)) => file,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "the block log could not prepare a segment; making it now");
@@ -627,7 +638,9 @@ impl BlockLog {
         }
         // A job that cannot be queued in time fails this append (nothing is acknowledged); the
         // next rotation makes its segment itself.
-        self.queue(Job::Prepare(number + 1))
+        self.queue(Job::Prepare(number + 1))?;
+        s.preparing = Some(number + 1);
+        Ok(())
     }
 
     /// Hands `job` to the log's thread, waiting up to [`SPARE_WAIT`] while [`JOBS_MAX`] jobs

@@ -120,8 +120,9 @@ pub struct FileStoreConfig {
     /// Where blocks live: a file each, or the block log.
     pub layout: Layout,
     /// Bytes of one block-log segment under [`Layout::Log`]; at least
-    /// [`LOG_SEGMENT_BYTES_MIN`]. A store that may retain less than 16 segments of this size
-    /// makes its segments a sixteenth of `limits.retained_bytes_max` (at least the minimum).
+    /// [`LOG_SEGMENT_BYTES_MIN`]. A store makes its segments no larger than a sixteenth of
+    /// `limits.retained_bytes_max` and an eighth of the device's free space at open (but at least
+    /// the minimum).
     pub log_segment_bytes: u64,
 }
 
@@ -466,11 +467,14 @@ impl FileStore {
         // A store that has segments reads them whatever its layout says new blocks go to.
         let log = (config.layout == Layout::Log || !scanned.segments.is_empty())
             .then(|| {
-                // A small store keeps small segments: what a new one preallocates is at most a
-                // sixteenth of the bytes the store may retain.
+                // A small store, or one on a nearly full device, keeps small segments: what a
+                // new one preallocates is at most a sixteenth of the bytes the store may retain
+                // and an eighth of the device's free space.
+                let free = free_bytes(&root).unwrap_or(u64::MAX);
                 let bytes = config
                     .log_segment_bytes
                     .min(config.limits.retained_bytes_max / 16)
+                    .min(free / 8)
                     .max(LOG_SEGMENT_BYTES_MIN);
                 BlockLog::open(&root, &scanned, bytes, deadline, Arc::clone(&files)).map(Arc::new)
             })
@@ -665,7 +669,10 @@ impl FileStore {
                 }
                 Ok((slot, at))
             });
-            self.io_watch.record(IoSide::Write, &result);
+            // A full device is reported by the disk's room, not as an I/O failure.
+            if !result.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::StorageFull) {
+                self.io_watch.record(IoSide::Write, &result);
+            }
             let (slot, at) = result?;
             return Ok((log.path_of(slot.segment), at, checksum, Some(slot)));
         }
@@ -1208,7 +1215,8 @@ impl FileStore {
             Err(answer) => Ok(answer),
             Ok(admitted) => self
                 .commit_payload(admitted.region, key, src, admitted.checksum, admitted.seq_epoch)
-                .map(|c| Put::Committed(c.checksum)),
+                .map(|c| Put::Committed(c.checksum))
+                .or_else(|e| self.refused_if_full(e, src.len() as u64)),
         };
         self.compact_log();
         answer
@@ -1289,12 +1297,27 @@ impl FileStore {
     }
 
     /// Whether a block of `len` payload bytes under `key` fits on the device, from the store's
-    /// own account of free space; the refusal when it does not.
+    /// own account of free space; the refusal when it does not. [`Self::refused_if_full`]
+    /// answers the same for a write that meets a device other writers filled since.
     fn admit_room(&self, key: &PhysicalKey, len: u64) -> Result<(), Refusal> {
-        let needed = len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES;
+        // Under the log, room for its next segment too, as readiness counts it.
+        let segment = self.log.as_ref().map_or(0, |log| log.segment_bytes());
+        let needed =
+            len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES + segment;
         self.room
             .admit(&self.root, needed)
             .map_err(|free_bytes| Refusal::DiskFull { free_bytes, requested: needed })
+    }
+
+    /// A commit that failed because the device was full (the block log could not make its next
+    /// segment, or a write met a device that filled since the count that admitted it) is a
+    /// refusal for the disk, as the admission would have answered; any other failure stays one.
+    fn refused_if_full(&self, e: StoreError, len: u64) -> Result<Put, StoreError> {
+        if e.io_kind() != Some(io::ErrorKind::StorageFull) {
+            return Err(e);
+        }
+        let free_bytes = free_bytes(&self.root).unwrap_or(0);
+        Ok(Put::Refused(Refusal::DiskFull { free_bytes, requested: len }))
     }
 
     /// How many times the store asked the kernel for its free space since it opened.
@@ -1573,9 +1596,11 @@ impl Store for FileStore {
         StoreCondition {
             io_failure: Some(self.io_watch.failure()),
             free_bytes: free_bytes(&self.root),
+            // Under the log a PUT may also need the log's next segment made.
             block_overhead_bytes: layout::header_len_for(gpucache_dataplane::key::KEY_BYTES_MAX)
                 as u64
-                + DISK_SLACK_BYTES,
+                + DISK_SLACK_BYTES
+                + self.log.as_ref().map_or(0, |log| log.segment_bytes()),
         }
     }
 }

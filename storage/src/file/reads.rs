@@ -278,7 +278,15 @@ impl FileStore {
             Err(answer) => return Ok(GotOne::copied(answer)),
         };
         let Some((map, start)) = self.resident_map(&p) else {
-            return self.read_and_settle(p, to.buffer()).map(GotOne::copied);
+            let dst = to.buffer();
+            if dst.len() < p.pin.len_bytes() {
+                // The sender could not lay out a buffer of the capacity it asked for.
+                let failure = io::Error::other("the GET's buffer is smaller than its capacity");
+                let outcome = ReadOutcome { corrupt: false, damage: None, failure: Some(failure) };
+                let got = self.settle(vec![(p, outcome)]).pop();
+                return got.unwrap_or_else(|| Err(unanswered())).map(GotOne::copied);
+            }
+            return self.read_and_settle(p, dst).map(GotOne::copied);
         };
         let bytes = &map[start..start + p.pin.len_bytes()];
         let sum = to.lend(bytes, p.pin.checksum).unwrap_or_else(|| Checksum::of(bytes));

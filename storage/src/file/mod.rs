@@ -669,10 +669,7 @@ impl FileStore {
                 }
                 Ok((slot, at))
             });
-            // A full device is reported by the disk's room, not as an I/O failure.
-            if !result.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::StorageFull) {
-                self.io_watch.record(IoSide::Write, &result);
-            }
+            self.io_watch.record(IoSide::Write, &result);
             let (slot, at) = result?;
             return Ok((log.path_of(slot.segment), at, checksum, Some(slot)));
         }
@@ -1216,7 +1213,7 @@ impl FileStore {
             Ok(admitted) => self
                 .commit_payload(admitted.region, key, src, admitted.checksum, admitted.seq_epoch)
                 .map(|c| Put::Committed(c.checksum))
-                .or_else(|e| self.refused_if_full(e, src.len() as u64)),
+                .or_else(|e| self.refused_if_full(e, key, src.len() as u64)),
         };
         self.compact_log();
         answer
@@ -1300,24 +1297,39 @@ impl FileStore {
     /// own account of free space; the refusal when it does not. [`Self::refused_if_full`]
     /// answers the same for a write that meets a device other writers filled since.
     fn admit_room(&self, key: &PhysicalKey, len: u64) -> Result<(), Refusal> {
-        // Under the log, room for its next segment too, as readiness counts it.
-        let segment = self.log.as_ref().map_or(0, |log| log.segment_bytes());
-        let needed =
-            len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES + segment;
+        let needed = self.room_needed(key, len);
         self.room
             .admit(&self.root, needed)
             .map_err(|free_bytes| Refusal::DiskFull { free_bytes, requested: needed })
     }
 
-    /// A commit that failed because the device was full (the block log could not make its next
-    /// segment, or a write met a device that filled since the count that admitted it) is a
-    /// refusal for the disk, as the admission would have answered; any other failure stays one.
-    fn refused_if_full(&self, e: StoreError, len: u64) -> Result<Put, StoreError> {
-        if e.io_kind() != Some(io::ErrorKind::StorageFull) {
-            return Err(e);
+    /// Bytes of free space a block of `len` payload bytes under `key` is admitted with: its
+    /// header, the slack the store keeps, and under the log room for its next segment (as
+    /// readiness counts it).
+    fn room_needed(&self, key: &PhysicalKey, len: u64) -> u64 {
+        let segment = self.log.as_ref().map_or(0, |log| log.segment_bytes());
+        len + layout::header_len_for(key.encoded().len()) as u64 + DISK_SLACK_BYTES + segment
+    }
+
+    /// A commit that failed with a full device (the block log could not make its next segment,
+    /// or a write met a device other writers filled since the count that admitted it) is a
+    /// refusal for the disk when a fresh count confirms there is no room, as the admission
+    /// would have answered; any other failure stays one.
+    fn refused_if_full(
+        &self,
+        e: StoreError,
+        key: &PhysicalKey,
+        len: u64,
+    ) -> Result<Put, StoreError> {
+        let requested = self.room_needed(key, len);
+        match free_bytes(&self.root) {
+            Some(free_bytes)
+                if e.io_kind() == Some(io::ErrorKind::StorageFull) && free_bytes < requested =>
+            {
+                Ok(Put::Refused(Refusal::DiskFull { free_bytes, requested }))
+            }
+            _ => Err(e),
         }
-        let free_bytes = free_bytes(&self.root).unwrap_or(0);
-        Ok(Put::Refused(Refusal::DiskFull { free_bytes, requested: len }))
     }
 
     /// How many times the store asked the kernel for its free space since it opened.

@@ -43,7 +43,7 @@ use gpucache_dataplane::store::{
     authorize, put_damaged,
 };
 
-use crate::catalog::{Catalog, Refused, Restored};
+use crate::catalog::{ByDigest, Catalog, Refused, Restored};
 use crate::evict::PolicyKind;
 use block_log::{BlockLog, LogSlot};
 pub use block_log::{
@@ -1183,7 +1183,8 @@ fn newest_per_key(
     }
     // Where the newest version of each key seen so far is in `found`; of two versions with the
     // same commit sequence (a compaction's copy and its original), the one found later wins.
-    let mut newest: HashMap<KeyDigest, usize> = HashMap::with_capacity(found.len());
+    let mut newest: HashMap<KeyDigest, usize, ByDigest> =
+        HashMap::with_capacity_and_hasher(found.len(), ByDigest::default());
     let mut older = Vec::new();
     for (i, f) in found.iter().enumerate() {
         match newest.entry(f.header.key.digest()) {

@@ -115,8 +115,12 @@ pub(crate) struct Catalog<P> {
     exact: HashMap<KeyDigest, RegionId, ByDigest>,
     /// Logical key -> committed blocks under it (for incompatible misses).
     logical: HashMap<KeyDigest, Ids, ByDigest>,
-    /// (shape, last chain link) -> committed blocks (for prefix hits).
-    prefix: HashMap<(KeyDigest, ChainHash), Ids, ByDigest>,
+    /// (shape, last chain link), as a keyed 64-bit name ([`Self::prefix_name`]) -> committed
+    /// blocks (for prefix hits). A lookup checks each candidate's shape and chain, so two pairs
+    /// that share a name only make one more candidate to check.
+    prefix: HashMap<u64, Ids, ByRegion>,
+    /// The keys of [`Self::prefix_name`].
+    prefix_keys: ByDigest,
     /// Committed blocks by commit order, oldest first.
     age: BTreeMap<u64, RegionId>,
     next_seq: u64,
@@ -305,7 +309,11 @@ impl Ids {
     }
 }
 
-fn add_to<K: std::hash::Hash + Eq>(index: &mut HashMap<K, Ids, ByDigest>, key: K, id: RegionId) {
+fn add_to<K: std::hash::Hash + Eq, S: std::hash::BuildHasher>(
+    index: &mut HashMap<K, Ids, S>,
+    key: K,
+    id: RegionId,
+) {
     match index.entry(key) {
         Slot::Occupied(mut held) => match held.get_mut() {
             Ids::One(first) => {
@@ -320,7 +328,11 @@ fn add_to<K: std::hash::Hash + Eq>(index: &mut HashMap<K, Ids, ByDigest>, key: K
     }
 }
 
-fn drop_from<K: std::hash::Hash + Eq>(index: &mut HashMap<K, Ids, ByDigest>, key: K, id: RegionId) {
+fn drop_from<K: std::hash::Hash + Eq, S: std::hash::BuildHasher>(
+    index: &mut HashMap<K, Ids, S>,
+    key: K,
+    id: RegionId,
+) {
     if let Some(ids) = index.get_mut(&key)
         && ids.remove(id)
     {
@@ -350,6 +362,7 @@ impl<P> Catalog<P> {
             exact: HashMap::default(),
             logical: HashMap::default(),
             prefix: HashMap::default(),
+            prefix_keys: ByDigest::default(),
             age: BTreeMap::new(),
             next_seq: 1,
             corrupt_dropped: CorruptDrops::default(),
@@ -363,6 +376,12 @@ impl<P> Catalog<P> {
 
     pub(crate) fn epoch(&self) -> Epoch {
         self.regions.epoch()
+    }
+
+    /// The prefix index's name for blocks of `shape` whose chain ends in `link`: keyed with
+    /// this catalog's own random words, so no caller can pick two pairs that share it.
+    fn prefix_name(&self, shape: KeyDigest, link: &ChainHash) -> u64 {
+        self.prefix_keys.hash_one((shape, link))
     }
 
     pub(crate) fn entry(&self, id: RegionId) -> Option<&Entry<P>> {
@@ -446,7 +465,8 @@ impl<P> Catalog<P> {
         if chain.len() > 1 {
             let shape = key.shape_digest();
             for link in chain[..chain.len() - 1].iter().rev() {
-                let Some(candidates) = self.prefix.get(&(shape, *link)) else { continue };
+                let name = self.prefix_name(shape, link);
+                let Some(candidates) = self.prefix.get(&name) else { continue };
                 for id in candidates.as_slice() {
                     let b = &self.blocks[id];
                     let stored = b.key.identity();
@@ -520,7 +540,8 @@ impl<P> Catalog<P> {
         }
         drop_from(&mut self.logical, logical, id);
         if let Some(link) = link {
-            drop_from(&mut self.prefix, (shape, link), id);
+            let name = self.prefix_name(shape, &link);
+            drop_from(&mut self.prefix, name, id);
         }
         if self.age.remove(&seq).is_some() {
             self.eviction.remove(id.0, why);
@@ -813,7 +834,8 @@ impl<P> Catalog<P> {
         }
         add_to(&mut self.logical, logical, id);
         if let Some(link) = link {
-            add_to(&mut self.prefix, (shape, link), id);
+            let name = self.prefix_name(shape, &link);
+            add_to(&mut self.prefix, name, id);
         }
         self.age.insert(seq, id);
         let facts = facts(id, &self.blocks[&id]);
@@ -1094,7 +1116,8 @@ impl<P> Catalog<P> {
         exact.insert(region);
         add_to(&mut self.logical, key.logical_digest(), region);
         if let Some(link) = key.identity().chain().last().copied() {
-            add_to(&mut self.prefix, (key.shape_digest(), link), region);
+            let name = self.prefix_name(key.shape_digest(), &link);
+            add_to(&mut self.prefix, name, region);
         }
         self.next_seq = self.next_seq.max(seq + 1);
         kept(region, len, &mut payload);

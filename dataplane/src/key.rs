@@ -12,9 +12,9 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::identity::{
-    Adapter, CHAIN_HASHES_MAX, CacheIdentity, ChainHash, Digest32, IDENTITY_VERSION, IdentityError,
-    KvDtype, LayoutAbi, Multimodal, NAME_BYTES_MAX, Name, PositionEncoding, QuantFormat,
-    RopeParams, RopeScaling, Shard, TenantId,
+    Adapter, BLOCK_TOKENS_MAX, CHAIN_HASHES_MAX, CacheIdentity, ChainHash, Digest32,
+    IDENTITY_VERSION, IdentityError, KvDtype, LayoutAbi, Multimodal, NAME_BYTES_MAX, Name,
+    PositionEncoding, QuantFormat, RopeParams, RopeScaling, Shard, TenantId,
 };
 
 /// Magic of the logical prefix key.
@@ -97,79 +97,202 @@ impl fmt::Debug for KeyDigest {
 }
 
 /// The physical byte key: the full identity. Equal keys mean byte-identical interpretations.
+///
+/// A key is one shared allocation: clones (every index a store keeps names the key again) copy a
+/// pointer, and the digests derived on first use are computed once for all of them.
 #[derive(Clone)]
-pub struct PhysicalKey {
-    identity: CacheIdentity,
-    encoded: Arc<[u8]>,
-    digest: KeyDigest,
-    /// Derived digests, computed on first use and carried by clones: stores index by them on
-    /// every put, lookup and eviction.
-    derived: Arc<Derived>,
-}
+pub struct PhysicalKey(Arc<KeyInner>);
 
-#[derive(Default)]
-struct Derived {
+struct KeyInner {
+    identity: CacheIdentity,
+    encoded: Box<[u8]>,
+    digest: KeyDigest,
+    /// Derived digests, computed on first use: stores index by them on every put, lookup and
+    /// eviction.
     logical: OnceLock<KeyDigest>,
     shape: OnceLock<KeyDigest>,
 }
 
 impl PhysicalKey {
     pub fn new(identity: CacheIdentity) -> Self {
-        let encoded: Arc<[u8]> = encode_physical(&identity).into();
+        let encoded = encode_physical(&identity).into_boxed_slice();
         let digest = KeyDigest::of(&encoded);
-        Self { identity, encoded, digest, derived: Arc::default() }
+        Self::from_parts(identity, encoded, digest)
+    }
+
+    fn from_parts(identity: CacheIdentity, encoded: Box<[u8]>, digest: KeyDigest) -> Self {
+        Self(Arc::new(KeyInner {
+            identity,
+            encoded,
+            digest,
+            logical: OnceLock::new(),
+            shape: OnceLock::new(),
+        }))
     }
 
     /// Strictly decodes a GPCK key.
     pub fn decode(bytes: &[u8]) -> Result<Self, KeyDecodeError> {
         let identity = decode_physical(bytes)?;
-        Ok(Self {
-            identity,
-            encoded: Arc::from(bytes),
-            digest: KeyDigest::of(bytes),
-            derived: Arc::default(),
-        })
+        Ok(Self::from_parts(identity, Box::from(bytes), KeyDigest::of(bytes)))
     }
 
     pub fn identity(&self) -> &CacheIdentity {
-        &self.identity
+        &self.0.identity
     }
     pub fn encoded(&self) -> &[u8] {
-        &self.encoded
+        &self.0.encoded
     }
     pub fn digest(&self) -> KeyDigest {
-        self.digest
+        self.0.digest
     }
     pub fn tenant(&self) -> &TenantId {
-        self.identity.tenant()
+        self.0.identity.tenant()
     }
     /// Digest of every field except the chain and the valid length: blocks that may serve each
     /// other as prefixes share it.
     pub fn shape_digest(&self) -> KeyDigest {
-        *self
-            .derived
-            .shape
-            .get_or_init(|| KeyDigest::of(&encode_physical_fields(&self.identity, true)))
+        *self.0.shape.get_or_init(|| KeyDigest::of(&encode_physical_fields(&self.0.identity, true)))
     }
     /// Digest of [`Self::logical`]'s encoding.
     pub fn logical_digest(&self) -> KeyDigest {
-        *self.derived.logical.get_or_init(|| self.logical().digest())
+        *self.0.logical.get_or_init(|| self.logical().digest())
     }
     /// The logical prefix key this physical key belongs to.
     pub fn logical(&self) -> LogicalKey {
-        LogicalKey::from_identity(&self.identity)
+        LogicalKey::from_identity(&self.0.identity)
     }
+}
+
+/// A key's digest and its logical digest, as a store that kept them beside the key's bytes
+/// (under a checksum of its own) hands them back to [`KeyDecoder::decode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownDigests {
+    pub digest: KeyDigest,
+    pub logical: KeyDigest,
+}
+
+impl KnownDigests {
+    pub fn of(key: &PhysicalKey) -> Self {
+        Self { digest: key.digest(), logical: key.logical_digest() }
+    }
+}
+
+/// Decodes many GPCK keys in a row, as strictly as [`PhysicalKey::decode`], for keys that mostly
+/// share their shape (every field but the chain and the valid length), as the blocks of one
+/// model do: when a key's fields up to its chain are byte for byte those of the key decoded
+/// before it, they are not parsed again (their names are shared, not copied), and when its
+/// shape is that key's, so is its shape digest.
+#[derive(Debug, Default)]
+pub struct KeyDecoder {
+    /// The last key fully decoded, and where its chain field starts.
+    template: Option<(PhysicalKey, usize)>,
+}
+
+impl KeyDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes `bytes`; with `known`, its digests are taken as given instead of computed (the
+    /// caller vouches that they are the digests of these bytes).
+    pub fn decode(
+        &mut self,
+        bytes: &[u8],
+        known: Option<KnownDigests>,
+    ) -> Result<PhysicalKey, KeyDecodeError> {
+        // A key whose fields before the chain are malformed gets the strict decoder's error.
+        let chain_at = chain_field_at(bytes);
+        let reused = match (&self.template, chain_at) {
+            (Some((t, t_chain_at)), Some(at)) if bytes[..at] == t.encoded()[..*t_chain_at] => {
+                Some(decode_chain_on(t, &bytes[at..])?)
+            }
+            _ => None,
+        };
+        let digest = known.map_or_else(|| KeyDigest::of(bytes), |k| k.digest);
+        let key = match reused {
+            Some((identity, same_shape)) => {
+                let key = Self::keyed(identity, bytes, digest);
+                let template = self.template.as_ref().map(|(t, _)| t);
+                if same_shape && let Some(shape) = template.and_then(|t| t.0.shape.get()) {
+                    let _ = key.0.shape.set(*shape);
+                }
+                key
+            }
+            None => {
+                let key = Self::keyed(decode_physical(bytes)?, bytes, digest);
+                if let Some(at) = chain_at {
+                    // Computed once here, shared by every key of its shape that follows.
+                    key.shape_digest();
+                    self.template = Some((key.clone(), at));
+                }
+                key
+            }
+        };
+        if let Some(k) = known {
+            let _ = key.0.logical.set(k.logical);
+        }
+        Ok(key)
+    }
+
+    fn keyed(identity: CacheIdentity, bytes: &[u8], digest: KeyDigest) -> PhysicalKey {
+        PhysicalKey::from_parts(identity, Box::from(bytes), digest)
+    }
+}
+
+/// Where the chain field of a GPCK key starts, when its header and every field before it are
+/// framed well (their values are not checked here).
+fn chain_field_at(bytes: &[u8]) -> Option<usize> {
+    let mut r = Reader::header(bytes, PHYSICAL_MAGIC, PHYSICAL_FIELDS).ok()?;
+    for (t, name) in [
+        (tag::TENANT, "tenant"),
+        (tag::TRUST_DOMAIN, "trust_domain"),
+        (tag::MODEL_REVISION, "model_revision"),
+        (tag::MODEL_CONFIG, "model_config"),
+        (tag::TOKENIZER, "tokenizer"),
+        (tag::ADAPTER, "adapter"),
+        (tag::KV_DTYPE, "kv_dtype"),
+        (tag::QUANT, "quant"),
+        (tag::LAYOUT, "layout"),
+        (tag::SHARD, "shard"),
+        (tag::POSITION, "position"),
+        (tag::ROPE, "rope"),
+    ] {
+        r.field(t, name).ok()?;
+    }
+    Some(bytes.len() - r.rest.len())
+}
+
+/// The identity of `template` with the chain, block length, valid length and multimodal
+/// fields of `rest` (a key's bytes from its chain field on), checked as [`decode_physical`]
+/// checks them; and whether its shape is the template's.
+fn decode_chain_on(
+    template: &PhysicalKey,
+    rest: &[u8],
+) -> Result<(CacheIdentity, bool), KeyDecodeError> {
+    let Tail { chain, block_tokens, valid_tokens, multimodal } = decode_tail(Reader { rest })?;
+    if !(1..=BLOCK_TOKENS_MAX).contains(&block_tokens) {
+        let e = IdentityError::BlockTokens { tokens: block_tokens, max: BLOCK_TOKENS_MAX };
+        return Err(e.into());
+    }
+    if !(1..=block_tokens).contains(&valid_tokens) {
+        let e = IdentityError::ValidTokens { valid: valid_tokens, capacity: block_tokens };
+        return Err(e.into());
+    }
+    let t = template.identity();
+    let same_shape = block_tokens == t.block_tokens && multimodal == t.multimodal;
+    let identity = CacheIdentity { chain, block_tokens, valid_tokens, multimodal, ..t.clone() };
+    Ok((identity, same_shape))
 }
 
 impl PartialEq for PhysicalKey {
     fn eq(&self, other: &Self) -> bool {
-        self.digest == other.digest && self.encoded == other.encoded
+        self.0.digest == other.0.digest && self.0.encoded == other.0.encoded
     }
 }
 impl Eq for PhysicalKey {}
 impl std::hash::Hash for PhysicalKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.digest.hash(state)
+        self.0.digest.hash(state)
     }
 }
 impl fmt::Debug for PhysicalKey {
@@ -177,10 +300,10 @@ impl fmt::Debug for PhysicalKey {
         write!(
             f,
             "PhysicalKey({} {:?} chain={} valid={})",
-            self.identity.tenant(),
-            self.digest,
-            self.identity.chain().len(),
-            self.identity.valid_tokens()
+            self.0.identity.tenant(),
+            self.0.digest,
+            self.0.identity.chain().len(),
+            self.0.identity.valid_tokens()
         )
     }
 }
@@ -524,6 +647,25 @@ fn decode_logical(bytes: &[u8]) -> Result<LogicalParts, KeyDecodeError> {
     })
 }
 
+/// The fields of a GPCK key from its chain on; nothing may follow them.
+struct Tail {
+    chain: Arc<[ChainHash]>,
+    block_tokens: u32,
+    valid_tokens: u32,
+    multimodal: Option<Multimodal>,
+}
+
+fn decode_tail(mut r: Reader<'_>) -> Result<Tail, KeyDecodeError> {
+    let chain = chain(r.field(tag::CHAIN, "chain")?)?;
+    let block_tokens =
+        u32::from_le_bytes(exact("block_tokens", r.field(tag::BLOCK_TOKENS, "block_tokens")?)?);
+    let valid_tokens =
+        u32::from_le_bytes(exact("valid_tokens", r.field(tag::VALID_TOKENS, "valid_tokens")?)?);
+    let multimodal = multimodal(r.field(tag::MULTIMODAL, "multimodal")?)?;
+    r.finish()?;
+    Ok(Tail { chain, block_tokens, valid_tokens, multimodal })
+}
+
 fn decode_physical(bytes: &[u8]) -> Result<CacheIdentity, KeyDecodeError> {
     let mut r = Reader::header(bytes, PHYSICAL_MAGIC, PHYSICAL_FIELDS)?;
     let tenant = std::str::from_utf8(r.field(tag::TENANT, "tenant")?)
@@ -574,13 +716,7 @@ fn decode_physical(bytes: &[u8]) -> Result<CacheIdentity, KeyDecodeError> {
         }),
         len => return Err(KeyDecodeError::FieldLength { field: "rope", len }),
     };
-    let chain = chain(r.field(tag::CHAIN, "chain")?)?;
-    let block_tokens =
-        u32::from_le_bytes(exact("block_tokens", r.field(tag::BLOCK_TOKENS, "block_tokens")?)?);
-    let valid_tokens =
-        u32::from_le_bytes(exact("valid_tokens", r.field(tag::VALID_TOKENS, "valid_tokens")?)?);
-    let multimodal = multimodal(r.field(tag::MULTIMODAL, "multimodal")?)?;
-    r.finish()?;
+    let Tail { chain, block_tokens, valid_tokens, multimodal } = decode_tail(r)?;
 
     let mut b = CacheIdentity::builder()
         .tenant(&tenant)

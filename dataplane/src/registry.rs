@@ -306,23 +306,35 @@ impl RegionTable {
         bytes: u64,
         lease_deadline_ms: Option<u64>,
     ) -> Result<RegionId, RegistryError> {
+        self.add(owner, kind, bytes, RegionState::Lent { lease_deadline_ms })
+    }
+
+    fn add(
+        &mut self,
+        owner: &TenantId,
+        kind: MemoryKind,
+        bytes: u64,
+        state: RegionState,
+    ) -> Result<RegionId, RegistryError> {
         if self.regions.len() >= self.regions_max {
             return Err(RegistryError::Full { regions: self.regions.len(), max: self.regions_max });
         }
         let id = RegionId(self.next_id);
         self.next_id = self.next_id.checked_add(1).ok_or(RegistryError::IdsExhausted)?;
-        self.regions.insert(
-            id,
-            Region {
-                id,
-                owner: owner.clone(),
-                kind,
-                bytes,
-                epoch: self.epoch,
-                state: RegionState::Lent { lease_deadline_ms },
-            },
-        );
+        self.regions
+            .insert(id, Region { id, owner: owner.clone(), kind, bytes, epoch: self.epoch, state });
         Ok(id)
+    }
+
+    /// A region its owner holds from the start, as [`Self::lend`] then [`Self::settle`] leave
+    /// it: for a block an owner restores after a restart, which no agent writes.
+    pub fn hold(
+        &mut self,
+        owner: &TenantId,
+        kind: MemoryKind,
+        bytes: u64,
+    ) -> Result<RegionId, RegistryError> {
+        self.add(owner, kind, bytes, RegionState::Held)
     }
 
     fn region_mut(&mut self, id: RegionId) -> Result<&mut Region, RegistryError> {

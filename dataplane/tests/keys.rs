@@ -8,7 +8,9 @@ use gpucache_dataplane::identity::{
     IdentityError, KvDtype, NAME_BYTES_MAX, PositionEncoding, QuantFormat, RopeParams, RopeScaling,
     Shard,
 };
-use gpucache_dataplane::key::{KEY_BYTES_MAX, KeyDecodeError, LogicalKey, PhysicalKey};
+use gpucache_dataplane::key::{
+    KEY_BYTES_MAX, KeyDecodeError, KeyDecoder, KnownDigests, LogicalKey, PhysicalKey,
+};
 use proptest::prelude::*;
 
 fn base() -> CacheIdentityBuilder {
@@ -319,6 +321,37 @@ proptest! {
             prop_assert_eq!(decoded.encoded(), &bytes[..]);
             let again = LogicalKey::decode(decoded.encoded()).unwrap();
             prop_assert_eq!(again.parts(), decoded.parts());
+        }
+    }
+
+    /// A decoder that saw another key first (whose fields it may reuse) decodes a key, damaged
+    /// or not, exactly as the strict decoder does: the same identity and digests, or the same
+    /// error.
+    #[test]
+    fn a_key_decoder_decodes_as_strictly_as_decode(
+        id in identity(), at in any::<usize>(), byte in any::<u8>(), tail in any::<bool>(),
+    ) {
+        let k = PhysicalKey::new(id);
+        let mut bytes = k.encoded().to_vec();
+        // Most mutations of the tail land in the fields the decoder parses on its own.
+        let from = if tail { bytes.len().saturating_sub(120) } else { 0 };
+        let i = from + at % (bytes.len() - from);
+        bytes[i] = byte;
+        let mut decoder = KeyDecoder::new();
+        let first = decoder.decode(k.encoded(), None).unwrap();
+        prop_assert_eq!(first.shape_digest(), k.shape_digest());
+        let strict = PhysicalKey::decode(&bytes);
+        match (decoder.decode(&bytes, None), strict) {
+            (Ok(ours), Ok(strict)) => {
+                prop_assert_eq!(ours.identity(), strict.identity());
+                prop_assert_eq!(&ours, &strict);
+                prop_assert_eq!(ours.shape_digest(), strict.shape_digest());
+                prop_assert_eq!(ours.logical_digest(), strict.logical_digest());
+                let known = decoder.decode(&bytes, Some(KnownDigests::of(&strict))).unwrap();
+                prop_assert_eq!(KnownDigests::of(&known), KnownDigests::of(&strict));
+            }
+            (Err(ours), Err(strict)) => prop_assert_eq!(ours, strict),
+            (ours, strict) => prop_assert!(false, "decoder {ours:?}, decode {strict:?}"),
         }
     }
 

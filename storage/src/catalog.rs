@@ -6,7 +6,9 @@
 //! the catalog its payload is handed back to the store to dispose of (reuse a buffer, unlink a
 //! file) — never silently dropped while something might still read it.
 
+use std::collections::hash_map::Entry as Slot;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher as _;
 
 use crate::evict::{BlockFacts, EvictionPolicy, Removal};
 use gpucache_dataplane::caller::{Caller, Right};
@@ -82,6 +84,15 @@ impl ReadPin {
     }
 }
 
+/// Why [`Catalog::restore_all`] left a block out.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The limits could not hold it.
+    Limits(Refusal),
+    /// A newer version of its key (or another block with its commit sequence) came first.
+    Older,
+}
+
 /// A committed block loaded from durable storage at open.
 #[derive(Debug)]
 pub(crate) struct Restored<P> {
@@ -99,13 +110,17 @@ pub(crate) struct Catalog<P> {
     ledger: Ledger,
     idempotency: IdempotencyTable,
     regions: RegionTable,
-    blocks: HashMap<RegionId, Entry<P>>,
+    blocks: HashMap<RegionId, Entry<P>, ByRegion>,
     /// Physical key -> the live (open or committed) block under it.
-    exact: HashMap<KeyDigest, RegionId>,
+    exact: HashMap<KeyDigest, RegionId, ByDigest>,
     /// Logical key -> committed blocks under it (for incompatible misses).
-    logical: HashMap<KeyDigest, Vec<RegionId>>,
-    /// (shape, last chain link) -> committed blocks (for prefix hits).
-    prefix: HashMap<(KeyDigest, ChainHash), Vec<RegionId>>,
+    logical: HashMap<KeyDigest, Ids, ByDigest>,
+    /// (shape, last chain link), as a keyed 64-bit name ([`Self::prefix_name`]) -> committed
+    /// blocks (for prefix hits). A lookup checks each candidate's shape and chain, so two pairs
+    /// that share a name only make one more candidate to check.
+    prefix: HashMap<u64, Ids, ByRegion>,
+    /// The keys of [`Self::prefix_name`].
+    prefix_keys: ByDigest,
     /// Committed blocks by commit order, oldest first.
     age: BTreeMap<u64, RegionId>,
     next_seq: u64,
@@ -140,11 +155,109 @@ const EVICTION_LOG_MAX: usize = 4096;
 
 /// A stable 64-bit fingerprint of a block's place in its chain: tenant, shape and one link.
 fn chain_name(key: &PhysicalKey, link: &ChainHash) -> u64 {
-    let mut bytes = Vec::with_capacity(96);
-    bytes.extend_from_slice(key.tenant().as_str().as_bytes());
-    bytes.extend_from_slice(&key.shape_digest().0);
-    bytes.extend_from_slice(&link.0);
-    Checksum::of(&bytes).0
+    let tenant = key.tenant().as_str().as_bytes();
+    let len = tenant.len() + 64;
+    // On the stack for a tenant name of up to 64 bytes: an open computes this for every block.
+    let mut stack = [0u8; 128];
+    let mut heap = Vec::new();
+    let bytes = if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap[..]
+    };
+    bytes[..tenant.len()].copy_from_slice(tenant);
+    bytes[tenant.len()..tenant.len() + 32].copy_from_slice(&key.shape_digest().0);
+    bytes[tenant.len() + 32..].copy_from_slice(&link.0);
+    Checksum::of(bytes).0
+}
+
+/// Hashes the region ids that key the catalog's block table. The catalog hands them out in
+/// sequence itself (no caller chooses one), so the id's own bits spread the blocks: consecutive
+/// ids take consecutive buckets, so an open that restores a million blocks fills the table front
+/// to back instead of touching it all over, and the top bits the table compares first come from
+/// the id's low bits, so neighbours differ there too.
+#[derive(Debug, Default, Clone, Copy)]
+struct RegionHasher(u64);
+
+impl std::hash::Hasher for RegionHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 << 57)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type ByRegion = std::hash::BuildHasherDefault<RegionHasher>;
+
+/// Hashes the BLAKE3 digests (of keys, shapes, chain links) that key the catalog's indexes.
+/// Their bits are already uniform and a caller cannot choose them, so a multiply-and-fold per
+/// eight bytes, keyed with this map's own random words, spreads them as well as SipHash does, at
+/// a fraction of its cost (an open restores a million blocks into three such maps).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ByDigest {
+    keys: [u64; 2],
+}
+
+impl Default for ByDigest {
+    fn default() -> Self {
+        let random = std::collections::hash_map::RandomState::new();
+        Self { keys: [random.hash_one(1u8), random.hash_one(2u8) | 1] }
+    }
+}
+
+impl std::hash::BuildHasher for ByDigest {
+    type Hasher = DigestHasher;
+
+    fn build_hasher(&self) -> DigestHasher {
+        DigestHasher { state: self.keys[0], key: self.keys[1] }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DigestHasher {
+    state: u64,
+    key: u64,
+}
+
+impl DigestHasher {
+    /// Takes `word` in: the full 128-bit product with the key, its halves folded together.
+    #[allow(clippy::cast_possible_truncation)] // the low half is wanted
+    fn fold(&mut self, word: u64) {
+        let product = u128::from(self.state ^ word) * u128::from(self.key);
+        self.state = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.state
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.fold(u64::from_le_bytes(w.try_into().unwrap_or_default()));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.fold(u64::from_le_bytes(last));
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.fold(n as u64);
+    }
 }
 
 /// What the eviction policy is told of a committed block.
@@ -168,12 +281,62 @@ fn facts<P>(id: RegionId, b: &Entry<P>) -> BlockFacts {
     }
 }
 
-fn drop_from<K: std::hash::Hash + Eq>(index: &mut HashMap<K, Vec<RegionId>>, key: K, id: RegionId) {
-    if let Some(v) = index.get_mut(&key) {
-        v.retain(|r| *r != id);
-        if v.is_empty() {
-            index.remove(&key);
+/// The blocks one logical or prefix index key names: nearly always one, held without an
+/// allocation of its own.
+#[derive(Debug)]
+enum Ids {
+    One(RegionId),
+    Many(Vec<RegionId>),
+}
+
+impl Ids {
+    fn as_slice(&self) -> &[RegionId] {
+        match self {
+            Ids::One(id) => std::slice::from_ref(id),
+            Ids::Many(ids) => ids,
         }
+    }
+
+    /// Removes `id`; whether none is left.
+    fn remove(&mut self, id: RegionId) -> bool {
+        match self {
+            Ids::One(only) => *only == id,
+            Ids::Many(ids) => {
+                ids.retain(|r| *r != id);
+                ids.is_empty()
+            }
+        }
+    }
+}
+
+fn add_to<K: std::hash::Hash + Eq, S: std::hash::BuildHasher>(
+    index: &mut HashMap<K, Ids, S>,
+    key: K,
+    id: RegionId,
+) {
+    match index.entry(key) {
+        Slot::Occupied(mut held) => match held.get_mut() {
+            Ids::One(first) => {
+                let first = *first;
+                *held.get_mut() = Ids::Many(vec![first, id]);
+            }
+            Ids::Many(ids) => ids.push(id),
+        },
+        Slot::Vacant(slot) => {
+            slot.insert(Ids::One(id));
+        }
+    }
+}
+
+fn drop_from<K: std::hash::Hash + Eq, S: std::hash::BuildHasher>(
+    index: &mut HashMap<K, Ids, S>,
+    key: K,
+    id: RegionId,
+) {
+    if let Some(ids) = index.get_mut(&key)
+        && ids.remove(id)
+    {
+        index.remove(&key);
     }
 }
 
@@ -195,10 +358,11 @@ impl<P> Catalog<P> {
             idempotency: IdempotencyTable::new(&limits),
             ledger,
             regions: RegionTable::new(regions_max, epoch, first_region, epochs),
-            blocks: HashMap::new(),
-            exact: HashMap::new(),
-            logical: HashMap::new(),
-            prefix: HashMap::new(),
+            blocks: HashMap::default(),
+            exact: HashMap::default(),
+            logical: HashMap::default(),
+            prefix: HashMap::default(),
+            prefix_keys: ByDigest::default(),
             age: BTreeMap::new(),
             next_seq: 1,
             corrupt_dropped: CorruptDrops::default(),
@@ -214,12 +378,23 @@ impl<P> Catalog<P> {
         self.regions.epoch()
     }
 
+    /// The prefix index's name for blocks of `shape` whose chain ends in `link`: keyed with
+    /// this catalog's own random words, so no caller can pick two pairs that share it.
+    fn prefix_name(&self, shape: KeyDigest, link: &ChainHash) -> u64 {
+        self.prefix_keys.hash_one((shape, link))
+    }
+
     pub(crate) fn entry(&self, id: RegionId) -> Option<&Entry<P>> {
         self.blocks.get(&id)
     }
 
     pub(crate) fn entry_mut(&mut self, id: RegionId) -> Option<&mut Entry<P>> {
         self.blocks.get_mut(&id)
+    }
+
+    /// The committed blocks, oldest commit first.
+    pub(crate) fn by_age(&self) -> impl Iterator<Item = &Entry<P>> {
+        self.age.values().filter_map(|id| self.blocks.get(id))
     }
 
     /// Every block the catalog holds, in no order.
@@ -290,8 +465,9 @@ impl<P> Catalog<P> {
         if chain.len() > 1 {
             let shape = key.shape_digest();
             for link in chain[..chain.len() - 1].iter().rev() {
-                let Some(candidates) = self.prefix.get(&(shape, *link)) else { continue };
-                for id in candidates {
+                let name = self.prefix_name(shape, link);
+                let Some(candidates) = self.prefix.get(&name) else { continue };
+                for id in candidates.as_slice() {
                     let b = &self.blocks[id];
                     let stored = b.key.identity();
                     if b.life.state() == BlockState::Committed
@@ -364,7 +540,8 @@ impl<P> Catalog<P> {
         }
         drop_from(&mut self.logical, logical, id);
         if let Some(link) = link {
-            drop_from(&mut self.prefix, (shape, link), id);
+            let name = self.prefix_name(shape, &link);
+            drop_from(&mut self.prefix, name, id);
         }
         if self.age.remove(&seq).is_some() {
             self.eviction.remove(id.0, why);
@@ -655,9 +832,10 @@ impl<P> Catalog<P> {
         if let Some(req) = request {
             self.idempotency.commit(&tenant, req, now_ms);
         }
-        self.logical.entry(logical).or_default().push(id);
+        add_to(&mut self.logical, logical, id);
         if let Some(link) = link {
-            self.prefix.entry((shape, link)).or_default().push(id);
+            let name = self.prefix_name(shape, &link);
+            add_to(&mut self.prefix, name, id);
         }
         self.age.insert(seq, id);
         let facts = facts(id, &self.blocks[&id]);
@@ -865,75 +1043,99 @@ impl<P> Catalog<P> {
 
     // ------------------------------------------------------------------ restart
 
-    /// Loads a block that was committed before a restart and returns the region it now has.
-    /// Refused (and left to the caller to discard) when the limits cannot hold it.
-    /// Makes room in the indexes for `n` blocks an open is about to restore, so that they are
-    /// not grown (and every entry moved) again and again on the way.
-    pub(crate) fn reserve_restored(&mut self, n: usize) {
+    /// Loads the blocks committed before a restart (`blocks`, oldest commit first). They are
+    /// admitted newest first, so that limits tighter than what was kept leave out the oldest,
+    /// as eviction would have; the eviction policy then learns them oldest first. `kept` is
+    /// given the region each admitted block now has, its length and its payload. The refused come back,
+    /// newest first, for the caller to discard: those over the limits, and an older version of
+    /// a key (or another block of the same commit) whose newer one was admitted.
+    pub(crate) fn restore_all(
+        &mut self,
+        blocks: Vec<Restored<P>>,
+        mut kept: impl FnMut(RegionId, u64, &mut P),
+    ) -> Vec<(Refused, P)> {
+        let n = blocks.len();
+        // Sized once: growing them on the way would move every entry again and again.
         self.blocks.reserve(n);
         self.exact.reserve(n);
         self.logical.reserve(n);
         self.prefix.reserve(n);
+        let mut learned = Vec::with_capacity(n);
+        let mut refused = Vec::new();
+        let mut newer_seq = None;
+        for block in blocks.into_iter().rev() {
+            // The commit order is built below, in one pass: two blocks with one sequence are
+            // next to each other here.
+            if newer_seq == Some(block.seq) || self.age.contains_key(&block.seq) {
+                refused.push((Refused::Older, block.payload));
+                continue;
+            }
+            newer_seq = Some(block.seq);
+            match self.restore(block, &mut kept) {
+                Ok(facts) => learned.push(facts),
+                Err(r) => refused.push(r),
+            }
+        }
+        // Oldest first, as the policy learns them: the order's tree is built by appending.
+        for facts in learned.iter().rev() {
+            self.age.insert(facts.seq, RegionId(facts.id));
+            self.eviction.insert(facts);
+        }
+        refused
     }
 
-    pub(crate) fn restore(&mut self, block: Restored<P>) -> Result<RegionId, (Refusal, P)> {
-        let tenant = block.key.tenant().clone();
-        if self.find_exact(&block.key).is_some() || self.age.contains_key(&block.seq) {
-            let entries = u32::try_from(self.blocks.len()).unwrap_or(u32::MAX);
-            return Err((Refusal::Registrations { current: entries, max: entries }, block.payload));
+    /// Admits one restored block (see [`Self::restore_all`], which enters it in the commit
+    /// order): what the eviction policy is to learn of it.
+    fn restore(
+        &mut self,
+        block: Restored<P>,
+        kept: &mut impl FnMut(RegionId, u64, &mut P),
+    ) -> Result<BlockFacts, (Refused, P)> {
+        let Restored { key, len, checksum, seq, mut payload } = block;
+        let Slot::Vacant(exact) = self.exact.entry(key.digest()) else {
+            return Err((Refused::Older, payload));
+        };
+        let tenant = key.tenant();
+        if let Err(r) = self.ledger.admit_block(tenant, len) {
+            return Err((Refused::Limits(r), payload));
         }
-        if let Err(r) = self.ledger.admit_block(&tenant, block.len) {
-            return Err((r, block.payload));
-        }
-        let region = match self.regions.lend(&tenant, self.kind, block.len, None) {
+        self.ledger.finish_write(tenant, len);
+        let region = match self.regions.hold(tenant, self.kind, len) {
             Ok(r) => r,
             Err(_) => {
-                self.ledger.finish_write(&tenant, block.len);
-                self.ledger.release_block(&tenant, block.len);
+                self.ledger.release_block(tenant, len);
                 let current = u32::try_from(self.regions.len()).unwrap_or(u32::MAX);
-                return Err((Refusal::Registrations { current, max: current }, block.payload));
+                let r = Refusal::Registrations { current, max: current };
+                return Err((Refused::Limits(r), payload));
             }
         };
         let mut life = Lifecycle::new(region);
         for t in [Transition::Reserve, Transition::BeginWrite, Transition::Commit] {
             let _ = life.apply(t);
         }
-        let _ = self.regions.settle(region);
-        self.ledger.finish_write(&tenant, block.len);
-        let key = block.key;
-        self.exact.insert(key.digest(), region);
-        self.logical.entry(key.logical_digest()).or_default().push(region);
+        exact.insert(region);
+        add_to(&mut self.logical, key.logical_digest(), region);
         if let Some(link) = key.identity().chain().last().copied() {
-            self.prefix.entry((key.shape_digest(), link)).or_default().push(region);
+            let name = self.prefix_name(key.shape_digest(), &link);
+            add_to(&mut self.prefix, name, region);
         }
-        self.age.insert(block.seq, region);
-        self.next_seq = self.next_seq.max(block.seq + 1);
-        self.blocks.insert(
-            region,
-            Entry {
-                key,
-                life,
-                len: block.len,
-                written: WrittenRanges::default(),
-                checksum: Some(block.checksum),
-                request: None,
-                seq: block.seq,
-                readers: 0,
-                committing: false,
-                payload: block.payload,
-            },
-        );
-        Ok(region)
-    }
-
-    /// Tells the eviction policy of every restored block in commit order, oldest first (restore
-    /// admits newest first so that tight limits leave out the oldest).
-    pub(crate) fn replay_order(&mut self) {
-        for id in self.age.values() {
-            if let Some(b) = self.blocks.get(id) {
-                self.eviction.insert(&facts(*id, b));
-            }
-        }
+        self.next_seq = self.next_seq.max(seq + 1);
+        kept(region, len, &mut payload);
+        let entry = Entry {
+            key,
+            life,
+            len,
+            written: WrittenRanges::default(),
+            checksum: Some(checksum),
+            request: None,
+            seq,
+            readers: 0,
+            committing: false,
+            payload,
+        };
+        let facts = facts(region, &entry);
+        self.blocks.insert(region, entry);
+        Ok(facts)
     }
 
     /// The keys evicted since the last call, oldest first; the first call starts the log.
@@ -984,6 +1186,38 @@ mod tests {
         c.start_commit(&caller(0), &r).unwrap();
         c.finish_commit(r.region, Checksum(u64::from(tag)), 0).unwrap();
         r.region
+    }
+
+    /// Restored blocks come oldest first: the newest are admitted while the limits hold them,
+    /// an older version of an admitted key is refused as such, and the policy learns the
+    /// admitted ones oldest first.
+    #[test]
+    fn a_restore_keeps_the_newest_within_the_limits_and_refuses_older_versions() {
+        let mut c = catalog(200);
+        let k = |link: u8| key(0, &[link], KvDtype::F16, 16);
+        let block = |link: u8, seq: u64| Restored {
+            key: k(link),
+            len: 100,
+            checksum: Checksum(seq),
+            seq,
+            payload: u32::try_from(seq).unwrap(),
+        };
+        let blocks = vec![block(1, 1), block(2, 2), block(2, 3), block(3, 4)];
+        let mut kept = Vec::new();
+        let refused = c.restore_all(blocks, |id, len, payload| kept.push((id, len, *payload)));
+        let payloads: Vec<u32> = kept.iter().map(|(_, _, p)| *p).collect();
+        assert_eq!(payloads, [4, 3], "newest first");
+        assert!(matches!(refused[0], (Refused::Older, 2)), "{refused:?}");
+        assert!(matches!(refused[1], (Refused::Limits(_), 1)), "{refused:?}");
+        assert_eq!(refused.len(), 2);
+        assert_eq!(c.committed_checksum(&k(2)), Some(Checksum(3)));
+        assert_eq!(c.committed_checksum(&k(3)), Some(Checksum(4)));
+        assert_eq!(c.committed_checksum(&k(1)), None);
+        let seqs: Vec<u64> = c.by_age().map(|b| b.seq).collect();
+        assert_eq!(seqs, [3, 4]);
+        // FIFO: the oldest restored block gives way first.
+        assert_eq!(c.victim(None), Some(kept[1].0));
+        assert_eq!(c.stats().committed_blocks, 2);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::rng::SplitMix64;
 use gpucache_dataplane::store::{Get, Invalidate, MissReason, Put, Store};
@@ -82,6 +83,14 @@ fn close_as_a_crash(store: FileStore) {
     let index = store.root().join(LOG_DIR).join("INDEX");
     drop(store);
     std::fs::remove_file(index).expect("a clean close wrote the index");
+}
+
+/// Puts `keys`, each key `i` with the bytes of `payload_of(i + offset, 0)`.
+fn put_versions(store: &FileStore, keys: std::ops::Range<u16>, offset: u16) {
+    for i in keys {
+        let put = store.put(&caller(0), &key_of(i), &payload_of(i + offset, 0), None);
+        assert!(matches!(put, Ok(Put::Committed(_))), "{put:?}");
+    }
 }
 
 /// The segment and frame offset of the record holding `key`'s committed block.
@@ -273,12 +282,7 @@ fn a_clean_close_leaves_an_index_the_next_open_trusts_and_an_older_one_is_ignore
     let root = dir.path().join("store");
     let index = root.join(LOG_DIR).join("INDEX");
     let store = common::open(log_config(&root, Durability::None));
-    for i in 0..30 {
-        assert!(matches!(
-            store.put(&caller(0), &key_of(i), &payload_of(i + 10, 0), None),
-            Ok(Put::Committed(_))
-        ));
-    }
+    put_versions(&store, 0..30, 10);
     for i in 0..5 {
         assert_eq!(store.invalidate(&caller(0), &key_of(i)), Ok(Invalidate::Removed));
     }
@@ -312,6 +316,41 @@ fn a_clean_close_leaves_an_index_the_next_open_trusts_and_an_older_one_is_ignore
     assert_eq!(opened.blocks, 25, "{opened:?}");
     assert_eq!(common::get(&store, &key_of(5), 16, 0).0, Get::Miss(MissReason::Absent));
     common::assert_exact(&store, &key_of(0), &payload_of(99, 1), "the newer version");
+}
+
+/// An index whose checksum fails, or one of the first format version (no key digests, records
+/// in no order), is not trusted: the open reads every record and finds every block.
+#[test]
+fn a_damaged_or_older_format_index_is_ignored_and_the_open_scans() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    let index = root.join(LOG_DIR).join("INDEX");
+    let store = common::open(log_config(&root, Durability::None));
+    put_versions(&store, 0..20, 10);
+    close_as_a_crash(store);
+    for what in ["a checksum that fails", "format version 1"] {
+        // A clean close leaves an index of the store's newest epoch; then it is changed.
+        drop(common::open(log_config(&root, Durability::None)));
+        let mut bytes = std::fs::read(&index).expect("a clean close wrote the index");
+        let body_len = bytes.len() - 8;
+        if what == "format version 1" {
+            // The first format's magic, under a checksum that matches.
+            bytes[..8].copy_from_slice(b"GPCLIDX1");
+            let check = Checksum::of(&bytes[..body_len]).0;
+            bytes[body_len..].copy_from_slice(&check.to_le_bytes());
+        } else {
+            bytes[body_len / 2] ^= 0x40;
+        }
+        std::fs::write(&index, &bytes).expect("put the index back");
+        let store = common::open(log_config(&root, Durability::None));
+        let opened = store.open_report().log;
+        assert!(!opened.indexed, "{what}: trusted: {opened:?}");
+        assert_eq!(opened.blocks, 20, "{what}: {opened:?}");
+        for i in 0..20 {
+            common::assert_exact(&store, &key_of(i), &payload_of(i + 10, 0), what);
+        }
+        close_as_a_crash(store);
+    }
 }
 
 #[test]

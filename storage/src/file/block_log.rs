@@ -35,6 +35,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gpucache_dataplane::checksum::Checksum;
+use gpucache_dataplane::key::KeyDecoder;
 
 use super::layout::{self, BlockHeader};
 use super::open_files::OpenFiles;
@@ -373,11 +374,15 @@ impl BlockLog {
         payload_len as u64 <= LOG_BLOCK_BYTES_MAX && record_len(body) <= self.segment_bytes
     }
 
-    /// Counts a block the open restored from `slot` as living there.
-    pub(crate) fn restored(&self, slot: LogSlot) {
-        if let Some(seg) = lock(&self.segments).by_number.get_mut(&slot.segment) {
-            seg.live += 1;
-            seg.live_bytes += slot.bytes;
+    /// Counts the blocks the open restored as living in their segments: `live` holds, per
+    /// segment, how many records and bytes.
+    pub(crate) fn restored(&self, live: &BTreeMap<u64, (u64, u64)>) {
+        let mut s = lock(&self.segments);
+        for (n, (records, bytes)) in live {
+            if let Some(seg) = s.by_number.get_mut(n) {
+                seg.live += records;
+                seg.live_bytes += bytes;
+            }
         }
     }
 
@@ -750,7 +755,8 @@ pub(crate) struct Scanned {
     pub dead: u64,
     /// Segments whose records ended before a zero tail (a record cut short or damaged).
     pub torn: u64,
-    /// Whether `blocks` came from the index of a clean close.
+    /// Whether `blocks` came from the index of a clean close: then they are one per key, oldest
+    /// commit first.
     pub indexed: bool,
     /// The number a new segment takes: after every one seen.
     pub next_segment: u64,
@@ -796,6 +802,7 @@ pub(crate) fn live_records(root: &Path, number: u64) -> io::Result<Vec<Found>> {
 fn scan_segment(number: u64, path: &Path, done: &mut Scanned) -> io::Result<()> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
+    let mut keys = KeyDecoder::new();
     let mut window =
         Window { file: &file, size, start: 0, bytes: Vec::new(), ahead: SCAN_READ_BYTES };
     let mut at = 0u64;
@@ -818,7 +825,7 @@ fn scan_segment(number: u64, path: &Path, done: &mut Scanned) -> io::Result<()> 
             let header = match header_len {
                 Some(n) => window
                     .get(at + FRAME_BYTES as u64, n)?
-                    .and_then(|bytes| layout::decode_header(bytes).ok()),
+                    .and_then(|bytes| layout::decode_header_with(bytes, &mut keys).ok()),
                 None => None,
             };
             // A header that does not check, or that does not fit its record, was cut short.

@@ -102,7 +102,7 @@ impl FileStore {
                         key: h.key,
                         checksum: h.checksum,
                         len: h.len,
-                        path,
+                        path: path.to_path_buf(),
                         header_len,
                         record,
                     })

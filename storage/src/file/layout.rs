@@ -23,8 +23,8 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use gpucache_dataplane::checksum::Checksum;
-use gpucache_dataplane::key::{KEY_BYTES_MAX, PhysicalKey};
+use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
+use gpucache_dataplane::key::{KEY_BYTES_MAX, KeyDecoder, PhysicalKey};
 
 use super::engine::{DIRECT_ALIGN, round_up};
 
@@ -195,15 +195,27 @@ pub fn declared_header_len(first: &[u8]) -> Result<usize, BlockFileError> {
 /// payload length and key. Reads only the first `header_len` bytes of `bytes`; whatever follows
 /// (the payload) is not looked at.
 pub fn decode_header(bytes: &[u8]) -> Result<BlockHeader, BlockFileError> {
+    decode_header_with(bytes, &mut KeyDecoder::new())
+}
+
+/// [`decode_header`] of one of many headers read in a row, whose keys `keys` decodes (sharing
+/// what consecutive keys have in common).
+pub(crate) fn decode_header_with(
+    bytes: &[u8],
+    keys: &mut KeyDecoder,
+) -> Result<BlockHeader, BlockFileError> {
     let header_len = declared_header_len(bytes)?;
     if bytes.len() < header_len {
         return Err(BlockFileError::Short { len: bytes.len() });
     }
     let header = &bytes[..header_len];
     let stored = u64_at(header, HEADER_CHECKSUM_AT);
-    let mut copy = header.to_vec();
-    copy[HEADER_CHECKSUM_AT..HEADER_CHECKSUM_AT + 8].fill(0);
-    if Checksum::of(&copy).0 != stored {
+    // The checksum of the header with its checksum field zeroed, without copying it.
+    let mut check = ChecksumBuilder::default();
+    check.update(&header[..HEADER_CHECKSUM_AT]);
+    check.update(&[0; 8]);
+    check.update(&header[HEADER_CHECKSUM_AT + 8..]);
+    if check.finish().0 != stored {
         return Err(BlockFileError::HeaderChecksum);
     }
     let payload_len = u64_at(header, 16);
@@ -211,7 +223,8 @@ pub fn decode_header(bytes: &[u8]) -> Result<BlockHeader, BlockFileError> {
         return Err(BlockFileError::PayloadLength { len: payload_len, max: PAYLOAD_BYTES_MAX });
     }
     let key_len = u32_at(header, 12) as usize;
-    let key = PhysicalKey::decode(&header[FIXED_HEADER_BYTES..FIXED_HEADER_BYTES + key_len])
+    let key = keys
+        .decode(&header[FIXED_HEADER_BYTES..FIXED_HEADER_BYTES + key_len], None)
         .map_err(|e| BlockFileError::Key(e.to_string()))?;
     Ok(BlockHeader {
         header_len: header_len as u64,

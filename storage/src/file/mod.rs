@@ -20,7 +20,7 @@ mod removals;
 mod room;
 mod sync;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, hash_map};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::num::NonZeroUsize;
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use gpucache_dataplane::caller::{Caller, Right};
 use gpucache_dataplane::checksum::Checksum;
 use gpucache_dataplane::clock::Clock;
-use gpucache_dataplane::key::PhysicalKey;
+use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
 use gpucache_dataplane::limits::{LimitsError, Refusal, RequestId, ResourceLimits};
 use gpucache_dataplane::registry::{Epoch, EpochError, EpochSource, MemoryKind, RegionId};
 use gpucache_dataplane::store::{
@@ -43,7 +43,7 @@ use gpucache_dataplane::store::{
     StoreStats, authorize, put_damaged,
 };
 
-use crate::catalog::{Catalog, Restored};
+use crate::catalog::{ByDigest, Catalog, Refused, Restored};
 use crate::evict::PolicyKind;
 use block_log::{BlockLog, LogSlot};
 pub use block_log::{
@@ -208,10 +208,10 @@ enum FilePayload {
     /// payload's offset in it (`header_len`: after the header in a block file, the payload's
     /// place in a log segment). `removing` while an invalidation is removing it (the block
     /// stays readable until the removal is durable). `slot` names its record when the block
-    /// lives in the block log.
+    /// lives in the block log; the blocks of one segment share its path.
     Stored {
         region: RegionId,
-        path: PathBuf,
+        path: Arc<Path>,
         header_len: u64,
         removing: bool,
         slot: Option<LogSlot>,
@@ -418,7 +418,8 @@ impl FileStore {
         }
         let logged = std::mem::take(&mut scanned.blocks);
         let (found, max_epoch) =
-            newest_per_key(&root, files_found, files_epoch, logged).map_err(io_at(&log_dir))?;
+            newest_per_key(&root, files_found, files_epoch, logged, scanned.indexed)
+                .map_err(io_at(&log_dir))?;
         if report.log.torn > 0 {
             tracing::warn!(
                 root = %root.display(), segments = report.log.torn,
@@ -480,53 +481,55 @@ impl FileStore {
             })
             .transpose()
             .map_err(io_at(&log_dir))?;
-        catalog.reserve_restored(found.len());
-        // Newest first: when the limits are tighter than what is on disk, the oldest blocks are
-        // the ones left out, as eviction would have chosen.
-        for FoundBlock { header, path, payload_at, slot } in found.into_iter().rev() {
-            let len = header.payload_len;
-            let restored = Restored {
+        let restored = found
+            .into_iter()
+            .map(|FoundBlock { header, path, payload_at, slot }| Restored {
                 key: header.key,
-                len,
+                len: header.payload_len,
                 checksum: header.checksum,
                 seq: header.seq,
                 payload: FilePayload::Stored {
-                    // The catalog names the region; set right below.
+                    // The catalog names the region; set as it admits the block.
                     region: RegionId(0),
                     path,
                     header_len: payload_at,
                     removing: false,
                     slot,
                 },
-            };
-            match catalog.restore(restored) {
-                Ok(id) => {
-                    if let Some(FilePayload::Stored { region, .. }) =
-                        catalog.entry_mut(id).map(|b| &mut b.payload)
-                    {
-                        *region = id;
-                    }
-                    if let (Some(log), Some(slot)) = (&log, slot) {
-                        log.restored(slot);
-                    }
-                    report.loaded += 1;
-                    report.loaded_bytes += len;
-                }
-                Err((refusal, payload)) => {
-                    tracing::warn!(%refusal, "oldest blocks over the configured limits; removed");
-                    *report.skipped.entry("over limits".into()).or_default() += 1;
-                    if let Some(slot) = slot {
-                        block_log::kill_at(&root, slot).map_err(io_at(&log_dir))?;
-                    }
-                    dispose(vec![payload]);
+            })
+            .collect();
+        // Live records per segment: (records, bytes).
+        let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        // Newest first: when the limits are tighter than what is on disk, the oldest blocks are
+        // the ones left out, as eviction would have chosen.
+        let refused = catalog.restore_all(restored, |id, len, payload| {
+            if let FilePayload::Stored { region, slot, .. } = payload {
+                *region = id;
+                if let Some(slot) = slot {
+                    let (records, bytes) = live.entry(slot.segment).or_default();
+                    *records += 1;
+                    *bytes += slot.bytes;
                 }
             }
+            report.loaded += 1;
+            report.loaded_bytes += len;
+        });
+        if let Some(log) = &log {
+            log.restored(&live);
+        }
+        for (why, payload) in refused {
+            if let Refused::Limits(refusal) = why {
+                tracing::warn!(%refusal, "oldest blocks over the configured limits; removed");
+                *report.skipped.entry("over limits".into()).or_default() += 1;
+            }
+            if let FilePayload::Stored { slot: Some(slot), .. } = &payload {
+                block_log::kill_at(&root, *slot).map_err(io_at(&log_dir))?;
+            }
+            dispose(vec![payload]);
         }
         if let Some(log) = &log {
             log.drop_empty().map_err(io_at(&log_dir))?;
         }
-        // Restored newest first for admission; the policy learns them oldest first.
-        catalog.replay_order();
         report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             root = %root.display(), engine = engine.name(), epoch, loaded = report.loaded,
@@ -598,7 +601,7 @@ impl FileStore {
             FilePayload::Stored { path, header_len, .. }
                 if b.life.state() == gpucache_dataplane::BlockState::Committed =>
             {
-                Some((path.clone(), *header_len))
+                Some((path.to_path_buf(), *header_len))
             }
             _ => None,
         }
@@ -650,7 +653,7 @@ impl FileStore {
         (seq, epoch): (u64, u64),
         payload: &[u8],
         checksum: Checksum,
-    ) -> io::Result<(PathBuf, u64, Checksum, Option<LogSlot>)> {
+    ) -> io::Result<(Arc<Path>, u64, Checksum, Option<LogSlot>)> {
         let mut header = vec![0u8; layout::header_len_for(key.encoded().len())];
         layout::encode_header(&mut header, key, payload.len() as u64, checksum, seq, epoch);
         if self.layout == Layout::Log
@@ -671,7 +674,7 @@ impl FileStore {
             });
             self.io_watch.record(IoSide::Write, &result);
             let (slot, at) = result?;
-            return Ok((log.path_of(slot.segment), at, checksum, Some(slot)));
+            return Ok((log.path_of(slot.segment).into(), at, checksum, Some(slot)));
         }
         let tmp = layout::tmp_path(&self.root, region.0);
         let final_path = layout::block_path(&self.root, key, seq);
@@ -694,7 +697,7 @@ impl FileStore {
         // medium that stopped taking writes first: readiness must see them too.
         self.io_watch.record(IoSide::Write, &result);
         match result {
-            Ok(()) => Ok((final_path, header.len() as u64, checksum, None)),
+            Ok(()) => Ok((final_path.into(), header.len() as u64, checksum, None)),
             Err(e) => {
                 // Nothing of a failed commit may survive to be found at the next open.
                 let _ = fs::remove_file(&tmp);
@@ -922,7 +925,7 @@ impl FileStore {
                         slot, path, header_len, removing: false, ..
                     }) if durable && *slot == Some(old) => {
                         *slot = Some(new);
-                        *path = log.path_of(new.segment);
+                        *path = log.path_of(new.segment).into();
                         *header_len = payload_at;
                         bytes += new.bytes;
                         stale.push(old);
@@ -958,7 +961,8 @@ impl FileStore {
     fn write_log_index(&self, log: &BlockLog) -> io::Result<()> {
         log.barrier()?;
         let catalog = self.lock();
-        let entries = catalog.entries().filter_map(|b| match &b.payload {
+        // Oldest commit first, one per key, as the index is read.
+        let entries = catalog.by_age().filter_map(|b| match &b.payload {
             FilePayload::Stored { slot: Some(slot), header_len, removing: false, .. }
                 if b.life.state() == gpucache_dataplane::BlockState::Committed =>
             {
@@ -1141,58 +1145,86 @@ fn scan_blocks(
 /// segment), where its payload starts there, and its log record when it is in the log.
 struct FoundBlock {
     header: layout::BlockHeader,
-    path: PathBuf,
+    path: Arc<Path>,
     payload_at: u64,
     slot: Option<LogSlot>,
 }
 
 /// The newest version of each key among the block files (`files`, newest per key already) and
-/// the block log's records (`logged`), oldest commit first, and the largest epoch any of them
-/// carries. An older version loses its file, or has its record marked removed.
+/// the block log's records (`logged`; one per key and oldest commit first when `from_index`),
+/// oldest commit first, and the largest epoch any of them carries. An older version loses its
+/// file, or has its record marked removed.
 fn newest_per_key(
     root: &Path,
     files: Vec<(layout::BlockHeader, PathBuf)>,
     files_epoch: u64,
     logged: Vec<block_log::Found>,
+    from_index: bool,
 ) -> io::Result<(Vec<FoundBlock>, u64)> {
     let log_dir = root.join(LOG_DIR);
     let mut max_epoch = files_epoch;
-    let mut by_digest: HashMap<[u8; 32], FoundBlock> =
-        HashMap::with_capacity(files.len() + logged.len());
+    let only_logged = files.is_empty();
+    let mut found = Vec::with_capacity(files.len() + logged.len());
     for (header, path) in files {
         let payload_at = header.header_len;
-        by_digest
-            .insert(header.key.digest().0, FoundBlock { header, path, payload_at, slot: None });
+        found.push(FoundBlock { header, path: path.into(), payload_at, slot: None });
     }
-    let mut segment: Option<(u64, PathBuf)> = None;
+    // The records of one segment share its path.
+    let mut segment: Option<(u64, Arc<Path>)> = None;
     for f in logged {
         max_epoch = max_epoch.max(f.header.epoch);
         let path = match &segment {
-            Some((n, path)) if *n == f.slot.segment => path.clone(),
+            Some((n, path)) if *n == f.slot.segment => Arc::clone(path),
             _ => {
-                let path = block_log::segment_path(&log_dir, f.slot.segment);
-                segment = Some((f.slot.segment, path.clone()));
+                let path: Arc<Path> = block_log::segment_path(&log_dir, f.slot.segment).into();
+                segment = Some((f.slot.segment, Arc::clone(&path)));
                 path
             }
         };
-        let digest = f.header.key.digest().0;
-        let seq = f.header.seq;
-        let candidate =
-            FoundBlock { header: f.header, path, payload_at: f.payload_at, slot: Some(f.slot) };
-        let older = match by_digest.get(&digest) {
-            Some(held) if held.header.seq > seq => candidate,
-            _ => match by_digest.insert(digest, candidate) {
-                Some(older) => older,
-                None => continue,
-            },
-        };
-        match older.slot {
-            Some(slot) => block_log::kill_at(root, slot)?,
-            None => remove_block_file(&older.path),
+        found.push(FoundBlock {
+            header: f.header,
+            path,
+            payload_at: f.payload_at,
+            slot: Some(f.slot),
+        });
+    }
+    if from_index && only_logged {
+        return Ok((found, max_epoch));
+    }
+    // Where the newest version of each key seen so far is in `found`; of two versions with the
+    // same commit sequence (a compaction's copy and its original), the one found later wins.
+    let mut newest: HashMap<KeyDigest, usize, ByDigest> =
+        HashMap::with_capacity_and_hasher(found.len(), ByDigest::default());
+    let mut older = Vec::new();
+    for (i, f) in found.iter().enumerate() {
+        match newest.entry(f.header.key.digest()) {
+            hash_map::Entry::Vacant(slot) => {
+                slot.insert(i);
+            }
+            hash_map::Entry::Occupied(held) if found[*held.get()].header.seq > f.header.seq => {
+                older.push(i);
+            }
+            hash_map::Entry::Occupied(mut held) => older.push(held.insert(i)),
         }
     }
-    let mut found: Vec<FoundBlock> = by_digest.into_values().collect();
-    found.sort_unstable_by_key(|f| f.header.seq);
+    drop(newest);
+    if !older.is_empty() {
+        let mut gone = vec![false; found.len()];
+        for i in older {
+            gone[i] = true;
+            match found[i].slot {
+                Some(slot) => block_log::kill_at(root, slot)?,
+                None => remove_block_file(&found[i].path),
+            }
+        }
+        let mut at = 0;
+        found.retain(|_| {
+            at += 1;
+            !gone[at - 1]
+        });
+    }
+    // Mostly in order already (the log appends in commit order): a stable sort runs through it.
+    found.sort_by_key(|f| f.header.seq);
     Ok((found, max_epoch))
 }
 

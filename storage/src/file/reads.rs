@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use gpucache_dataplane::BlockState;
@@ -78,7 +78,7 @@ pub(super) struct PinnedRead {
     pin: ReadPin,
     /// The file that holds the payload (a block file or a log segment), and its kept
     /// descriptor's name.
-    path: PathBuf,
+    path: Arc<Path>,
     open_as: OpenId,
     header_len: u64,
 }
@@ -130,7 +130,7 @@ impl FileStore {
                     Some(slot) => OpenId::Segment(slot.segment),
                     None => OpenId::Region(pin.region),
                 };
-                Ok(Ok(PinnedRead { pin, path: path.clone(), open_as, header_len: *header_len }))
+                Ok(Ok(PinnedRead { pin, path: Arc::clone(path), open_as, header_len: *header_len }))
             }
             // Committed, but its bytes are with the tier above and not written yet.
             Some(FilePayload::Deferred { .. }) => {

@@ -13,7 +13,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use gpucache_dataplane::caller::Caller;
 use gpucache_dataplane::key::{KeyDigest, PhysicalKey};
@@ -88,7 +89,7 @@ impl FileStore {
     ) {
         let first = answers.len();
         // (answer slot, block, its file) of every block this window removes.
-        let mut marked: Vec<(usize, RegionId, PathBuf, Option<LogSlot>)> = Vec::new();
+        let mut marked: Vec<(usize, RegionId, Arc<Path>, Option<LogSlot>)> = Vec::new();
         // Payloads of blocks that left the catalog (deferred ones at once, stored ones once
         // their files are gone).
         let mut released = Vec::new();
@@ -110,7 +111,7 @@ impl FileStore {
                             ..
                         }) => {
                             *removing = true;
-                            marked.push((answers.len(), id, path.clone(), *slot));
+                            marked.push((answers.len(), id, Arc::clone(path), *slot));
                             Ok(Invalidate::Removed)
                         }
                         // No file to remove: the block leaves the catalog now.

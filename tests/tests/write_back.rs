@@ -5,7 +5,7 @@
 //!
 //! The crash test re-executes this binary as a child that PUTs and prints each acknowledgement;
 //! the parent kills it with SIGKILL after a seeded number of them. `GPUCACHE_WRITE_BACK_SEED`
-//! replays a run.
+//! replays a run. Both tests run with a file per block and with the block log.
 
 mod common;
 
@@ -24,7 +24,7 @@ use gpucache_dataplane::store::{Get, Put, Store};
 use gpucache_dataplane::testing::fixture::caller;
 use gpucache_storage::evict::PolicyKind;
 use gpucache_storage::file::engine::EngineChoice;
-use gpucache_storage::file::{Durability, FileStoreConfig};
+use gpucache_storage::file::{Durability, FileStoreConfig, Layout};
 use gpucache_storage::tiered::{MemoryTier, TieredStore, WriteBackWindow, WriteMode};
 
 /// Set in the child: `<dir>:<seed>:<round>`.
@@ -59,21 +59,32 @@ fn tier_of(round: u16) -> MemoryTier {
     }
 }
 
-fn file_config(root: &Path) -> FileStoreConfig {
+/// The file tier of a round: a file per block in half of the rounds, the block log in the
+/// other half (crossed with the memory tier's two sizes).
+fn file_config(root: &Path, round: u16) -> FileStoreConfig {
     let mut file = FileStoreConfig::new(root);
     file.engine = EngineChoice::Psync;
     file.durability = Durability::None;
+    file.layout = if round % 4 >= 2 { Layout::Log } else { Layout::Files };
     file
 }
 
 #[test]
 fn the_window_bounds_the_bytes_and_the_age_of_what_is_not_on_disk() {
+    // Round 0 keeps a file per block, round 2 the block log.
+    for round in [0, 2] {
+        window_bounds_what_is_not_on_disk(round);
+    }
+}
+
+fn window_bounds_what_is_not_on_disk(round: u16) {
     let dir = tempfile::tempdir().expect("temp dir");
     let clock = Arc::new(ManualClock::default());
     let window = WriteBackWindow { dirty_bytes_max: 10_000, dirty_age_max_ms: 1_000 };
     let memory =
         MemoryTier { write: WriteMode::Back, window, ..MemoryTier::new(64 << 20, PolicyKind::Lru) };
-    let store = TieredStore::open(file_config(dir.path()), memory, clock.clone()).expect("opens");
+    let store =
+        TieredStore::open(file_config(dir.path(), round), memory, clock.clone()).expect("opens");
     let mut model = Vec::new();
     for i in 0..12u16 {
         let data = common::payload(u64::from(i), 3_000);
@@ -111,7 +122,7 @@ fn child_entry() {
     let seed: u64 = parts.next().expect("seed").parse().expect("seed");
     let dir = parts.next().expect("dir").to_owned();
     let store = TieredStore::open(
-        file_config(Path::new(&dir)),
+        file_config(Path::new(&dir), round),
         tier_of(round),
         Arc::new(MonotonicClock::default()),
     )
@@ -188,7 +199,7 @@ fn after_kill_9_the_restart_counts_exactly_the_acknowledged_blocks_it_lost() {
         let acks = usize::try_from(rng.range(20, 400)).expect("fits");
         let acked = run_and_kill(dir.path(), seed, round, acks);
         let store = TieredStore::open(
-            file_config(dir.path()),
+            file_config(dir.path(), round),
             tier_of(round),
             Arc::new(ManualClock::default()),
         )

@@ -18,6 +18,7 @@ use std::time::Duration;
 use gpucache_client::{ClientConfig, TcpStore};
 use gpucache_dataplane::caller::{Caller, Rights};
 use gpucache_dataplane::identity::{KvDtype, TenantId};
+use gpucache_dataplane::key::PhysicalKey;
 use gpucache_dataplane::limits::Refusal;
 use gpucache_dataplane::store::{Get, Invalidate, Put, Store};
 use gpucache_dataplane::testing::fixture::{key, payload};
@@ -97,18 +98,48 @@ fn sample(metrics: &str, series: &str) -> Option<i64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// An 8 MiB tmpfs mounted at `at`, or `None` (the test skips) where no tmpfs can be mounted
+/// outside CI; CI must be able to.
+fn small_tmpfs(at: &Path) -> Option<Tmpfs> {
+    match Tmpfs::mount(at, "8m") {
+        Ok(t) => Some(t),
+        Err(why) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("skipped: cannot mount a tmpfs here ({why})");
+            None
+        }
+        Err(why) => panic!("CI must be able to mount a tmpfs for this test: {why}"),
+    }
+}
+
+/// PUTs `value` under keys `[chain, 0]`, `[chain, 1]`, ... until the store refuses one for the
+/// disk (at most `max` PUTs); the keys it stored.
+fn fill_until_refused(
+    client: &TcpStore,
+    caller: &Caller,
+    value: &[u8],
+    chain: u8,
+    max: usize,
+) -> Vec<PhysicalKey> {
+    let mut stored = Vec::new();
+    let refusal = loop {
+        assert!(stored.len() < max, "an 8 MiB tmpfs took {} blocks", stored.len());
+        let n = u8::try_from(stored.len()).expect("small");
+        let k = key(0, &[chain, n], KvDtype::Bf16, 16);
+        match client.put(caller, &k, value, None).expect("put") {
+            Put::Committed(_) => stored.push(k),
+            Put::Refused(r) => break r,
+            other => panic!("put answered {other:?}"),
+        }
+    };
+    assert!(matches!(refusal, Refusal::DiskFull { .. }), "refused for {refusal:?}");
+    stored
+}
+
 #[test]
 fn readyz_names_the_full_disk_and_recovers_after_invalidations() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mount_at = dir.path().join("small");
-    let _tmpfs = match Tmpfs::mount(&mount_at, "8m") {
-        Ok(t) => t,
-        Err(why) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("skipped: cannot mount a tmpfs here ({why})");
-            return;
-        }
-        Err(why) => panic!("CI must be able to mount a tmpfs for this test: {why}"),
-    };
+    let Some(_tmpfs) = small_tmpfs(&mount_at) else { return };
     let root = mount_at.join("data");
     let serve = Serve::start(&config(dir.path(), &root, "psync", "1MiB"));
     let metrics = serve.metrics();
@@ -121,18 +152,7 @@ fn readyz_names_the_full_disk_and_recovers_after_invalidations() {
     let caller = caller();
     let client = TcpStore::new(ClientConfig::new(serve.native(), caller.clone()));
     let value = payload(3, 1 << 20);
-    let mut stored = Vec::new();
-    let refusal = loop {
-        assert!(stored.len() < 16, "an 8 MiB tmpfs took {} MiB", stored.len());
-        let n = u8::try_from(stored.len()).expect("small");
-        let k = key(0, &[1, n], KvDtype::Bf16, 16);
-        match client.put(&caller, &k, &value, None).expect("put") {
-            Put::Committed(_) => stored.push(k),
-            Put::Refused(r) => break r,
-            other => panic!("put answered {other:?}"),
-        }
-    };
-    assert!(matches!(refusal, Refusal::DiskFull { .. }), "refused for {refusal:?}");
+    let stored = fill_until_refused(&client, &caller, &value, 1, 16);
     assert!(stored.len() >= 2, "only {} blocks fit", stored.len());
 
     let (status, body) = status_and_body(metrics, "/readyz");
@@ -168,14 +188,7 @@ fn readyz_names_the_full_disk_and_recovers_after_invalidations() {
 fn a_full_device_refuses_log_puts_for_the_disk_until_invalidations_free_segments() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mount_at = dir.path().join("small");
-    let _tmpfs = match Tmpfs::mount(&mount_at, "8m") {
-        Ok(t) => t,
-        Err(why) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("skipped: cannot mount a tmpfs here ({why})");
-            return;
-        }
-        Err(why) => panic!("CI must be able to mount a tmpfs for this test: {why}"),
-    };
+    let Some(_tmpfs) = small_tmpfs(&mount_at) else { return };
     let root = mount_at.join("data");
     let config = config_with(dir.path(), &root, "psync", "64KiB", "layout = \"log\"\n");
     let serve = Serve::start(&config);
@@ -184,18 +197,7 @@ fn a_full_device_refuses_log_puts_for_the_disk_until_invalidations_free_segments
     let caller = caller();
     let client = TcpStore::new(ClientConfig::new(serve.native(), caller.clone()));
     let value = payload(4, 60_000);
-    let mut stored = Vec::new();
-    let refusal = loop {
-        assert!(stored.len() < 200, "an 8 MiB tmpfs took {} blocks of 60 KB", stored.len());
-        let n = u8::try_from(stored.len()).expect("small");
-        let k = key(0, &[5, n], KvDtype::Bf16, 16);
-        match client.put(&caller, &k, &value, None).expect("put") {
-            Put::Committed(_) => stored.push(k),
-            Put::Refused(r) => break r,
-            other => panic!("put answered {other:?}"),
-        }
-    };
-    assert!(matches!(refusal, Refusal::DiskFull { .. }), "refused for {refusal:?}");
+    let stored = fill_until_refused(&client, &caller, &value, 5, 200);
     assert!(stored.len() >= 10, "only {} blocks fit", stored.len());
     let (status, body) = status_and_body(metrics, "/readyz");
     assert_eq!(status, 503, "{body}");

@@ -1353,11 +1353,12 @@ impl FileStore {
         key: &PhysicalKey,
         len: u64,
     ) -> Result<Put, StoreError> {
+        if e.io_kind() != Some(io::ErrorKind::StorageFull) {
+            return Err(e);
+        }
         let requested = self.room_needed(key, len);
         match free_bytes(&self.root) {
-            Some(free_bytes)
-                if e.io_kind() == Some(io::ErrorKind::StorageFull) && free_bytes < requested =>
-            {
+            Some(free_bytes) if free_bytes < requested => {
                 Ok(Put::Refused(Refusal::DiskFull { free_bytes, requested }))
             }
             _ => Err(e),

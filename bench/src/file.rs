@@ -140,6 +140,23 @@ pub enum DurabilityArg {
     Group,
 }
 
+impl DurabilityArg {
+    /// The name `--durability` takes for it.
+    fn name(self) -> String {
+        self.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+    }
+}
+
+impl From<DurabilityArg> for Durability {
+    fn from(arg: DurabilityArg) -> Self {
+        match arg {
+            DurabilityArg::None => Durability::None,
+            DurabilityArg::PerBlock => Durability::PerBlock,
+            DurabilityArg::Group => Durability::GroupCommit,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct FileBenchArgs {
     /// Where to put the stores and fio's files; a fresh subdirectory is made there and removed
@@ -194,6 +211,12 @@ pub struct FileBenchArgs {
     /// Payload size of the --open-blocks blocks.
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     open_block_size: u64,
+    /// Internal: open the store of an --open-blocks run kept in this directory, close it, and
+    /// print what the open took on one line. The timed reopens run this in a fresh process, as
+    /// a server's start does, so that what the bench freed before does not weigh on the
+    /// allocator the open uses.
+    #[arg(long, hide = true, requires = "open_blocks")]
+    open_existing: Option<PathBuf>,
     /// Which rows to run, comma-separated: sizes (PUT and GET per --sizes beside fio's
     /// sequential jobs), batch (each --batch as one get_batch, one by one, and by fio's random
     /// reads of the same files), tcp (each --batch through TcpStore from an in-process server
@@ -328,6 +351,16 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
     if args.drop_caches {
         drop_caches().map_err(|e| format!("--drop-caches: {e}"))?;
     }
+    if let Some(dir) = &args.open_existing {
+        return open_existing(args, dir).map(|line| {
+            // The report of this run: the line the parent process reads.
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{line}");
+            }
+            true
+        });
+    }
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
     let scratch = tempfile::Builder::new()
@@ -338,11 +371,7 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
     let ctx = Ctx {
         args,
         root: scratch.path().to_owned(),
-        durability: match args.durability {
-            DurabilityArg::None => Durability::None,
-            DurabilityArg::PerBlock => Durability::PerBlock,
-            DurabilityArg::Group => Durability::GroupCommit,
-        },
+        durability: args.durability.into(),
         deadline: Duration::from_secs_f64(args.seconds),
         file_bytes,
         use_fio: fio_version.is_some(),
@@ -686,17 +715,11 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
     if ctx.args.drop_caches {
         drop_caches()?;
     }
-    eprintln!("bench: open: reopening");
-    let timed_open = || -> Result<(Duration, OpenReport), String> {
-        let started = Instant::now();
-        let store = open_store(ctx, engine, &dir, size, n)?;
-        let elapsed = started.elapsed();
-        let report = store.open_report().clone();
-        drop(store);
-        Ok((elapsed, report))
-    };
-    let (first, report) = timed_open()?;
-    let (second, second_report) = timed_open()?;
+    eprintln!("bench: open: reopening, each time in a fresh process");
+    let timed_open = || reopen_in_child(ctx, engine, &dir, n);
+    let report = timed_open()?;
+    let second_report = timed_open()?;
+    let (first, second) = (report.elapsed, second_report.elapsed);
     if report.loaded != n || second_report.loaded != n {
         return Err(format!(
             "reopen loaded {} and then {} blocks of {n}",
@@ -707,14 +730,11 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
     let unindexed = if ctx.args.log {
         let index = dir.join(LOG_DIR).join("INDEX");
         fs::remove_file(&index).map_err(|e| format!("remove {}: {e}", index.display()))?;
-        let (elapsed, report) = timed_open()?;
-        if report.loaded != n || report.log.indexed {
-            return Err(format!(
-                "an open without the index loaded {}: {:?}",
-                report.loaded, report.log
-            ));
+        let report = timed_open()?;
+        if report.loaded != n || report.indexed {
+            return Err(format!("an open without the index loaded {}: {report:?}", report.loaded));
         }
-        Some(elapsed)
+        Some(report.elapsed)
     } else {
         None
     };
@@ -739,7 +759,7 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
         rate(first),
         report.loaded,
         human_bytes(report.loaded_bytes),
-        report.skipped.values().sum::<u64>(),
+        report.skipped,
         report.tmp_removed,
         report.elapsed_ms,
         report.epoch
@@ -763,10 +783,154 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
         let _ = writeln!(
             s,
             "first and second open used the log's index: {}",
-            report.log.indexed && second_report.log.indexed
+            report.indexed && second_report.indexed
         );
     }
     Ok(s)
+}
+
+/// What a timed reopen saw: the open's own time and what its report said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reopened {
+    elapsed: Duration,
+    loaded: u64,
+    loaded_bytes: u64,
+    skipped: u64,
+    tmp_removed: u64,
+    elapsed_ms: u64,
+    epoch: u64,
+    indexed: bool,
+}
+
+impl Reopened {
+    const FIELDS: [&'static str; 8] = [
+        "elapsed_ns",
+        "loaded",
+        "loaded_bytes",
+        "skipped",
+        "tmp_removed",
+        "elapsed_ms",
+        "epoch",
+        "indexed",
+    ];
+
+    fn line(&self) -> String {
+        let values = [
+            u64::try_from(self.elapsed.as_nanos()).unwrap_or(u64::MAX),
+            self.loaded,
+            self.loaded_bytes,
+            self.skipped,
+            self.tmp_removed,
+            self.elapsed_ms,
+            self.epoch,
+            u64::from(self.indexed),
+        ];
+        let pairs: Vec<String> =
+            Self::FIELDS.iter().zip(values).map(|(k, v)| format!("{k}={v}")).collect();
+        format!("reopened {}", pairs.join(" "))
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("reopened "))
+            .ok_or_else(|| format!("no `reopened` line in {text:?}"))?;
+        let mut values = [0u64; 8];
+        for (slot, (name, pair)) in values.iter_mut().zip(Self::FIELDS.iter().zip(line.split(' ')))
+        {
+            let value = pair
+                .strip_prefix(name)
+                .and_then(|v| v.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("`{name}` expected at {pair:?} in {line:?}"))?;
+            *slot = value;
+        }
+        let [elapsed_ns, loaded, loaded_bytes, skipped, tmp_removed, elapsed_ms, epoch, indexed] =
+            values;
+        Ok(Self {
+            elapsed: Duration::from_nanos(elapsed_ns),
+            loaded,
+            loaded_bytes,
+            skipped,
+            tmp_removed,
+            elapsed_ms,
+            epoch,
+            indexed: indexed == 1,
+        })
+    }
+}
+
+/// `--open-existing`: opens the store in `dir` as the --open-blocks run made it, times the open,
+/// closes the store (which writes the log's index) and returns the line the parent reads.
+fn open_existing(args: &FileBenchArgs, dir: &Path) -> Result<String, String> {
+    let ctx = Ctx {
+        args,
+        root: dir.to_owned(),
+        durability: args.durability.into(),
+        deadline: Duration::from_secs_f64(args.seconds),
+        file_bytes: 0,
+        use_fio: false,
+        caller: Caller::new(
+            TenantId::parse(TENANT).map_err(|e| format!("bench tenant: {e}"))?,
+            Rights::READ_WRITE,
+        ),
+    };
+    let engine = match args.engine {
+        EngineArg::Psync => Engine::Psync,
+        EngineArg::Uring | EngineArg::Both => Engine::Uring,
+    };
+    let blocks = args.open_blocks.unwrap_or(1);
+    let started = Instant::now();
+    let store = open_store(&ctx, engine, dir, args.open_block_size, blocks)?;
+    let elapsed = started.elapsed();
+    let report: OpenReport = store.open_report().clone();
+    drop(store);
+    Ok(Reopened {
+        elapsed,
+        loaded: report.loaded,
+        loaded_bytes: report.loaded_bytes,
+        skipped: report.skipped.values().sum(),
+        tmp_removed: report.tmp_removed,
+        elapsed_ms: report.elapsed_ms,
+        epoch: report.epoch,
+        indexed: report.log.indexed,
+    }
+    .line())
+}
+
+/// Opens the store in `dir` in a child process of this executable (`file --open-existing`), as
+/// a server's start opens it: nothing this process allocated and freed weighs on that open.
+fn reopen_in_child(
+    ctx: &Ctx<'_>,
+    engine: Engine,
+    dir: &Path,
+    blocks: u64,
+) -> Result<Reopened, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let mut child = std::process::Command::new(&exe);
+    child
+        .arg("file")
+        .arg("--open-existing")
+        .arg(dir)
+        .args(["--open-blocks", &blocks.to_string(), "--open-only"])
+        .args(["--open-block-size", &ctx.args.open_block_size.to_string()])
+        .args(["--engine", engine.name(), "--queue-depth", &ctx.args.queue_depth.to_string()])
+        .args(["--durability", &ctx.args.durability.name()]);
+    if ctx.args.log {
+        child.arg("--log");
+    }
+    if ctx.args.direct {
+        child.arg("--direct");
+    }
+    let out = child.output().map_err(|e| format!("run {}: {e}", exe.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the reopen in a child process failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Reopened::parse(&String::from_utf8_lossy(&out.stdout))
 }
 
 fn fmt_gbps(v: f64) -> String {
@@ -1464,6 +1628,29 @@ fn filesystem_of(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The line a reopen child prints is read back field for field, and a line with a field
+    /// missing or out of place is an error, not zeros.
+    #[test]
+    fn a_reopen_line_round_trips_and_a_damaged_one_is_refused() {
+        let r = Reopened {
+            elapsed: Duration::from_nanos(1_234_567_891),
+            loaded: 1_000_000,
+            loaded_bytes: 4 << 30,
+            skipped: 3,
+            tmp_removed: 1,
+            elapsed_ms: 1234,
+            epoch: 7,
+            indexed: true,
+        };
+        let text = format!("some log\n{}\n", r.line());
+        assert_eq!(Reopened::parse(&text), Ok(r));
+        let unindexed = Reopened { indexed: false, ..r };
+        assert_eq!(Reopened::parse(&unindexed.line()), Ok(unindexed));
+        assert!(Reopened::parse("").is_err());
+        assert!(Reopened::parse(&r.line().replace("loaded=1000000 ", "")).is_err());
+        assert!(Reopened::parse(&r.line().replace("epoch=7", "epoch=x")).is_err());
+    }
 
     #[test]
     fn limits_admit_the_working_set() {

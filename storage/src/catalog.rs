@@ -9,6 +9,7 @@
 use std::collections::hash_map::Entry as Slot;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher as _;
+use std::sync::{Mutex, PoisonError};
 
 use crate::evict::{BlockFacts, EvictionPolicy, Removal};
 use gpucache_dataplane::caller::{Caller, Right};
@@ -152,6 +153,9 @@ pub(crate) struct HandedDown<P> {
 
 /// Most evictions a watched catalog remembers between two looks.
 const EVICTION_LOG_MAX: usize = 4096;
+/// Blocks a restart restores from which [`Catalog::restore_all`] builds two of its indexes on a
+/// thread of their own (below it, a thread costs more than it saves).
+const RESTORE_THREAD_MIN: usize = 16 * 1024;
 
 /// A stable 64-bit fingerprint of a block's place in its chain: tenant, shape and one link.
 fn chain_name(key: &PhysicalKey, link: &ChainHash) -> u64 {
@@ -328,6 +332,27 @@ fn add_to<K: std::hash::Hash + Eq, S: std::hash::BuildHasher>(
     }
 }
 
+/// The prefix index's name for `shape` and `link` under `keys` (see [`Catalog::prefix_name`]).
+fn prefix_name(keys: &ByDigest, shape: KeyDigest, link: &ChainHash) -> u64 {
+    keys.hash_one((shape, link))
+}
+
+/// Enters restored blocks in the index by logical key and the index by prefix (as
+/// [`Catalog::prefix_name`] names its entries).
+fn index_restored(
+    logical: &mut HashMap<KeyDigest, Ids, ByDigest>,
+    prefix: &mut HashMap<u64, Ids, ByRegion>,
+    prefix_keys: &ByDigest,
+    keys: &[(RegionId, PhysicalKey)],
+) {
+    for (id, key) in keys {
+        add_to(logical, key.logical_digest(), *id);
+        if let Some(link) = key.identity().chain().last() {
+            add_to(prefix, prefix_name(prefix_keys, key.shape_digest(), link), *id);
+        }
+    }
+}
+
 fn drop_from<K: std::hash::Hash + Eq, S: std::hash::BuildHasher>(
     index: &mut HashMap<K, Ids, S>,
     key: K,
@@ -381,7 +406,7 @@ impl<P> Catalog<P> {
     /// The prefix index's name for blocks of `shape` whose chain ends in `link`: keyed with
     /// this catalog's own random words, so no caller can pick two pairs that share it.
     fn prefix_name(&self, shape: KeyDigest, link: &ChainHash) -> u64 {
-        self.prefix_keys.hash_one((shape, link))
+        prefix_name(&self.prefix_keys, shape, link)
     }
 
     pub(crate) fn entry(&self, id: RegionId) -> Option<&Entry<P>> {
@@ -1060,7 +1085,7 @@ impl<P> Catalog<P> {
         self.exact.reserve(n);
         self.logical.reserve(n);
         self.prefix.reserve(n);
-        let mut learned = Vec::with_capacity(n);
+        let mut admitted = Vec::with_capacity(n);
         let mut refused = Vec::new();
         let mut newer_seq = None;
         for block in blocks.into_iter().rev() {
@@ -1071,26 +1096,58 @@ impl<P> Catalog<P> {
                 continue;
             }
             newer_seq = Some(block.seq);
-            match self.restore(block, &mut kept) {
-                Ok(facts) => learned.push(facts),
+            match self.admit_restored(block, &mut kept) {
+                Ok(entry) => admitted.push(entry),
                 Err(r) => refused.push(r),
             }
         }
-        // Oldest first, as the policy learns them: the order's tree is built by appending.
-        for facts in learned.iter().rev() {
-            self.age.insert(facts.seq, RegionId(facts.id));
-            self.eviction.insert(facts);
-        }
+        // The rest enters each block once in five large tables, at random: the indexes by
+        // logical key and by prefix are built on a second thread while this one enters the
+        // blocks, the commit order and the policy (which learns them oldest first).
+        let keys: Vec<(RegionId, PhysicalKey)> =
+            admitted.iter().map(|(id, entry)| (*id, entry.key.clone())).collect();
+        let (logical, prefix) = (&mut self.logical, &mut self.prefix);
+        // Taken by whichever thread gets to it first: the helper, or this one when no helper
+        // could start.
+        let indexes = Mutex::new(Some((logical, prefix, keys)));
+        let prefix_keys = &self.prefix_keys;
+        let index = || {
+            let work = indexes.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some((logical, prefix, keys)) = work {
+                index_restored(logical, prefix, prefix_keys, &keys);
+            }
+        };
+        let (table, age, eviction) = (&mut self.blocks, &mut self.age, &mut self.eviction);
+        std::thread::scope(|s| {
+            let helper = (n >= RESTORE_THREAD_MIN)
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("gpucache-restore".into())
+                        .spawn_scoped(s, index)
+                        .ok()
+                })
+                .flatten();
+            for (id, entry) in admitted.into_iter().rev() {
+                let facts = facts(id, &entry);
+                age.insert(entry.seq, id);
+                eviction.insert(&facts);
+                table.insert(id, entry);
+            }
+            if let Some(Err(panic)) = helper.map(std::thread::ScopedJoinHandle::join) {
+                std::panic::resume_unwind(panic);
+            }
+            index();
+        });
         refused
     }
 
-    /// Admits one restored block (see [`Self::restore_all`], which enters it in the commit
-    /// order): what the eviction policy is to learn of it.
-    fn restore(
+    /// Admits one restored block (see [`Self::restore_all`], which enters it in the block
+    /// table, the commit order and the indexes): its region and its entry.
+    fn admit_restored(
         &mut self,
         block: Restored<P>,
         kept: &mut impl FnMut(RegionId, u64, &mut P),
-    ) -> Result<BlockFacts, (Refused, P)> {
+    ) -> Result<(RegionId, Entry<P>), (Refused, P)> {
         let Restored { key, len, checksum, seq, mut payload } = block;
         let Slot::Vacant(exact) = self.exact.entry(key.digest()) else {
             return Err((Refused::Older, payload));
@@ -1114,11 +1171,6 @@ impl<P> Catalog<P> {
             let _ = life.apply(t);
         }
         exact.insert(region);
-        add_to(&mut self.logical, key.logical_digest(), region);
-        if let Some(link) = key.identity().chain().last().copied() {
-            let name = self.prefix_name(key.shape_digest(), &link);
-            add_to(&mut self.prefix, name, region);
-        }
         self.next_seq = self.next_seq.max(seq + 1);
         kept(region, len, &mut payload);
         let entry = Entry {
@@ -1133,9 +1185,7 @@ impl<P> Catalog<P> {
             committing: false,
             payload,
         };
-        let facts = facts(region, &entry);
-        self.blocks.insert(region, entry);
-        Ok(facts)
+        Ok((region, entry))
     }
 
     /// The keys evicted since the last call, oldest first; the first call starts the log.
@@ -1218,6 +1268,46 @@ mod tests {
         // FIFO: the oldest restored block gives way first.
         assert_eq!(c.victim(None), Some(kept[1].0));
         assert_eq!(c.stats().committed_blocks, 2);
+    }
+
+    /// A restore large enough to build its logical and prefix indexes on a second thread finds
+    /// every block as the inline one does: by its key, as the prefix of a longer chain, and as
+    /// an incompatible miss for another form of its logical key.
+    #[test]
+    fn a_large_restore_indexes_every_block_for_exact_prefix_and_logical_lookups() {
+        let n = RESTORE_THREAD_MIN + 1000;
+        let mut c = catalog(100 * n as u64);
+        let chain = |i: usize| {
+            let [.., a, b] = i.to_be_bytes();
+            [a, b]
+        };
+        let blocks: Vec<Restored<u32>> = (0..n)
+            .map(|i| Restored {
+                key: key(0, &chain(i), KvDtype::F16, 16),
+                len: 100,
+                checksum: Checksum(i as u64),
+                seq: i as u64 + 1,
+                payload: u32::try_from(i).unwrap(),
+            })
+            .collect();
+        let refused = c.restore_all(blocks, |_, _, _| {});
+        assert!(refused.is_empty());
+        assert_eq!(c.stats().committed_blocks, n as u64);
+        for i in (0..n).step_by(97).chain([0, n - 1]) {
+            let [a, b] = chain(i);
+            let exact = key(0, &[a, b], KvDtype::F16, 16);
+            assert_eq!(c.lookup(&exact), Lookup::Hit { len: 100 }, "block {i}");
+            let longer = key(0, &[a, b, 7], KvDtype::F16, 16);
+            assert_eq!(
+                c.lookup(&longer),
+                Lookup::PrefixHit { key: Box::new(exact), len: 100 },
+                "block {i} as a prefix"
+            );
+            let other_form = key(0, &[a, b], KvDtype::Bf16, 16);
+            assert_eq!(c.lookup(&other_form), Lookup::Miss(MissReason::Incompatible), "block {i}");
+        }
+        let absent = key(0, &[255, 255, 255], KvDtype::F16, 16);
+        assert_eq!(c.lookup(&absent), Lookup::Miss(MissReason::Absent));
     }
 
     #[test]

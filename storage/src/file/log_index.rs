@@ -19,17 +19,19 @@
 //! everything before it. An entry is the record's segment, offset and bytes, its payload's
 //! offset and length, the payload's checksum, the commit sequence (eight bytes each), the key's
 //! digest and logical digest (32 bytes each), the key's length (four bytes) and the key. The
-//! count comes last so that the file is written and read in one pass, a piece at a time, never
-//! held whole in memory.
+//! count comes last so that the file is written in one pass, a piece at a time, never held
+//! whole in memory. The open maps the file, checks its checksum, and decodes a large index in
+//! two halves at once.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
 use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
 use gpucache_dataplane::key::KEY_BYTES_MAX;
 use gpucache_dataplane::key::{KeyDecoder, KeyDigest, KnownDigests, PhysicalKey};
+use memmap2::Mmap;
 
 use super::block_log::{self, Found, LOG_DIR, LogSlot, Scanned};
 use super::layout::{self, BlockHeader};
@@ -147,40 +149,98 @@ pub(crate) fn load(root: &Path, epoch: u64) -> Option<Scanned> {
 /// The live records the index names, oldest commit first, when it was written at `epoch` and
 /// every segment it names is among `segments`. The headers it rebuilds carry `epoch`, which no
 /// block's own epoch exceeds.
+///
+/// The file is mapped and its checksum checked before any entry is decoded; a large index is
+/// then decoded in two halves at once (the open's first long step, on two cores).
 fn read(root: &Path, epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>> {
     let file = File::open(root.join(LOG_DIR).join(INDEX_FILE)).ok()?;
-    let len = file.metadata().ok()?.len();
-    let entries_end = len.checked_sub(TAIL_BYTES as u64)?;
-    let mut input = Summed {
-        io: BufReader::with_capacity(IO_CHUNK_BYTES, file),
-        check: ChecksumBuilder::default(),
-    };
-    let mut head = [0u8; HEAD_BYTES];
-    input.take(&mut head)?;
-    if head[..8] != INDEX_MAGIC || word(&head, 8) != epoch {
+    // SAFETY: the map is read-only and lives only for this call. The store holds its LOCK, so
+    // no other process of ours writes the index meanwhile, and this open writes it only after
+    // it is read; every byte is checked against the trailing checksum before it is used.
+    let map = unsafe { Mmap::map(&file) }.ok()?;
+    let bytes: &[u8] = &map;
+    let entries_end = bytes.len().checked_sub(TAIL_BYTES)?;
+    if entries_end < HEAD_BYTES || bytes[..8] != INDEX_MAGIC || word(bytes, 8) != epoch {
         return None;
     }
-    let room = usize::try_from(entries_end.checked_sub(HEAD_BYTES as u64)?).ok()?;
-    let mut found = Vec::with_capacity(room / ENTRY_BYTES_MIN);
+    // Nothing read is trusted until the checksum vouches for all of it.
+    if Checksum::of(&bytes[..entries_end + 8]).0 != word(bytes, entries_end + 8) {
+        return None;
+    }
+    let entries = &bytes[HEAD_BYTES..entries_end];
+    let count = usize::try_from(word(bytes, entries_end)).ok()?;
+    if count > entries.len() / ENTRY_BYTES_MIN + 1 {
+        return None;
+    }
+    let split = if count >= SPLIT_ENTRIES_MIN { middle_entry(entries)? } else { entries.len() };
+    let (first, second) = entries.split_at(split);
+    let (mut found, rest) = std::thread::scope(|s| {
+        let helper = (!second.is_empty())
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("gpucache-index".into())
+                    .spawn_scoped(s, || decode_entries(second, epoch, segments))
+                    .ok()
+            })
+            .flatten();
+        let found = decode_entries(first, epoch, segments);
+        let rest = match helper {
+            Some(h) => h.join().ok()?,
+            None => decode_entries(second, epoch, segments),
+        };
+        Some((found?, rest?))
+    })?;
+    // In commit order across the halves too.
+    if let (Some(last), Some(next)) = (found.last(), rest.first())
+        && next.header.seq <= last.header.seq
+    {
+        return None;
+    }
+    found.extend(rest);
+    (found.len() == count).then_some(found)
+}
+
+/// Entries of an index at least this many decode in two halves at once.
+const SPLIT_ENTRIES_MIN: usize = 64 * 1024;
+
+/// Where the first entry at or past the middle of `entries` starts; `None` when an entry's
+/// length runs past the end.
+fn middle_entry(entries: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at < entries.len() / 2 {
+        at = next_entry(entries, at)?;
+    }
+    Some(at)
+}
+
+/// Where the entry after the one at `at` starts.
+fn next_entry(entries: &[u8], at: usize) -> Option<usize> {
+    let len_at = at.checked_add(ENTRY_FIXED_BYTES - 4)?;
+    let key_len = u32::from_le_bytes(entries.get(len_at..len_at + 4)?.try_into().ok()?);
+    let next = at.checked_add(ENTRY_FIXED_BYTES)?.checked_add(usize::try_from(key_len).ok()?)?;
+    (next <= entries.len()).then_some(next)
+}
+
+/// The records of `entries` (whole entries, in the index's format), in commit order and each in
+/// one of `segments`; `None` at the first that is not.
+fn decode_entries(entries: &[u8], epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>> {
+    let mut found = Vec::with_capacity(entries.len() / ENTRY_BYTES_MIN);
     let mut decoder = KeyDecoder::new();
-    let mut key = Vec::new();
     let mut last_seq = 0;
-    let mut at = HEAD_BYTES as u64;
-    while at < entries_end {
-        let mut fixed = [0u8; ENTRY_FIXED_BYTES];
-        input.take(&mut fixed)?;
-        let w = |i: usize| word(&fixed, 8 * i);
+    let mut at = 0;
+    while at < entries.len() {
+        let next = next_entry(entries, at)?;
+        let fixed = &entries[at..at + ENTRY_FIXED_BYTES];
+        let key_bytes = &entries[at + ENTRY_FIXED_BYTES..next];
+        let w = |i: usize| word(fixed, 8 * i);
         let slot = LogSlot { segment: w(0), record: w(1), bytes: w(2) };
         let (payload_at, payload_len, checksum, seq) = (w(3), w(4), w(5), w(6));
         let digest = |at: usize| KeyDigest(fixed[at..at + 32].try_into().unwrap_or_default());
         let known = KnownDigests { digest: digest(56), logical: digest(88) };
-        let key_len = usize::try_from(u32::from_le_bytes(fixed[120..].try_into().ok()?)).ok()?;
-        if key_len > KEY_BYTES_MAX {
+        if key_bytes.len() > KEY_BYTES_MAX {
             return None;
         }
-        key.resize(key_len, 0);
-        input.take(&mut key)?;
-        let key = decoder.decode(&key, Some(known)).ok()?;
+        let key = decoder.decode(key_bytes, Some(known)).ok()?;
         // Out of commit order, or a segment that is gone: not an index this build wrote for
         // this log.
         if seq <= last_seq || !segments.contains(&slot.segment) {
@@ -196,31 +256,14 @@ fn read(root: &Path, epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>>
             key,
         };
         found.push(Found { header, slot, payload_at });
-        at += (ENTRY_FIXED_BYTES + key_len) as u64;
+        at = next;
     }
-    let mut count = [0u8; 8];
-    input.take(&mut count)?;
-    let summed = input.check.finish().0;
-    let mut check = [0u8; 8];
-    input.io.read_exact(&mut check).ok()?;
-    // Nothing read is trusted until the checksum vouches for all of it.
-    let sound =
-        at == entries_end && word(&count, 0) == found.len() as u64 && word(&check, 0) == summed;
-    sound.then_some(found)
+    Some(found)
 }
 
 /// The little-endian word at `at` of `bytes` (which holds it).
 fn word(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default())
-}
-
-impl<R: Read> Summed<R> {
-    /// Fills `buf` from the index and takes it into the checksum; `None` past its end.
-    fn take(&mut self, buf: &mut [u8]) -> Option<()> {
-        self.io.read_exact(buf).ok()?;
-        self.check.update(buf);
-        Some(())
-    }
 }
 
 #[cfg(test)]
@@ -280,6 +323,42 @@ mod tests {
         }
         assert!(read(dir.path(), 10, &segment_one()).is_none(), "another epoch's index");
         assert!(read(dir.path(), 9, &BTreeSet::new()).is_none(), "a segment that is gone");
+    }
+
+    /// An index large enough to be decoded in two halves gives back every record in order, and
+    /// one whose halves are each in commit order but not across the split is refused.
+    #[test]
+    fn a_large_index_decodes_in_two_halves_and_checks_the_order_across_them() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path();
+        let n = SPLIT_ENTRIES_MIN + 5;
+        let keys: Vec<PhysicalKey> =
+            (0..n).map(|i| fixture::key(0, &i.to_be_bytes()[5..], KvDtype::F16, 16)).collect();
+        let seqs: Vec<u64> = (1..=n as u64).collect();
+        write_at(root, &keys, &seqs);
+        let found = read(root, 9, &segment_one()).expect("a sound large index is read");
+        assert_eq!(found.len(), n);
+        assert!(found.iter().zip(&keys).all(|(f, k)| &f.header.key == k));
+        assert!(found.iter().zip(&seqs).all(|(f, s)| f.header.seq == *s));
+
+        // The second half's sequences start again below the first half's last.
+        let entries = &index_bytes(root)[HEAD_BYTES..];
+        let split = middle_entry(entries).expect("a middle entry");
+        assert!(split > 0 && split < entries.len() - TAIL_BYTES);
+        let first_in_second = {
+            let mut at = 0;
+            let mut i = 0;
+            while at < split {
+                at = next_entry(entries, at).expect("an entry");
+                i += 1;
+            }
+            i
+        };
+        let restarted: Vec<u64> = (0..n)
+            .map(|i| if i < first_in_second { i + 10 } else { i - first_in_second + 1 } as u64)
+            .collect();
+        write_at(root, &keys, &restarted);
+        assert!(read(root, 9, &segment_one()).is_none(), "out of order across the halves");
     }
 
     /// An index the checksum does not vouch for, one cut short, one of the first format (no

@@ -140,9 +140,15 @@ fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
 /// Makes segment `number` under `dir`: `bytes` of zeros written and flushed, and its name
 /// durable.
 fn new_segment(dir: &Path, number: u64, bytes: u64) -> io::Result<File> {
-    let path = segment_path(dir, number);
+    let file = zeroed_file(&segment_path(dir, number), bytes)?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// A new file of `bytes` zeros at `path`, flushed; nothing is left at `path` when it fails.
+fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
     let made = (|| {
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         let zeros = vec![0u8; ZERO_CHUNK_BYTES];
         let mut at = 0;
         while at < bytes {
@@ -151,13 +157,60 @@ fn new_segment(dir: &Path, number: u64, bytes: u64) -> io::Result<File> {
             at += n as u64;
         }
         file.sync_all()?;
-        sync_dir(dir)?;
         Ok(file)
     })();
     if made.is_err() {
-        let _ = fs::remove_file(&path);
+        let _ = fs::remove_file(path);
     }
     made
+}
+
+/// The log's first segment of an open, zeroed on a thread of its own while the open reads the
+/// store (under the store's `tmp` directory, which every open empties first), then named into
+/// the log by [`BlockLog::open`].
+pub(crate) struct Premade {
+    path: PathBuf,
+    bytes: u64,
+    made: Option<std::thread::JoinHandle<io::Result<File>>>,
+}
+
+impl Premade {
+    /// Starts zeroing a segment of `bytes` at `path` (a fresh name in the store's `tmp`).
+    pub(crate) fn start(path: PathBuf, bytes: u64) -> Self {
+        let at = path.clone();
+        let made = std::thread::Builder::new()
+            .name("gpucache-segment".into())
+            .spawn(move || zeroed_file(&at, bytes))
+            .ok();
+        Self { path, bytes, made }
+    }
+
+    /// The segment, named segment `number` in `dir`, when it was made whole at `bytes`; `None`
+    /// otherwise (nothing of it is left then, and the caller makes one itself).
+    fn take(mut self, dir: &Path, number: u64, bytes: u64) -> Option<File> {
+        // A failed zeroing left nothing behind.
+        let file = self.made.take()?.join().ok()?.ok()?;
+        let target = segment_path(dir, number);
+        if self.bytes != bytes || fs::rename(&self.path, &target).is_err() {
+            let _ = fs::remove_file(&self.path);
+            return None;
+        }
+        if sync_dir(dir).is_err() {
+            let _ = fs::remove_file(&target);
+            return None;
+        }
+        Some(file)
+    }
+}
+
+impl Drop for Premade {
+    /// A premade segment the open did not take (it failed first) is waited for and removed.
+    fn drop(&mut self) {
+        if let Some(made) = self.made.take() {
+            let _ = made.join();
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// One segment of a running log.
@@ -271,6 +324,7 @@ impl BlockLog {
         segment_bytes: u64,
         deadline: Duration,
         files: Arc<OpenFiles>,
+        premade: Option<Premade>,
     ) -> io::Result<Self> {
         let dir = root.join(LOG_DIR);
         fs::create_dir_all(&dir)?;
@@ -282,7 +336,11 @@ impl BlockLog {
             by_number.insert(number, Segment::new(Arc::new(file)));
         }
         let first = scanned.next_segment;
-        let file = Arc::new(new_segment(&dir, first, segment_bytes)?);
+        let file = match premade.and_then(|p| p.take(&dir, first, segment_bytes)) {
+            Some(file) => file,
+            None => new_segment(&dir, first, segment_bytes)?,
+        };
+        let file = Arc::new(file);
         by_number.insert(first, Segment::new(file));
         let segments = Arc::new(Mutex::new(Segments {
             by_number,
@@ -735,13 +793,17 @@ impl Scanned {
     }
 }
 
-/// A live block record found at open.
+/// A committed block found at open: its header, the file that holds it (a log segment, or a
+/// block file), where its payload starts there, and its record when it is in the log.
 #[derive(Debug)]
 pub(crate) struct Found {
     pub header: BlockHeader,
-    pub slot: LogSlot,
-    /// Offset of the payload in the segment.
+    /// The segment or block file; the records of one segment share it.
+    pub path: Arc<Path>,
+    /// Offset of the payload in the file.
     pub payload_at: u64,
+    /// Where its record is: `None` for a block file.
+    pub slot: Option<LogSlot>,
 }
 
 /// What [`scan`] found under a store's log directory.
@@ -801,6 +863,7 @@ pub(crate) fn live_records(root: &Path, number: u64) -> io::Result<Vec<Found>> {
 /// record that does not check.
 fn scan_segment(number: u64, path: &Path, done: &mut Scanned) -> io::Result<()> {
     let file = File::open(path)?;
+    let shared: Arc<Path> = path.into();
     let size = file.metadata()?.len();
     let mut keys = KeyDecoder::new();
     let mut window =
@@ -838,8 +901,9 @@ fn scan_segment(number: u64, path: &Path, done: &mut Scanned) -> io::Result<()> 
             let payload_at = at + FRAME_BYTES as u64 + header.header_len;
             done.blocks.push(Found {
                 header,
-                slot: LogSlot { segment: number, record: at, bytes: len },
+                path: Arc::clone(&shared),
                 payload_at,
+                slot: Some(LogSlot { segment: number, record: at, bytes: len }),
             });
         } else {
             done.dead += 1;
@@ -918,10 +982,45 @@ mod tests {
         assert_eq!(record_len(1), 40);
     }
 
+    /// A segment zeroed beforehand becomes the log's first one under the log's own name, with
+    /// nothing left in `tmp`; one made for another size, or never taken, is removed.
+    #[test]
+    fn a_premade_segment_is_named_into_the_log_or_removed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path();
+        let tmp = root.join("tmp");
+        fs::create_dir_all(&tmp).expect("tmp dir");
+        let files = Arc::new(OpenFiles::new(std::num::NonZeroUsize::MIN));
+        let scanned = Scanned { next_segment: 3, ..Scanned::default() };
+        let bytes = LOG_SEGMENT_BYTES_MIN;
+        let premade = Premade::start(tmp.join("segment.new"), bytes);
+        let log =
+            BlockLog::open(root, &scanned, bytes, Duration::from_secs(30), files, Some(premade))
+                .expect("open the log");
+        let first = segment_path(&root.join(LOG_DIR), 3);
+        assert_eq!(fs::metadata(&first).expect("segment 3").len(), bytes);
+        assert!(fs::read(&first).expect("read segment 3").iter().all(|&b| b == 0));
+        assert_eq!(fs::read_dir(&tmp).expect("tmp").count(), 0, "nothing left in tmp");
+        drop(log);
+
+        let log_dir = root.join(LOG_DIR);
+        let taken = Premade::start(tmp.join("segment.new"), bytes).take(&log_dir, 5, bytes);
+        let taken = taken.expect("a whole premade segment is taken");
+        assert_eq!(taken.metadata().expect("its size").len(), bytes);
+        assert_eq!(fs::metadata(segment_path(&log_dir, 5)).expect("segment 5").len(), bytes);
+        assert_eq!(fs::read_dir(&tmp).expect("tmp").count(), 0);
+        let other = Premade::start(tmp.join("segment.new"), 2 * bytes);
+        assert!(other.take(&log_dir, 9, bytes).is_none(), "made for another size");
+        assert!(!segment_path(&log_dir, 9).exists());
+        let unused = Premade::start(tmp.join("segment.new"), bytes);
+        drop(unused);
+        assert_eq!(fs::read_dir(&tmp).expect("tmp").count(), 0, "removed when not taken");
+    }
+
     fn open_log(root: &Path) -> BlockLog {
         let files = Arc::new(OpenFiles::new(std::num::NonZeroUsize::new(8).expect("nonzero")));
         let scanned = Scanned { next_segment: 1, ..Scanned::default() };
-        BlockLog::open(root, &scanned, LOG_SEGMENT_BYTES_MIN, Duration::from_secs(30), files)
+        BlockLog::open(root, &scanned, LOG_SEGMENT_BYTES_MIN, Duration::from_secs(30), files, None)
             .expect("open the log")
     }
 

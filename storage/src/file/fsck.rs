@@ -131,8 +131,9 @@ pub fn fsck(
     report.torn_segments = scanned.torn;
     let log_dir = root.join(super::block_log::LOG_DIR);
     for found in &scanned.blocks {
+        let Some(slot) = found.slot else { continue };
         report.records += 1;
-        let segment = super::block_log::segment_path(&log_dir, found.slot.segment);
+        let segment = super::block_log::segment_path(&log_dir, slot.segment);
         let h = &found.header;
         match verify_payload(&segment, found.payload_at, h.payload_len, h.checksum.0) {
             Ok(()) => {
@@ -140,9 +141,9 @@ pub fn fsck(
                 report.ok_bytes += h.payload_len;
             }
             Err(reason) => {
-                let at = format!("{}@{}", segment.display(), found.slot.record);
+                let at = format!("{}@{}", segment.display(), slot.record);
                 tracing::warn!(record = %at, %reason, "fsck: bad block-log record");
-                if repair && super::block_log::kill_at(root, found.slot).is_ok() {
+                if repair && super::block_log::kill_at(root, slot).is_ok() {
                     report.repaired += 1;
                 }
                 report.bad.entry(reason.kind().to_owned()).or_default().push(PathBuf::from(at));

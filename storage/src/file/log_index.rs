@@ -27,6 +27,7 @@ use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 use gpucache_dataplane::checksum::{Checksum, ChecksumBuilder};
 use gpucache_dataplane::key::KEY_BYTES_MAX;
@@ -153,7 +154,8 @@ pub(crate) fn load(root: &Path, epoch: u64) -> Option<Scanned> {
 /// The file is mapped and its checksum checked before any entry is decoded; a large index is
 /// then decoded in two halves at once (the open's first long step, on two cores).
 fn read(root: &Path, epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>> {
-    let file = File::open(root.join(LOG_DIR).join(INDEX_FILE)).ok()?;
+    let dir = root.join(LOG_DIR);
+    let file = File::open(dir.join(INDEX_FILE)).ok()?;
     // SAFETY: the map is read-only and lives only for this call. The store holds its LOCK, so
     // no other process of ours writes the index meanwhile, and this open writes it only after
     // it is read; every byte is checked against the trailing checksum before it is used.
@@ -179,14 +181,14 @@ fn read(root: &Path, epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>>
             .then(|| {
                 std::thread::Builder::new()
                     .name("gpucache-index".into())
-                    .spawn_scoped(s, || decode_entries(second, epoch, segments))
+                    .spawn_scoped(s, || decode_entries(second, epoch, &dir, segments))
                     .ok()
             })
             .flatten();
-        let found = decode_entries(first, epoch, segments);
+        let found = decode_entries(first, epoch, &dir, segments);
         let rest = match helper {
             Some(h) => h.join().ok()?,
-            None => decode_entries(second, epoch, segments),
+            None => decode_entries(second, epoch, &dir, segments),
         };
         Some((found?, rest?))
     })?;
@@ -222,10 +224,17 @@ fn next_entry(entries: &[u8], at: usize) -> Option<usize> {
 }
 
 /// The records of `entries` (whole entries, in the index's format), in commit order and each in
-/// one of `segments`; `None` at the first that is not.
-fn decode_entries(entries: &[u8], epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>> {
+/// one of `segments` (in the log directory `dir`); `None` at the first that is not.
+fn decode_entries(
+    entries: &[u8],
+    epoch: u64,
+    dir: &Path,
+    segments: &BTreeSet<u64>,
+) -> Option<Vec<Found>> {
     let mut found = Vec::with_capacity(entries.len() / ENTRY_BYTES_MIN);
     let mut decoder = KeyDecoder::new();
+    // The records of one segment share its path.
+    let mut segment: Option<(u64, Arc<Path>)> = None;
     let mut last_seq = 0;
     let mut at = 0;
     while at < entries.len() {
@@ -255,7 +264,15 @@ fn decode_entries(entries: &[u8], epoch: u64, segments: &BTreeSet<u64>) -> Optio
             epoch,
             key,
         };
-        found.push(Found { header, slot, payload_at });
+        let path = match &segment {
+            Some((n, path)) if *n == slot.segment => Arc::clone(path),
+            _ => {
+                let path: Arc<Path> = block_log::segment_path(dir, slot.segment).into();
+                segment = Some((slot.segment, Arc::clone(&path)));
+                path
+            }
+        };
+        found.push(Found { header, path, payload_at, slot: Some(slot) });
         at = next;
     }
     Some(found)

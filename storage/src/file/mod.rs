@@ -45,7 +45,7 @@ use gpucache_dataplane::store::{
 
 use crate::catalog::{ByDigest, Catalog, Refused, Restored};
 use crate::evict::PolicyKind;
-use block_log::{BlockLog, LogSlot};
+use block_log::{BlockLog, Found, LogSlot};
 pub use block_log::{
     COMPACT_LIVE_PERCENT, LOG_BLOCK_BYTES_MAX, LOG_DIR, LOG_SEGMENT_BYTES, LOG_SEGMENT_BYTES_MIN,
     LogOpened, LogUsage,
@@ -403,6 +403,17 @@ impl FileStore {
             fs::remove_file(&path).map_err(io_at(&path))?;
             report.tmp_removed += 1;
         }
+        // A small store, or one on a nearly full device, keeps small segments: what a new one
+        // preallocates is at most a sixteenth of the bytes the store may retain and an eighth of
+        // the device's free space.
+        let segment_bytes = config
+            .log_segment_bytes
+            .min(config.limits.retained_bytes_max / 16)
+            .min(free_bytes(&root).unwrap_or(u64::MAX) / 8)
+            .max(LOG_SEGMENT_BYTES_MIN);
+        // The log's next segment is zeroed meanwhile, for a store that appends to a log.
+        let premade = (config.layout == Layout::Log)
+            .then(|| block_log::Premade::start(tmp_dir.join("segment.new"), segment_bytes));
 
         let recorded = read_store_record(&root);
         let (files_found, files_epoch) = scan_blocks(&root, &mut report)?;
@@ -468,22 +479,21 @@ impl FileStore {
         // A store that has segments reads them whatever its layout says new blocks go to.
         let log = (config.layout == Layout::Log || !scanned.segments.is_empty())
             .then(|| {
-                // A small store, or one on a nearly full device, keeps small segments: what a
-                // new one preallocates is at most a sixteenth of the bytes the store may retain
-                // and an eighth of the device's free space.
-                let free = free_bytes(&root).unwrap_or(u64::MAX);
-                let bytes = config
-                    .log_segment_bytes
-                    .min(config.limits.retained_bytes_max / 16)
-                    .min(free / 8)
-                    .max(LOG_SEGMENT_BYTES_MIN);
-                BlockLog::open(&root, &scanned, bytes, deadline, Arc::clone(&files)).map(Arc::new)
+                BlockLog::open(
+                    &root,
+                    &scanned,
+                    segment_bytes,
+                    deadline,
+                    Arc::clone(&files),
+                    premade,
+                )
+                .map(Arc::new)
             })
             .transpose()
             .map_err(io_at(&log_dir))?;
         let restored = found
             .into_iter()
-            .map(|FoundBlock { header, path, payload_at, slot }| Restored {
+            .map(|Found { header, path, payload_at, slot }| Restored {
                 key: header.key,
                 len: header.payload_len,
                 checksum: header.checksum,
@@ -883,7 +893,7 @@ impl FileStore {
                     let committed = b.life.state() == gpucache_dataplane::BlockState::Committed;
                     match &b.payload {
                         FilePayload::Stored { slot: Some(slot), removing: false, .. }
-                            if *slot == f.slot && b.readers == 0 && committed =>
+                            if Some(*slot) == f.slot && b.readers == 0 && committed =>
                         {
                             Some((region, *slot, b.seq, b.checksum?))
                         }
@@ -1141,15 +1151,6 @@ fn scan_blocks(
     Ok((found, max_epoch))
 }
 
-/// A committed block found at open: its header, the file that holds it (a block file or a log
-/// segment), where its payload starts there, and its log record when it is in the log.
-struct FoundBlock {
-    header: layout::BlockHeader,
-    path: Arc<Path>,
-    payload_at: u64,
-    slot: Option<LogSlot>,
-}
-
 /// The newest version of each key among the block files (`files`, newest per key already) and
 /// the block log's records (`logged`; one per key and oldest commit first when `from_index`),
 /// oldest commit first, and the largest epoch any of them carries. An older version loses its
@@ -1158,39 +1159,19 @@ fn newest_per_key(
     root: &Path,
     files: Vec<(layout::BlockHeader, PathBuf)>,
     files_epoch: u64,
-    logged: Vec<block_log::Found>,
+    logged: Vec<Found>,
     from_index: bool,
-) -> io::Result<(Vec<FoundBlock>, u64)> {
-    let log_dir = root.join(LOG_DIR);
-    let mut max_epoch = files_epoch;
-    let only_logged = files.is_empty();
+) -> io::Result<(Vec<Found>, u64)> {
+    let max_epoch = logged.iter().map(|f| f.header.epoch).fold(files_epoch, u64::max);
+    if from_index && files.is_empty() {
+        return Ok((logged, max_epoch));
+    }
     let mut found = Vec::with_capacity(files.len() + logged.len());
     for (header, path) in files {
         let payload_at = header.header_len;
-        found.push(FoundBlock { header, path: path.into(), payload_at, slot: None });
+        found.push(Found { header, path: path.into(), payload_at, slot: None });
     }
-    // The records of one segment share its path.
-    let mut segment: Option<(u64, Arc<Path>)> = None;
-    for f in logged {
-        max_epoch = max_epoch.max(f.header.epoch);
-        let path = match &segment {
-            Some((n, path)) if *n == f.slot.segment => Arc::clone(path),
-            _ => {
-                let path: Arc<Path> = block_log::segment_path(&log_dir, f.slot.segment).into();
-                segment = Some((f.slot.segment, Arc::clone(&path)));
-                path
-            }
-        };
-        found.push(FoundBlock {
-            header: f.header,
-            path,
-            payload_at: f.payload_at,
-            slot: Some(f.slot),
-        });
-    }
-    if from_index && only_logged {
-        return Ok((found, max_epoch));
-    }
+    found.extend(logged);
     // Where the newest version of each key seen so far is in `found`; of two versions with the
     // same commit sequence (a compaction's copy and its original), the one found later wins.
     let mut newest: HashMap<KeyDigest, usize, ByDigest> =

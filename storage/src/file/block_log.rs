@@ -151,9 +151,18 @@ fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         let zeros = vec![0u8; ZERO_CHUNK_BYTES];
         let mut at = 0;
+        let mut before: Option<(u64, usize)> = None;
         while at < bytes {
             let n = usize::try_from((bytes - at).min(ZERO_CHUNK_BYTES as u64)).unwrap_or(0);
             file.write_all_at(&zeros[..n], at)?;
+            // A chunk at a time to the device: this chunk's write starts now and the one before
+            // it is waited for, so that a PUT's flush of the active segment meanwhile never waits
+            // behind a whole new segment (the flush below makes it durable either way).
+            start_writeback(&file, at, n, false);
+            if let Some((at, n)) = before {
+                start_writeback(&file, at, n, true);
+            }
+            before = Some((at, n));
             at += n as u64;
         }
         file.sync_all()?;
@@ -163,6 +172,22 @@ fn zeroed_file(path: &Path, bytes: u64) -> io::Result<File> {
         let _ = fs::remove_file(path);
     }
     made
+}
+
+/// Starts writing `n` bytes of `file` at `at` to the device (`sync_file_range`), and with
+/// `wait` waits for them to be written. Best effort: the caller's flush is what counts.
+fn start_writeback(file: &File, at: u64, n: usize, wait: bool) {
+    use std::os::fd::AsRawFd as _;
+    let flags = if wait {
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER
+    } else {
+        libc::SYNC_FILE_RANGE_WRITE
+    };
+    let (Ok(at), Ok(n)) = (i64::try_from(at), i64::try_from(n)) else { return };
+    // SAFETY: sync_file_range(2) on a descriptor we own; it reads no memory of ours.
+    let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), at, n, flags) };
 }
 
 /// The log's first segment of an open, zeroed on a thread of its own while the open reads the
@@ -275,7 +300,7 @@ const SPARE_WAIT: Duration = Duration::from_secs(30);
 /// segment (each is one write of at most [`LOG_BLOCK_BYTES_MAX`] bytes into the page cache).
 const EARLIER_WAIT: Duration = Duration::from_secs(30);
 /// Zeros written per call when a segment is made.
-const ZERO_CHUNK_BYTES: usize = 1 << 20;
+const ZERO_CHUNK_BYTES: usize = 256 << 10;
 
 /// How many bytes and blocks a log holds, for reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

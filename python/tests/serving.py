@@ -106,3 +106,21 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=STOP_PATIENCE_S)
 
 
+def pause(pid: int, limit_s: float = 30.0) -> None:
+    """SIGSTOP `pid`, returning once every thread of it is stopped (state T): the signal takes
+    effect on each thread only when that thread next runs, which on a busy machine can come
+    after the next request has arrived and been answered."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + limit_s
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue  # a thread that ended
+        if states and all(s in ("T", "t") for s in states):
+            return
+        assert time.monotonic() < deadline, f"server {pid} not stopped: {states}"
+        os.sched_yield()

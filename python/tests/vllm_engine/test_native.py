@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine import require_vllm
+from serving import pause
 
 require_vllm()
 
@@ -106,7 +107,7 @@ def test_a_lookup_never_waits_on_the_server_and_ends_as_a_miss(file_server, uniq
     c = scheduler(address(file_server), connectors)
     req = request(unique, "stalled", 4)
     store(address(file_server), c, req.block_hashes)
-    os.kill(file_server.proc.pid, signal.SIGSTOP)
+    pause(file_server.proc.pid)
     try:
         start = time.monotonic()
         calls = 0

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from engine import FileServer, metric, require_vllm
+from serving import pause
 
 require_vllm()
 
@@ -123,7 +124,7 @@ def test_a_lookup_answers_retry_and_never_waits_on_the_server(file_server, uniqu
     writer.submit_store(job(1, [stored], [0], promotion=False))
     assert finished(writer)[1].success
     _, tier, _ = make_tier(file_server.url(timeout_s=str(SLOW_TIMEOUT_S)), unique, managers)
-    os.kill(file_server.proc.pid, signal.SIGSTOP)
+    pause(file_server.proc.pid)
     try:
         for i in range(3):
             start = time.monotonic()

@@ -302,11 +302,17 @@ struct Row {
 struct Ctx<'a> {
     args: &'a FileBenchArgs,
     root: PathBuf,
-    durability: Durability,
     deadline: Duration,
     file_bytes: u64,
     use_fio: bool,
     caller: Caller,
+}
+
+impl Ctx<'_> {
+    /// The stores' durability policy, as `--durability` names it.
+    fn durability(&self) -> Durability {
+        self.args.durability.into()
+    }
 }
 
 /// Exit status: 0 when every phase ran, 1 when a store phase, a fio job or the reopen failed
@@ -371,7 +377,6 @@ fn run_inner(args: &FileBenchArgs) -> Result<bool, String> {
     let ctx = Ctx {
         args,
         root: scratch.path().to_owned(),
-        durability: args.durability.into(),
         deadline: Duration::from_secs_f64(args.seconds),
         file_bytes,
         use_fio: fio_version.is_some(),
@@ -517,7 +522,7 @@ fn describe_setup(ctx: &Ctx<'_>, fio_version: Option<&str>) -> String {
         "store: one file per block (header + payload, 4 KiB padded), Store::put of fresh keys, \
          get_into of committed keys into one reused buffer, one caller thread, files kept \
          until the run ends; fio: one job, one file, --invalidate=0 --fallocate=none{}",
-        if ctx.durability == Durability::None { "" } else { ", --fsync=1 on writes" }
+        if ctx.durability() == Durability::None { "" } else { ", --fsync=1 on writes" }
     );
     s
 }
@@ -576,7 +581,7 @@ pub fn limits_for(size: u64, blocks: u64) -> ResourceLimits {
 }
 
 fn open_store(
-    ctx: &Ctx<'_>,
+    args: &FileBenchArgs,
     engine: Engine,
     dir: &Path,
     size: u64,
@@ -584,10 +589,10 @@ fn open_store(
 ) -> Result<FileStore, String> {
     let mut config = FileStoreConfig::new(dir);
     config.engine = engine.choice();
-    config.engine_config.queue_depth = ctx.args.queue_depth;
-    config.direct_io = ctx.args.direct;
-    config.durability = ctx.durability;
-    if ctx.args.log {
+    config.engine_config.queue_depth = args.queue_depth;
+    config.direct_io = args.direct;
+    config.durability = args.durability.into();
+    if args.log {
         config.layout = Layout::Log;
     }
     config.limits = limits_for(size, blocks);
@@ -614,7 +619,7 @@ fn store_phases(
     dir: &Path,
 ) -> Result<(Phase, Phase), String> {
     let blocks = (ctx.file_bytes / size).max(1);
-    let store = open_store(ctx, engine, dir, size, blocks)?;
+    let store = open_store(ctx.args, engine, dir, size, blocks)?;
     let src = payload(narrow(size));
     let keys: Vec<PhysicalKey> = (0..blocks).map(|i| bench_key((size << 24) | i)).collect();
     let caller = &ctx.caller;
@@ -684,7 +689,7 @@ fn fio_phases(ctx: &Ctx<'_>, engine: Engine, size: u64) -> FioRun {
         total_bytes: total,
         queue_depth: ctx.args.queue_depth,
         direct: ctx.args.direct,
-        fsync_each: ctx.durability != Durability::None,
+        fsync_each: ctx.durability() != Durability::None,
         runtime: ctx.deadline,
     };
     settle();
@@ -704,7 +709,7 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
     let dir = ctx.root.join("open");
     eprintln!("bench: open: creating {n} blocks of {}", size_label(size));
     let src = payload(narrow(size));
-    let store = open_store(ctx, engine, &dir, size, n)?;
+    let store = open_store(ctx.args, engine, &dir, size, n)?;
     let started = Instant::now();
     for i in 0..n {
         put_one(&store, &ctx.caller, &bench_key((1 << 62) | i), &src)?;
@@ -789,8 +794,9 @@ fn open_bench(ctx: &Ctx<'_>, engine: Engine, n: u64) -> Result<String, String> {
     Ok(s)
 }
 
-/// What a timed reopen saw: the open's own time and what its report said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a timed reopen saw: the open's own time and what its report said. The child prints it
+/// as one JSON line; the parent reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Reopened {
     elapsed: Duration,
     loaded: u64,
@@ -803,89 +809,27 @@ struct Reopened {
 }
 
 impl Reopened {
-    const FIELDS: [&'static str; 8] = [
-        "elapsed_ns",
-        "loaded",
-        "loaded_bytes",
-        "skipped",
-        "tmp_removed",
-        "elapsed_ms",
-        "epoch",
-        "indexed",
-    ];
-
-    fn line(&self) -> String {
-        let values = [
-            u64::try_from(self.elapsed.as_nanos()).unwrap_or(u64::MAX),
-            self.loaded,
-            self.loaded_bytes,
-            self.skipped,
-            self.tmp_removed,
-            self.elapsed_ms,
-            self.epoch,
-            u64::from(self.indexed),
-        ];
-        let pairs: Vec<String> =
-            Self::FIELDS.iter().zip(values).map(|(k, v)| format!("{k}={v}")).collect();
-        format!("reopened {}", pairs.join(" "))
-    }
-
-    fn parse(text: &str) -> Result<Self, String> {
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("reopened "))
-            .ok_or_else(|| format!("no `reopened` line in {text:?}"))?;
-        let mut values = [0u64; 8];
-        for (slot, (name, pair)) in values.iter_mut().zip(Self::FIELDS.iter().zip(line.split(' ')))
-        {
-            let value = pair
-                .strip_prefix(name)
-                .and_then(|v| v.strip_prefix('='))
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("`{name}` expected at {pair:?} in {line:?}"))?;
-            *slot = value;
-        }
-        let [elapsed_ns, loaded, loaded_bytes, skipped, tmp_removed, elapsed_ms, epoch, indexed] =
-            values;
-        Ok(Self {
-            elapsed: Duration::from_nanos(elapsed_ns),
-            loaded,
-            loaded_bytes,
-            skipped,
-            tmp_removed,
-            elapsed_ms,
-            epoch,
-            indexed: indexed == 1,
-        })
+    /// The last line of a child's standard output, which is its report.
+    fn parse(stdout: &str) -> Result<Self, String> {
+        let line = stdout.lines().next_back().unwrap_or_default();
+        serde_json::from_str(line).map_err(|e| format!("a reopen's report {line:?}: {e}"))
     }
 }
 
 /// `--open-existing`: opens the store in `dir` as the --open-blocks run made it, times the open,
 /// closes the store (which writes the log's index) and returns the line the parent reads.
 fn open_existing(args: &FileBenchArgs, dir: &Path) -> Result<String, String> {
-    let ctx = Ctx {
-        args,
-        root: dir.to_owned(),
-        durability: args.durability.into(),
-        deadline: Duration::from_secs_f64(args.seconds),
-        file_bytes: 0,
-        use_fio: false,
-        caller: Caller::new(
-            TenantId::parse(TENANT).map_err(|e| format!("bench tenant: {e}"))?,
-            Rights::READ_WRITE,
-        ),
-    };
     let engine = match args.engine {
         EngineArg::Psync => Engine::Psync,
         EngineArg::Uring | EngineArg::Both => Engine::Uring,
     };
     let blocks = args.open_blocks.unwrap_or(1);
     let started = Instant::now();
-    let store = open_store(&ctx, engine, dir, args.open_block_size, blocks)?;
+    let store = open_store(args, engine, dir, args.open_block_size, blocks)?;
     let elapsed = started.elapsed();
     let report: OpenReport = store.open_report().clone();
     drop(store);
-    Ok(Reopened {
+    let reopened = Reopened {
         elapsed,
         loaded: report.loaded,
         loaded_bytes: report.loaded_bytes,
@@ -894,8 +838,8 @@ fn open_existing(args: &FileBenchArgs, dir: &Path) -> Result<String, String> {
         elapsed_ms: report.elapsed_ms,
         epoch: report.epoch,
         indexed: report.log.indexed,
-    }
-    .line())
+    };
+    serde_json::to_string(&reopened).map_err(|e| format!("the reopen's report: {e}"))
 }
 
 /// Opens the store in `dir` in a child process of this executable (`file --open-existing`), as
@@ -912,7 +856,7 @@ fn reopen_in_child(
         .arg("file")
         .arg("--open-existing")
         .arg(dir)
-        .args(["--open-blocks", &blocks.to_string(), "--open-only"])
+        .args(["--open-blocks", &blocks.to_string()])
         .args(["--open-block-size", &ctx.args.open_block_size.to_string()])
         .args(["--engine", engine.name(), "--queue-depth", &ctx.args.queue_depth.to_string()])
         .args(["--durability", &ctx.args.durability.name()]);
@@ -1243,7 +1187,7 @@ fn open_batch_store(
 ) -> Result<(Arc<FileStore>, Option<Arc<UringEngine>>), String> {
     let mut config = FileStoreConfig::new(dir);
     config.direct_io = true;
-    config.durability = ctx.durability;
+    config.durability = ctx.durability();
     config.limits = limits_for(spec.size, spec.count);
     // Every block of the batch stays open (fio keeps its files open too).
     config.open_files_max = narrow(spec.count).max(config.open_files_max);
@@ -1630,7 +1574,7 @@ mod tests {
     use super::*;
 
     /// The line a reopen child prints is read back field for field, and a line with a field
-    /// missing or out of place is an error, not zeros.
+    /// missing or of the wrong kind is an error, not zeros.
     #[test]
     fn a_reopen_line_round_trips_and_a_damaged_one_is_refused() {
         let r = Reopened {
@@ -1643,13 +1587,11 @@ mod tests {
             epoch: 7,
             indexed: true,
         };
-        let text = format!("some log\n{}\n", r.line());
-        assert_eq!(Reopened::parse(&text), Ok(r));
-        let unindexed = Reopened { indexed: false, ..r };
-        assert_eq!(Reopened::parse(&unindexed.line()), Ok(unindexed));
+        let line = serde_json::to_string(&r).expect("a report");
+        assert_eq!(Reopened::parse(&format!("{line}\n")), Ok(r));
         assert!(Reopened::parse("").is_err());
-        assert!(Reopened::parse(&r.line().replace("loaded=1000000 ", "")).is_err());
-        assert!(Reopened::parse(&r.line().replace("epoch=7", "epoch=x")).is_err());
+        assert!(Reopened::parse(&line.replace("\"loaded\":1000000,", "")).is_err());
+        assert!(Reopened::parse(&line.replace("\"epoch\":7", "\"epoch\":\"x\"")).is_err());
     }
 
     #[test]

@@ -171,9 +171,6 @@ fn read(root: &Path, epoch: u64, segments: &BTreeSet<u64>) -> Option<Vec<Found>>
     }
     let entries = &bytes[HEAD_BYTES..entries_end];
     let count = usize::try_from(word(bytes, entries_end)).ok()?;
-    if count > entries.len() / ENTRY_BYTES_MIN + 1 {
-        return None;
-    }
     let split = if count >= SPLIT_ENTRIES_MIN { middle_entry(entries)? } else { entries.len() };
     let (first, second) = entries.split_at(split);
     let (mut found, rest) = std::thread::scope(|s| {
